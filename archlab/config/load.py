@@ -1,0 +1,80 @@
+"""Load a recipe: YAML (+ ``base:`` chain) + dotlist overrides -> validated DictConfig."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Union
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from archlab.config.schema import ModelConfig, Recipe
+from archlab.config.validate import RecipeError, validate
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
+    """Read one YAML file, merging the chain of ``base:`` files under it."""
+    path = path.resolve()
+    if path in seen:
+        raise RecipeError(f"{path}: 'base' chain loops back to itself")
+    if not path.is_file():
+        raise RecipeError(f"recipe file not found: {path}")
+    try:
+        node = OmegaConf.load(path)
+    except Exception as e:  # yaml.YAMLError and friends
+        raise RecipeError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(node, DictConfig):
+        raise RecipeError(f"{path}: a recipe is a YAML mapping, got {type(node).__name__}")
+    base = node.get("base")
+    if base:
+        parent = _read_yaml(path.parent / str(base), seen + (path,))
+        node = OmegaConf.merge(parent, node)
+        node.base = None
+    return node
+
+
+def _omegaconf_message(e: OmegaConfBaseException) -> str:
+    key = getattr(e, "full_key", None) or getattr(e, "key", None)
+    msg = str(e).splitlines()[0]
+    if "not in struct" in msg or "Key '" in msg and "not in" in msg:
+        return f"unknown key '{key}': not part of the recipe schema (see archlab/config/schema.py)"
+    return f"key '{key}': {msg}"
+
+
+def load_recipe(path: Union[str, Path, None] = None, overrides: Iterable[str] = ()) -> DictConfig:
+    """Load and validate a recipe.
+
+    ``path`` may be None to start from the schema defaults. ``overrides`` are OmegaConf dotlist
+    entries such as ``model.n_layers=4``. Raises :class:`RecipeError` with a message naming the
+    key, the value and the rule for any invalid recipe.
+    """
+    schema = OmegaConf.structured(Recipe)
+    layers = [schema]
+    if path is not None:
+        layers.append(_read_yaml(Path(path)))
+    overrides = list(overrides)
+    for o in overrides:
+        if "=" not in o:
+            raise RecipeError(f"override {o!r} is not of the form key=value (e.g. model.n_layers=4)")
+    try:
+        cfg = OmegaConf.merge(*layers)
+        if overrides:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+        # resolve interpolations now, so a bad one fails here and not mid-run
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as e:
+        raise RecipeError(_omegaconf_message(e)) from None
+    validate(cfg)
+    OmegaConf.set_readonly(cfg, False)
+    return cfg
+
+
+def model_config(cfg) -> ModelConfig:
+    """The typed ``ModelConfig`` object (with its derived properties) of a recipe or model node."""
+    if isinstance(cfg, ModelConfig):
+        return cfg
+    node = cfg.model if "model" in cfg and "d_model" not in cfg else cfg
+    if isinstance(node, DictConfig):
+        obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), node))
+        return obj
+    raise TypeError(f"expected a recipe DictConfig or ModelConfig, got {type(cfg).__name__}")

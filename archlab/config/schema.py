@@ -1,0 +1,192 @@
+"""The recipe schema: typed OmegaConf structured configs.
+
+A recipe is YAML merged onto these dataclasses, so an unknown key or a wrong type fails at load
+time. Each field says what it is and why it exists. ``type:`` fields name an entry of a component
+registry (see ``archlab.nn``); their validity is checked in ``archlab.config.validate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+
+@dataclass
+class NormConfig:
+    type: str = "layernorm"  # layernorm | rmsnorm
+    placement: str = "pre"  # pre (GPT-2, LLaMA: stable at depth) | post (2017 Transformer)
+    eps: float = 1e-5
+    bias: bool = True  # LayerNorm bias; rmsnorm has none
+
+
+@dataclass
+class RopeScalingConfig:
+    type: str = "none"  # none | linear (position interpolation) | ntk | yarn
+    factor: float = 1.0  # context extension factor s
+    original_max_seq_len: Optional[int] = None  # context trained at; default model.max_seq_len
+    beta_fast: float = 32.0  # yarn ramp: wavelengths with more rotations than this extrapolate
+    beta_slow: float = 1.0  # yarn ramp: fewer rotations than this interpolate
+
+
+@dataclass
+class PositionConfig:
+    type: str = "learned"  # learned | sinusoidal | rope | alibi | none (NoPE)
+    rope_base: float = 10000.0
+    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+
+
+@dataclass
+class AttentionConfig:
+    bias: bool = True  # bias on Q/K/V/O projections (GPT-2 yes, LLaMA no)
+    dropout: float = 0.0  # on attention probabilities (training only)
+    qk_norm: bool = False  # normalise q and k per head before RoPE (OLMo-2, Qwen3)
+    scale: Optional[float] = None  # score scale; None = 1/sqrt(d_head). Ablation switch
+
+
+@dataclass
+class FFNConfig:
+    type: str = "gelu"  # gelu (GPT 4x MLP) | swiglu (LLaMA)
+    hidden: Optional[int] = None  # None: 4*d for gelu, LLaMA's 8/3*d rounded to multiple_of for swiglu
+    multiple_of: int = 32  # swiglu default hidden is rounded up to this
+    bias: bool = True
+    dropout: float = 0.0
+
+
+@dataclass
+class RouterConfig:
+    type: str = "softmax_topk"  # softmax_topk (Mixtral, Switch) | sigmoid_topk (DeepSeek-V3)
+    renormalize: bool = True  # renormalise the k selected weights to sum 1 (Mixtral: yes)
+    route_scale: float = 1.0  # multiply the gate weights (DeepSeek-V3: 2.5)
+    n_groups: int = 1  # group-limited routing: experts split into n_groups groups...
+    topk_groups: int = 1  # ...of which the best topk_groups are kept per token
+    jitter: float = 0.0  # multiplicative input jitter U(1-eps, 1+eps) in training (Switch)
+
+
+@dataclass
+class BalanceConfig:
+    aux_loss_coeff: float = 0.0  # Switch-style auxiliary loss over the batch
+    seq_aux_loss_coeff: float = 0.0  # DeepSeek-V3 sequence-wise auxiliary loss
+    z_loss_coeff: float = 0.0  # ST-MoE router z-loss
+    bias_update_rate: float = 0.0  # aux-loss-free balancing rate u (0 = off)
+
+
+@dataclass
+class MoEConfig:
+    num_experts: int = 8  # routed experts E
+    top_k: int = 2  # K experts per token
+    expert_hidden: int = 512  # hidden size of one routed expert (small = fine-grained)
+    n_shared_experts: int = 0  # always-active experts (DeepSeekMoE)
+    shared_hidden: Optional[int] = None  # hidden size of one shared expert; default expert_hidden
+    first_k_dense: int = 0  # the first k layers keep a dense FFN
+    every: int = 1  # after those, every n-th layer is MoE
+    router: RouterConfig = field(default_factory=RouterConfig)
+    balance: BalanceConfig = field(default_factory=BalanceConfig)
+    capacity_factor: Optional[float] = None  # None = dropless; else tokens beyond capacity drop
+    min_capacity: int = 4
+    ep_size: int = 1  # expert-parallel degree (DeepSpeed); experts sharded over ep_size ranks
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 4096
+    max_seq_len: int = 256  # positions the model is built for (learned table size, RoPE cache)
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: Optional[int] = None  # None = n_heads (MHA); 1 = MQA; in between = GQA
+    norm: NormConfig = field(default_factory=NormConfig)
+    position: PositionConfig = field(default_factory=PositionConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    ffn: FFNConfig = field(default_factory=FFNConfig)
+    moe: Optional[MoEConfig] = None  # set to replace the FFN of (some) layers by routed experts
+    tie_embeddings: bool = True  # share the token embedding with the LM head (GPT-2 yes, LLaMA no)
+    dropout: float = 0.0  # embedding and residual dropout
+    init_std: float = 0.02
+    scaled_residual_init: bool = True  # GPT-2: residual projections get std/sqrt(2*n_layers)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ffn_hidden(self) -> int:
+        return ffn_hidden(self.ffn, self.d_model)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        m = self.moe
+        return m is not None and layer >= m.first_k_dense and (layer - m.first_k_dense) % m.every == 0
+
+
+def ffn_hidden(ffn: FFNConfig, d_model: int) -> int:
+    """Hidden width of a dense FFN: explicit, else GPT's 4d or LLaMA's 2/3 * 4d rounded up."""
+    if ffn.hidden is not None:
+        return ffn.hidden
+    if ffn.type == "swiglu":
+        h = int(2 * 4 * d_model / 3)
+        return ffn.multiple_of * ((h + ffn.multiple_of - 1) // ffn.multiple_of)
+    return 4 * d_model
+
+
+@dataclass
+class DataConfig:
+    source: str = "stdlib"  # stdlib (embedded default: Python's own source) | text | hf
+    paths: List[str] = field(default_factory=list)  # text: files, folders or globs
+    hf_dataset: Optional[str] = None  # hf: dataset name (needs the optional `datasets` package)
+    hf_config: Optional[str] = None
+    hf_split: str = "train"
+    hf_text_field: str = "text"
+    tokenizer: str = "bpe"  # bpe (byte-level, trained here) | byte
+    val_fraction: float = 0.05  # share of files held out for validation (split by file)
+    max_bytes: Optional[int] = None  # cap on corpus bytes read (quick runs)
+    cache_dir: str = ".cache/archlab"  # tokenizer and token-id caches
+    seed: int = 0  # file-split seed
+
+
+@dataclass
+class TrainConfig:
+    seq_len: int = 256
+    micro_batch_size: int = 8  # per process
+    grad_accum: int = 1
+    max_steps: int = 300
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1  # final lr = lr * min_lr_ratio
+    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay) | constant
+    warmup_steps: int = 30
+    decay_fraction: float = 0.2  # wsd: share of steps in the final decay
+    weight_decay: float = 0.1  # decoupled; never on norms, biases, embeddings
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # max global grad norm; 0 = off
+    precision: str = "auto"  # auto (bf16 where supported, else fp32) | fp32 | bf16
+    compile: bool = False  # torch.compile the model
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 100
+    eval_batches: int = 10
+    eval_context_multipliers: List[int] = field(default_factory=lambda: [1, 2, 4])
+    ckpt_every: int = 100
+    keep_last: int = 2  # checkpoints kept
+    resume: str = "none"  # none | auto | path of a checkpoint folder
+    out_dir: str = "runs"
+    run_name: Optional[str] = None  # default: recipe name + timestamp
+    on_nonfinite: str = "stop"  # stop (keep last good checkpoint) | skip (drop the batch)
+    peak_flops: Optional[float] = None  # for MFU; None = a per-device default stated in the log
+    tensorboard: bool = True  # write TensorBoard logs when tensorboard is installed
+    routing_every: int = 0  # MoE: write a routing record every n steps (0 = log_every)
+
+
+@dataclass
+class Recipe:
+    name: str = "unnamed"
+    family: str = "custom"  # dense | llama | vanilla | mixtral | deepseek | custom
+    description: str = ""
+    compare_with: Optional[str] = None  # MoE: the dense recipe with equal active parameters
+    base: Optional[str] = None  # a recipe file this one extends (relative path); resolved at load
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    extra: Any = None  # free-form notes for tools; never read by the library

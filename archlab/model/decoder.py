@@ -1,0 +1,139 @@
+"""The decoder-only transformer that stacks the building blocks a recipe names.
+
+Shape legend: B batch, S sequence, D model dim, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from archlab.config.schema import ModelConfig
+from archlab.nn.attention import CausalSelfAttention, KVCache, LayerKVCache
+from archlab.nn.ffn import build_ffn, ffn_params
+from archlab.nn.norms import build_norm, norm_params
+from archlab.nn.positions import PosContext, build_positions, POSITIONS
+
+
+@dataclass
+class ModelOutput:
+    logits: Tensor  # (B, S, V)
+    aux_loss: Tensor  # scalar: sum of the MoE balancing losses (0 for dense models)
+    kv_cache: Optional[KVCache] = None
+
+
+def _moe_layer_cls():
+    from archlab.nn.moe.layer import MoELayer  # imported on demand: dense models never need it
+
+    return MoELayer
+
+
+class Block(nn.Module):
+    """One layer: attention then feed-forward, each a residual branch.
+
+    pre-LN  (GPT-2, LLaMA):  x = x + f(norm(x))
+    post-LN (2017):          x = norm(x + f(x))
+    """
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.pre = cfg.norm.placement == "pre"
+        self.attn_norm = build_norm(cfg.d_model, cfg.norm)
+        self.attn = CausalSelfAttention(cfg)
+        self.ffn_norm = build_norm(cfg.d_model, cfg.norm)
+        self.is_moe = cfg.is_moe_layer(layer)
+        if self.is_moe:
+            self.ffn = _moe_layer_cls()(cfg)
+        else:
+            self.ffn = build_ffn(cfg.ffn.type, cfg.d_model, cfg.ffn_hidden, cfg.ffn.bias, cfg.ffn.dropout)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    @staticmethod
+    def num_params(cfg: ModelConfig, layer: int) -> int:
+        n = 2 * norm_params(cfg.d_model, cfg.norm) + CausalSelfAttention.num_params(cfg)
+        if cfg.is_moe_layer(layer):
+            return n + _moe_layer_cls().num_params(cfg)
+        return n + ffn_params(cfg.ffn.type, cfg.d_model, cfg.ffn_hidden, cfg.ffn.bias)
+
+    def _ffn(self, x: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+        if self.is_moe:
+            return self.ffn(x)  # (y, aux_loss)
+        return self.ffn(x), None
+
+    def forward(self, x_BSD: Tensor, ctx: PosContext, cache: Optional[LayerKVCache] = None):
+        if self.pre:
+            x = x_BSD + self.drop(self.attn(self.attn_norm(x_BSD), ctx, cache))
+            h, aux = self._ffn(self.ffn_norm(x))
+            return x + self.drop(h), aux
+        x = self.attn_norm(x_BSD + self.drop(self.attn(x_BSD, ctx, cache)))
+        h, aux = self._ffn(x)
+        return self.ffn_norm(x + self.drop(h)), aux
+
+
+class Decoder(nn.Module):
+    """Token embedding (+ absolute positions) -> blocks -> final norm (pre-LN) -> LM head."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.positions = build_positions(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        # post-LN already normalises each block's output; pre-LN needs a last norm
+        self.final_norm = build_norm(cfg.d_model, cfg.norm) if cfg.norm.placement == "pre" else nn.Identity()
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.init_weights()
+
+    @staticmethod
+    def num_params(cfg: ModelConfig) -> int:
+        """Parameter count from the config alone (tied weights counted once)."""
+        n = cfg.vocab_size * cfg.d_model + POSITIONS.get(cfg.position.type).num_params(cfg)
+        n += sum(Block.num_params(cfg, i) for i in range(cfg.n_layers))
+        if cfg.norm.placement == "pre":
+            n += norm_params(cfg.d_model, cfg.norm)
+        if not cfg.tie_embeddings:
+            n += cfg.vocab_size * cfg.d_model
+        return n
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """N(0, init_std) for matrices and embeddings, zero biases; residual projections get
+        init_std / sqrt(2 * n_layers) (GPT-2) so the residual stream's variance stays O(1)."""
+        std = self.cfg.init_std
+        res_std = std / math.sqrt(2 * self.cfg.n_layers) if self.cfg.scaled_residual_init else std
+        for m in self.modules():
+            if hasattr(m, "init_weights") and m is not self:
+                m.init_weights(std, res_std)
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0.0, res_std if getattr(m, "is_residual_proj", False) else std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, 0.0, std)
+
+    def forward(self, input_ids: Tensor, kv_cache: Optional[KVCache] = None) -> ModelOutput:
+        """input_ids (B, S) -> logits (B, S, V). With ``kv_cache``, the ids continue the cached
+        sequence and the cache is extended in place."""
+        B, S = input_ids.shape
+        past = kv_cache.length if kv_cache is not None else 0
+        pos = torch.arange(past, past + S, device=input_ids.device)  # (S,)
+        x = self.positions.embed(self.embed(input_ids), pos)  # (B, S, D)
+        x = self.drop(x)
+        ctx = self.positions.context(pos, torch.arange(past + S, device=input_ids.device))
+        aux_total = x.new_zeros(())
+        for i, block in enumerate(self.blocks):
+            x, aux = block(x, ctx, kv_cache.layers[i] if kv_cache is not None else None)
+            if aux is not None:
+                aux_total = aux_total + aux
+        logits = self.lm_head(self.final_norm(x))  # (B, S, V)
+        return ModelOutput(logits=logits, aux_loss=aux_total, kv_cache=kv_cache)
+
+    def new_kv_cache(self) -> KVCache:
+        return KVCache(self.cfg.n_layers)

@@ -1,0 +1,67 @@
+"""Autoregressive sampling with a KV cache: temperature, top-k and top-p (nucleus) filtering.
+
+Shape legend: B batch, S prompt length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from archlab.model.decoder import Decoder
+
+
+def filter_logits(logits_BV: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Mask to -inf every token outside the top-k and outside the smallest set whose probability
+    mass reaches top_p. 0 / 1.0 switch the filter off."""
+    if top_k > 0:
+        kth = torch.topk(logits_BV, min(top_k, logits_BV.shape[-1]), dim=-1).values[..., -1:]
+        logits_BV = logits_BV.masked_fill(logits_BV < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits_BV, descending=True, dim=-1)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = cum - sorted_logits.softmax(-1) >= top_p  # mass before this token already >= p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits_BV = logits_BV.masked_fill(drop, float("-inf"))
+    return logits_BV
+
+
+@torch.no_grad()
+def generate(
+    model: Decoder,
+    input_ids: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_id: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+) -> Tensor:
+    """Continue ``input_ids`` (B, S) by up to ``max_new_tokens``; returns (B, S + new).
+
+    temperature 0 is greedy decoding. The prompt is processed once, then one token per step
+    against the KV cache.
+    """
+    was_training = model.training
+    model.eval()
+    cache = model.new_kv_cache()
+    out = input_ids
+    logits = model(input_ids, kv_cache=cache).logits[:, -1]  # (B, V)
+    done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    for _ in range(max_new_tokens):
+        if temperature == 0:
+            nxt = logits.argmax(-1)
+        else:
+            probs = filter_logits(logits / temperature, top_k, top_p).softmax(-1)
+            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        if eos_id is not None:
+            nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+            done |= nxt == eos_id
+        out = torch.cat([out, nxt[:, None]], dim=1)
+        if eos_id is not None and bool(done.all()):
+            break
+        logits = model(nxt[:, None], kv_cache=cache).logits[:, -1]
+    model.train(was_training)
+    return out

@@ -1,0 +1,1 @@
+"""Routed mixture-of-experts feed-forward (Mixtral, DeepSeekMoE)."""
