@@ -1,0 +1,145 @@
+"""Matmul FLOPs per token from the config alone, by component.
+
+Shape legend: S sequence length, D model dim, H query heads, G key/value heads, Dh head dim,
+F ffn hidden dim, E routed experts, K experts per token, V vocabulary.
+
+Conventions (the ones ``torch.utils.flop_counter.FlopCounterMode`` uses, so that the estimate
+can be checked against a measured count):
+
+- Only matrix multiplications count, 2 FLOPs per multiply-accumulate. Biases, norms, RoPE,
+  softmax, activations, the embedding lookup and the loss are elementwise and count zero
+  (Chinchilla's Appendix F adds softmax and the embedding; they are < 1% at these shapes).
+- Attention counts the FULL S x S square: QK^T is 2*S*Dh FLOPs per token per head, and so is
+  the weighted sum of V. Causal masking does not remove work from SDPA's math kernel, and the
+  PaLM/Chinchilla/Kaplan formulas count the square too. The useful (unmasked) part is
+  (S+1)/(2S) of it: ``FlopsBreakdown.attention_causal_useful`` reports it separately; it is
+  never added to the total.
+- A training step costs 3x the forward: the backward of every matmul is two matmuls of the
+  same size (grad wrt input and grad wrt weight).
+- MoE layers count what a token actually uses: its K routed experts, the shared experts and
+  the router projection (2*D*E), never the experts it was not sent to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from archlab.config.schema import ModelConfig, ffn_hidden
+from archlab.nn.ffn import ffn_params
+
+BACKWARD_TO_FORWARD = 2.0  # backward = grad wrt input + grad wrt weight, each one forward matmul
+
+
+@dataclass(frozen=True)
+class FlopsBreakdown:
+    """Forward matmul FLOPs per token, by component, summed over all layers."""
+
+    qkv_proj: float  # fused Q, K, V projection
+    out_proj: float  # attention output projection
+    attn_scores: float  # Q K^T, full S x S square
+    attn_values: float  # softmax(.) V, full S x S square
+    mlp: float  # dense FFN layers
+    experts: float  # MoE layers: K routed + shared experts a token goes through
+    router: float  # MoE router projection D -> E
+    lm_head: float  # D -> V logits
+    seq_len: int
+
+    @property
+    def total(self) -> float:
+        return sum(v for k, v in self.components().items())
+
+    @property
+    def attention(self) -> float:
+        """Scores + weighted sum, the full square."""
+        return self.attn_scores + self.attn_values
+
+    @property
+    def attention_causal_useful(self) -> float:
+        """The part of :attr:`attention` not masked out by causality: (S+1)/(2S) of the square."""
+        return self.attention * (self.seq_len + 1) / (2 * self.seq_len)
+
+    def components(self) -> dict[str, float]:
+        """Component name -> forward FLOPs per token; the values sum to :attr:`total`."""
+        d = asdict(self)
+        d.pop("seq_len")
+        return d
+
+    def scaled(self, factor: float) -> "FlopsBreakdown":
+        """The same breakdown times ``factor`` (3 for a training step)."""
+        return FlopsBreakdown(**{k: v * factor for k, v in self.components().items()}, seq_len=self.seq_len)
+
+
+def ffn_flops(kind: str, d_model: int, hidden: int) -> float:
+    """Forward FLOPs per token of one FFN: 2 x its weight matrices (bias-free parameter count)."""
+    return 2.0 * ffn_params(kind, d_model, hidden, bias=False)
+
+
+def attention_proj_flops(cfg: ModelConfig) -> tuple[float, float]:
+    """(qkv, out) projection FLOPs per token of one layer: 2*D*(H+2G)*Dh and 2*H*Dh*D."""
+    d, h, g, dh = cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.d_head
+    return 2.0 * d * (h + 2 * g) * dh, 2.0 * h * dh * d
+
+
+def attention_core_flops(cfg: ModelConfig, seq_len: int) -> float:
+    """Q K^T (or P V) FLOPs per token of one layer over the full square: 2 * S * H * Dh.
+
+    K and V heads shared by GQA are expanded to H before the product, so H (not G) counts.
+    """
+    return 2.0 * seq_len * cfg.n_heads * cfg.d_head
+
+
+def moe_layer_flops(cfg: ModelConfig) -> tuple[float, float]:
+    """(experts, router) FLOPs per token of one MoE layer.
+
+    experts = K routed experts + the shared experts, each an FFN of ``ffn.type``;
+    router = 2 * D * E.
+    """
+    m = cfg.moe
+    shared_hidden = m.shared_hidden if m.shared_hidden is not None else m.expert_hidden
+    experts = m.top_k * ffn_flops(cfg.ffn.type, cfg.d_model, m.expert_hidden)
+    experts += m.n_shared_experts * ffn_flops(cfg.ffn.type, cfg.d_model, shared_hidden)
+    return experts, 2.0 * cfg.d_model * m.num_experts
+
+
+def forward_flops(model_cfg, seq_len: int) -> FlopsBreakdown:
+    """Forward matmul FLOPs per token at context ``seq_len``, by component.
+
+    ``model_cfg``: a ``ModelConfig`` (``archlab.model_config(recipe)``) or a recipe.
+    """
+    from archlab.config.load import model_config
+
+    cfg = model_config(model_cfg)
+    if seq_len <= 0:
+        raise ValueError(f"seq_len={seq_len}: must be a positive number of tokens")
+    L = cfg.n_layers
+    qkv, out = attention_proj_flops(cfg)
+    core = attention_core_flops(cfg, seq_len)
+    n_moe = sum(cfg.is_moe_layer(i) for i in range(L))
+    experts, router = moe_layer_flops(cfg) if n_moe else (0.0, 0.0)
+    dense_ffn = ffn_flops(cfg.ffn.type, cfg.d_model, ffn_hidden(cfg.ffn, cfg.d_model))
+    return FlopsBreakdown(
+        qkv_proj=L * qkv,
+        out_proj=L * out,
+        attn_scores=L * core,
+        attn_values=L * core,
+        mlp=(L - n_moe) * dense_ffn,
+        experts=n_moe * experts,
+        router=n_moe * router,
+        lm_head=2.0 * cfg.d_model * cfg.vocab_size,
+        seq_len=seq_len,
+    )
+
+
+def training_flops(model_cfg, seq_len: int) -> FlopsBreakdown:
+    """Forward + backward matmul FLOPs per token (3x the forward), by component."""
+    return forward_flops(model_cfg, seq_len).scaled(1.0 + BACKWARD_TO_FORWARD)
+
+
+def forward_flops_per_token(model_cfg, seq_len: int) -> float:
+    """Forward matmul FLOPs per token at context ``seq_len`` (attention: full S x S square)."""
+    return forward_flops(model_cfg, seq_len).total
+
+
+def training_flops_per_token(model_cfg, seq_len: int) -> float:
+    """Training (forward + backward) matmul FLOPs per token; the numerator of MFU."""
+    return training_flops(model_cfg, seq_len).total
