@@ -1,1 +1,77 @@
-"""Routed mixture-of-experts feed-forward (Mixtral, DeepSeekMoE)."""
+"""Routed mixture-of-experts feed-forward (Mixtral, DeepSeekMoE).
+
+- ``router``: ROUTERS registry (softmax_topk, sigmoid_topk), group-limited routing, selection bias
+- ``experts``: stacked expert weights and the sort-by-expert grouped-GEMM dispatch
+- ``balance``: Switch / sequence-wise auxiliary losses, z-loss, aux-loss-free bias update
+- ``stats``: per-layer routing statistics
+- ``layer``: ``MoELayer``, what the decoder builds
+
+Model-level helpers used by the trainer (they take an ``all_reduce_sum`` callable that sums a
+tensor over data-parallel ranks, identity on one process, so this package needs no distributed
+library):
+
+- ``moe_layers(model)``, ``balance_step(model, all_reduce_sum)``, ``routing_stats(model, all_reduce_sum)``
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from torch import Tensor, nn
+
+from archlab.nn.moe.balance import update_bias
+from archlab.nn.moe.layer import MoELayer
+
+AllReduce = Callable[[Tensor], Tensor]
+
+
+def _named_moe_layers(model: nn.Module) -> list[tuple[str, MoELayer]]:
+    """("layer<i>", layer) with i the decoder block index (or the position among MoE layers)."""
+    out = []
+    for j, (path, mod) in enumerate((p, m) for p, m in model.named_modules() if isinstance(m, MoELayer)):
+        found = re.search(r"(?:^|\.)(\d+)(?:\.|$)", path)
+        out.append((f"layer{found.group(1) if found else j}", mod))
+    return out
+
+
+def moe_layers(model: nn.Module) -> list[MoELayer]:
+    """The MoE layers of a model, in module order."""
+    return [m for _, m in _named_moe_layers(model)]
+
+
+def balance_step(model: nn.Module, all_reduce_sum: AllReduce) -> None:
+    """After an optimizer step: aux-loss-free bias update from the step's global router choices
+    (summed over ranks), then reset the per-step counters. With bias_update_rate == 0 only resets."""
+    for layer in moe_layers(model):
+        counts_E = layer.stats.take_step_counts()
+        rate = layer.moe.balance.bias_update_rate
+        if rate > 0 and layer.router.expert_bias is not None:
+            counts_E = all_reduce_sum(counts_E.to(layer.router.expert_bias.device))
+            update_bias(layer.router.expert_bias, counts_E, rate)
+
+
+def routing_stats(model: nn.Module, all_reduce_sum: AllReduce) -> dict[str, float | list]:
+    """Per-layer routing statistics of the training forwards since the last call, summed over
+    ranks, as flat keys ("moe/layer1/maxvio", "moe/layer1/tokens_per_expert", ...), plus the means
+    over layers "moe/maxvio" and "moe/cv". Resets the accumulators. Raises RuntimeError when the
+    counts do not sum to tokens * K - dropped slots."""
+    out: dict[str, float | list] = {}
+    maxvio, cv = [], []
+    for name, layer in _named_moe_layers(model):
+        s = layer.stats.read(all_reduce_sum, layer.enabled_terms())
+        if not s:
+            continue
+        s["top_k"] = layer.moe.top_k
+        if layer.router.expert_bias is not None:
+            s["bias"] = layer.router.expert_bias.float().tolist()
+        maxvio.append(s["maxvio"])
+        cv.append(s["cv"])
+        out.update({f"moe/{name}/{k}": v for k, v in s.items()})
+    if maxvio:
+        out["moe/maxvio"] = sum(maxvio) / len(maxvio)
+        out["moe/cv"] = sum(cv) / len(cv)
+    return out
+
+
+__all__ = ["MoELayer", "balance_step", "moe_layers", "routing_stats"]

@@ -1,5 +1,132 @@
-"""MoE routers, by ``moe.router.type``."""
+"""MoE routers, by ``moe.router.type``: which K of the E routed experts each token visits, and
+with which gate weights.
 
+Shape legend: N tokens, D model dim, E routed experts, K experts per token, G expert groups.
+
+- ``softmax_topk`` (Switch, Mixtral): p = softmax(logits); keep the K largest; with
+  ``renormalize`` the K kept weights are divided by their sum, which equals Mixtral's "softmax over
+  the K selected logits".
+- ``sigmoid_topk`` (DeepSeek-V3): s = sigmoid(logits); keep the K largest; with ``renormalize``
+  the K kept scores are divided by their sum.
+
+Both multiply the gate weights by ``route_scale``, support group-limited routing (experts split
+into ``n_groups`` groups, only the best ``topk_groups`` groups per token are eligible) and the
+auxiliary-loss-free selection bias: a per-expert bias (a buffer, not a parameter) is added to the
+scores only to choose the experts; the gate weights use the unbiased scores (Wang et al. 2024).
+Routing math runs in fp32 whatever the model dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from archlab.config.schema import MoEConfig
 from archlab.registry import Registry
 
 ROUTERS: Registry = Registry("router")
+
+
+@dataclass
+class Routing:
+    """What a router decided for N tokens."""
+
+    experts_NK: Tensor  # int64 expert ids, the K chosen experts per token
+    weights_NK: Tensor  # fp32 gate weights of those experts
+    probs_NE: Tensor  # fp32 router probabilities over all E experts (rows sum to 1): balancing losses, entropy
+    logits_NE: Tensor  # fp32 raw router logits: z-loss
+
+
+class Router(nn.Module):
+    """Shared part of the routers: the gate projection, the selection bias, jitter and groups.
+
+    Subclasses define ``scores(logits_NE)`` (the values the top-k runs over and the gate weights
+    come from), ``probs(scores_NE)`` (a distribution over experts for the balancing losses) and
+    ``group_score(scores_NGX)`` (how a group of experts is ranked in group-limited routing).
+    """
+
+    def __init__(self, d_model: int, moe: MoEConfig):
+        super().__init__()
+        r = moe.router
+        self.num_experts, self.top_k = moe.num_experts, moe.top_k
+        self.renormalize, self.route_scale = r.renormalize, r.route_scale
+        self.n_groups, self.topk_groups, self.jitter = r.n_groups, r.topk_groups, r.jitter
+        self.gate = nn.Linear(d_model, moe.num_experts, bias=False)
+        # aux-loss-free balancing: selection bias, updated by archlab.nn.moe.balance_step
+        if moe.balance.bias_update_rate > 0:
+            self.register_buffer("expert_bias", torch.zeros(moe.num_experts, dtype=torch.float32))
+        else:
+            self.expert_bias = None
+
+    @staticmethod
+    def num_params(d_model: int, moe: MoEConfig) -> int:
+        return d_model * moe.num_experts  # the bias is a buffer, not a parameter
+
+    def scores(self, logits_NE: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def probs(self, scores_NE: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def group_score(self, scores_NGX: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, x_ND: Tensor) -> Routing:
+        if self.training and self.jitter > 0:  # Switch: multiplicative noise on the router input only
+            x_ND = x_ND * torch.empty_like(x_ND).uniform_(1.0 - self.jitter, 1.0 + self.jitter)
+        logits_NE = F.linear(x_ND.float(), self.gate.weight.float())
+        scores_NE = self.scores(logits_NE)
+        choice_NE = scores_NE if self.expert_bias is None else scores_NE + self.expert_bias
+        if self.n_groups > 1:
+            choice_NE = self._limit_to_best_groups(choice_NE)
+        experts_NK = torch.topk(choice_NE, self.top_k, dim=-1).indices
+        weights_NK = scores_NE.gather(1, experts_NK)
+        if self.renormalize:
+            weights_NK = weights_NK / (weights_NK.sum(dim=-1, keepdim=True) + 1e-20)
+        return Routing(experts_NK, weights_NK * self.route_scale, self.probs(scores_NE), logits_NE)
+
+    def _limit_to_best_groups(self, choice_NE: Tensor) -> Tensor:
+        """Mask (to -inf) the experts outside each token's ``topk_groups`` best groups."""
+        N, E, G = choice_NE.shape[0], self.num_experts, self.n_groups
+        group_NG = self.group_score(choice_NE.view(N, G, E // G))
+        best_NG = torch.topk(group_NG, self.topk_groups, dim=-1).indices
+        keep_NG = torch.zeros_like(group_NG, dtype=torch.bool).scatter_(1, best_NG, True)
+        keep_NE = keep_NG.unsqueeze(-1).expand(N, G, E // G).reshape(N, E)
+        return choice_NE.masked_fill(~keep_NE, float("-inf"))
+
+
+@ROUTERS.register("softmax_topk")
+class SoftmaxTopKRouter(Router):
+    """p = softmax(logits) over all E experts; top-K of p (Switch, Mixtral). A group is ranked by
+    its best expert (DeepSeek-V2's group-limited greedy routing)."""
+
+    def scores(self, logits_NE: Tensor) -> Tensor:
+        return torch.softmax(logits_NE, dim=-1)
+
+    def probs(self, scores_NE: Tensor) -> Tensor:
+        return scores_NE
+
+    def group_score(self, scores_NGX: Tensor) -> Tensor:
+        return scores_NGX.amax(dim=-1)
+
+
+@ROUTERS.register("sigmoid_topk")
+class SigmoidTopKRouter(Router):
+    """s = sigmoid(logits), independent per expert; top-K of s (DeepSeek-V3). A group is ranked by
+    the sum of its two best (biased) scores; the balancing losses use s normalised over experts."""
+
+    def scores(self, logits_NE: Tensor) -> Tensor:
+        return torch.sigmoid(logits_NE)
+
+    def probs(self, scores_NE: Tensor) -> Tensor:
+        return scores_NE / scores_NE.sum(dim=-1, keepdim=True)
+
+    def group_score(self, scores_NGX: Tensor) -> Tensor:
+        return scores_NGX.topk(min(2, scores_NGX.shape[-1]), dim=-1).values.sum(dim=-1)
+
+
+def build_router(d_model: int, moe: MoEConfig) -> Router:
+    return ROUTERS.get(moe.router.type)(d_model, moe)
