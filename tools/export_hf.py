@@ -1,0 +1,76 @@
+"""Export a dense model to a Hugging Face folder that ``AutoModelForCausalLM.from_pretrained`` loads.
+
+    python -m tools.export_hf --checkpoint runs/llama-tiny --out exports/llama-tiny
+    python -m tools.export_hf --recipe recipes/dense/tiny.yaml --out /tmp/gpt2-tiny model.n_layers=2
+
+GPT-3-style models become ``GPT2LMHeadModel``, LLaMA-style ones ``LlamaForCausalLM``; the family
+is chosen from the architecture (see ``archlab.export.hf``). A model no HF class can express
+(ALiBi, post-LN, NTK RoPE, ...) is refused with the reason. ``--verify`` reloads the folder with
+``transformers`` and checks that its logits equal archlab's on random tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from archlab.config import RecipeError
+from archlab.export import export_hf, find_exporter
+from tools.sample import add_model_args, load_model
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tools.export_hf", description=__doc__.split("\n\n")[0])
+    add_model_args(p)
+    p.add_argument("--out", type=Path, required=True, help="output folder (must not exist unless --force)")
+    p.add_argument("--force", action="store_true", help="replace an existing output folder")
+    p.add_argument("--verify", action="store_true", help="reload with transformers and compare logits")
+    return p.parse_args(argv)
+
+
+def verify(model, out: Path, seq_len: int = 32) -> float:
+    """Max |logit difference| between archlab and the reloaded HF model; raises if not close."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    model = model.float().eval()
+    ids = torch.randint(0, model.cfg.vocab_size, (2, min(seq_len, model.cfg.max_seq_len)))
+    with torch.no_grad():
+        ours, theirs = model(ids).logits, hf(ids).logits
+    torch.testing.assert_close(theirs, ours)
+    return float((ours - theirs).abs().max())
+
+
+def export(args: argparse.Namespace) -> str:
+    model, cfg, tok_file = load_model(args)
+    eos_id = None
+    if tok_file is not None:
+        from archlab.data import Tokenizer
+
+        eos_id = Tokenizer.load(tok_file).eos_id
+    out = export_hf(model, args.out, tokenizer_file=tok_file, eos_id=eos_id, overwrite=args.force)
+    msg = f"wrote {out}: {cfg.get('name', 'model')} as {find_exporter(model.cfg).hf_class_name}"
+    if args.verify:
+        msg += f"; verified: max |logit diff| = {verify(model, out):.2e}"
+    return msg
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    try:
+        print(export(args))
+    except (RecipeError, ValueError, FileExistsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except AssertionError as e:  # --verify found different logits: a bug, not a user mistake
+        print(f"verification failed: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Print a continuation of a prompt, from a recipe (random weights) or a trained checkpoint.
+
+    python -m tools.sample --recipe recipes/llama/tiny.yaml --prompt "def " model.n_layers=2
+    python -m tools.sample --checkpoint runs/llama-tiny --prompt "def " --temperature 0.8 --top-p 0.9
+
+A bare recipe has no trained tokenizer: its prompt is encoded as UTF-8 bytes (ids 0-255) and the
+continuation is random-init noise, which is still a useful smoke test of the whole path. A
+checkpoint's run folder holds its tokenizer (``tokenizer.json``), and the text is real.
+A bad recipe, override or argument prints one line on stderr and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Protocol, Sequence
+
+import torch
+
+import archlab
+from archlab.config import RecipeError
+
+
+class TextCodec(Protocol):
+    eos_id: Optional[int]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class ByteCodec:
+    """UTF-8 bytes as ids 0-255, 256 as end of text. An untrained model emits ids beyond the
+    bytes too (its vocabulary is the recipe's); they are shown as ``<|id|>``."""
+
+    eos_id = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        parts, run = [], bytearray()
+        for i in ids:
+            if 0 <= i < 256:
+                run.append(i)
+                continue
+            parts += [run.decode("utf-8", errors="replace"), f"<|{i}|>"]
+            run = bytearray()
+        return "".join(parts) + run.decode("utf-8", errors="replace")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """--recipe/--checkpoint and trailing ``key=value`` overrides, shared by the model tools."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--recipe", type=Path, help="recipe YAML (random-init weights)")
+    src.add_argument("--checkpoint", type=Path, help="run folder (latest checkpoint) or checkpoint folder")
+    p.add_argument("overrides", nargs="*", help="recipe overrides as OmegaConf dotlist, e.g. model.n_layers=4")
+
+
+def load_model(args: argparse.Namespace):
+    """(model, recipe cfg, tokenizer file or None) from --recipe or --checkpoint."""
+    if args.recipe is not None:
+        cfg = archlab.load_recipe(args.recipe, args.overrides)
+        return archlab.build_model(cfg), cfg, None
+    if args.overrides:
+        raise ValueError("overrides apply to --recipe only; a checkpoint's architecture is fixed")
+    if not args.checkpoint.exists():
+        raise ValueError(f"checkpoint not found: {args.checkpoint}")
+    try:
+        from archlab.train.checkpoint import load_model as load_checkpoint  # the trainer's format
+    except ImportError as e:
+        raise ValueError(f"cannot read checkpoints: archlab.train.checkpoint is unavailable ({e})") from None
+
+    model, cfg = load_checkpoint(args.checkpoint)
+    return model, cfg, find_tokenizer_file(args.checkpoint)
+
+
+def find_tokenizer_file(path: Path) -> Optional[Path]:
+    """The run's ``tokenizer.json``: in the given folder or up to two folders above it
+    (run/checkpoints/step_N/ -> run/)."""
+    for folder in [path, *list(path.resolve().parents)[:2]]:
+        if (folder / "tokenizer.json").is_file():
+            return folder / "tokenizer.json"
+    return None
+
+
+def load_codec(tokenizer_file: Optional[Path]) -> TextCodec:
+    if tokenizer_file is None:
+        return ByteCodec()
+    from archlab.data import Tokenizer
+
+    return Tokenizer.load(tokenizer_file)
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tools.sample", description=__doc__.split("\n\n")[0])
+    add_model_args(p)
+    p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    p.add_argument("--max-new-tokens", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus: smallest set with this mass (1 = off)")
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    if args.max_new_tokens < 0:
+        raise ValueError(f"--max-new-tokens={args.max_new_tokens}: must be >= 0")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature={args.temperature}: must be >= 0 (0 = greedy)")
+    if args.top_k < 0:
+        raise ValueError(f"--top-k={args.top_k}: must be >= 0 (0 = off)")
+    if not 0.0 < args.top_p <= 1.0:
+        raise ValueError(f"--top-p={args.top_p}: must lie in (0, 1] (1 = off)")
+    if args.num_samples < 1:
+        raise ValueError(f"--num-samples={args.num_samples}: must be >= 1")
+
+
+def sample(args: argparse.Namespace) -> list[str]:
+    """The continuations (prompt excluded), one per sample."""
+    check_args(args)
+    torch.manual_seed(args.seed)
+    model, cfg, tok_file = load_model(args)
+    codec = load_codec(tok_file)
+    prompt = codec.encode(args.prompt)
+    if not prompt:
+        raise ValueError("--prompt encodes to no tokens; give at least one character")
+    too_big = [i for i in prompt if i >= cfg.model.vocab_size]
+    if too_big:
+        raise ValueError(f"prompt token ids {too_big[:5]} are outside model.vocab_size={cfg.model.vocab_size}")
+    limit = cfg.model.max_seq_len if cfg.model.position.type == "learned" else None
+    if limit is not None and len(prompt) + args.max_new_tokens > limit:
+        raise ValueError(f"prompt ({len(prompt)} tokens) + --max-new-tokens={args.max_new_tokens} exceeds the "
+                         f"learned positions (model.max_seq_len={limit}); lower --max-new-tokens")
+    ids = torch.tensor([prompt] * args.num_samples)  # (B, S)
+    gen = torch.Generator().manual_seed(args.seed)
+    out = archlab.generate(model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                           top_p=args.top_p, eos_id=codec.eos_id, generator=gen)
+    texts = []
+    for row in out[:, len(prompt):].tolist():
+        if codec.eos_id is not None and codec.eos_id in row:
+            row = row[: row.index(codec.eos_id)]
+        texts.append(codec.decode(row))
+    return texts
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    try:
+        texts = sample(args)
+    except (RecipeError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for i, text in enumerate(texts):
+        if len(texts) > 1:
+            print(f"--- sample {i}")
+        print(args.prompt + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
