@@ -95,17 +95,20 @@ class _ContiguousGrad(torch.autograd.Function):
         return g.contiguous()
 
 
-def _grouped_mm_ok(x: Tensor) -> bool:
-    """grouped_mm has kernels on CPU (fp32, bf16) and on CUDA for bf16 (SM80+)."""
-    if not hasattr(F, "grouped_mm"):
+def _grouped_mm_ok(x: Tensor, w: Tensor) -> bool:
+    """grouped_mm has kernels on CPU (fp32, bf16, fp16) and on CUDA for bf16 (SM80+); rows of
+    both operands must be a multiple of 16 bytes long."""
+    if not hasattr(F, "grouped_mm") or any(n * x.element_size() % 16 for n in w.shape[1:]):
         return False
-    return x.device.type == "cpu" or (x.device.type == "cuda" and x.dtype == torch.bfloat16)
+    if x.device.type == "cpu":
+        return x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    return x.device.type == "cuda" and x.dtype == torch.bfloat16
 
 
 def grouped_linear(x_SX: Tensor, w_EXY: Tensor, counts_E: Tensor) -> Tensor:
     """Rows of ``x_SX`` grouped by expert (``counts_E`` rows each, in order) times their expert's
     (X, Y) matrix -> (S, Y)."""
-    if _grouped_mm_ok(x_SX):
+    if _grouped_mm_ok(x_SX, w_EXY):
         offs_E = torch.cumsum(counts_E, 0).to(torch.int32)
         return _ContiguousGrad.apply(F.grouped_mm(x_SX, w_EXY, offs=offs_E))
     return _padded_bmm(x_SX, w_EXY, counts_E)
