@@ -1,0 +1,202 @@
+"""``prepare_data(cfg)``: corpus -> split -> tokenizer -> token-id arrays, cached on disk.
+
+Cache folder ``<data.cache_dir>/<source>-<key[:16]>/`` holds ``tokenizer.json``, ``train.bin`` and
+``val.bin`` (raw little-endian token ids, read back as memory maps) and ``meta.json``. The key is a
+sha256 over everything the result depends on: the corpus fingerprint (file names, sizes, mtimes and
+content hashes; or the dataset and its fingerprint), ``max_bytes``, ``val_fraction``, ``seed``, the
+tokenizer kind and vocabulary size, the ``tokenizers`` version and :data:`DATA_FORMAT_VERSION`.
+A change to any of them gives a new key, so a stale cache is never reused.
+
+A folder is built under a temporary name and renamed into place when complete, ``meta.json`` is
+written last, and a folder whose ``meta.json`` is missing or does not match its files is rebuilt:
+a crash never leaves a cache that a later run would trust. Several processes may call this at once
+only if one (rank 0) calls it first, e.g. inside ``accelerator.main_process_first()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import tokenizers
+
+from archlab.data.batches import check_length
+from archlab.data.corpus import Corpus, DataError, split_corpus
+from archlab.data.sources import build_corpus
+from archlab.data.tokenizer import BYTE_VOCAB_SIZE, Tokenizer, build_tokenizer
+
+DATA_FORMAT_VERSION = 1  # bump when the cache layout or the split/encoding rules change
+ENCODE_CHUNK_BYTES = 4 * 2**20  # texts handed to encode_batch at once (bounds memory)
+SPLITS = ("train", "val")
+
+
+@dataclass
+class PreparedData:
+    """A tokenized corpus: the tokenizer and the two splits as 1-D memory-mapped id arrays."""
+
+    tokenizer: Tokenizer
+    train: np.ndarray  # (N_train,) uint16 or uint32 memmap
+    val: np.ndarray  # (N_val,)
+    cache_path: Path
+    meta: dict[str, Any]
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 while every id fits in 16 bits, else uint32."""
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+def _tokenizer_vocab(data_cfg, model_vocab_size: int) -> int:
+    """The tokenizer's vocabulary size: the model's for BPE, always 257 for bytes."""
+    return BYTE_VOCAB_SIZE if data_cfg.tokenizer == "byte" else model_vocab_size
+
+
+def cache_key(corpus: Corpus, data_cfg, vocab_size: int) -> str:
+    """sha256 (hex) over everything the cached arrays depend on."""
+    parts = {
+        "format": DATA_FORMAT_VERSION,
+        "tokenizers": tokenizers.__version__,
+        "source": data_cfg.source,
+        "corpus": corpus.fingerprint,
+        "max_bytes": data_cfg.max_bytes,
+        "val_fraction": float(data_cfg.val_fraction),
+        "seed": int(data_cfg.seed),
+        "tokenizer": data_cfg.tokenizer,
+        "vocab_size": vocab_size,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _write_ids(tokenizer: Tokenizer, texts: Sequence[str], path: Path, dtype: np.dtype) -> int:
+    """Encode ``texts`` (EOS after each document) into the raw id file ``path``; return N."""
+    n_tokens = 0
+    with open(path, "wb") as f:
+        start = 0
+        while start < len(texts):
+            end, size = start, 0
+            while end < len(texts) and (end == start or size < ENCODE_CHUNK_BYTES):
+                size += len(texts[end])
+                end += 1
+            for ids in tokenizer.encode_batch(texts[start:end]):
+                ids_N = np.asarray(ids + [tokenizer.eos_id], dtype=dtype)
+                f.write(ids_N.tobytes())
+                n_tokens += len(ids_N)
+            start = end
+    return n_tokens
+
+
+def _load(folder: Path, key: str) -> Optional[PreparedData]:
+    """The cached data in ``folder`` if it is complete and built for ``key``; else None."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        if meta.get("key") != key or meta.get("format") != DATA_FORMAT_VERSION:
+            return None
+        dtype = np.dtype(meta["dtype"])
+        arrays = {}
+        for split in SPLITS:
+            path = folder / f"{split}.bin"
+            n = int(meta["tokens"][split])
+            if n <= 0 or path.stat().st_size != n * dtype.itemsize:
+                return None
+            arrays[split] = np.memmap(path, dtype=dtype, mode="r", shape=(n,))
+        tokenizer = Tokenizer.load(folder / "tokenizer.json")
+    except (OSError, ValueError, KeyError, TypeError, DataError):
+        return None
+    return PreparedData(tokenizer, arrays["train"], arrays["val"], folder, meta)
+
+
+def _build(folder: Path, corpus: Corpus, data_cfg, vocab_size: int, key: str) -> Path:
+    """Build the cache in a temporary folder next to ``folder`` and return it.
+
+    On any failure the temporary folder is removed: no partial cache is left behind.
+    """
+    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir(parents=True)
+    try:
+        _build_into(tmp, corpus, data_cfg, vocab_size, key)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
+
+
+def _build_into(tmp: Path, corpus: Corpus, data_cfg, vocab_size: int, key: str) -> None:
+    """Split, train the tokenizer, encode both splits, then write ``meta.json`` last."""
+    t0 = time.perf_counter()
+    split = split_corpus(corpus, data_cfg.val_fraction, data_cfg.seed, data_cfg.max_bytes)
+    tokenizer = build_tokenizer(data_cfg.tokenizer, split.train, vocab_size)
+    dtype = token_dtype(tokenizer.vocab_size)
+    tokenizer.save(tmp / "tokenizer.json")
+    n_tokens = {s: _write_ids(tokenizer, getattr(split, s), tmp / f"{s}.bin", dtype) for s in SPLITS}
+    meta = {
+        "format": DATA_FORMAT_VERSION,
+        "key": key,
+        "corpus": corpus.description,
+        "source": data_cfg.source,
+        "n_files": split.n_docs,
+        "bytes": split.n_bytes,
+        "tokens": n_tokens,
+        "dtype": dtype.name,
+        "tokenizer": {"kind": data_cfg.tokenizer, "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id},
+        "settings": {"max_bytes": data_cfg.max_bytes, "val_fraction": float(data_cfg.val_fraction),
+                     "seed": int(data_cfg.seed)},
+        "build_seconds": round(time.perf_counter() - t0, 3),
+    }
+    _write_json(tmp / "meta.json", meta)  # last: its presence marks a complete build
+
+
+def _publish(tmp: Path, folder: Path, key: str) -> PreparedData:
+    """Rename the finished ``tmp`` into ``folder``, replacing an invalid folder of that name."""
+    data = _load(folder, key)
+    if data is not None:  # another process published the same key meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+        return data
+    if folder.exists():
+        trash = folder.with_name(f".{folder.name}.stale-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        os.replace(folder, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    try:
+        os.replace(tmp, folder)
+    except OSError:  # another process published the same key meanwhile: use theirs if valid
+        shutil.rmtree(tmp, ignore_errors=True)
+    data = _load(folder, key)
+    if data is None:
+        raise DataError(f"data cache {folder} is not valid right after building it; remove the folder and retry")
+    return data
+
+
+def prepare_data(cfg) -> PreparedData:
+    """Tokenized train/validation data for a recipe (``cfg.data``, ``cfg.model.vocab_size``).
+
+    Reuses the cache folder for this recipe's key when it is complete; otherwise builds it.
+    Raises :class:`DataError` (a ``RecipeError``) with a clear message on bad data.
+    """
+    data_cfg = cfg.data
+    vocab_size = _tokenizer_vocab(data_cfg, int(cfg.model.vocab_size))
+    corpus = build_corpus(data_cfg)
+    key = cache_key(corpus, data_cfg, vocab_size)
+    folder = Path(os.path.expanduser(str(data_cfg.cache_dir))) / f"{corpus.family}-{key[:16]}"
+    data = _load(folder, key)
+    if data is None:
+        tmp = _build(folder, corpus, data_cfg, vocab_size, key)
+        data = _publish(tmp, folder, key)
+    train_cfg = cfg.get("train") if hasattr(cfg, "get") else None
+    if train_cfg is not None:
+        check_length(data.train, int(train_cfg.seq_len), "training split")
+        check_length(data.val, int(train_cfg.seq_len), "validation split")
+    return data
+

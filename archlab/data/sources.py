@@ -1,0 +1,169 @@
+"""Corpus sources, by ``data.source``: ``stdlib`` (default), ``text`` (local files), ``hf`` (datasets).
+
+Each source is a function ``(data_cfg) -> Corpus`` that lists documents and fingerprints them
+without tokenizing anything, so that a cached build can be found again cheaply.
+
+- ``stdlib``: the Python standard library's own ``*.py`` files (about 12 MB of code, docstrings and
+  comments without its tests), found through ``sysconfig``: real text present on every machine.
+- ``text``: files, folders (recursive, hidden entries skipped) and globs (``**`` allowed) from
+  ``data.paths``. Every file must be UTF-8 text: a file that is not is an error naming it.
+- ``hf``: a Hugging Face dataset (optional ``datasets`` package); one row = one document.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import hashlib
+import os
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from archlab.data.corpus import Corpus, DataError, Document, read_text_file
+from archlab.registry import Registry
+
+SOURCES: Registry = Registry("data source")
+
+# folders of the standard library that are not its own source: tests and installed packages
+STDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
+# up to this many bytes, the fingerprint hashes file contents; above it, size + mtime_ns only
+CONTENT_HASH_MAX_BYTES = 64 * 2**20
+
+
+def build_corpus(data_cfg) -> Corpus:
+    """The corpus named by ``data_cfg.source``."""
+    try:
+        source = SOURCES.get(data_cfg.source)
+    except KeyError as e:
+        raise DataError(f"data.source={data_cfg.source!r}: {e.args[0]}") from None
+    return source(data_cfg)
+
+
+def _file_documents(paths: Iterable[Path], root: Path) -> list[Document]:
+    """Documents for ``paths`` (files), named by their path relative to ``root``, sorted by name."""
+    docs = [Document(p.relative_to(root).as_posix(), p.stat().st_size, lambda p=p: read_text_file(p))
+            for p in paths]
+    return sorted(docs, key=lambda d: d.name)
+
+
+def _file_fingerprint(docs: list[Document], root: Path) -> list[list[Any]]:
+    """[name, size, mtime_ns, sha256-or-None] per file: contents are hashed for corpora up to
+    ``CONTENT_HASH_MAX_BYTES`` (robust to coarse mtimes); larger ones rely on size + mtime_ns."""
+    hash_contents = sum(d.size for d in docs) <= CONTENT_HASH_MAX_BYTES
+    rows = []
+    for d in docs:
+        path = root / d.name
+        try:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest() if hash_contents else None
+            rows.append([d.name, d.size, path.stat().st_mtime_ns, digest])
+        except OSError as e:
+            raise DataError(f"cannot read {path}: {e.strerror or e}") from None
+    return rows
+
+
+def _walk(folder: Path, pattern: str, skip_dirs: frozenset[str]) -> list[Path]:
+    """Files under ``folder`` matching ``pattern``, never descending into ``skip_dirs`` or hidden folders."""
+    files = []
+    for here, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if d not in skip_dirs and not d.startswith(".")]
+        files += [Path(here, n) for n in names if fnmatch.fnmatch(n, pattern) and not n.startswith(".")]
+    return [p for p in files if p.is_file()]
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+@SOURCES.register("stdlib")
+def stdlib_corpus(data_cfg) -> Corpus:
+    """Every ``*.py`` file of the standard library, except tests and installed packages."""
+    root = stdlib_root()
+    docs = _file_documents(_walk(root, "*.py", STDLIB_EXCLUDED_DIRS), root)
+    if not docs:
+        raise DataError(f"data.source=stdlib: no Python source files under {root}; "
+                        "use data.source=text with data.paths instead")
+    version = f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
+    return Corpus("stdlib", f"Python {version} standard library ({len(docs)} files under {root})",
+                  docs, {"python": version, "files": _file_fingerprint(docs, root)})
+
+
+def _expand(entry: str) -> list[Path]:
+    """The files named by one ``data.paths`` entry: a file, a folder (recursive) or a glob."""
+    path = Path(os.path.expanduser(entry))
+    if glob.has_magic(entry):
+        found = [Path(p) for p in glob.glob(os.path.expanduser(entry), recursive=True)]
+        files = [p for p in found if p.is_file()]
+        if not files:
+            raise DataError(f"data.paths: the glob {entry!r} matches no file")
+        return files
+    if path.is_dir():
+        files = _walk(path, "*", frozenset())
+        if not files:
+            raise DataError(f"data.paths: the folder {entry!r} holds no file")
+        return files
+    if path.is_file():
+        return [path]
+    raise DataError(f"data.paths: {entry!r} does not exist (no such file, folder or glob match)")
+
+
+@SOURCES.register("text")
+def text_corpus(data_cfg) -> Corpus:
+    """Local text files from ``data.paths``; documents are named relative to their common folder."""
+    if not data_cfg.paths:
+        raise DataError("data.paths=[]: data.source=text needs at least one file, folder or glob")
+    files = sorted({p.resolve() for entry in data_cfg.paths for p in _expand(str(entry))})
+    root = Path(os.path.commonpath([str(p.parent) for p in files]))
+    docs = _file_documents(files, root)
+    return Corpus("text", f"{len(docs)} text files under {root}", docs,
+                  {"files": _file_fingerprint(docs, root)})
+
+
+def _import_datasets():
+    try:
+        import datasets  # optional dependency, imported only for data.source=hf
+    except ImportError:
+        raise DataError("data.source=hf needs the optional 'datasets' package: "
+                        "pip install 'archlab[datasets]'") from None
+    return datasets
+
+
+def _load_hf(datasets, data_cfg):
+    name = f"{data_cfg.hf_dataset}" + (f"/{data_cfg.hf_config}" if data_cfg.hf_config else "")
+    try:
+        return datasets.load_dataset(data_cfg.hf_dataset, data_cfg.hf_config, split=data_cfg.hf_split)
+    except (ConnectionError, OSError, TimeoutError) as e:
+        raise DataError(f"data.source=hf: cannot load dataset {name!r} split {data_cfg.hf_split!r} "
+                        f"(offline, or not in the local Hugging Face cache?): {e}") from None
+    except (ValueError, KeyError) as e:  # unknown config or split
+        raise DataError(f"data.source=hf: dataset {name!r}: {e}") from None
+
+
+def _row_reader(text: str) -> Callable[[], str]:
+    return lambda: text
+
+
+@SOURCES.register("hf")
+def hf_corpus(data_cfg) -> Corpus:
+    """The ``hf_text_field`` column of a Hugging Face dataset split; one row is one document."""
+    datasets = _import_datasets()
+    ds = _load_hf(datasets, data_cfg)
+    field = data_cfg.hf_text_field
+    columns = getattr(ds, "column_names", None)
+    if columns is not None and field not in columns:
+        raise DataError(f"data.hf_text_field={field!r}: dataset {data_cfg.hf_dataset!r} has columns "
+                        f"{list(columns)}; pick one of them")
+    texts = [str(row[field] or "") for row in ds]
+    width = len(str(len(texts)))
+    docs = [Document(f"row{i:0{width}d}", len(t.encode("utf-8")), _row_reader(t)) for i, t in enumerate(texts)]
+    content = getattr(ds, "_fingerprint", None)
+    if content is None:
+        h = hashlib.sha256()
+        for t in texts:
+            h.update(hashlib.sha256(t.encode("utf-8")).digest())
+        content = h.hexdigest()
+    settings = [data_cfg.hf_dataset, data_cfg.hf_config, data_cfg.hf_split, field]
+    return Corpus("hf", f"Hugging Face dataset {data_cfg.hf_dataset!r} "
+                  f"({data_cfg.hf_config or 'default'}, split {data_cfg.hf_split}, {len(docs)} rows)",
+                  docs, {"dataset": settings, "content": content})

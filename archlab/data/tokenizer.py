@@ -1,0 +1,125 @@
+"""Tokenizers, by ``data.tokenizer``: ``bpe`` (byte-level BPE trained here) and ``byte`` (raw bytes).
+
+Both are ``tokenizers`` library objects behind one small :class:`Tokenizer` wrapper, saved as the
+library's own ``tokenizer.json``:
+
+- ``bpe``: GPT-2-style byte-level BPE (ByteLevel pre-tokenizer and decoder, the 256-symbol byte
+  alphabet, ``<|endoftext|>`` as the only special token), trained on the training split to exactly
+  ``model.vocab_size`` entries.
+- ``byte``: id = byte value (0-255), ``<|endoftext|>`` = 256; no training. A model may have a larger
+  vocabulary than these 257 ids (the extra rows are never targets).
+
+Any text round-trips exactly: ``decode(encode(s)) == s``. The string ``<|endoftext|>`` inside a text
+is encoded as plain text; the end-of-text id is only ever inserted between documents.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Sequence, Union
+
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from archlab.data.corpus import DataError
+from archlab.registry import Registry
+
+EOS = "<|endoftext|>"
+BYTE_VOCAB_SIZE = 257  # 256 byte values + EOS
+
+TOKENIZERS: Registry = Registry("tokenizer")  # name -> (train_texts, vocab_size) -> Tokenizer
+
+
+class Tokenizer:
+    """Text <-> token ids. ``vocab_size`` counts every id, ``eos_id`` separates documents."""
+
+    def __init__(self, backend: tokenizers.Tokenizer):
+        backend.encode_special_tokens = True  # "<|endoftext|>" in a text stays text (not saved in json)
+        self.backend = backend
+        eos = backend.token_to_id(EOS)
+        if eos is None:
+            raise DataError(f"tokenizer has no {EOS} token: not an archlab tokenizer")
+        self.eos_id: int = eos
+        self.vocab_size: int = backend.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Encode many documents at once (the library's multithreaded path)."""
+        return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``; an end-of-text id shows as ``<|endoftext|>``."""
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def save(self, path: Union[str, Path]) -> None:
+        """Write ``tokenizer.json`` atomically (tmp file + rename)."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        self.backend.save(str(tmp))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> "Tokenizer":
+        try:
+            return cls(tokenizers.Tokenizer.from_file(str(path)))
+        except Exception as e:  # the library raises bare Exception on a bad file
+            raise DataError(f"cannot load tokenizer {path}: {e}") from None
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(vocab_size={self.vocab_size}, eos_id={self.eos_id})"
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's map from the 256 byte values to printable characters, as used by ByteLevel."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    chars = printable + [256 + i for i in range(len(others))]
+    return dict(zip(printable + others, map(chr, chars)))
+
+
+def _byte_level(model: models.Model) -> tokenizers.Tokenizer:
+    backend = tokenizers.Tokenizer(model)
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+@TOKENIZERS.register("bpe")
+def train_bpe(texts: Sequence[str], vocab_size: int) -> Tokenizer:
+    """Train a byte-level BPE of exactly ``vocab_size`` ids on ``texts``.
+
+    Raises :class:`DataError` when the texts support fewer merges than that.
+    """
+    backend = _byte_level(models.BPE())
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(texts, trainer, length=len(texts))
+    got = backend.get_vocab_size()
+    if got < vocab_size:
+        raise DataError(f"model.vocab_size={vocab_size} is larger than this corpus supports "
+                        f"({got} tokens after every possible merge); lower model.vocab_size or add data")
+    return Tokenizer(backend)
+
+
+@TOKENIZERS.register("byte")
+def byte_tokenizer(texts: Sequence[str], vocab_size: int) -> Tokenizer:
+    """Raw UTF-8 bytes: id = byte value, EOS = 256. ``texts`` are not needed."""
+    if vocab_size < BYTE_VOCAB_SIZE:
+        raise DataError(f"model.vocab_size={vocab_size}: the byte tokenizer needs {BYTE_VOCAB_SIZE} ids "
+                        "(256 bytes + end-of-text); raise model.vocab_size")
+    vocab = {char: byte for byte, char in byte_to_unicode().items()}
+    backend = _byte_level(models.BPE(vocab=vocab, merges=[]))
+    backend.add_special_tokens([EOS])
+    return Tokenizer(backend)
+
+
+def build_tokenizer(kind: str, texts: Sequence[str], vocab_size: int) -> Tokenizer:
+    """Train (or make) the tokenizer named ``kind`` on the training texts."""
+    try:
+        make: Callable[[Sequence[str], int], Tokenizer] = TOKENIZERS.get(kind)
+    except KeyError as e:
+        raise DataError(f"data.tokenizer={kind!r}: {e.args[0]}") from None
+    return make(texts, vocab_size)

@@ -1,0 +1,112 @@
+"""Corpus sources: the standard library, local text files, Hugging Face datasets (faked offline)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+from omegaconf import OmegaConf
+
+from archlab.config import DataConfig
+from archlab.data.corpus import DataError
+from archlab.data.sources import STDLIB_EXCLUDED_DIRS, SOURCES, build_corpus, stdlib_root
+
+
+def data_cfg(**kw):
+    return OmegaConf.merge(OmegaConf.structured(DataConfig), kw)
+
+
+def test_registry_names_every_source():
+    assert SOURCES.names() == ["hf", "stdlib", "text"]
+    with pytest.raises(DataError, match="unknown data source type 'web'"):
+        build_corpus(data_cfg(source="web"))
+
+
+def test_stdlib_corpus_is_the_standard_library_without_tests_or_packages():
+    corpus = build_corpus(data_cfg(source="stdlib"))
+    names = [d.name for d in corpus.documents]
+    assert names == sorted(names) and len(names) > 300
+    assert {"os.py", "json/decoder.py", "collections/__init__.py"} <= set(names)
+    for name in names:
+        assert name.endswith(".py")
+        assert not STDLIB_EXCLUDED_DIRS.intersection(name.split("/")[:-1]), name
+    total = sum(d.size for d in corpus.documents)
+    assert 5e6 < total < 4e7  # ~12 MB on CPython 3.11
+    assert corpus.documents[names.index("os.py")].read() == (stdlib_root() / "os.py").read_text()
+    assert build_corpus(data_cfg(source="stdlib")).fingerprint == corpus.fingerprint
+
+
+def test_text_source_takes_files_folders_and_globs(tmp_path):
+    (tmp_path / "a.txt").write_text("alpha\n")
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / "sub" / "b.md").write_text("beta\n")
+    (tmp_path / "sub" / "deeper" / "c.txt").write_text("gamma\n")
+    (tmp_path / "sub" / ".hidden").write_text("never read\n")
+    folder = build_corpus(data_cfg(source="text", paths=[str(tmp_path / "sub")]))
+    assert [d.name for d in folder.documents] == ["b.md", "deeper/c.txt"]
+    globbed = build_corpus(data_cfg(source="text", paths=[str(tmp_path / "**" / "*.txt"), str(tmp_path / "a.txt")]))
+    assert [d.name for d in globbed.documents] == ["a.txt", "sub/deeper/c.txt"]  # a.txt once
+    assert globbed.documents[1].read() == "gamma\n"
+
+
+def test_text_fingerprint_follows_content(tmp_path):
+    f = tmp_path / "a.txt"
+    f.write_text("one\n")
+    before = build_corpus(data_cfg(source="text", paths=[str(f)])).fingerprint
+    f.write_text("two\n")  # same size: the content hash tells them apart
+    assert build_corpus(data_cfg(source="text", paths=[str(f)])).fingerprint != before
+
+
+def test_text_source_names_what_is_missing(tmp_path):
+    with pytest.raises(DataError, match=r"'.*nowhere\.txt' does not exist"):
+        build_corpus(data_cfg(source="text", paths=[str(tmp_path / "nowhere.txt")]))
+    with pytest.raises(DataError, match=r"glob '.*\*\.zzz' matches no file"):
+        build_corpus(data_cfg(source="text", paths=[str(tmp_path / "*.zzz")]))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="holds no file"):
+        build_corpus(data_cfg(source="text", paths=[str(tmp_path / "empty")]))
+    with pytest.raises(DataError, match="needs at least one"):
+        build_corpus(data_cfg(source="text", paths=[]))
+
+
+def fake_datasets(load_dataset) -> types.ModuleType:
+    module = types.ModuleType("datasets")
+    module.load_dataset = load_dataset
+    return module
+
+
+class FakeDataset(list):
+    column_names = ["text", "id"]
+    _fingerprint = "abc123"
+
+
+def test_hf_source_reads_the_text_column(monkeypatch):
+    calls = []
+
+    def load_dataset(name, config, split):
+        calls.append((name, config, split))
+        return FakeDataset([{"text": "first row\n", "id": 0}, {"text": "second row\n", "id": 1}])
+
+    monkeypatch.setitem(sys.modules, "datasets", fake_datasets(load_dataset))
+    corpus = build_corpus(data_cfg(source="hf", hf_dataset="some/corpus", hf_split="train"))
+    assert calls == [("some/corpus", None, "train")]
+    assert [d.read() for d in corpus.documents] == ["first row\n", "second row\n"]
+    assert corpus.fingerprint["content"] == "abc123"
+    with pytest.raises(DataError, match=r"hf_text_field='body'.*columns \['text', 'id'\]"):
+        build_corpus(data_cfg(source="hf", hf_dataset="some/corpus", hf_text_field="body"))
+
+
+def test_hf_source_without_the_package_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
+    with pytest.raises(DataError, match=r"needs the optional 'datasets' package: pip install 'archlab\[datasets\]'"):
+        build_corpus(data_cfg(source="hf", hf_dataset="some/corpus"))
+
+
+def test_hf_source_offline_is_a_clear_error(monkeypatch):
+    def load_dataset(name, config, split):
+        raise ConnectionError("Couldn't reach 'some/corpus' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setitem(sys.modules, "datasets", fake_datasets(load_dataset))
+    with pytest.raises(DataError, match=r"cannot load dataset 'some/corpus' split 'train' \(offline"):
+        build_corpus(data_cfg(source="hf", hf_dataset="some/corpus"))
