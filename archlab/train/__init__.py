@@ -1,0 +1,20 @@
+"""Training: ``python -m archlab.train <recipe.yaml> [key=value ...]`` or ``accelerate launch -m archlab.train ...``.
+
+    from archlab.train import train
+    summary = train(archlab.load_recipe("recipes/llama/tiny.yaml", ["train.max_steps=50"]))
+
+    from archlab.train.checkpoint import load_model, latest
+    model, cfg = load_model("runs/llama-tiny-20250101-120000")   # newest complete checkpoint
+
+- ``loop``: the :class:`Trainer` (steps, evaluation, logging, checkpoints, faults)
+- ``optim``: AdamW parameter groups and the lr schedules
+- ``checkpoint``: atomic, verified checkpoints; ``load_model``, ``latest``
+- ``run_folder``: what a run writes (env.json, metrics.jsonl, summary.json, loss.png...)
+- ``parallel``: accelerate / DeepSpeed wiring; ``dist``: rank, world size, reductions
+"""
+
+from archlab.train.checkpoint import CheckpointError, latest, load_model
+from archlab.train.faults import NonFiniteError
+from archlab.train.loop import Trainer, train
+
+__all__ = ["CheckpointError", "NonFiniteError", "Trainer", "latest", "load_model", "train"]

@@ -1,0 +1,42 @@
+"""Command line: ``python -m archlab.train <recipe.yaml> [key=value ...]``.
+
+Also under a launcher: ``accelerate launch [--multi_gpu --num_processes N | --use_deepspeed
+--deepspeed_config_file recipes/launch/zero2.json] -m archlab.train <recipe.yaml> ...``.
+Exit status: 0 trained (or interrupted and checkpointed), 1 stopped on non-finite numbers,
+2 bad input (recipe, data, checkpoint), printed as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m archlab.train", description="Train a recipe.")
+    parser.add_argument("recipe", help="recipe YAML file, e.g. recipes/llama/tiny.yaml")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_steps=100")
+    args = parser.parse_args(argv)
+
+    from archlab.config import RecipeError, load_recipe
+    from archlab.train import CheckpointError, NonFiniteError, train
+
+    try:
+        cfg = load_recipe(args.recipe, args.overrides)
+        summary = train(cfg)
+    except RecipeError as e:  # includes data errors
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except NonFiniteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except CheckpointError as e:  # missing, corrupt or foreign checkpoint / run folder
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"[archlab] {summary['status']}: step {summary['step']}, run folder {summary['run_dir']}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Rank, world size and collective helpers for the trainer.
+
+Rank and world size come from ``torch.distributed`` whenever it is initialised: under
+``accelerate launch --use_deepspeed`` on a machine without GPUs, accelerate reports one process
+although torch.distributed holds two (see REFERENCES.md, DeepSpeed section), and the data must
+still be sharded and the metrics still reduced over the real group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def dist_info(accelerator=None) -> DistInfo:
+    """The real data-parallel rank and world size of this process."""
+    if dist.is_available() and dist.is_initialized():
+        return DistInfo(dist.get_rank(), dist.get_world_size())
+    if accelerator is not None:
+        return DistInfo(accelerator.process_index, accelerator.num_processes)
+    return DistInfo(0, 1)
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum of ``t`` over all ranks (a copy; identity in a single process)."""
+    out = t.detach().clone()
+    if _active():
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    out = t.detach().clone()
+    if _active():
+        dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return out
+
+
+def barrier() -> None:
+    if _active():
+        dist.barrier()
+
+
+def broadcast_object(obj, src: int = 0):
+    """``obj`` of rank ``src`` on every rank (pickled in memory between our own processes only)."""
+    if not _active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+@contextlib.contextmanager
+def main_process_first(info: DistInfo) -> Iterator[None]:
+    """Rank 0 runs the block first (e.g. builds a cache), the others after it finished."""
+    if not info.is_main:
+        barrier()
+    yield
+    if info.is_main:
+        barrier()

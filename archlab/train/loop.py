@@ -1,0 +1,493 @@
+"""The training loop: one :class:`Trainer` per run, driven by a recipe.
+
+Shape legend: B micro batch, S sequence length, V vocabulary, A gradient-accumulation steps,
+W data-parallel world size.
+
+A step reads A micro batches of B windows on each of W ranks (``TokenBatches``: the batch depends
+only on seed, step, micro and rank), back-propagates through accelerate (DDP or a DeepSpeed
+engine, as launched), clips, checks that loss and gradient norm are finite, then updates. The
+learning rate is a function of the step. Together with the checkpointed weights, optimizer and
+RNG state, this makes a resumed run repeat an uninterrupted one exactly on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch import Tensor
+
+import archlab
+from archlab.config.validate import RecipeError
+from archlab.model.build import build_model
+from archlab.train import checkpoint as ckpt
+from archlab.train.dist import DistInfo, all_reduce_sum, barrier, broadcast_object, dist_info, main_process_first
+from archlab.train.faults import NonFiniteError, StopSignal
+from archlab.train.optim import build_optimizer, lr_at, set_lr
+from archlab.train.parallel import (deepspeed_engine, fill_deepspeed_config, make_accelerator, resolve_precision,
+                                    safe_deepspeed_load, uses_deepspeed)
+from archlab.train.run_folder import (METRICS, ROUTING, MetricsLog, default_run_name, mark_run, plot_losses,
+                                      truncate_jsonl, write_env)
+
+# Peak dense FLOP/s per device that MFU is measured against when train.peak_flops is not set.
+# GPUs: vendor bf16 dense tensor-core figures. CPU: a nominal 1 TFLOP/s, the order of a recent
+# many-core AVX-512 socket in fp32; it is a stated convention, not a measurement. The value used
+# is recorded in env.json ("peak_flops", "peak_flops_source").
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12}
+CPU_PEAK_FLOPS = 1e12
+
+
+def lm_loss(logits_BSV: Tensor, targets_BS: Tensor, reduction: str = "mean") -> Tensor:
+    """Next-token cross-entropy in nats, computed in fp32."""
+    return F.cross_entropy(logits_BSV.float().flatten(0, 1), targets_BS.flatten(), reduction=reduction)
+
+
+def flops_per_token(cfg: DictConfig) -> tuple[float, str]:
+    """Training matmul FLOPs per token, and where the figure comes from."""
+    try:
+        from archlab.costs import training_flops_per_token
+    except ImportError:  # temporary fallback: Kaplan's 6N + 6 L S D
+        m = cfg.model
+        n = archlab.num_params(cfg)
+        return 6.0 * n + 6.0 * m.n_layers * cfg.train.seq_len * m.d_model, "fallback 6N + 6*L*S*D"
+    return float(training_flops_per_token(archlab.model_config(cfg), cfg.train.seq_len)), \
+        "archlab.costs.training_flops_per_token"
+
+
+def peak_flops(cfg: DictConfig, device: torch.device) -> tuple[float, str]:
+    """Peak FLOP/s of one device for MFU: the recipe's train.peak_flops, else the table above."""
+    if cfg.train.peak_flops is not None:
+        return float(cfg.train.peak_flops), "train.peak_flops"
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, value in PEAK_FLOPS.items():
+            if key in name:
+                return value, f"archlab default for {name} (bf16 dense)"
+        return 312e12, f"archlab default for an unknown GPU ({name}): A100 bf16 dense"
+    return CPU_PEAK_FLOPS, "archlab nominal CPU peak (1 TFLOP/s); set train.peak_flops for your machine"
+
+
+class Trainer:
+    """Builds everything a run needs from a recipe, then :meth:`run` trains it."""
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+        t = cfg.train
+        self.accelerator = make_accelerator(t)
+        self.info: DistInfo = dist_info(self.accelerator)
+        self.deepspeed = uses_deepspeed(self.accelerator)
+        if self.deepspeed and t.on_nonfinite == "skip":
+            raise RecipeError("train.on_nonfinite='skip' is not supported under DeepSpeed (the engine updates inside "
+                              "backward); use train.on_nonfinite=stop or launch without DeepSpeed")
+        self.device = self.accelerator.device
+        from archlab.data import TokenBatches, prepare_data
+
+        with main_process_first(self.info):
+            self.data = prepare_data(cfg)
+        self.run_dir, resume_from, notes = self._resolve_run()
+        for note in notes:
+            self.log(note)
+
+        torch.manual_seed(t.seed)  # identical initial weights on every rank
+        self.model = build_model(cfg)  # the plain module; the wrapped one is self.model_t
+        self.optimizer = build_optimizer(self.model, t)
+        self.step, self.tokens, self.elapsed_before = 0, 0, 0.0
+        if resume_from is not None:
+            self._load_checkpoint(resume_from)
+        if self.deepspeed:
+            fill_deepspeed_config(self.accelerator, t, self.info.world_size)
+        module = torch.compile(self.model) if t.compile else self.model
+        self.model_t, self.optimizer_t = self.accelerator.prepare(module, self.optimizer)
+        if self.deepspeed and resume_from is not None:
+            self._load_deepspeed_state(resume_from)
+        torch.manual_seed(t.seed + 1000 * (self.info.rank + 1))  # dropout differs between ranks
+        if resume_from is not None:
+            ckpt.load_rng(resume_from, self.info.rank)
+        self.batches = TokenBatches(self.data.train, t.seq_len, t.micro_batch_size, t.grad_accum,
+                                    self.info.rank, self.info.world_size, t.seed)
+        self.tokens_per_step = self.batches.global_batch_size * t.seq_len
+        self.flops_per_token, self.flops_source = flops_per_token(cfg)
+        self.peak_flops, self.peak_source = peak_flops(cfg, self.device)
+        self.metrics: Optional[MetricsLog] = None
+        if self.info.is_main:
+            self._init_run_folder(resume_from)
+        self.last_ckpt: Optional[Path] = resume_from
+        barrier()
+
+    # ------------------------------------------------------------------ setup helpers
+
+    def log(self, msg: str) -> None:
+        if self.info.is_main:
+            print(f"[archlab] {msg}", file=sys.stderr, flush=True)
+
+    def _resolve_run(self) -> tuple[Path, Optional[Path], list[str]]:
+        """(run folder, checkpoint to resume from or None, messages), decided on rank 0."""
+        result: Any = None
+        if self.info.is_main:
+            try:
+                result = ("ok", *resolve_run(self.cfg))
+            except (RecipeError, ckpt.CheckpointError) as e:
+                result = ("error", type(e).__name__, str(e))
+        result = broadcast_object(result)
+        if result[0] == "error":
+            raise (ckpt.CheckpointError if result[1] == "CheckpointError" else RecipeError)(result[2])
+        return result[1], result[2], result[3]
+
+    def _load_checkpoint(self, ckpt_dir: Path) -> None:
+        state = ckpt.load_state(ckpt_dir)
+        ckpt.load_weights_into(self.model, ckpt_dir)
+        if not self.deepspeed:
+            if not (ckpt_dir / ckpt.OPTIMIZER).is_file():
+                raise ckpt.CheckpointError(f"{ckpt_dir / ckpt.OPTIMIZER}: missing (was this checkpoint written under "
+                                           "DeepSpeed? resume it with the same launcher)")
+            self.optimizer.load_state_dict(ckpt.load_optimizer_state(ckpt_dir))
+        self.step, self.tokens = int(state["step"]), int(state["tokens"])
+        self.elapsed_before = float(state.get("elapsed_s", 0.0))
+        t = self.cfg.train
+        batch_now = t.micro_batch_size * t.grad_accum * self.info.world_size
+        if state.get("global_batch") not in (None, batch_now):
+            self.log(f"warning: checkpoint was trained with a global batch of {state['global_batch']} windows, "
+                     f"this launch uses {batch_now}: the data order differs from an uninterrupted run")
+        self.log(f"resuming from {ckpt_dir} (step {self.step})")
+
+    def _load_deepspeed_state(self, ckpt_dir: Path) -> None:
+        zero = ckpt_dir / "zero"
+        if not zero.is_dir():
+            raise ckpt.CheckpointError(f"{zero}: missing (the checkpoint was not written under DeepSpeed; "
+                                       "resume it with the launcher it was trained with)")
+        engine = deepspeed_engine(self.accelerator)
+        safe_deepspeed_load(engine)
+        try:
+            engine.load_checkpoint(str(zero), tag="state", load_module_strict=True, load_optimizer_states=True,
+                                   load_lr_scheduler_states=False)
+        except Exception as e:
+            raise ckpt.CheckpointError(f"{zero}: cannot load the DeepSpeed state ({str(e).splitlines()[0]})") from None
+
+    def _init_run_folder(self, resume_from: Optional[Path]) -> None:
+        run = self.run_dir
+        mark_run(run, self.cfg.name)
+        ckpt.save_recipe(self.cfg, run / ckpt.RECIPE)
+        self.data.tokenizer.save(run / "tokenizer.json")
+        if resume_from is not None:
+            truncate_jsonl(run / METRICS, self.step)
+            truncate_jsonl(run / ROUTING, self.step)
+        from archlab.data import unigram_entropy
+
+        self.unigram_entropy = unigram_entropy(self.data.train)
+        ds_conf = self.accelerator.state.deepspeed_plugin.deepspeed_config if self.deepspeed else None
+        write_env(run, {
+            "device": str(self.device),
+            "device_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+            "world_size": self.info.world_size,
+            "accelerate_distributed_type": str(self.accelerator.distributed_type),
+            "accelerate_num_processes": self.accelerator.num_processes,
+            "deepspeed_config": ds_conf,
+            "mixed_precision": resolve_precision(self.cfg.train.precision),
+            "torch_threads": torch.get_num_threads(),
+            "n_params": archlab.num_params(self.cfg),
+            "flops_per_token": self.flops_per_token,
+            "flops_per_token_source": self.flops_source,
+            "peak_flops": self.peak_flops,
+            "peak_flops_source": self.peak_source,
+            "mfu_definition": "tokens/s * flops_per_token / (peak_flops * world_size)",
+            "tokens_per_step": self.tokens_per_step,
+            "data_cache": str(self.data.cache_path),
+            "data_meta": self.data.meta,
+            "unigram_entropy_train": self.unigram_entropy,
+            "resumed_from": str(resume_from) if resume_from else None,
+        })
+        self.metrics = MetricsLog(run, self.cfg.train.tensorboard)
+
+    # ------------------------------------------------------------------ one step
+
+    def _forward_loss(self, x_BS1: Tensor) -> tuple[Tensor, Tensor]:
+        """(LM loss, aux loss) of one micro batch (B, S+1) through the wrapped model."""
+        with self.accelerator.autocast():
+            out = self.model_t(x_BS1[:, :-1])
+            return lm_loss(out.logits, x_BS1[:, 1:]), out.aux_loss.float()
+
+    def _grad_norm(self) -> float:
+        clip = self.cfg.train.grad_clip
+        if self.deepspeed:  # the engine clipped inside its step; it reports the norm before clipping
+            norm = deepspeed_engine(self.accelerator).get_global_grad_norm()
+            return 0.0 if norm is None else float(norm)
+        norm = self.accelerator.clip_grad_norm_(self.model_t.parameters(), clip if clip > 0 else float("inf"))
+        return float(norm)
+
+    def train_step(self) -> dict[str, float]:
+        """Forward/backward over the A micro batches of this step; returns the reduced numbers.
+
+        Does not update the weights: :meth:`run` does, once it knows loss and grad norm are finite.
+        """
+        A = self.cfg.train.grad_accum
+        lm_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        aux_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        for micro in range(A):
+            x_BS1 = self.batches.get(self.step, micro).to(self.device)
+            with self.accelerator.accumulate(self.model_t):
+                lm, aux = self._forward_loss(x_BS1)
+                loss = lm + aux
+                if self.deepspeed and not bool(all_reduce_sum(torch.isfinite(loss).logical_not().float()) == 0):
+                    # the engine steps inside the last backward: stop before it sees a bad loss
+                    raise NonFiniteError(self._nonfinite_message(float("nan"), float("nan")))
+                self.accelerator.backward(loss)
+            lm_sum += lm.detach().double()
+            aux_sum += aux.detach().double()
+        grad_norm = self._grad_norm()
+        reduced = all_reduce_sum(torch.stack([lm_sum / A, aux_sum / A]).cpu())
+        W = self.info.world_size
+        return {"loss": float(reduced[0]) / W, "aux_loss": float(reduced[1]) / W, "grad_norm": grad_norm}
+
+    def _nonfinite_message(self, loss: float, grad_norm: float) -> str:
+        keep = f"the last good checkpoint is {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written yet"
+        return (f"non-finite numbers at step {self.step + 1} (loss={loss}, grad_norm={grad_norm}): stopped before "
+                f"updating the weights; {keep}. Lower train.lr, check the data, or set train.on_nonfinite=skip")
+
+    # ------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def evaluate(self, multiplier: int = 1) -> dict[str, Any]:
+        """Validation loss at context ``multiplier * seq_len``: token-loss sums and counts all-reduced."""
+        from archlab.data import DataError, eval_windows
+
+        t, m = self.cfg.train, self.cfg.model
+        S = t.seq_len * multiplier
+        row: dict[str, Any] = {"kind": "val", "step": self.step, "tokens": self.tokens, "context_len": S,
+                               "context_multiplier": multiplier}
+        if m.position.type == "learned" and S > m.max_seq_len:
+            return {**row, "skipped": f"learned positions end at model.max_seq_len={m.max_seq_len}"}
+        B = max(1, t.micro_batch_size // multiplier)  # about the same tokens per batch at every length
+        try:
+            windows = eval_windows(self.data.val, S, B, t.eval_batches, self.info.rank, self.info.world_size)
+        except DataError as e:
+            return {**row, "skipped": str(e)}
+        sums = torch.zeros(2, dtype=torch.float64)
+        self.model.eval()
+        for x_BS1 in windows:
+            x_BS1 = x_BS1.to(self.device)
+            with self.accelerator.autocast():
+                logits = self.model(x_BS1[:, :-1]).logits
+            sums[0] += float(lm_loss(logits, x_BS1[:, 1:], reduction="sum"))
+            sums[1] += x_BS1[:, 1:].numel()
+        self.model.train()
+        sums = all_reduce_sum(sums)
+        loss = float(sums[0] / sums[1])
+        return {**row, "loss": loss, "ppl": math.exp(min(loss, 50.0)), "eval_tokens": int(sums[1])}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, elapsed: float) -> Path:
+        """Write a checkpoint of the current step atomically (collective: every rank calls it)."""
+        run = self.run_dir
+        if self.info.is_main:
+            ckpt.begin(run, self.step)
+        barrier()
+        tmp = ckpt.tmp_dir(run, self.step)
+        ckpt.save_rng(tmp, self.info.rank)
+        if self.deepspeed:
+            deepspeed_engine(self.accelerator).save_checkpoint(str(tmp / "zero"), tag="state", save_latest=False)
+        if self.info.is_main:
+            ckpt.save_model_weights(self.model, tmp / ckpt.WEIGHTS)
+            if not self.deepspeed:
+                torch.save(self.optimizer.state_dict(), tmp / ckpt.OPTIMIZER)
+            t = self.cfg.train
+            ckpt.write_json_atomic(tmp / ckpt.STATE, {
+                "step": self.step, "tokens": self.tokens, "elapsed_s": elapsed, "world_size": self.info.world_size,
+                "global_batch": t.micro_batch_size * t.grad_accum * self.info.world_size,
+                "deepspeed": self.deepspeed, "archlab_version": archlab.__version__})
+            ckpt.save_recipe(self.cfg, tmp / ckpt.RECIPE)
+        barrier()
+        final = ckpt.tmp_dir(run, self.step).with_name(ckpt.step_dir_name(self.step))
+        if self.info.is_main:
+            ckpt.finish(run, self.step, self.cfg.train.keep_last)
+        barrier()
+        self.last_ckpt = final
+        return final
+
+    # ------------------------------------------------------------------ the loop
+
+    def _moe_after_step(self, log_now: bool) -> dict[str, Any]:
+        from archlab.nn.moe import balance_step, moe_layers, routing_stats
+
+        if not moe_layers(self.model):
+            return {}
+        balance_step(self.model, all_reduce_sum)
+        if not log_now:
+            return {}
+        return routing_stats(self.model, all_reduce_sum)
+
+    def _write(self, row: dict[str, Any]) -> None:
+        if self.metrics is not None:
+            self.metrics.write(row)
+
+    def run(self) -> dict[str, Any]:
+        """Train to ``train.max_steps`` (or a stop signal); return the summary."""
+        from tqdm.auto import tqdm
+
+        t = self.cfg.train
+        stop = StopSignal()
+        start = time.perf_counter()
+        elapsed = lambda: self.elapsed_before + time.perf_counter() - start  # noqa: E731
+        bar = tqdm(total=t.max_steps, initial=self.step, disable=not self.info.is_main, desc=self.cfg.name,
+                   unit="step", dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
+        status, message = "completed", ""
+        window_t0, window_tokens, window_losses = time.perf_counter(), 0, []
+        routing_every = t.routing_every or t.log_every
+        try:
+            while self.step < t.max_steps:
+                lr = lr_at(self.step, t)
+                set_lr(self.optimizer_t, lr)
+                r = self.train_step()
+                if not (math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"])):
+                    self.optimizer_t.zero_grad(set_to_none=True)
+                    if t.on_nonfinite == "stop":
+                        raise NonFiniteError(self._nonfinite_message(r["loss"], r["grad_norm"]))
+                    self.step += 1
+                    self.log(f"step {self.step}: non-finite loss/grad norm ({r['loss']}, {r['grad_norm']}): batch skipped")
+                    self._write({"kind": "skip", "step": self.step, "tokens": self.tokens, **r})
+                    bar.update(1)
+                    continue
+                self.optimizer_t.step()
+                self.optimizer_t.zero_grad(set_to_none=True)
+                self.step += 1
+                self.tokens += self.tokens_per_step
+                window_tokens += self.tokens_per_step
+                window_losses.append(r["loss"])
+                log_now = self.step % t.log_every == 0 or self.step == t.max_steps
+                routing_now = self.step % routing_every == 0
+                moe = self._moe_after_step(log_now or routing_now)
+                if moe and routing_now and self.metrics is not None:
+                    self.metrics.write_routing({"step": self.step, "tokens": self.tokens, **moe})
+                stop_now = bool(all_reduce_sum(torch.tensor([float(stop.requested)])) > 0)
+                if log_now:
+                    dt = time.perf_counter() - window_t0
+                    tok_s = window_tokens / dt if dt > 0 else float("nan")
+                    row = {"kind": "train", "step": self.step, "tokens": self.tokens, "loss": r["loss"],
+                           "loss_avg": sum(window_losses) / len(window_losses), "aux_loss": r["aux_loss"], "lr": lr,
+                           "grad_norm": r["grad_norm"], "tokens_per_s": tok_s, "flops_per_token": self.flops_per_token,
+                           "mfu": tok_s * self.flops_per_token / (self.peak_flops * self.info.world_size),
+                           "elapsed_s": elapsed(), **moe}
+                    self._write(row)
+                    bar.set_postfix(loss=f"{r['loss']:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+                    window_t0, window_tokens, window_losses = time.perf_counter(), 0, []
+                bar.update(1)
+                pause_t0 = time.perf_counter()
+                if self.step % t.eval_every == 0 and self.step < t.max_steps:
+                    self._write(self.evaluate(1))
+                if stop_now:
+                    status, message = "interrupted", f"stopped by {stop.received or 'a signal on another rank'}"
+                    break
+                if self.step % t.ckpt_every == 0 and self.step < t.max_steps:
+                    self.save_checkpoint(elapsed())
+                window_t0 += time.perf_counter() - pause_t0  # tokens/s counts training time only
+            if status == "completed":
+                for mult in t.eval_context_multipliers:
+                    self._write({**self.evaluate(mult), "final": True})
+            self.save_checkpoint(elapsed())
+        except NonFiniteError as e:
+            status, message = "nonfinite", str(e)
+            raise
+        finally:
+            bar.close()
+            stop.close()
+            summary = self._finish(status, message, elapsed())
+        if status == "interrupted":
+            self.log(f"interrupted at step {self.step}; checkpoint {self.last_ckpt}; continue with train.resume=auto")
+        return summary
+
+    def _finish(self, status: str, message: str, elapsed: float) -> dict[str, Any]:
+        summary: dict[str, Any] = {"status": status, "message": message, "step": self.step, "tokens": self.tokens,
+                                   "run_dir": str(self.run_dir),
+                                   "last_checkpoint": str(self.last_ckpt) if self.last_ckpt else None,
+                                   "elapsed_s": elapsed}
+        if not self.info.is_main:
+            return summary
+        from archlab.train.run_folder import read_jsonl
+
+        rows = read_jsonl(self.run_dir / METRICS)
+        train = [r for r in rows if r.get("kind") == "train"]
+        final_val = [r for r in rows if r.get("kind") == "val" and r.get("final")]
+        summary.update({
+            "final_train_loss": train[-1]["loss"] if train else None,
+            "final_val_loss": {str(r["context_len"]): r.get("loss") for r in final_val if "loss" in r},
+            "final_val_skipped": {str(r["context_len"]): r["skipped"] for r in final_val if "skipped" in r},
+            "unigram_entropy_train": self.unigram_entropy,
+            "mean_tokens_per_s": (sum(r["tokens_per_s"] for r in train) / len(train)) if train else None,
+            "flops_per_token": self.flops_per_token,
+            "training_flops": self.flops_per_token * self.tokens,
+            "n_params": archlab.num_params(self.cfg),
+        })
+        ckpt.write_json_atomic(self.run_dir / "summary.json", summary)
+        if train:
+            plot_losses(self.run_dir, self.cfg.name)
+        if self.metrics is not None:
+            self.metrics.close()
+        return summary
+
+
+def resolve_run(cfg: DictConfig) -> tuple[Path, Optional[Path], list[str]]:
+    """Where this run writes, and which checkpoint (if any) it continues from.
+
+    - ``resume: none``: a new folder ``out_dir/run_name`` (default ``<recipe name>-<timestamp>``);
+      an existing run there is an error (it would be overwritten).
+    - ``resume: auto``: the folder ``out_dir/run_name``, or without run_name the newest run of this
+      recipe under out_dir; continue from its newest complete checkpoint, falling back past
+      corrupt ones (and saying so); start fresh when there is none.
+    - ``resume: <path>``: a checkpoint folder (must be complete) or a run folder (as auto);
+      the run continues in that checkpoint's run folder.
+    """
+    t = cfg.train
+    out = Path(t.out_dir)
+    notes: list[str] = []
+    if t.resume == "none":
+        run = out / (t.run_name or default_run_name(cfg.name))
+        if ckpt.is_run_dir(run) and (ckpt.checkpoints(run) or (run / METRICS).is_file()):
+            raise RecipeError(f"train.run_name={run.name!r}: {run} already holds a run; continue it with "
+                              "train.resume=auto or choose another train.run_name")
+        return run, None, notes
+    if t.resume == "auto":
+        run = out / t.run_name if t.run_name else _newest_run(out, cfg.name)
+        if run is None or not ckpt.is_run_dir(run):
+            run = run or out / default_run_name(cfg.name)
+            return run, None, notes + [f"resume=auto: no earlier run found, starting {run}"]
+        found, problems = ckpt.latest_valid(run)
+        notes += [f"resume=auto: skipping a corrupt checkpoint: {p}; falling back to the previous one" for p in problems]
+        if found is None:
+            return run, None, notes + [f"resume=auto: {run} holds no complete checkpoint, starting from step 0"]
+        return run, found, notes
+    path = Path(t.resume)
+    if not path.exists():
+        raise RecipeError(f"train.resume={t.resume!r}: no such checkpoint or run folder (use none, auto or a path)")
+    if ckpt.is_run_dir(path):
+        found, problems = ckpt.latest_valid(path)
+        notes += [f"resume: skipping a corrupt checkpoint: {p}; falling back to the previous one" for p in problems]
+        if found is None:
+            raise ckpt.CheckpointError(f"train.resume={t.resume!r}: the run holds no complete checkpoint")
+        return path, found, notes
+    if not ckpt.is_checkpoint_dir(path) or not ckpt.is_run_dir(path.parent.parent):
+        raise ckpt.CheckpointError(f"train.resume={t.resume!r}: not an archlab run folder ({ckpt.RUN_MARKER} missing) "
+                                   "nor a checkpoint folder of one (<run>/checkpoints/step_XXXXXXXX)")
+    ckpt.verify(path)
+    return path.parent.parent, path, notes
+
+
+def _newest_run(out: Path, name: str) -> Optional[Path]:
+    if not out.is_dir():
+        return None
+    runs = sorted(p for p in out.glob(f"{name}-*") if ckpt.is_run_dir(p))
+    return runs[-1] if runs else None
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Train the recipe ``cfg`` (a loaded DictConfig) and return the run's summary.
+
+    Raises RecipeError / DataError / CheckpointError for bad input and NonFiniteError when the
+    loss or gradient stops being finite (train.on_nonfinite=stop).
+    """
+    return Trainer(cfg).run()
