@@ -1,0 +1,99 @@
+"""Routers: softmax/sigmoid top-k, renormalisation, route scale, groups, selection bias, jitter."""
+
+import pytest
+import torch
+
+from archlab.config import RecipeError, load_recipe
+from archlab.config.schema import BalanceConfig, MoEConfig, RouterConfig
+from archlab.nn.moe.router import ROUTERS, build_router
+
+
+def router(d=16, **kw):
+    balance = BalanceConfig(**kw.pop("balance", {}))
+    moe = MoEConfig(**{"num_experts": 8, "top_k": 2, **{k: kw.pop(k) for k in ("num_experts", "top_k") if k in kw}},
+                    router=RouterConfig(**kw), balance=balance)
+    return build_router(d, moe)
+
+
+def test_moe_router_registry_names():
+    assert ROUTERS.names() == ["sigmoid_topk", "softmax_topk"]
+
+
+def test_moe_softmax_renormalised_equals_mixtral_softmax_over_selected_logits():
+    r = router(type="softmax_topk", renormalize=True)
+    x = torch.randn(10, 16)
+    out = r(x)
+    logits = x @ r.gate.weight.T
+    top = torch.topk(logits, 2, dim=-1)
+    torch.testing.assert_close(out.experts_NK, top.indices)
+    torch.testing.assert_close(out.weights_NK, torch.softmax(top.values, dim=-1))
+    torch.testing.assert_close(out.probs_NE, torch.softmax(logits, dim=-1))
+
+
+def test_moe_softmax_without_renormalisation_keeps_the_probabilities_times_scale():
+    r = router(type="softmax_topk", renormalize=False, route_scale=2.0)
+    x = torch.randn(10, 16)
+    out = r(x)
+    p = torch.softmax(x @ r.gate.weight.T, dim=-1)
+    torch.testing.assert_close(out.weights_NK, 2.0 * p.gather(1, out.experts_NK))
+    assert (out.weights_NK.sum(-1) < 2.0).all()
+
+
+def test_moe_sigmoid_router_normalised_and_scaled():
+    r = router(type="sigmoid_topk", renormalize=True, route_scale=2.5)
+    out = r(torch.randn(10, 16))
+    torch.testing.assert_close(out.weights_NK.sum(-1), torch.full((10,), 2.5))
+    torch.testing.assert_close(out.probs_NE.sum(-1), torch.ones(10))
+
+
+def test_moe_group_limited_routing_by_hand():
+    # 8 experts in 4 groups of 2. Softmax ranks a group by its best expert; keep 1 group.
+    r = router(type="softmax_topk", n_groups=4, topk_groups=1)
+    with torch.no_grad():
+        r.gate.weight.copy_(torch.eye(8, 16))
+    x = torch.zeros(1, 16)
+    x[0, :8] = torch.tensor([5.0, 0.0, 4.9, 0.0, 0.0, 0.0, 0.0, 0.0])
+    # global top-2 would be {0, 2}; only group 0 = {0, 1} is eligible
+    assert sorted(r(x).experts_NK[0].tolist()) == [0, 1]
+    # Sigmoid ranks a group by the sum of its two best scores; keep 2 groups.
+    r2 = router(type="sigmoid_topk", n_groups=4, topk_groups=2)
+    with torch.no_grad():
+        r2.gate.weight.copy_(torch.eye(8, 16))
+    x[0, :8] = torch.tensor([5.0, -5.0, 3.0, 3.0, 4.0, 3.9, -3.0, -3.0])
+    # group sums: g0 = 1.000, g1 = 1.905, g2 = 1.962, g3 = 0.095 -> keep g1, g2; the global
+    # top-2 would be {0, 4}, inside g1 and g2 it is {4, 5}
+    assert sorted(r2(x).experts_NK[0].tolist()) == [4, 5]
+
+
+def test_moe_group_limited_choices_stay_inside_the_kept_groups():
+    r = router(type="sigmoid_topk", num_experts=16, top_k=4, n_groups=4, topk_groups=2)
+    out = r(torch.randn(200, 16))
+    groups = out.experts_NK // 4
+    assert all(len(set(g.tolist())) <= 2 for g in groups)
+
+
+def test_moe_selection_bias_changes_choice_not_weights():
+    r = router(type="sigmoid_topk", balance=dict(bias_update_rate=1e-3))
+    x = torch.randn(50, 16)
+    before = r(x)
+    r.expert_bias[3] = 100.0  # expert 3 always chosen
+    after = r(x)
+    assert (after.experts_NK == 3).any(dim=-1).all()
+    s = torch.sigmoid(x @ r.gate.weight.T)
+    w = s.gather(1, after.experts_NK)
+    torch.testing.assert_close(after.weights_NK, w / w.sum(-1, keepdim=True))
+    assert not torch.equal(before.experts_NK, after.experts_NK)
+
+
+def test_moe_jitter_only_in_training():
+    r = router(jitter=0.5)
+    x = torch.randn(64, 16)
+    r.eval()
+    torch.testing.assert_close(r(x).logits_NE, r(x).logits_NE)
+    r.train()
+    assert not torch.allclose(r(x).logits_NE, r(x).logits_NE)
+
+
+def test_moe_unknown_router_type_lists_valid_names(root):
+    with pytest.raises(RecipeError, match="sigmoid_topk, softmax_topk"):
+        load_recipe(root / "recipes/mixtral/tiny.yaml", ["model.moe.router.type=bogus"])
