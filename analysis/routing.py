@@ -1,0 +1,553 @@
+"""Routing inspection of an MoE run: how the router behaved over training, and what it learned.
+
+    python -m analysis.routing runs/mixtral-tiny --out reports/mixtral-tiny-routing
+    python -m analysis.routing runs/mixtral-tiny --checkpoint runs/mixtral-tiny/checkpoints/step_00000300 \\
+        --text my_held_out.txt --out reports/routing
+
+Over training (from the run's routing.jsonl / metrics.jsonl):
+  load_heatmap.png     share of routed token-slots per expert, per MoE layer, against the step
+  balance.png          MaxVio, router entropy and dropped fraction per layer against the step
+  bias.png             aux-loss-free selection bias per expert (runs that use it)
+
+From a checkpoint (default: the newest complete one) over held-out text (default: the run's own
+validation split; ``--text`` files instead), with the top-K expert ids captured per token and
+layer by a forward hook on each router:
+  specialisation.png   token-id specialisation per layer (OLMoE): for each token id seen at least
+                       ``--min-count`` times, the share of its occurrences routed (among its K) to
+                       its most frequent expert; mean over token ids, and the uniform baseline K/E
+  coactivation.png     per layer, N(a, b) / N(a): how often expert b is chosen with expert a,
+                       counting every pair of the K chosen experts
+  saturation.png       router saturation (OLMoE): mean over tokens of |TopK_ckpt ∩ TopK_ref| / K
+                       of each other checkpoint against the analysed one, per layer
+  summary.json / summary.md, including each expert's top tokens.
+
+Shape legend: N tokens, K experts per token, E experts, V vocabulary, L MoE layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from analysis.runs import (
+    Run, RunError, open_run, pyplot, save_figure, style_axes, write_json_atomic, write_text_atomic,
+)
+
+_LAYER_KEY = re.compile(r"^moe/(layer\d+)/(.+)$")
+
+
+# --------------------------------------------------------------------------------------------
+# statistics over training (run folder)
+# --------------------------------------------------------------------------------------------
+
+
+def _layer_sort_key(name: str) -> int:
+    return int(name[len("layer"):])
+
+
+def training_series(run: Run) -> dict[str, dict]:
+    """Per MoE layer, the logged routing statistics against the step.
+
+    Reads routing.jsonl (falling back to metrics.jsonl rows) for flat keys ``moe/layer<i>/<stat>``
+    as written by ``archlab.nn.moe.routing_stats``. Returns layer -> {"step": (T,), stat: (T,) or
+    (T, E) array}, only stats present in every row of that layer.
+    """
+    rows = run.routing_rows or [r for r in run.metrics if r.get("kind", "train") == "train"]
+    per_layer: dict[str, dict[str, list]] = {}
+    for row in rows:
+        step = row.get("step")
+        if step is None:
+            continue
+        found: dict[str, dict] = {}
+        for key, value in row.items():
+            m = _LAYER_KEY.match(key)
+            if m:
+                found.setdefault(m.group(1), {})[m.group(2)] = value
+        for layer, stats in found.items():
+            d = per_layer.setdefault(layer, {"step": []})
+            d["step"].append(step)
+            for k, v in stats.items():
+                d.setdefault(k, []).append(v)
+    series = {}
+    for layer in sorted(per_layer, key=_layer_sort_key):
+        d = per_layer[layer]
+        T = len(d["step"])
+        out = {"step": np.asarray(d["step"], dtype=float)}
+        for k, vals in d.items():
+            if k == "step" or len(vals) != T:
+                continue
+            try:
+                out[k] = np.asarray(vals, dtype=float)
+            except (TypeError, ValueError):
+                continue
+        series[layer] = out
+    return series
+
+
+def load_matrix(s: dict) -> Optional[np.ndarray]:
+    """(T, E) share of routed slots per expert, from load fractions or token counts."""
+    if "load_fraction" in s and s["load_fraction"].ndim == 2:
+        return s["load_fraction"]
+    if "tokens_per_expert" in s and s["tokens_per_expert"].ndim == 2:
+        c = s["tokens_per_expert"]
+        return c / np.maximum(c.sum(axis=1, keepdims=True), 1)
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# statistics from a checkpoint (pure functions of the captured top-K ids)
+# --------------------------------------------------------------------------------------------
+
+
+def specialisation(token_ids_N: np.ndarray, experts_NK: np.ndarray, num_experts: int,
+                   min_count: int = 5) -> dict:
+    """OLMoE's token-id (vocabulary) specialisation of one layer.
+
+    For token id x with N_x occurrences and N_{x,i} occurrences where expert i is among its K
+    chosen experts: spec(x) = max_i N_{x,i} / N_x, in [K/E-ish, 1]; 1 means every occurrence of x
+    goes to the same expert. Returns the mean over token ids with N_x >= min_count, the
+    occurrence-weighted mean, the number of such ids, and the (V_seen, E) count matrix with its ids.
+    """
+    ids, inverse, n_x = np.unique(token_ids_N, return_inverse=True, return_counts=True)
+    counts_VE = np.zeros((len(ids), num_experts), dtype=np.int64)
+    K = experts_NK.shape[1]
+    np.add.at(counts_VE, (np.repeat(inverse, K), experts_NK.reshape(-1)), 1)
+    spec_V = counts_VE.max(axis=1) / n_x
+    keep = n_x >= min_count
+    return {
+        "mean": float(spec_V[keep].mean()) if keep.any() else math.nan,
+        "weighted_mean": float((spec_V[keep] * n_x[keep]).sum() / n_x[keep].sum()) if keep.any() else math.nan,
+        "n_token_ids": int(keep.sum()),
+        "uniform_baseline": K / num_experts,
+        "ids": ids, "n_x": n_x, "counts_VE": counts_VE, "spec_V": spec_V,
+    }
+
+
+def top_tokens(spec: dict, decode, n: int = 8, min_count: int = 5) -> list[list[dict]]:
+    """Per expert: the token ids routed to it most often (among ids seen >= min_count times),
+    with how often and which share of that id's occurrences."""
+    ids, n_x, counts_VE = spec["ids"], spec["n_x"], spec["counts_VE"]
+    keep = n_x >= min_count
+    out = []
+    for e in range(counts_VE.shape[1]):
+        c = np.where(keep, counts_VE[:, e], 0)
+        order = np.argsort(-c, kind="stable")[:n]
+        out.append([{"token_id": int(ids[j]), "text": decode(int(ids[j])), "count": int(c[j]),
+                     "share_of_id": float(c[j] / n_x[j])} for j in order if c[j] > 0])
+    return out
+
+
+def coactivation(experts_NK: np.ndarray, num_experts: int) -> np.ndarray:
+    """(E, E) matrix C[a, b] = N(a, b) / N(a): over tokens that chose expert a, the share that
+    also chose b, counting every pair of the K chosen experts. Diagonal 0; rows of experts never
+    chosen are NaN."""
+    N, K = experts_NK.shape
+    onehot_NE = np.zeros((N, num_experts), dtype=np.float64)
+    np.put_along_axis(onehot_NE, experts_NK, 1.0, axis=1)
+    pairs_EE = onehot_NE.T @ onehot_NE  # [a, b] = tokens with both a and b (diagonal: N(a))
+    n_a = np.diag(pairs_EE).copy()
+    np.fill_diagonal(pairs_EE, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n_a[:, None] > 0, pairs_EE / n_a[:, None], np.nan)
+
+
+def saturation(experts_a_NK: np.ndarray, experts_b_NK: np.ndarray) -> float:
+    """Mean over tokens of |TopK_a ∩ TopK_b| / K (OLMoE's router saturation)."""
+    if experts_a_NK.shape != experts_b_NK.shape:
+        raise ValueError(f"saturation needs the same tokens and K: {experts_a_NK.shape} vs {experts_b_NK.shape}")
+    K = experts_a_NK.shape[1]
+    inter_N = (experts_a_NK[:, :, None] == experts_b_NK[:, None, :]).any(axis=2).sum(axis=1)
+    return float(inter_N.mean() / K)
+
+
+# --------------------------------------------------------------------------------------------
+# capturing routing decisions
+# --------------------------------------------------------------------------------------------
+
+
+def moe_routers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """layer name ("layer<i>", i = decoder block index) -> that block's router module."""
+    out = {}
+    for i, block in enumerate(getattr(model, "blocks", [])):
+        router = getattr(getattr(block, "ffn", None), "router", None)
+        if getattr(block, "is_moe", False) and router is not None:
+            out[f"layer{i}"] = router
+    return out
+
+
+@torch.no_grad()
+def capture_topk(model: torch.nn.Module, windows_BS: torch.Tensor, batch_size: int = 16) -> dict[str, np.ndarray]:
+    """Run the model (eval mode) over token windows; return layer -> (N, K) chosen expert ids,
+    N = B*S tokens in row-major order of ``windows_BS``. A forward hook on each router reads the
+    ``experts_NK`` of its output; no model code is changed."""
+    routers = moe_routers(model)
+    if not routers:
+        raise RunError("the model has no MoE layer: routing inspection needs an MoE run")
+    captured: dict[str, list[torch.Tensor]] = {name: [] for name in routers}
+    hooks = [r.register_forward_hook(lambda mod, inp, out, name=name: captured[name].append(out.experts_NK.cpu()))
+             for name, r in routers.items()]
+    was_training = model.training
+    model.eval()
+    try:
+        for i in range(0, windows_BS.shape[0], batch_size):
+            model(windows_BS[i:i + batch_size])
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    return {name: torch.cat(chunks).numpy() for name, chunks in captured.items()}
+
+
+def held_out_tokens(run: Run, text_paths: Sequence[str], max_tokens: int) -> tuple[np.ndarray, str]:
+    """Token ids to analyse: ``--text`` files through the run's tokenizer, else the run's own
+    validation split. Returns (ids, description)."""
+    if text_paths:
+        from archlab.data import Tokenizer
+
+        tok_path = run.path / "tokenizer.json"
+        if not tok_path.is_file():
+            raise RunError(f"{run.path}: tokenizer.json missing; cannot tokenise --text")
+        tok = Tokenizer.load(tok_path)
+        files = []
+        for t in text_paths:
+            matches = sorted(glob.glob(t)) if glob.has_magic(t) else [t]
+            if not matches or not all(Path(m).is_file() for m in matches):
+                raise RunError(f"--text {t}: no such file")
+            files += matches
+        ids = []
+        for f in files:
+            try:
+                ids += tok.encode(Path(f).read_text(encoding="utf-8"))
+            except UnicodeDecodeError:
+                raise RunError(f"--text {f}: not UTF-8 text") from None
+            if len(ids) >= max_tokens:
+                break
+        return np.asarray(ids[:max_tokens], dtype=np.int64), f"{len(files)} --text file(s)"
+    from archlab.data import prepare_data
+
+    data = prepare_data(run.recipe)
+    return np.asarray(data.val[:max_tokens], dtype=np.int64), "the run's validation split"
+
+
+def to_windows(ids: np.ndarray, seq_len: int) -> torch.Tensor:
+    """Non-overlapping (B, S) windows of the ids (a shorter tail is dropped)."""
+    B = len(ids) // seq_len
+    if B == 0:
+        raise RunError(f"held-out text too short: {len(ids)} tokens, fewer than one window of seq_len={seq_len}")
+    return torch.from_numpy(ids[: B * seq_len].reshape(B, seq_len).copy())
+
+
+def checkpoint_step(path: Path) -> int:
+    m = re.search(r"step_(\d+)", Path(path).name)
+    return int(m.group(1)) if m else -1
+
+
+# --------------------------------------------------------------------------------------------
+# plots
+# --------------------------------------------------------------------------------------------
+
+
+def _grid(plt, n: int, w: float = 4.2, h: float = 3.4, ncols_max: int = 4):
+    ncols = min(ncols_max, n)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    return fig, list(axes.flat[:n])
+
+
+def plot_load_heatmaps(series: dict[str, dict], run_name: str, path: Path) -> Optional[Path]:
+    plt = pyplot()
+    layers = [l for l in series if load_matrix(series[l]) is not None]
+    if not layers:
+        return None
+    fig, axes = _grid(plt, len(layers), w=5.0, h=3.6, ncols_max=2)
+    for ax, layer in zip(axes, layers):
+        load_TE = load_matrix(series[layer])
+        steps = series[layer]["step"]
+        E = load_TE.shape[1]
+        im = ax.imshow(load_TE.T, aspect="auto", origin="lower", cmap="magma", interpolation="nearest",
+                       extent=(steps[0], steps[-1], -0.5, E - 0.5), vmin=0, vmax=max(2.0 / E, float(load_TE.max())))
+        cb = fig.colorbar(im, ax=ax)
+        cb.set_label(f"share of routed slots (uniform = 1/{E})")
+        style_axes(ax, f"{layer}: expert load over training", "training step", "expert id", legend=False)
+        ax.grid(False)
+    fig.suptitle(f"{run_name}: expert load per MoE layer (colour bar = legend)")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_balance(series: dict[str, dict], run_name: str, path: Path) -> Optional[Path]:
+    """MaxVio, router entropy and dropped fraction per layer against the step."""
+    plt = pyplot()
+    panels = [("maxvio", "MaxVio = (max load - mean) / mean", "MaxVio (ratio)"),
+              ("router_entropy", "router entropy (mean over tokens)", "entropy (nats)"),
+              ("dropped_fraction", "dropped token-slots (capacity)", "fraction of slots dropped")]
+    panels = [p for p in panels if any(p[0] in s for s in series.values())]
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4), squeeze=False)
+    for ax, (key, title, ylabel) in zip(axes[0], panels):
+        for layer, s in series.items():
+            if key in s and s[key].ndim == 1:
+                ax.plot(s["step"], s[key], lw=1.2, label=layer)
+        if key == "router_entropy":
+            E = next((load_matrix(s).shape[1] for s in series.values() if load_matrix(s) is not None), None)
+            if E:
+                ax.axhline(math.log(E), color="gray", ls=":", lw=1, label=f"uniform over E={E}: ln E")
+        style_axes(ax, title, "training step", ylabel, legend_title="MoE layer")
+    fig.suptitle(f"{run_name}: load balance over training")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_bias(series: dict[str, dict], run_name: str, path: Path) -> Optional[Path]:
+    """Aux-loss-free selection bias of every expert against the step, one panel per layer."""
+    plt = pyplot()
+    layers = [l for l, s in series.items() if "bias" in s and s["bias"].ndim == 2]
+    if not layers:
+        return None
+    fig, axes = _grid(plt, len(layers), w=6.0, h=4.0, ncols_max=2)
+    for ax, layer in zip(axes, layers):
+        s = series[layer]
+        E = s["bias"].shape[1]
+        cmap = plt.get_cmap("tab20" if E > 10 else "tab10")
+        for e in range(E):
+            ax.plot(s["step"], s["bias"][:, e], lw=1, color=cmap(e % cmap.N), label=f"expert {e}" if E <= 20 else None)
+        if E > 20:
+            ax.plot([], [], color="gray", label=f"{E} experts (one line each)")
+        style_axes(ax, f"{layer}: selection bias per expert", "training step", "bias (added to router scores)",
+                   legend=False)
+        ax.legend(fontsize=7, ncol=2 if E > 8 else 1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(f"{run_name}: aux-loss-free bias trajectories")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_specialisation(spec: dict[str, dict], run_name: str, path: Path) -> Path:
+    plt = pyplot()
+    layers = list(spec)
+    x = np.arange(len(layers))
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(layers) + 2), 4))
+    ax.bar(x - 0.2, [spec[l]["mean"] for l in layers], width=0.4, label="mean over token ids")
+    ax.bar(x + 0.2, [spec[l]["weighted_mean"] for l in layers], width=0.4, label="weighted by occurrences")
+    base = spec[layers[0]]["uniform_baseline"]
+    ax.axhline(base, color="k", ls=":", label=f"floor K/E = {base:.2f} (id spread evenly)")
+    ax.set_xticks(x, layers)
+    ax.set_ylim(0, 1.05)
+    style_axes(ax, f"{run_name}: token-id specialisation (OLMoE)", "MoE layer",
+               "share of a token id's occurrences\nrouted to its most frequent expert")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_coactivation(coact: dict[str, np.ndarray], run_name: str, path: Path) -> Path:
+    plt = pyplot()
+    fig, axes = _grid(plt, len(coact), w=4.4, h=3.8)
+    for ax, (layer, C) in zip(axes, coact.items()):
+        im = ax.imshow(C, cmap="viridis", vmin=0, vmax=max(1e-9, float(np.nanmax(C))), interpolation="nearest")
+        cb = fig.colorbar(im, ax=ax)
+        cb.set_label("N(a, b) / N(a)  (white: a never chosen)")
+        style_axes(ax, f"{layer}: expert co-activation", "expert b (chosen with a)", "expert a", legend=False)
+        ax.grid(False)
+    fig.suptitle(f"{run_name}: expert co-activation\n(all pairs of the K chosen experts; colour bar = legend)")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_saturation(sat: dict[int, dict[str, float]], ref_step: int, run_name: str, path: Path) -> Path:
+    plt = pyplot()
+    steps = sorted(sat)
+    layers = sorted({l for s in sat.values() for l in s}, key=_layer_sort_key)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for layer in layers:
+        xs = steps + [ref_step]
+        ys = [sat[s][layer] for s in steps] + [1.0]
+        ax.plot(xs, ys, "o-", label=layer)
+    ax.set_ylim(0, 1.05)
+    style_axes(ax, f"{run_name}: router saturation against step {ref_step}",
+               "checkpoint (training step)", "mean |TopK ∩ TopK_ref| / K", legend_title="MoE layer")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+# --------------------------------------------------------------------------------------------
+# the program
+# --------------------------------------------------------------------------------------------
+
+
+def _resolve_ckpt(run: Run, spec: Optional[str]) -> Path:
+    from archlab.train.checkpoint import CheckpointError, resolve_checkpoint
+
+    try:
+        return resolve_checkpoint(spec if spec else run.path)
+    except CheckpointError as e:
+        raise RunError(str(e)) from None
+
+
+def inspect_checkpoint(run: Run, ckpt: Path, compare: Sequence[Path], text: Sequence[str], max_tokens: int,
+                       min_count: int) -> dict:
+    """Specialisation, top tokens, co-activation and saturation from a checkpoint."""
+    from archlab.train.checkpoint import CheckpointError, load_model
+
+    try:
+        model, cfg = load_model(ckpt)
+    except CheckpointError as e:
+        raise RunError(str(e)) from None
+    ids, source = held_out_tokens(run, text, max_tokens)
+    windows = to_windows(ids, int(cfg.train.seq_len))
+    tokens_N = windows.reshape(-1).numpy()
+    topk = capture_topk(model, windows)
+    E = int(cfg.model.moe.num_experts)
+    decode = _decoder(run)
+    spec = {layer: specialisation(tokens_N, e_NK, E, min_count) for layer, e_NK in topk.items()}
+    coact = {layer: coactivation(e_NK, E) for layer, e_NK in topk.items()}
+    sat = {}
+    for other in compare:
+        try:
+            m2, _ = load_model(other)
+        except CheckpointError as e:
+            raise RunError(str(e)) from None
+        t2 = capture_topk(m2, windows)
+        sat[checkpoint_step(other)] = {layer: saturation(t2[layer], topk[layer]) for layer in topk}
+    return {"checkpoint": str(ckpt), "step": checkpoint_step(ckpt), "tokens": int(len(tokens_N)), "source": source,
+            "spec": spec, "coact": coact, "saturation": sat,
+            "top_tokens": {layer: top_tokens(spec[layer], decode, min_count=min_count) for layer in spec}}
+
+
+def _decoder(run: Run):
+    tok_path = run.path / "tokenizer.json"
+    if tok_path.is_file():
+        from archlab.data import Tokenizer
+
+        tok = Tokenizer.load(tok_path)
+        return lambda i: tok.decode([i])
+    return lambda i: f"<{i}>"
+
+
+def training_summary(series: dict[str, dict]) -> dict:
+    out = {}
+    for layer, s in series.items():
+        d = {"records": int(len(s["step"])), "first_step": float(s["step"][0]), "last_step": float(s["step"][-1])}
+        for k in ("maxvio", "router_entropy", "dropped_fraction", "cv"):
+            if k in s and s[k].ndim == 1:
+                d[f"{k}_first"], d[f"{k}_last"] = float(s[k][0]), float(s[k][-1])
+        load = load_matrix(s)
+        if load is not None:
+            d["final_load"] = load[-1].tolist()
+        if "bias" in s and s["bias"].ndim == 2:
+            d["final_bias"] = s["bias"][-1].tolist()
+        out[layer] = d
+    return out
+
+
+def _markdown(run: Run, train: dict, ck: Optional[dict], files: list[str]) -> str:
+    lines = [f"# Routing of {run.name}", "", f"family: {run.family}; status: {run.status}"
+             + (f" ({run.reason})" if run.reason else ""), "", "## Over training", ""]
+    if train:
+        lines += ["| layer | records | MaxVio first -> last | entropy first -> last (nats) | dropped last |", "|---|---|---|---|---|"]
+        for layer, d in train.items():
+            f = lambda k: f"{d[k + '_first']:.3f} -> {d[k + '_last']:.3f}" if k + "_first" in d else "-"
+            dropped = f"{d['dropped_fraction_last']:.4f}" if "dropped_fraction_last" in d else "-"
+            lines.append(f"| {layer} | {d['records']} | {f('maxvio')} | {f('router_entropy')} | {dropped} |")
+    else:
+        lines.append("(no routing records in the run folder)")
+    if ck:
+        lines += ["", f"## Checkpoint step {ck['step']} over {ck['tokens']} tokens of {ck['source']}", "",
+                  "| layer | specialisation (mean over ids) | weighted | token ids | random ~ K/E |", "|---|---|---|---|---|"]
+        for layer, s in ck["spec"].items():
+            lines.append(f"| {layer} | {s['mean']:.3f} | {s['weighted_mean']:.3f} | {s['n_token_ids']} | {s['uniform_baseline']:.3f} |")
+        if ck["saturation"]:
+            lines += ["", "Router saturation against this checkpoint:", ""]
+            for step, per in sorted(ck["saturation"].items()):
+                lines.append(f"- step {step}: " + ", ".join(f"{l} {v:.3f}" for l, v in per.items()))
+        lines += ["", "Top tokens per expert (first MoE layer):", ""]
+        first = next(iter(ck["top_tokens"]))
+        for e, toks in enumerate(ck["top_tokens"][first]):
+            lines.append(f"- expert {e}: " + ", ".join(f"{t['text']!r} ({t['count']}, {t['share_of_id']:.0%})" for t in toks[:6]))
+    lines += ["", "Files: " + ", ".join(files)]
+    return "\n".join(lines) + "\n"
+
+
+def analyse(run_dir: str, out: Path, checkpoint: Optional[str] = None, compare: Sequence[str] = (),
+            text: Sequence[str] = (), max_tokens: int = 32768, min_count: int = 5, use_checkpoint: bool = True,
+            allow_incomplete: bool = False) -> dict:
+    run = open_run(run_dir)
+    if not run.is_moe:
+        raise RunError(f"{run.path}: a dense run (recipe has no model.moe); routing inspection needs an MoE run")
+    if run.status == "incomplete" and not allow_incomplete:
+        raise RunError(f"{run.path}: incomplete run ({run.reason}); pass --allow-incomplete to inspect it anyway")
+    series = training_series(run)
+    if not series and not use_checkpoint:
+        raise RunError(f"{run.path}: no routing records (routing.jsonl / moe rows in metrics.jsonl)")
+    out.mkdir(parents=True, exist_ok=True)
+    files = [p.name for p in (plot_load_heatmaps(series, run.name, out / "load_heatmap.png"),
+                              plot_balance(series, run.name, out / "balance.png"),
+                              plot_bias(series, run.name, out / "bias.png")) if p is not None]
+    ck = None
+    if use_checkpoint:
+        ckpt = _resolve_ckpt(run, checkpoint)
+        if compare:
+            others = [_resolve_ckpt(run, c) for c in compare]
+        else:
+            from archlab.train.checkpoint import checkpoints
+
+            others = [c for c in checkpoints(run.path) if c.resolve() != ckpt.resolve()]
+        ck = inspect_checkpoint(run, ckpt, others, text, max_tokens, min_count)
+        files.append(plot_specialisation(ck["spec"], run.name, out / "specialisation.png").name)
+        files.append(plot_coactivation(ck["coact"], run.name, out / "coactivation.png").name)
+        if ck["saturation"]:
+            files.append(plot_saturation(ck["saturation"], ck["step"], run.name, out / "saturation.png").name)
+    train = training_summary(series)
+    summary = {"run": str(run.path), "family": run.family, "status": run.status, "training": train, "files": files}
+    if ck:
+        summary["checkpoint"] = {
+            "path": ck["checkpoint"], "step": ck["step"], "tokens": ck["tokens"], "source": ck["source"],
+            "specialisation": {l: {k: s[k] for k in ("mean", "weighted_mean", "n_token_ids", "uniform_baseline")}
+                               for l, s in ck["spec"].items()},
+            "coactivation": {l: np.where(np.isnan(c), None, c).tolist() for l, c in ck["coact"].items()},
+            "saturation": {str(s): v for s, v in ck["saturation"].items()},
+            "top_tokens": ck["top_tokens"],
+        }
+    write_json_atomic(out / "summary.json", summary)
+    write_text_atomic(out / "summary.md", _markdown(run, train, ck, files + ["summary.json"]))
+    return summary
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m analysis.routing", description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", help="an MoE run folder (written by python -m archlab.train)")
+    ap.add_argument("--out", type=Path, required=True, help="folder for the PNGs and summary.json / summary.md")
+    ap.add_argument("--checkpoint", help="checkpoint folder to analyse (default: the run's newest complete one)")
+    ap.add_argument("--compare", nargs="+", default=(), metavar="CKPT",
+                    help="checkpoints for router saturation (default: the run's other checkpoints)")
+    ap.add_argument("--text", nargs="+", default=(), metavar="FILE",
+                    help="held-out UTF-8 text files or globs (default: the run's validation split)")
+    ap.add_argument("--max-tokens", type=int, default=32768, help="held-out tokens to route (default 32768)")
+    ap.add_argument("--min-count", type=int, default=5, help="token ids seen fewer times are left out of specialisation")
+    ap.add_argument("--no-checkpoint", action="store_true", help="only the over-training plots")
+    ap.add_argument("--allow-incomplete", action="store_true", help="inspect a run that has not finished")
+    args = ap.parse_args(argv)
+    try:
+        if args.max_tokens <= 0 or args.min_count <= 0:
+            raise ValueError("--max-tokens and --min-count must be positive")
+        summary = analyse(args.run, args.out, args.checkpoint, args.compare, args.text, args.max_tokens,
+                          args.min_count, not args.no_checkpoint, args.allow_incomplete)
+    except (RunError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print((args.out / "summary.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

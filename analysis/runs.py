@@ -1,0 +1,338 @@
+"""Reading run folders for the analysis programs (``analysis.scaling``, ``analysis.routing``).
+
+A run folder is what ``python -m archlab.train`` leaves behind (see ``archlab/train/run_folder.py``):
+``run.json`` (marks it as a run), ``recipe.yaml``, ``metrics.jsonl`` (rows with ``"kind"``:
+train | val), ``routing.jsonl`` (MoE), ``checkpoints/``, ``tokenizer.json`` and, once the run
+has ended, ``summary.json``. A sweep folder (``python -m tools.sweep``) holds ``manifest.json``
+and one run folder per point.
+
+Every problem with an input (missing folder, not a run, incomplete run, wrong kind of run) is a
+:class:`RunError` whose message names the path and says what to do; the programs print it and
+exit 2.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Iterable, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+RUN_MARKER = "run.json"
+RECIPE = "recipe.yaml"
+METRICS = "metrics.jsonl"
+ROUTING = "routing.jsonl"
+SUMMARY = "summary.json"
+SWEEP_MANIFEST = "manifest.json"
+
+
+class RunError(ValueError):
+    """An input folder is missing, incomplete or of the wrong kind. The message says which and why."""
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSON-lines file; a torn line (a run killed mid-write) is skipped."""
+    rows = []
+    if not path.is_file():
+        return rows
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                row = {k: (math.nan if v is None and k == "loss" else v) for k, v in row.items()}
+                rows.append(row)
+    return rows
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / RUN_MARKER).is_file()
+
+
+@dataclass
+class Run:
+    """One run folder, read lazily. ``status`` is finished | incomplete | diverged."""
+
+    path: Path
+    recipe: DictConfig
+    summary: Optional[dict]
+    _status: Optional[tuple[str, str]] = field(default=None, repr=False)
+
+    # ---- identity
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def family(self) -> str:
+        return str(self.recipe.get("family") or "custom")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.recipe.model.get("moe") is not None
+
+    # ---- rows
+    @cached_property
+    def metrics(self) -> list[dict]:
+        return read_jsonl(self.path / METRICS)
+
+    @property
+    def train_rows(self) -> list[dict]:
+        return [r for r in self.metrics if r.get("kind", "train") == "train" and "loss" in r]
+
+    @property
+    def val_rows(self) -> list[dict]:
+        """Validation rows at the training context length, in step order."""
+        rows = [r for r in self.metrics if r.get("kind") == "val" and r.get("context_multiplier", 1) == 1
+                and "loss" in r]
+        return sorted(rows, key=lambda r: r.get("step", 0))
+
+    @cached_property
+    def routing_rows(self) -> list[dict]:
+        return read_jsonl(self.path / ROUTING)
+
+    # ---- numbers
+    @cached_property
+    def seq_len(self) -> int:
+        return int(self.recipe.train.seq_len)
+
+    @cached_property
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token from the run's recipe (archlab's cost model)."""
+        from archlab.config import model_config
+        from archlab.costs import training_flops_per_token
+
+        return float(training_flops_per_token(model_config(self.recipe), self.seq_len))
+
+    @cached_property
+    def params(self) -> dict:
+        """total and active (per token) parameter counts from the recipe."""
+        from archlab.config import model_config
+        from archlab.model import num_params
+
+        mcfg = model_config(self.recipe)
+        total = int(num_params(mcfg))
+        active = total
+        if mcfg.moe is not None:
+            from archlab.nn.moe.layer import MoELayer
+
+            n_moe = sum(mcfg.is_moe_layer(i) for i in range(mcfg.n_layers))
+            active = total - n_moe * (MoELayer.num_params(mcfg) - MoELayer.active_params(mcfg))
+        return {"total": total, "active": active}
+
+    @property
+    def tokens_seen(self) -> Optional[float]:
+        for src in (self.summary or {}, *(reversed(self.train_rows))):
+            if src.get("tokens") is not None:
+                return float(src["tokens"])
+        return None
+
+    @property
+    def final_val_loss(self) -> Optional[float]:
+        """The last validation loss at the training context (summary first, else the last row)."""
+        final = (self.summary or {}).get("final_val_loss")  # {context length: loss}
+        if isinstance(final, dict) and isinstance(final.get(str(self.seq_len)), (int, float)):
+            return float(final[str(self.seq_len)])
+        rows = self.val_rows
+        return float(rows[-1]["loss"]) if rows else None
+
+    def training_flops(self, tokens: Optional[float] = None) -> Optional[float]:
+        t = self.tokens_seen if tokens is None else tokens
+        return None if t is None else t * self.flops_per_token
+
+    # ---- health
+    @property
+    def status(self) -> str:
+        return self._check()[0]
+
+    @property
+    def reason(self) -> str:
+        return self._check()[1]
+
+    def _check(self) -> tuple[str, str]:
+        if self._status is None:
+            self._status = _diagnose(self)
+        return self._status
+
+
+def _diagnose(run: Run) -> tuple[str, str]:
+    if run.summary is None:
+        return "incomplete", f"no {SUMMARY}: the run has not ended (still running, crashed or killed)"
+    s = run.summary
+    stop = str(s.get("status") or "")  # completed | interrupted | nonfinite
+    if stop == "nonfinite":
+        return "diverged", f"stopped on a non-finite loss: {s.get('message', '')}".strip()
+    losses = [r["loss"] for r in run.train_rows]
+    if any(not _finite(v) for v in losses):
+        first_bad = next(r.get("step") for r in run.train_rows if not _finite(r["loss"]))
+        return "diverged", f"non-finite training loss at step {first_bad}"
+    final = run.final_val_loss
+    if final is None:
+        return "incomplete", "no validation loss recorded (train.eval_every larger than the run?)"
+    if not _finite(final):
+        return "diverged", f"final validation loss is {final}"
+    if losses and final > losses[0] + 1e-6:
+        return "diverged", f"final validation loss {final:.3f} is above the first training loss {losses[0]:.3f}"
+    if stop != "completed":
+        return "incomplete", f"ended with status {stop!r} ({s.get('message') or 'no message'}); resume it with train.resume=auto"
+    return "finished", ""
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def open_run(path: os.PathLike | str) -> Run:
+    """Read a run folder's recipe and summary; raise :class:`RunError` if it is not a run folder."""
+    path = Path(path)
+    if not path.exists():
+        raise RunError(f"{path}: no such folder")
+    if not path.is_dir():
+        raise RunError(f"{path}: not a folder (expected an archlab run folder)")
+    if not is_run_dir(path):
+        if (path / SWEEP_MANIFEST).is_file():
+            raise RunError(f"{path}: a sweep folder, not a run folder; pass one of its run folders")
+        raise RunError(f"{path}: not an archlab run folder ({RUN_MARKER} missing); "
+                       "pass a folder written by python -m archlab.train")
+    if not (path / RECIPE).is_file():
+        raise RunError(f"{path}: incomplete run folder ({RECIPE} missing)")
+    try:
+        recipe = OmegaConf.load(path / RECIPE)
+    except Exception as e:
+        raise RunError(f"{path / RECIPE}: unreadable ({e})") from None
+    summary = None
+    if (path / SUMMARY).is_file():
+        try:
+            summary = json.loads((path / SUMMARY).read_text())
+        except ValueError as e:
+            raise RunError(f"{path / SUMMARY}: unreadable ({e})") from None
+    return Run(path=path, recipe=recipe, summary=summary)
+
+
+def _sweep_run_dirs(folder: Path) -> list[Path]:
+    try:
+        manifest = json.loads((folder / SWEEP_MANIFEST).read_text())
+        points = manifest["points"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise RunError(f"{folder / SWEEP_MANIFEST}: not a readable sweep manifest ({e})") from None
+    return [Path(p["run_dir"]) if Path(p["run_dir"]).is_absolute() else folder / Path(p["run_dir"]).name
+            for p in points]
+
+
+def expand_inputs(inputs: Iterable[str]) -> tuple[list[Run], list[tuple[str, str]]]:
+    """Run folders named by paths, globs, sweep folders (their manifest's points) or folders of runs.
+
+    Returns (runs, problems): a point of a sweep that never started, or a folder in a glob that
+    is not a run, becomes a (path, reason) problem instead of an error, so that the rest can
+    still be analysed. A path the user names directly that is not a run (and holds no runs) is
+    an error.
+    """
+    runs: list[Run] = []
+    problems: list[tuple[str, str]] = []
+    seen: set[Path] = set()
+
+    def add(p: Path, strict: bool) -> None:
+        p = p.resolve()
+        if p in seen:
+            return
+        seen.add(p)
+        try:
+            runs.append(open_run(p))
+        except RunError as e:
+            if strict:
+                raise
+            problems.append((str(p), str(e)))
+
+    for item in inputs:
+        matches = sorted(glob.glob(item)) if glob.has_magic(item) else [item]
+        if not matches:
+            raise RunError(f"{item}: the pattern matches nothing")
+        for m in matches:
+            p = Path(m)
+            if not p.exists():
+                raise RunError(f"{p}: no such folder")
+            if p.is_dir() and (p / SWEEP_MANIFEST).is_file() and not is_run_dir(p):
+                for d in _sweep_run_dirs(p):
+                    add(d, strict=False)
+            elif p.is_dir() and not is_run_dir(p) and any(is_run_dir(c) for c in p.iterdir() if c.is_dir()):
+                for c in sorted(c for c in p.iterdir() if c.is_dir() and is_run_dir(c)):
+                    add(c, strict=False)
+            else:
+                add(p, strict=not glob.has_magic(item))
+    if not runs:
+        raise RunError("no run folders found in: " + ", ".join(inputs))
+    return runs, problems
+
+
+# --------------------------------------------------------------------------------------------
+# plot style (titles, labelled axes with units, legends) and atomic file output
+# --------------------------------------------------------------------------------------------
+
+
+def pyplot():
+    """matplotlib.pyplot on the non-interactive Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def style_axes(ax, title: str, xlabel: str, ylabel: str, legend: bool = True, legend_title: Optional[str] = None) -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, which="both")
+    if legend:
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:
+            ax.legend(fontsize=8, title=legend_title, title_fontsize=8)
+
+
+def save_figure(fig, path: Path, dpi: int = 110) -> Path:
+    """Write a PNG atomically and close the figure."""
+    path = Path(path)
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=dpi)
+    pyplot().close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def write_json_atomic(path: Path, obj) -> Path:
+    return write_text_atomic(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(o):
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+    except ImportError:
+        pass
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
