@@ -49,15 +49,15 @@ def _file_documents(paths: Iterable[Path], root: Path) -> list[Document]:
 
 
 def _file_fingerprint(docs: list[Document], root: Path) -> list[list[Any]]:
-    """[name, size, mtime_ns, sha256-or-None] per file: contents are hashed for corpora up to
-    ``CONTENT_HASH_MAX_BYTES`` (robust to coarse mtimes); larger ones rely on size + mtime_ns."""
+    """[name, size, sha256 of the content] per file for corpora up to ``CONTENT_HASH_MAX_BYTES``
+    (exact, and a copied corpus keeps its key); [name, size, mtime_ns] for larger ones (cheap)."""
     hash_contents = sum(d.size for d in docs) <= CONTENT_HASH_MAX_BYTES
     rows = []
     for d in docs:
         path = root / d.name
         try:
-            digest = hashlib.sha256(path.read_bytes()).hexdigest() if hash_contents else None
-            rows.append([d.name, d.size, path.stat().st_mtime_ns, digest])
+            content = hashlib.sha256(path.read_bytes()).hexdigest() if hash_contents else path.stat().st_mtime_ns
+            rows.append([d.name, d.size, content])
         except OSError as e:
             raise DataError(f"cannot read {path}: {e.strerror or e}") from None
     return rows

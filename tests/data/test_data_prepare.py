@@ -115,3 +115,28 @@ def test_stdlib_default_corpus_with_a_byte_cap(tmp_path):
     assert m["bytes"]["val"] <= 10_000 < m["bytes"]["train"]
     assert m["tokens"]["train"] < 0.6 * m["bytes"]["train"]  # BPE compresses Python source
     assert prepare_data(cfg).cache_path == data.cache_path
+
+
+def test_a_crash_while_encoding_leaves_no_cache_and_the_next_run_builds(text_recipe, monkeypatch):
+    real_write_ids = prepare_module._write_ids
+
+    def crash_on_val(tokenizer, texts, path, dtype):
+        if path.name == "val.bin":
+            raise KeyboardInterrupt  # e.g. Ctrl-C after train.bin was written
+        return real_write_ids(tokenizer, texts, path, dtype)
+
+    monkeypatch.setattr(prepare_module, "_write_ids", crash_on_val)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_data(text_recipe())
+    assert cache_entries(text_recipe.cache) == []
+    monkeypatch.setattr(prepare_module, "_write_ids", real_write_ids)
+    assert len(prepare_data(text_recipe()).val) > 0
+
+
+def test_a_leftover_temporary_folder_is_never_used(text_recipe):
+    folder = prepare_data(text_recipe()).cache_path
+    leftover = folder.with_name(f".{folder.name}.tmp-99999-deadbeef")  # as a killed build leaves it
+    folder.rename(leftover)
+    (leftover / "train.bin").write_bytes(b"")
+    data = prepare_data(text_recipe())
+    assert data.cache_path == folder and len(data.train) > 0

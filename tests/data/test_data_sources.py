@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 
@@ -110,3 +111,15 @@ def test_hf_source_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", fake_datasets(load_dataset))
     with pytest.raises(DataError, match=r"cannot load dataset 'some/corpus' split 'train' \(offline"):
         build_corpus(data_cfg(source="hf", hf_dataset="some/corpus"))
+
+
+def test_large_corpora_are_fingerprinted_by_mtime(tmp_path, monkeypatch):
+    import archlab.data.sources as sources
+
+    f = tmp_path / "a.txt"
+    f.write_text("one\n")
+    monkeypatch.setattr(sources, "CONTENT_HASH_MAX_BYTES", 2)  # "large": do not read the files
+    before = build_corpus(data_cfg(source="text", paths=[str(f)])).fingerprint
+    assert before["files"][0][2] == f.stat().st_mtime_ns
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+    assert build_corpus(data_cfg(source="text", paths=[str(f)])).fingerprint != before
