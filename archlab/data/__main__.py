@@ -14,7 +14,7 @@ from archlab.data.prepare import prepare_data
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m archlab.data", description=__doc__.splitlines()[0])
-    parser.add_argument("recipe", nargs="?", help="recipe YAML (default: schema defaults)")
+    parser.add_argument("recipe", help="recipe YAML file, e.g. recipes/dense/tiny.yaml")
     parser.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. data.max_bytes=200000")
     args = parser.parse_args(argv)
     try:
