@@ -63,10 +63,12 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: Union[str, Path]) -> "Tokenizer":
+        """A saved tokenizer; a byte vocabulary comes back as a :class:`ByteTokenizer`."""
         try:
-            return cls(tokenizers.Tokenizer.from_file(str(path)))
+            backend = tokenizers.Tokenizer.from_file(str(path))
         except Exception as e:  # the library raises bare Exception on a bad file
             raise DataError(f"cannot load tokenizer {path}: {e}") from None
+        return ByteTokenizer(backend) if backend.get_vocab() == byte_vocab() else Tokenizer(backend)
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, eos_id={self.eos_id})"
@@ -78,6 +80,22 @@ def byte_to_unicode() -> dict[int, str]:
     others = [b for b in range(256) if b not in printable]
     chars = printable + [256 + i for i in range(len(others))]
     return dict(zip(printable + others, map(chr, chars)))
+
+
+def byte_vocab() -> dict[str, int]:
+    """The byte tokenizer's vocabulary: ByteLevel character of byte b -> b, and EOS -> 256."""
+    return {**{char: byte for byte, char in byte_to_unicode().items()}, EOS: 256}
+
+
+class ByteTokenizer(Tokenizer):
+    """The byte tokenizer: the same ids as its ``tokenizers`` backend, encoded directly from UTF-8
+    (with one id per byte, the library's per-token bookkeeping would dominate the encoding time)."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [list(t.encode("utf-8")) for t in texts]
 
 
 def _byte_level(model: models.Model) -> tokenizers.Tokenizer:
@@ -113,7 +131,7 @@ def byte_tokenizer(texts: Sequence[str], vocab_size: int) -> Tokenizer:
     vocab = {char: byte for byte, char in byte_to_unicode().items()}
     backend = _byte_level(models.BPE(vocab=vocab, merges=[]))
     backend.add_special_tokens([EOS])
-    return Tokenizer(backend)
+    return ByteTokenizer(backend)
 
 
 def build_tokenizer(kind: str, texts: Sequence[str], vocab_size: int) -> Tokenizer:

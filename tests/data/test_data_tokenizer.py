@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from archlab.data.corpus import DataError
-from archlab.data.tokenizer import EOS, TOKENIZERS, Tokenizer, build_tokenizer
+from archlab.data.tokenizer import EOS, TOKENIZERS, ByteTokenizer, Tokenizer, build_tokenizer
 from archlab.data.sources import stdlib_root
 
 SAMPLE = "déf f(x):\n    return x ** 2  # 日本語, emoji 🙂, tab\t<|endoftext|> end\n\n"
@@ -76,5 +76,13 @@ def test_byte_tokenizer_ids_are_the_utf8_bytes():
     assert ids == list(SAMPLE.encode("utf-8"))
     assert tok.decode(ids + [256]) == SAMPLE + EOS
     assert tok.decode(tok.encode(bytes(range(128)).decode())) == bytes(range(128)).decode()
+    assert tok.encode_batch([SAMPLE, "é"]) == [e.ids for e in tok.backend.encode_batch([SAMPLE, "é"])]
     with pytest.raises(DataError, match="needs 257 ids"):
         build_tokenizer("byte", [], 256)
+
+
+def test_load_gives_back_the_kind_that_was_saved(bpe, tmp_path):
+    build_tokenizer("byte", [], 257).save(tmp_path / "byte.json")
+    bpe.save(tmp_path / "bpe.json")
+    assert type(Tokenizer.load(tmp_path / "byte.json")) is ByteTokenizer
+    assert type(Tokenizer.load(tmp_path / "bpe.json")) is Tokenizer
