@@ -34,7 +34,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except CheckpointError as e:  # missing, corrupt or foreign checkpoint / run folder
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"[archlab] {summary['status']}: step {summary['step']}, run folder {summary['run_dir']}", file=sys.stderr)
+    if summary["rank"] == 0:
+        print(f"[archlab] {summary['status']}: step {summary['step']}, run folder {summary['run_dir']}", file=sys.stderr)
     return 0
 
 

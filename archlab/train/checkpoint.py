@@ -29,7 +29,7 @@ from typing import Optional, Union
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from safetensors.torch import load_model as _load_safetensors_into, save_model as _save_safetensors
+from safetensors.torch import load_model as _load_safetensors_into, save_file as _save_file
 
 CKPT_DIR = "checkpoints"
 MANIFEST = "manifest.json"
@@ -166,8 +166,18 @@ def tmp_dir(run_dir: PathLike, step: int) -> Path:
 
 
 def save_model_weights(model: torch.nn.Module, path: Path) -> None:
-    """Weights as safetensors; tied tensors (embedding = LM head) are stored once."""
-    _save_safetensors(model, str(path))
+    """Weights as safetensors; tied tensors (embedding = LM head) are stored once, under their
+    first name. Tensors are copied out first: under DeepSpeed ZeRO the parameters are views
+    into one flat buffer, which safetensors refuses to store as is."""
+    first_name: dict[tuple, str] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if key in first_name:  # a tied alias: load_model restores it from the kept name
+            continue
+        first_name[key] = name
+        tensors[name] = t.detach().to("cpu", copy=True).contiguous()
+    _save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 def save_rng(folder: Path, rank: int) -> None:

@@ -30,7 +30,7 @@ from archlab.train import checkpoint as ckpt
 from archlab.train.dist import DistInfo, all_reduce_sum, barrier, broadcast_object, dist_info, main_process_first
 from archlab.train.faults import NonFiniteError, StopSignal
 from archlab.train.optim import build_optimizer, lr_at, set_lr
-from archlab.train.parallel import (deepspeed_engine, fill_deepspeed_config, make_accelerator, resolve_precision,
+from archlab.train.parallel import (check_data_parallel, deepspeed_engine, fill_deepspeed_config, make_accelerator, resolve_precision,
                                     safe_deepspeed_load, uses_deepspeed)
 from archlab.train.run_folder import (METRICS, ROUTING, MetricsLog, default_run_name, mark_run, plot_losses,
                                       truncate_jsonl, write_env)
@@ -82,6 +82,7 @@ class Trainer:
         self.accelerator = make_accelerator(t)
         self.info: DistInfo = dist_info(self.accelerator)
         self.deepspeed = uses_deepspeed(self.accelerator)
+        check_data_parallel(self.accelerator, self.info.world_size)
         if self.deepspeed and t.on_nonfinite == "skip":
             raise RecipeError("train.on_nonfinite='skip' is not supported under DeepSpeed (the engine updates inside "
                               "backward); use train.on_nonfinite=stop or launch without DeepSpeed")
@@ -405,7 +406,7 @@ class Trainer:
         summary: dict[str, Any] = {"status": status, "message": message, "step": self.step, "tokens": self.tokens,
                                    "run_dir": str(self.run_dir),
                                    "last_checkpoint": str(self.last_ckpt) if self.last_ckpt else None,
-                                   "elapsed_s": elapsed}
+                                   "elapsed_s": elapsed, "rank": self.info.rank}
         if not self.info.is_main:
             return summary
         from archlab.train.run_folder import read_jsonl

@@ -8,9 +8,11 @@ and refuses a config that contradicts the recipe.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, parse_flag_from_env
 
 from archlab.config.validate import RecipeError
 
@@ -26,13 +28,32 @@ def resolve_precision(precision: str) -> str:
     return "no"
 
 
+def _multi_process_without_gpu() -> bool:
+    """Launched as several processes (``--multi_gpu``) on a machine without GPUs, not DeepSpeed.
+
+    accelerate 1.15 then reports ``DistributedType.NO`` (no DDP wrapping, gradients never
+    averaged) although torch.distributed holds every process, unless told ``cpu=True``, which
+    selects ``MULTI_CPU`` over gloo.
+    """
+    return (not torch.cuda.is_available() and not parse_flag_from_env("ACCELERATE_USE_DEEPSPEED")
+            and int(os.environ.get("WORLD_SIZE", "1")) > 1)
+
+
 def make_accelerator(train_cfg) -> Accelerator:
     """An Accelerator for the launcher's setup with the recipe's precision and accumulation."""
     return Accelerator(
+        cpu=_multi_process_without_gpu(),
         mixed_precision=resolve_precision(train_cfg.precision),
         gradient_accumulation_steps=train_cfg.grad_accum,
         step_scheduler_with_optimizer=False,  # the lr is set from the step (archlab.train.optim.lr_at)
     )
+
+
+def check_data_parallel(accelerator: Accelerator, world_size: int) -> None:
+    """Refuse to train several processes whose gradients nothing would average."""
+    if world_size > 1 and accelerator.distributed_type == DistributedType.NO:
+        raise RuntimeError(f"torch.distributed holds {world_size} processes but accelerate set up no data "
+                           "parallelism (DistributedType.NO); launch with --multi_gpu or a config from recipes/launch/")
 
 
 def uses_deepspeed(accelerator: Accelerator) -> bool:
