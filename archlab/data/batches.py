@@ -51,6 +51,8 @@ class TokenBatches:
         _check_rank(rank, world_size)
         if micro_batch_size < 1 or grad_accum < 1:
             raise ValueError(f"micro_batch_size={micro_batch_size}, grad_accum={grad_accum}: both must be >= 1")
+        if seed < 0:
+            raise ValueError(f"seed={seed}: the data seed must be >= 0 (train.seed)")
         self.tokens = tokens
         self.seq_len = seq_len
         self.micro_batch_size = micro_batch_size

@@ -23,7 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 import tokenizers
@@ -34,7 +34,7 @@ from archlab.data.sources import build_corpus
 from archlab.data.tokenizer import BYTE_VOCAB_SIZE, Tokenizer, build_tokenizer
 
 DATA_FORMAT_VERSION = 1  # bump when the cache layout or the split/encoding rules change
-ENCODE_CHUNK_BYTES = 4 * 2**20  # texts handed to encode_batch at once (bounds memory)
+ENCODE_CHUNK_CHARS = 4 * 2**20  # characters handed to encode_batch at once (bounds memory)
 SPLITS = ("train", "val")
 
 
@@ -50,8 +50,8 @@ class PreparedData:
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
-    """uint16 while every id fits in 16 bits, else uint32."""
-    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+    """Little-endian uint16 while every id fits in 16 bits, else uint32."""
+    return np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<u4")
 
 
 def _tokenizer_vocab(data_cfg, model_vocab_size: int) -> int:
@@ -81,21 +81,27 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def _chunks(texts: Sequence[str], chunk_chars: int) -> Iterator[Sequence[str]]:
+    """Consecutive runs of ``texts`` of about ``chunk_chars`` characters (at least one text each)."""
+    start = 0
+    while start < len(texts):
+        end, size = start + 1, len(texts[start])
+        while end < len(texts) and size < chunk_chars:
+            size += len(texts[end])
+            end += 1
+        yield texts[start:end]
+        start = end
+
+
 def _write_ids(tokenizer: Tokenizer, texts: Sequence[str], path: Path, dtype: np.dtype) -> int:
     """Encode ``texts`` (EOS after each document) into the raw id file ``path``; return N."""
     n_tokens = 0
     with open(path, "wb") as f:
-        start = 0
-        while start < len(texts):
-            end, size = start, 0
-            while end < len(texts) and (end == start or size < ENCODE_CHUNK_BYTES):
-                size += len(texts[end])
-                end += 1
-            for ids in tokenizer.encode_batch(texts[start:end]):
+        for chunk in _chunks(texts, ENCODE_CHUNK_CHARS):
+            for ids in tokenizer.encode_batch(chunk):
                 ids_N = np.asarray(ids + [tokenizer.eos_id], dtype=dtype)
                 f.write(ids_N.tobytes())
                 n_tokens += len(ids_N)
-            start = end
     return n_tokens
 
 
@@ -150,7 +156,7 @@ def _build_into(tmp: Path, corpus: Corpus, data_cfg, vocab_size: int, key: str) 
         "n_files": split.n_docs,
         "bytes": split.n_bytes,
         "tokens": n_tokens,
-        "dtype": dtype.name,
+        "dtype": dtype.str,  # "<u2" or "<u4"
         "tokenizer": {"kind": data_cfg.tokenizer, "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id},
         "settings": {"max_bytes": data_cfg.max_bytes, "val_fraction": float(data_cfg.val_fraction),
                      "seed": int(data_cfg.seed)},

@@ -60,6 +60,8 @@ def test_bad_arguments_are_named():
         TokenBatches(TOKENS, 8, 2, 1, rank=2, world_size=2)
     with pytest.raises(ValueError, match=r"micro=2: must lie in \[0, grad_accum=2\)"):
         TokenBatches(TOKENS, 8, 2, 2).get(0, 2)
+    with pytest.raises(ValueError, match="seed=-1"):
+        TokenBatches(TOKENS, 8, 2, 1, seed=-1)
 
 
 def test_eval_windows_are_strided_and_disjoint():

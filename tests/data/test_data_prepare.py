@@ -140,3 +140,13 @@ def test_a_leftover_temporary_folder_is_never_used(text_recipe):
     (leftover / "train.bin").write_bytes(b"")
     data = prepare_data(text_recipe())
     assert data.cache_path == folder and len(data.train) > 0
+
+
+def test_token_dtype_and_encoding_in_chunks(text_recipe, monkeypatch):
+    assert prepare_module.token_dtype(2**16) == np.uint16 and prepare_module.token_dtype(2**16 + 1) == np.uint32
+    whole = prepare_data(text_recipe())
+    train_ids = np.array(whole.train)
+    monkeypatch.setattr(prepare_module, "ENCODE_CHUNK_CHARS", 1000)  # many small encode_batch calls
+    chunked = prepare_data(text_recipe("data.cache_dir=" + str(text_recipe.cache / "chunked")))
+    assert np.array_equal(chunked.train, train_ids)
+    assert chunked.meta["dtype"] == "<u2"
