@@ -42,6 +42,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -101,9 +102,9 @@ def _as_override_list(value, where: str) -> list[str]:
 
 
 def _budget_tag(kind: str, value: float) -> str:
-    mantissa, exp = f"{value:.2e}".split("e")
-    mantissa = mantissa.rstrip("0").rstrip(".")
-    return f"{'tok' if kind == 'tokens' else 'flop'}{mantissa}e{int(exp)}"
+    """4096 tokens -> tok4096; 2.5e13 FLOPs -> flop2.5e13 (6 significant digits)."""
+    number = f"{value:.6g}".replace("e+0", "e").replace("e+", "e")
+    return f"{'tok' if kind == 'tokens' else 'flop'}{number}"
 
 
 def _safe(name: str) -> str:
@@ -256,8 +257,24 @@ def check_consistent(out_dir: Path, points: list[Point]) -> None:
                              f"and its manifest entry")
 
 
-def is_finished(p: Point) -> bool:
-    return (Path(p.run_dir) / SUMMARY).is_file()
+def run_state(p: Point) -> str:
+    """What the run folder says: finished | diverged (stopped on non-finite numbers: rerunning the
+    same deterministic run would diverge again) | started (resumable) | new."""
+    path = Path(p.run_dir) / SUMMARY
+    if path.is_file():
+        try:
+            status = json.loads(path.read_text()).get("status")
+        except (ValueError, AttributeError):
+            status = None
+        if status == "completed":
+            return "finished"
+        if status == "nonfinite":
+            return "diverged"
+    return "started" if Path(p.run_dir).is_dir() else "new"
+
+
+def is_done(p: Point) -> bool:
+    return run_state(p) in ("finished", "diverged")
 
 
 def command(p: Point, launcher: str, processes: int, accelerate_args: Sequence[str]) -> list[str]:
@@ -280,19 +297,28 @@ def run_point(p: Point, cmd: list[str]) -> Point:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     start = time.time()
+    interrupted = False
     with open(p.log, "a") as log:
         log.write(f"\n$ {shlex.join(cmd)}\n")
         log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=os.getcwd())
+        previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
         try:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=os.getcwd()).returncode
-        except KeyboardInterrupt:
-            rc = -2
+            try:
+                rc = proc.wait()
+            except KeyboardInterrupt:
+                # Ctrl-C reached the trainer too: let it write its checkpoint and exit
+                interrupted = True
+                rc = proc.wait()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     p.returncode = rc
     p.elapsed_s = round(time.time() - start, 2)
-    if rc == -2:
-        p.status = "interrupted"
+    state = run_state(p)
+    if state in ("finished", "diverged"):
+        p.status = state
     else:
-        p.status = "finished" if rc == 0 and is_finished(p) else "failed"
+        p.status = "interrupted" if interrupted or rc < 0 or rc == 0 else "failed"
     return p
 
 
@@ -309,11 +335,11 @@ def run_sweep(spec: dict, *, launcher: str = "python", processes: int = 1, accel
         return points
     out_dir.mkdir(parents=True, exist_ok=True)
     for p in points:
-        if is_finished(p):
-            p.status = "finished"
+        if is_done(p):
+            p.status = run_state(p)
     write_manifest(out_dir, spec, points)
-    todo = [p for p in points if p.status != "finished"]
-    log(f"sweep {out_dir}: {len(points)} points, {len(points) - len(todo)} already finished")
+    todo = [p for p in points if p.status not in ("finished", "diverged")]
+    log(f"sweep {out_dir}: {len(points)} points, {len(points) - len(todo)} already done")
     for i, p in enumerate(todo, 1):
         log(f"[{i}/{len(todo)}] {p.name}: {p.max_steps} steps, {p.planned_tokens:.3g} tokens, "
             f"{p.planned_flops:.3g} FLOPs")
@@ -323,6 +349,8 @@ def run_sweep(spec: dict, *, launcher: str = "python", processes: int = 1, accel
         write_manifest(out_dir, spec, points)
         log(f"    -> {p.status} (exit {p.returncode}, {p.elapsed_s:.0f} s)" +
             ("" if p.status == "finished" else f"; see {p.log}"))
+        if p.status == "interrupted":
+            log("    sweep stopped; run the same command again to resume")
         if p.status == "interrupted" or (p.status == "failed" and stop_on_failure):
             break
     return points
@@ -412,7 +440,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     if args.dry_run:
         return 0
-    bad = [p for p in points if p.status not in ("finished",)]
+    bad = [p for p in points if p.status != "finished"]
     for p in bad:
         print(f"not finished: {p.name} ({p.status}, exit {p.returncode}); log: {p.log}", file=sys.stderr)
     return 1 if bad else 0

@@ -1,0 +1,64 @@
+"""Small real run folders for the analysis tests, trained once per test session.
+
+Four dense sizes, a Mixtral-style and a DeepSeek-style MoE run (checkpoints at steps 10 and 20,
+routing records every 2 steps), a run that diverges (absurd learning rate) and a run killed
+before its end (a finished run's folder without summary.json). Tiny models, 20 steps each.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+COMMON = ["model.vocab_size=384", "train.seq_len=32", "train.micro_batch_size=8", "data.max_bytes=150000",
+          "train.log_every=5", "train.eval_every=10", "train.eval_batches=2", "train.warmup_steps=2",
+          "train.max_steps=20", "train.tensorboard=false", "train.eval_context_multipliers=[1]"]
+SMALL = ["model.n_heads=2"]
+RUNS = {
+    "dense-d16": ("recipes/dense/tiny.yaml", ["model.d_model=16", "model.n_layers=1"]),
+    "dense-d24": ("recipes/dense/tiny.yaml", ["model.d_model=24", "model.n_layers=1"]),
+    "dense-d32": ("recipes/dense/tiny.yaml", ["model.d_model=32", "model.n_layers=2"]),
+    "dense-d48": ("recipes/dense/tiny.yaml", ["model.d_model=48", "model.n_layers=2"]),
+    "mixtral-d32": ("recipes/mixtral/tiny.yaml", ["model.d_model=32", "model.n_layers=2", "model.n_kv_heads=1",
+                                                  "model.moe.num_experts=4", "model.moe.expert_hidden=32",
+                                                  "train.ckpt_every=10", "train.routing_every=2"]),
+    "deepseek-d32": ("recipes/deepseek/tiny.yaml", ["model.d_model=32", "model.n_layers=2", "model.n_kv_heads=1",
+                                                    "model.moe.expert_hidden=16", "train.ckpt_every=10",
+                                                    "train.routing_every=2", "model.moe.balance.bias_update_rate=0.01"]),
+}
+
+
+@pytest.fixture(scope="session")
+def analysis_runs(tmp_path_factory) -> dict[str, Path]:
+    """name -> run folder. Names: the keys of RUNS, plus "diverged" and "killed"."""
+    from archlab.config import load_recipe
+    from archlab.train import NonFiniteError, train
+
+    root = tmp_path_factory.mktemp("analysis-runs")
+    cache = tmp_path_factory.mktemp("analysis-cache")
+    base = COMMON + SMALL + [f"data.cache_dir={cache}", f"train.out_dir={root / 'runs'}"]
+    out = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is fastest, and the machine is shared
+    try:
+        _train_all(root, base, out, train, load_recipe, NonFiniteError)
+    finally:
+        torch.set_num_threads(threads)
+    killed = root / "runs" / "killed"
+    shutil.copytree(out["dense-d16"], killed)
+    (killed / "summary.json").unlink()
+    out["killed"] = killed
+    return out
+
+
+def _train_all(root: Path, base: list[str], out: dict, train, load_recipe, NonFiniteError) -> None:
+    for name, (recipe, extra) in RUNS.items():
+        train(load_recipe(recipe, base + extra + [f"train.run_name={name}"]))
+        out[name] = root / "runs" / name
+    with pytest.raises(NonFiniteError):
+        train(load_recipe("recipes/dense/tiny.yaml", base + ["model.d_model=16", "model.n_layers=1", "train.lr=1e4",
+                                                             "train.grad_clip=0", "train.run_name=diverged"]))
+    out["diverged"] = root / "runs" / "diverged"
