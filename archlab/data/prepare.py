@@ -162,7 +162,15 @@ def _build_into(tmp: Path, corpus: Corpus, data_cfg, vocab_size: int, key: str) 
                      "seed": int(data_cfg.seed)},
         "build_seconds": round(time.perf_counter() - t0, 3),
     }
+    for name in ("tokenizer.json", "train.bin", "val.bin"):
+        _fsync(tmp / name)  # on disk before meta.json says they are complete
     _write_json(tmp / "meta.json", meta)  # last: its presence marks a complete build
+    _fsync(tmp / "meta.json")
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
 
 
 def _publish(tmp: Path, folder: Path, key: str) -> PreparedData:
