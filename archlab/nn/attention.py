@@ -91,13 +91,11 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             past = cache.length
             k, v = cache.update(k, v)  # (B, G, T, Dh)
-        if G != H:  # share each K/V head among H/G query heads
-            k = k.repeat_interleave(H // G, dim=1)
-            v = v.repeat_interleave(H // G, dim=1)
         mask = self._mask(S, past, ctx, x_BSD)
+        # enable_gqa: query head h reads K/V head h // (H/G) without materialising repeated K/V
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None and past == 0 and S > 1,
-            dropout_p=self.dropout if self.training else 0.0, scale=self.scale)  # (B, H, S, Dh)
+            dropout_p=self.dropout if self.training else 0.0, scale=self.scale, enable_gqa=G != H)  # (B, H, S, Dh)
         return self.wo(y.transpose(1, 2).reshape(B, S, H * Dh))
 
     @staticmethod
