@@ -51,7 +51,8 @@ class Tokenizer:
         return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
-        """The text of ``ids``; an end-of-text id shows as ``<|endoftext|>``."""
+        """The text of ``ids``. An end-of-text id shows as ``<|endoftext|>``; ids beyond the vocabulary
+        (a model may have more rows) are skipped; bytes that are not valid UTF-8 show as U+FFFD."""
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def save(self, path: Union[str, Path]) -> None:

@@ -75,6 +75,7 @@ def test_byte_tokenizer_ids_are_the_utf8_bytes():
     ids = tok.encode(SAMPLE)
     assert ids == list(SAMPLE.encode("utf-8"))
     assert tok.decode(ids + [256]) == SAMPLE + EOS
+    assert tok.decode([104, 105, 300, 195]) == "hi\ufffd"  # id 300: a model row past the vocabulary
     assert tok.decode(tok.encode(bytes(range(128)).decode())) == bytes(range(128)).decode()
     assert tok.encode_batch([SAMPLE, "é"]) == [e.ids for e in tok.backend.encode_batch([SAMPLE, "é"])]
     with pytest.raises(DataError, match="needs 257 ids"):
