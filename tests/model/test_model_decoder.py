@@ -1,0 +1,140 @@
+"""The decoder: every recipe builds, parameters are counted from the config, causality, init.
+
+Shape legend: B batch, S sequence, V vocabulary.
+"""
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+import archlab
+from archlab.config.schema import (
+    AttentionConfig,
+    FFNConfig,
+    ModelConfig,
+    NormConfig,
+    PositionConfig,
+    RopeScalingConfig,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if "launch" not in p.relative_to(ROOT / "recipes").parts)
+BUILD_ON_CPU_BELOW = 2_500_000  # bigger models are built on the meta device (no memory, no init time)
+
+
+def test_recipes_found():
+    assert len(RECIPES) >= 10, RECIPES
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: str(p.relative_to(ROOT / "recipes")))
+def test_recipe_loads_builds_and_counts_its_parameters(path):
+    cfg = archlab.load_recipe(path)
+    expected = archlab.num_params(cfg)
+    device = "meta" if expected > BUILD_ON_CPU_BELOW else None
+    model = archlab.build_model(cfg, device=device)
+    assert sum(p.numel() for p in model.parameters()) == expected
+    if device is None:
+        out = model(torch.randint(0, cfg.model.vocab_size, (2, 8)))
+        assert out.logits.shape == (2, 8, cfg.model.vocab_size)
+        assert out.aux_loss.shape == () and torch.isfinite(out.logits).all()
+
+
+def random_model_config(rng: random.Random) -> ModelConfig:
+    n_heads = rng.choice([1, 2, 4, 8])
+    d_model = n_heads * rng.choice([2, 4, 6, 8])
+    position = rng.choice(["learned", "sinusoidal", "rope", "alibi", "none"])
+    scaling = rng.choice(["none", "linear", "ntk", "yarn"]) if position == "rope" else "none"
+    return ModelConfig(
+        vocab_size=rng.randint(5, 300), max_seq_len=rng.randint(4, 64), d_model=d_model,
+        n_layers=rng.randint(1, 4), n_heads=n_heads,
+        n_kv_heads=rng.choice([g for g in range(1, n_heads + 1) if n_heads % g == 0] + [None]),
+        norm=NormConfig(type=rng.choice(["layernorm", "rmsnorm"]), placement=rng.choice(["pre", "post"]),
+                        bias=rng.random() < 0.5),
+        position=PositionConfig(type=position, rope_scaling=RopeScalingConfig(type=scaling, factor=2.0)),
+        attention=AttentionConfig(bias=rng.random() < 0.5, qk_norm=rng.random() < 0.3),
+        ffn=FFNConfig(type=rng.choice(["gelu", "relu", "swiglu"]), bias=rng.random() < 0.5,
+                      hidden=rng.choice([None, rng.randint(1, 50)]), multiple_of=rng.choice([1, 8, 32])),
+        tie_embeddings=rng.random() < 0.5,
+    )
+
+
+def test_param_count_from_config_on_random_configs():
+    rng = random.Random(0)
+    for _ in range(40):
+        c = random_model_config(rng)
+        model = archlab.build_model(c)
+        assert archlab.num_params(c) == sum(p.numel() for p in model.parameters()), c
+
+
+def tiny(position: str, **kw) -> ModelConfig:
+    base = dict(vocab_size=50, max_seq_len=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                position=PositionConfig(type=position))
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+@pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope", "alibi", "none"])
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_changing_token_t_never_changes_earlier_logits(position, placement):
+    model = archlab.build_model(tiny(position, norm=NormConfig(placement=placement))).eval()
+    ids = torch.randint(0, 50, (2, 12))
+    base = model(ids).logits
+    for t in (0, 5, 11):
+        changed = ids.clone()
+        changed[:, t] = (changed[:, t] + 1) % 50
+        logits = model(changed).logits
+        torch.testing.assert_close(logits[:, :t], base[:, :t], rtol=0, atol=0)
+        assert not torch.allclose(logits[:, t], base[:, t])
+
+
+def test_tied_and_untied_embeddings():
+    tied = archlab.build_model(tiny("rope", tie_embeddings=True))
+    untied = archlab.build_model(tiny("rope", tie_embeddings=False))
+    assert tied.lm_head.weight is tied.embed.weight
+    assert untied.lm_head.weight is not untied.embed.weight
+    assert archlab.num_params(untied.cfg) - archlab.num_params(tied.cfg) == 50 * 32
+
+
+def test_gpt2_scaled_residual_init():
+    """Residual projections (attention out, FFN down) get std init_std / sqrt(2 n_layers)."""
+    c = ModelConfig(vocab_size=64, d_model=256, n_layers=8, n_heads=4, init_std=0.02)
+    model = archlab.build_model(c)
+    res_std = 0.02 / math.sqrt(16)
+    for blk in model.blocks:
+        assert blk.attn.wo.weight.std().item() == pytest.approx(res_std, rel=0.05)
+        assert blk.ffn.down.weight.std().item() == pytest.approx(res_std, rel=0.05)
+        assert blk.attn.wqkv.weight.std().item() == pytest.approx(0.02, rel=0.05)
+        assert torch.all(blk.attn.wqkv.bias == 0)
+    assert model.embed.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    flat = archlab.build_model(ModelConfig(vocab_size=64, d_model=256, n_layers=8, n_heads=4, scaled_residual_init=False))
+    assert flat.blocks[0].attn.wo.weight.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def test_post_ln_has_no_final_norm_and_pre_ln_does():
+    assert isinstance(archlab.build_model(tiny("none", norm=NormConfig(placement="post"))).final_norm, torch.nn.Identity)
+    assert not isinstance(archlab.build_model(tiny("none")).final_norm, torch.nn.Identity)
+
+
+def test_learned_positions_refuse_to_extrapolate():
+    model = archlab.build_model(tiny("learned", max_seq_len=8))
+    with pytest.raises(ValueError, match="beyond the learned table"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_dropout_only_in_training():
+    model = archlab.build_model(tiny("rope", dropout=0.3))
+    ids = torch.randint(0, 50, (2, 8))
+    model.train()
+    assert not torch.allclose(model(ids).logits, model(ids).logits)
+    model.eval()
+    torch.testing.assert_close(model(ids).logits, model(ids).logits)
+
+
+def test_backward_reaches_every_parameter():
+    model = archlab.build_model(tiny("rope", attention=AttentionConfig(qk_norm=True), tie_embeddings=False))
+    ids = torch.randint(0, 50, (2, 8))
+    model(ids).logits.logsumexp(-1).mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())

@@ -1,0 +1,67 @@
+"""Norms and feed-forward blocks against their formulas; registries reject unknown names."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from archlab.config.schema import NormConfig
+from archlab.nn.ffn import FFNS, build_ffn, ffn_params
+from archlab.nn.norms import NORMS, build_norm, norm_params
+
+
+def test_layernorm_formula_and_bias_switch():
+    norm = build_norm(16, NormConfig(type="layernorm", eps=1e-5))
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5), norm.bias.uniform_(-1, 1)
+    x = torch.randn(3, 5, 16)
+    mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+    torch.testing.assert_close(norm(x), (x - mean) / torch.sqrt(var + 1e-5) * norm.weight + norm.bias)
+    no_bias = build_norm(16, NormConfig(type="layernorm", bias=False))
+    assert no_bias.bias is None and norm_params(16, NormConfig(type="layernorm", bias=False)) == 16
+
+
+def test_rmsnorm_formula():
+    norm = build_norm(16, NormConfig(type="rmsnorm", eps=1e-6))
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(3, 5, 16)
+    torch.testing.assert_close(norm(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight)
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_norm_param_count(kind, bias):
+    c = NormConfig(type=kind, bias=bias)
+    assert norm_params(24, c) == sum(p.numel() for p in build_norm(24, c).parameters())
+
+
+def test_gelu_mlp_is_tanh_gelu():
+    mlp = build_ffn("gelu", 8, 32, bias=True)
+    x = torch.randn(4, 8)
+    h = mlp.up(x)
+    tanh_gelu = 0.5 * h * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (h + 0.044715 * h**3)))
+    torch.testing.assert_close(mlp(x), mlp.down(tanh_gelu))
+
+
+def test_swiglu_is_gated():
+    ffn = build_ffn("swiglu", 8, 24, bias=False)
+    gate_w, up_w = ffn.gate_up.weight.chunk(2)  # [gate; up] rows
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(ffn(x), ffn.down(F.silu(x @ gate_w.T) * (x @ up_w.T)))
+
+
+@pytest.mark.parametrize("kind", ["gelu", "relu", "swiglu"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_ffn_param_count_and_bias_switch(kind, bias):
+    ffn = build_ffn(kind, 12, 40, bias)
+    assert ffn_params(kind, 12, 40, bias) == sum(p.numel() for p in ffn.parameters())
+    assert all((m.bias is not None) == bias for m in ffn.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_registry_names_valid_types_on_unknown():
+    with pytest.raises(KeyError, match="unknown ffn type 'geglu'; valid: gelu, relu, swiglu"):
+        FFNS.get("geglu")
+    with pytest.raises(KeyError, match="valid: layernorm, rmsnorm"):
+        NORMS.get("batchnorm")
+    with pytest.raises(ValueError, match="registered twice"):
+        NORMS.register("rmsnorm")(object)
