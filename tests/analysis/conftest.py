@@ -2,7 +2,7 @@
 
 Four dense sizes, a Mixtral-style and a DeepSeek-style MoE run (checkpoints at steps 10 and 20,
 routing records every 2 steps), a run that diverges (absurd learning rate) and a run killed
-before its end (a finished run's folder without summary.json). Tiny models, 20 steps each.
+before its end (the finished Mixtral run's folder without summary.json). Tiny models, 20 steps each.
 """
 
 from __future__ import annotations
@@ -34,9 +34,6 @@ RUNS = {
 @pytest.fixture(scope="session")
 def analysis_runs(tmp_path_factory) -> dict[str, Path]:
     """name -> run folder. Names: the keys of RUNS, plus "diverged" and "killed"."""
-    from archlab.config import load_recipe
-    from archlab.train import NonFiniteError, train
-
     root = tmp_path_factory.mktemp("analysis-runs")
     cache = tmp_path_factory.mktemp("analysis-cache")
     base = COMMON + SMALL + [f"data.cache_dir={cache}", f"train.out_dir={root / 'runs'}"]
@@ -44,21 +41,26 @@ def analysis_runs(tmp_path_factory) -> dict[str, Path]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: one thread is fastest, and the machine is shared
     try:
-        _train_all(root, base, out, train, load_recipe, NonFiniteError)
+        out.update(_train_all(root / "runs", base))
     finally:
         torch.set_num_threads(threads)
     killed = root / "runs" / "killed"
-    shutil.copytree(out["dense-d16"], killed)
+    shutil.copytree(out["mixtral-d32"], killed)
     (killed / "summary.json").unlink()
     out["killed"] = killed
     return out
 
 
-def _train_all(root: Path, base: list[str], out: dict, train, load_recipe, NonFiniteError) -> None:
+def _train_all(runs: Path, base: list[str]) -> dict[str, Path]:
+    from archlab.config import load_recipe
+    from archlab.train import NonFiniteError, train
+
+    out = {}
     for name, (recipe, extra) in RUNS.items():
         train(load_recipe(recipe, base + extra + [f"train.run_name={name}"]))
-        out[name] = root / "runs" / name
+        out[name] = runs / name
     with pytest.raises(NonFiniteError):
         train(load_recipe("recipes/dense/tiny.yaml", base + ["model.d_model=16", "model.n_layers=1", "train.lr=1e4",
                                                              "train.grad_clip=0", "train.run_name=diverged"]))
-    out["diverged"] = root / "runs" / "diverged"
+    out["diverged"] = runs / "diverged"
+    return out
