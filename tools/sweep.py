@@ -334,7 +334,10 @@ def run_sweep(spec: dict, *, launcher: str = "python", processes: int = 1, accel
             log(shlex.join(command(p, launcher, processes, accelerate_args)))
         return points
     out_dir.mkdir(parents=True, exist_ok=True)
+    before = {q["name"]: q for q in (read_manifest(out_dir) or {}).get("points", [])}
     for p in points:
+        if p.name in before:  # keep what earlier invocations recorded
+            p.returncode, p.elapsed_s = before[p.name].get("returncode"), before[p.name].get("elapsed_s")
         if is_done(p):
             p.status = run_state(p)
     write_manifest(out_dir, spec, points)
