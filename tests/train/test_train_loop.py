@@ -1,0 +1,224 @@
+"""The training loop in one process: run folder, resume exactness, signals, non-finite numbers."""
+
+import json
+import math
+import signal
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from archlab.config import RecipeError
+from archlab.train import NonFiniteError, Trainer, train
+from archlab.train import checkpoint as ckpt
+from archlab.train import loop
+
+
+def _signal_after(monkeypatch, step: int, sig=signal.SIGINT):
+    """Deliver a real signal to this process right after optimizer step ``step`` is computed."""
+    original = Trainer.train_step
+
+    def train_step(self):
+        out = original(self)
+        if self.step + 1 == step:
+            signal.raise_signal(sig)
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", train_step)
+
+
+def _nan_loss_at(monkeypatch, step: int):
+    original = Trainer._forward_loss
+
+    def forward_loss(self, x):
+        lm, aux = original(self, x)
+        return (lm * float("nan") if self.step + 1 == step else lm), aux
+
+    monkeypatch.setattr(Trainer, "_forward_loss", forward_loss)
+
+
+class _NanGrad(torch.autograd.Function):
+    """Identity forward (finite loss), NaN gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * float("nan")
+
+
+def _nan_grad_at(monkeypatch, step: int):
+    original = Trainer._forward_loss
+
+    def forward_loss(self, x):
+        lm, aux = original(self, x)
+        return (_NanGrad.apply(lm) if self.step + 1 == step else lm), aux
+
+    monkeypatch.setattr(Trainer, "_forward_loss", forward_loss)
+
+
+def _all_checkpoint_weights_finite(run_dir) -> bool:
+    return all(torch.isfinite(t).all() for c in ckpt.checkpoints(run_dir)
+               for t in load_file(c / ckpt.WEIGHTS).values())
+
+
+def test_run_folder_contents(tiny_cfg, rows):
+    summary = train(tiny_cfg("model.position.type=learned", "model.max_seq_len=32"))
+    run = ckpt.Path(summary["run_dir"])
+    assert summary["status"] == "completed" and summary["step"] == 8
+    for name in ("run.json", "recipe.yaml", "env.json", "tokenizer.json", "metrics.jsonl", "summary.json", "loss.png"):
+        assert (run / name).is_file(), name
+    env = json.loads((run / "env.json").read_text())
+    for key in ("archlab_version", "git_commit", "versions", "device", "world_size", "peak_flops", "flops_per_token"):
+        assert key in env, key
+    assert env["world_size"] == 1 and env["versions"]["torch"] == torch.__version__.split("+")[0] or \
+        env["versions"]["torch"].startswith(torch.__version__.split("+")[0])
+    train_rows = rows(run)
+    assert [r["step"] for r in train_rows] == list(range(1, 9))
+    r = train_rows[-1]
+    for key in ("tokens", "loss", "lr", "grad_norm", "tokens_per_s", "flops_per_token", "mfu", "elapsed_s"):
+        assert key in r and math.isfinite(r[key]), key
+    assert r["tokens"] == 8 * 4 * 32
+    assert r["mfu"] == pytest.approx(r["tokens_per_s"] * r["flops_per_token"] / env["peak_flops"])
+    val = rows(run, "val")
+    assert [v["step"] for v in val if not v.get("final")] == [4]
+    final = {v["context_multiplier"]: v for v in val if v.get("final")}
+    assert "loss" in final[1] and "learned positions" in final[2]["skipped"]  # no extrapolation past the table
+    assert [c.name for c in ckpt.checkpoints(run)] == ["step_00000004", "step_00000008"]  # keep_last=2
+    assert json.loads((run / "summary.json").read_text())["final_val_loss"]["32"] == final[1]["loss"]
+
+
+def test_rope_evaluates_longer_contexts(tiny_cfg, rows):
+    summary = train(tiny_cfg("train.max_steps=2", "train.eval_context_multipliers=[1,2,4]", "train.ckpt_every=100"))
+    final = [v for v in rows(summary["run_dir"], "val") if v.get("final")]
+    assert [v["context_len"] for v in final] == [32, 64, 128] and all("loss" in v for v in final)
+
+
+def test_resume_after_signal_is_exact(tiny_cfg, rows, monkeypatch, capsys):
+    """An interrupted-and-resumed run repeats the uninterrupted one exactly: data order, dropout
+    RNG, lr schedule and AdamW state all restored (dropout and accumulation on to make it count)."""
+    common = ("model.dropout=0.1", "train.grad_accum=2", "train.ckpt_every=100")
+    full = train(tiny_cfg(*common, "train.run_name=full"))
+    with monkeypatch.context() as m:
+        _signal_after(m, 3)
+        part = train(tiny_cfg(*common, "train.run_name=part"))
+    assert part["status"] == "interrupted" and part["step"] == 3
+    assert ckpt.latest(part["run_dir"]).name == "step_00000003"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    resumed = train(tiny_cfg(*common, "train.run_name=part", "train.resume=auto"))
+    assert resumed["status"] == "completed" and resumed["step"] == 8
+    a, b = rows(full["run_dir"]), rows(resumed["run_dir"])
+    assert [r["step"] for r in b] == list(range(1, 9))  # rows after the checkpoint are not duplicated
+    for x, y in zip(a, b):
+        assert (x["loss"], x["grad_norm"], x["lr"], x["tokens"]) == (y["loss"], y["grad_norm"], y["lr"], y["tokens"])
+    full_w = load_file(ckpt.latest(full["run_dir"]) / ckpt.WEIGHTS)
+    res_w = load_file(ckpt.latest(resumed["run_dir"]) / ckpt.WEIGHTS)
+    assert all(torch.equal(full_w[k], res_w[k]) for k in full_w)
+
+
+def test_sigterm_also_stops_cleanly(tiny_cfg, monkeypatch):
+    _signal_after(monkeypatch, 3, signal.SIGTERM)
+    summary = train(tiny_cfg())
+    assert summary["status"] == "interrupted" and summary["step"] == 3
+    assert ckpt.verify(ckpt.latest(summary["run_dir"]))["step"] == 3
+
+
+@pytest.mark.parametrize("inject", [_nan_loss_at, _nan_grad_at])
+def test_nonfinite_stops_and_keeps_last_good_checkpoint(tiny_cfg, monkeypatch, inject):
+    inject(monkeypatch, 6)
+    cfg = tiny_cfg()
+    with pytest.raises(NonFiniteError, match="step 6") as info:
+        train(cfg)
+    run = ckpt.Path(cfg.train.out_dir) / "run"
+    assert "step_00000004" in str(info.value)
+    assert [c.name for c in ckpt.checkpoints(run)] == ["step_00000004"]
+    assert _all_checkpoint_weights_finite(run)
+    assert json.loads((run / "summary.json").read_text())["status"] == "nonfinite"
+
+
+def test_nonfinite_skip_drops_the_batch(tiny_cfg, rows, monkeypatch):
+    _nan_loss_at(monkeypatch, 3)
+    summary = train(tiny_cfg("train.on_nonfinite=skip"))
+    assert summary["status"] == "completed"
+    skips = rows(summary["run_dir"], "skip")
+    assert [s["step"] for s in skips] == [3]
+    assert 3 not in [r["step"] for r in rows(summary["run_dir"])]
+    assert _all_checkpoint_weights_finite(summary["run_dir"])
+
+
+def test_resume_auto_falls_back_past_a_corrupt_checkpoint(tiny_cfg, capsys):
+    first = train(tiny_cfg("train.max_steps=8"))
+    newest = ckpt.latest(first["run_dir"])
+    assert newest.name == "step_00000008"
+    w = newest / ckpt.WEIGHTS
+    w.write_bytes(w.read_bytes()[:100])  # truncated
+    capsys.readouterr()
+    with pytest.raises(ckpt.CheckpointError, match="step_00000008/model.safetensors"):
+        train(tiny_cfg("train.max_steps=8", f"train.resume={newest}"))
+    resumed = train(tiny_cfg("train.max_steps=8", "train.resume=auto"))
+    err = capsys.readouterr().err
+    assert "step_00000008/model.safetensors" in err and "falling back" in err
+    assert "resuming from" in err and "step_00000004" in err
+    assert resumed["status"] == "completed" and resumed["step"] == 8
+
+
+def test_crafted_pickle_in_checkpoint_is_refused(tiny_cfg, tmp_path):
+    first = train(tiny_cfg("train.max_steps=4", "train.eval_context_multipliers=[1]"))
+    c = ckpt.latest(first["run_dir"])
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            import os
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"state": Evil(), "param_groups": []}, c / ckpt.OPTIMIZER)
+    # the attacker also rewrites the manifest, so only the safe loader stands in the way
+    files = {n: {"bytes": (c / n).stat().st_size, "sha256": ckpt._sha256(c / n)} for n in ckpt._files_under(c)}
+    ckpt.write_json_atomic(c / ckpt.MANIFEST, {"step": 4, "files": files})
+    with pytest.raises(ckpt.CheckpointError, match="optimizer.pt"):
+        train(tiny_cfg("train.max_steps=6", "train.resume=auto"))
+    assert not marker.exists()
+
+
+def test_bad_inputs(tiny_cfg, tmp_path):
+    train(tiny_cfg("train.max_steps=2", "train.ckpt_every=100"))
+    with pytest.raises(RecipeError, match="already holds a run"):
+        train(tiny_cfg("train.max_steps=2"))
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ckpt.CheckpointError, match="not an archlab run folder"):
+        train(tiny_cfg(f"train.resume={tmp_path / 'plain'}"))
+    with pytest.raises(RecipeError, match="no such checkpoint"):
+        train(tiny_cfg(f"train.resume={tmp_path / 'nothing'}"))
+
+
+def test_deepspeed_config_must_agree_with_recipe(tiny_cfg):
+    from types import SimpleNamespace
+
+    from archlab.train.parallel import fill_deepspeed_config
+
+    def acc(conf):
+        return SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(deepspeed_config=conf)))
+
+    t = tiny_cfg("train.grad_accum=3", "train.grad_clip=0.5").train
+    conf = fill_deepspeed_config(acc({"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}}),
+                                 t, world_size=2)
+    assert (conf["train_micro_batch_size_per_gpu"], conf["gradient_accumulation_steps"], conf["train_batch_size"],
+            conf["gradient_clipping"]) == (4, 3, 24, 0.5)
+    with pytest.raises(RecipeError, match="train_micro_batch_size_per_gpu=8 contradicts the recipe"):
+        fill_deepspeed_config(acc({"train_micro_batch_size_per_gpu": 8}), t, 1)
+    with pytest.raises(RecipeError, match="optimizer"):
+        fill_deepspeed_config(acc({"optimizer": {"type": "Adam"}}), t, 1)
+
+
+def test_cli_prints_one_line_and_exits_2(tmp_path, root, capsys):
+    from archlab.train.__main__ import main
+
+    assert main([str(tmp_path / "missing.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "recipe file not found" in err and len(err.strip().splitlines()) == 1
+    assert main([str(root / "recipes/llama/tiny.yaml"), "train.lr=-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: train.lr=-1") and len(err.strip().splitlines()) == 1

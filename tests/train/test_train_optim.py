@@ -1,0 +1,67 @@
+"""AdamW parameter groups and learning-rate schedules."""
+
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import archlab
+from archlab.config.schema import TrainConfig
+from archlab.train.optim import build_optimizer, lr_at, param_groups
+
+
+def _train_cfg(**kw):
+    return OmegaConf.merge(OmegaConf.structured(TrainConfig), kw)
+
+
+@pytest.mark.parametrize("recipe", ["dense/tiny", "llama/tiny"])
+def test_weight_decay_only_on_linear_weights(root, recipe):
+    cfg = archlab.load_recipe(root / "recipes" / f"{recipe}.yaml", ["model.n_layers=1", "model.vocab_size=300"])
+    model = archlab.build_model(cfg)
+    decay, no_decay = param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    kept = {names[id(p)] for p in no_decay["params"]}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert "embed.weight" in kept  # embeddings (and a tied LM head) are not decayed
+    assert all("norm" not in n and not n.endswith(".bias") for n in decayed)
+    assert all(p.ndim >= 2 for p in decay["params"])
+    assert any("attn" in n for n in decayed) and any("ffn" in n for n in decayed)
+    # every parameter in exactly one group, tied weights once
+    assert len(decayed) + len(kept) == len(list(model.parameters()))
+    assert sum(p.numel() for p in model.parameters()) == archlab.num_params(cfg)
+
+
+def test_optimizer_hyperparameters(root):
+    cfg = archlab.load_recipe(root / "recipes/llama/tiny.yaml", ["model.n_layers=1", "train.betas=[0.8,0.9]"])
+    opt = build_optimizer(archlab.build_model(cfg), cfg.train)
+    assert isinstance(opt, torch.optim.AdamW)
+    assert opt.defaults["betas"] == (0.8, 0.9) and opt.defaults["lr"] == cfg.train.lr
+
+
+def test_cosine_schedule():
+    t = _train_cfg(lr=1.0, min_lr_ratio=0.1, warmup_steps=10, max_steps=110, schedule="cosine")
+    assert lr_at(0, t) == pytest.approx(0.1)  # linear warmup from lr/warmup
+    assert lr_at(9, t) == pytest.approx(1.0)
+    assert lr_at(10, t) == pytest.approx(1.0)
+    assert lr_at(60, t) == pytest.approx(0.1 + 0.9 * 0.5)  # half way: mid-point of the cosine
+    assert lr_at(110, t) == pytest.approx(0.1)
+    lrs = [lr_at(s, t) for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))  # monotone decay after warmup
+
+
+def test_wsd_schedule():
+    t = _train_cfg(lr=2.0, min_lr_ratio=0.0, warmup_steps=5, max_steps=100, schedule="wsd", decay_fraction=0.2)
+    assert lr_at(2, t) == pytest.approx(2.0 * 3 / 5)
+    assert all(lr_at(s, t) == 2.0 for s in range(5, 80))  # stable phase
+    assert lr_at(90, t) == pytest.approx(1.0)  # linear decay over the last 20 steps
+    assert lr_at(99, t) == pytest.approx(2.0 * 1 / 20)
+    assert lr_at(100, t) == pytest.approx(0.0)
+
+
+def test_constant_schedule_and_no_warmup():
+    t = _train_cfg(lr=0.5, warmup_steps=0, max_steps=10, schedule="constant")
+    assert [lr_at(s, t) for s in range(10)] == [0.5] * 10
+    t = _train_cfg(lr=0.5, warmup_steps=0, max_steps=10, schedule="cosine", min_lr_ratio=0.0)
+    assert lr_at(0, t) == 0.5 and math.isclose(lr_at(10, t), 0.0, abs_tol=1e-12)
