@@ -1,0 +1,55 @@
+"""``python -m tools.sample``: continuation from a recipe; user mistakes exit 2 without a traceback."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools import sample
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "recipes/llama/tiny.yaml")
+
+
+def test_prints_prompt_and_continuation(capsys):
+    rc = sample.main(["--recipe", TINY, "--prompt", "def f(x):", "--max-new-tokens", "5", "--temperature", "0",
+                      "model.n_layers=1", "model.vocab_size=300"])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.startswith("def f(x):") and len(out) > len("def f(x):\n")
+
+
+def test_seed_makes_samples_reproducible_and_num_samples_counts():
+    args = ["--recipe", TINY, "--prompt", "ab", "--max-new-tokens", "6", "--top-k", "20", "--top-p", "0.9",
+            "--num-samples", "3", "--seed", "7", "model.n_layers=1", "model.vocab_size=300"]
+    a = sample.sample(sample.parse_args(args))
+    b = sample.sample(sample.parse_args(args))
+    assert a == b and len(a) == 3
+
+
+def test_byte_codec_round_trip_and_unknown_ids():
+    codec = sample.ByteCodec()
+    text = "héllo ✓"
+    assert codec.decode(codec.encode(text)) == text
+    assert codec.decode([104, 300, 105]) == "h<|300|>i"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--recipe", TINY, "model.n_heads=5"], "model.n_heads=5"),
+    (["--recipe", TINY, "--top-p", "0"], "--top-p=0.0"),
+    (["--recipe", TINY, "--temperature", "-1"], "--temperature=-1.0"),
+    (["--recipe", "no/such/recipe.yaml"], "recipe file not found"),
+    (["--checkpoint", "no/such/run"], "checkpoint not found"),
+    (["--recipe", str(ROOT / "recipes/dense/tiny.yaml"), "--max-new-tokens", "2000"], "model.max_seq_len=1024"),
+])
+def test_user_mistakes_exit_2_with_a_message(argv, message, capsys):
+    assert sample.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_cli_process_exits_2_without_traceback():
+    proc = subprocess.run([sys.executable, "-m", "tools.sample", "--recipe", TINY, "model.d_model=-1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "model.d_model=-1: must be a positive number" in proc.stderr and "Traceback" not in proc.stderr
