@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from archlab.config.schema import BalanceConfig, FFNConfig, ModelConfig, MoEConfig, NormConfig, PositionConfig, RouterConfig
 from archlab.model.build import build_model
 from archlab.nn.moe import MoELayer, moe_layers
-from archlab.nn.moe.experts import _grouped_mm_ok, _padded_bmm, grouped_linear
+from archlab.nn.moe import experts as experts_mod
+from archlab.nn.moe.experts import _grouped_mm_ok, grouped_linear
 
 
 def make_cfg(ffn="swiglu", d=32, **moe) -> ModelConfig:
@@ -65,10 +66,15 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("path", ["padded", "grouped"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_moe_fast_path_matches_looped_reference_forward_and_backward(case):
+def test_moe_fast_path_matches_looped_reference_forward_and_backward(case, path, monkeypatch):
     kw = dict(CASES[case])
-    layer = MoELayer(make_cfg(ffn=kw.pop("ffn", "swiglu"), **kw))  # fp32: the grouped_mm path
+    layer = MoELayer(make_cfg(ffn=kw.pop("ffn", "swiglu"), **kw))
+    # max_padding 0: grouped_mm always; inf: the padded bmm always
+    layer.experts.max_padding = 0.0 if path == "grouped" else float("inf")
+    calls = []
+    monkeypatch.setattr(experts_mod, "grouped_linear", lambda *a: calls.append(1) or grouped_linear(*a))
     if layer.router.expert_bias is not None:
         layer.router.expert_bias.copy_(torch.randn(layer.moe.num_experts) * 0.05)
     x = torch.randn(2, 11, 32, requires_grad=True)
@@ -80,6 +86,7 @@ def test_moe_fast_path_matches_looped_reference_forward_and_backward(case):
     torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-6)
     for a, b in zip(grads, grads_ref):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert bool(calls) == (path == "grouped")
 
 
 def test_moe_capacity_case_really_drops_and_later_tokens_drop_first():
@@ -99,18 +106,36 @@ def test_moe_capacity_case_really_drops_and_later_tokens_drop_first():
     assert not torch.allclose(y_drop, y_ref)
 
 
-def test_moe_padded_bmm_fallback_equals_grouped_mm():
+def test_moe_grouped_linear_handles_uneven_counts_and_expanded_gradients():
     counts = torch.tensor([3, 0, 5, 1])
     x = torch.randn(int(counts.sum()), 8, requires_grad=True)  # 9 rows: any count works
     w = torch.randn(4, 8, 12, requires_grad=True)
     assert _grouped_mm_ok(x, w)
-    a = grouped_linear(x, w, counts)
-    b = _padded_bmm(x, w, counts)
-    torch.testing.assert_close(a, b)
-    ga = torch.autograd.grad(a.sum(), [x, w])  # stride-0 gradient: grouped_mm needs it contiguous
-    gb = torch.autograd.grad(b.sum(), [x, w])
+    y = grouped_linear(x, w, counts)
+    ref = torch.cat([xi @ w[i] for i, xi in enumerate(x.split(counts.tolist()))])
+    torch.testing.assert_close(y, ref)
+    ga = torch.autograd.grad(y.sum(), [x, w])  # stride-0 gradient: grouped_mm needs it contiguous
+    gb = torch.autograd.grad(ref.sum(), [x, w])
     for u, v in zip(ga, gb):
         torch.testing.assert_close(u, v)
+
+
+def test_moe_cpu_picks_grouped_mm_when_padding_would_be_large():
+    layer = MoELayer(make_cfg())
+    with torch.no_grad():
+        layer.router.gate.weight.zero_()
+        layer.router.gate.weight[0, 0] = 10.0  # every token to expert 0 (and one other)
+    x = torch.randn(1, 16, 32)
+    x[..., 0] = 1.0
+    calls = []
+    orig = experts_mod.grouped_linear
+    experts_mod.grouped_linear = lambda *a: calls.append(1) or orig(*a)
+    try:
+        y, _ = layer(x)
+    finally:
+        experts_mod.grouped_linear = orig
+    assert calls, "a (16 x 8)-row padded grid for 32 slots should have gone to grouped_mm"
+    torch.testing.assert_close(y, reference_moe(layer, x), rtol=1e-4, atol=1e-6)
 
 
 def test_moe_bf16_forward_backward_runs():
