@@ -1,9 +1,14 @@
 """What a recipe costs, from its config alone: parameters, FLOPs per token, memory.
 
     import archlab
-    from archlab.costs import training_flops_per_token
+    from archlab.costs import training_flops_per_token, param_counts, activation_memory
     cfg = archlab.model_config(archlab.load_recipe("recipes/llama/tiny.yaml"))
     training_flops_per_token(cfg, seq_len=128)   # matmul FLOPs of one training token
+    param_counts(cfg).active                     # parameters one token uses
+    activation_memory(cfg, batch=8, seq_len=128).total  # bytes kept for backward
+
+``archlab.costs.measure`` takes the same quantities on a built model (FlopCounterMode,
+saved-tensor hooks): the reference the estimates are tested against.
 """
 
 from archlab.costs.flops import (
@@ -13,8 +18,18 @@ from archlab.costs.flops import (
     training_flops,
     training_flops_per_token,
 )
+from archlab.costs.memory import (
+    ActivationMemory,
+    ModelStateMemory,
+    activation_memory,
+    kv_cache_bytes,
+    model_state_memory,
+    training_memory,
+)
+from archlab.costs.params import ParamCounts, param_counts
 
 __all__ = [
-    "FlopsBreakdown", "forward_flops", "forward_flops_per_token", "training_flops",
-    "training_flops_per_token",
+    "ActivationMemory", "FlopsBreakdown", "ModelStateMemory", "ParamCounts", "activation_memory",
+    "forward_flops", "forward_flops_per_token", "kv_cache_bytes", "model_state_memory", "param_counts",
+    "training_flops", "training_flops_per_token", "training_memory",
 ]

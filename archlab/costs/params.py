@@ -1,0 +1,68 @@
+"""Parameter counts from the config alone: total, embedding, non-embedding, active per token.
+
+Every count comes from the components' own ``num_params`` (``Decoder``, ``MoELayer``...); this
+module only regroups them. Conventions:
+
+- embedding = the token table (V*D) + a learned position table; an untied LM head is NOT
+  embedding (it is a D x V matmul every token pays), so non-embedding = total - embedding
+  includes it (OLMo-core's convention; Kaplan's N excludes the LM head only when it is tied).
+- active = what one token's forward uses: every parameter except the routed experts it was not
+  sent to, i.e. per MoE layer ``MoELayer.num_params - MoELayer.active_params``
+  ((E-K) experts) fewer than total.
+- experts = the routed experts' parameters (all E), the part expert parallelism shards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from archlab.config.schema import ModelConfig
+from archlab.model.decoder import Decoder, _moe_layer_cls
+from archlab.nn.positions import POSITIONS
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    total: int
+    embedding: int  # token table + learned position table
+    lm_head: int  # untied output projection (0 when tied)
+    routed_experts: int  # all routed experts of all MoE layers
+    active: int  # used by one token
+
+    @property
+    def non_embedding(self) -> int:
+        return self.total - self.embedding
+
+    @property
+    def dense(self) -> int:
+        """Everything but the routed experts: replicated on every expert-parallel rank."""
+        return self.total - self.routed_experts
+
+    def as_dict(self) -> dict[str, int]:
+        return {"total": self.total, "embedding": self.embedding, "non_embedding": self.non_embedding,
+                "active": self.active, "lm_head": self.lm_head, "routed_experts": self.routed_experts}
+
+
+def n_moe_layers(cfg: ModelConfig) -> int:
+    return sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers))
+
+
+def param_counts(model_cfg) -> ParamCounts:
+    """Parameter counts of the model a recipe (or ``ModelConfig``) describes."""
+    from archlab.config.load import model_config
+
+    cfg = model_config(model_cfg)
+    total = Decoder.num_params(cfg)
+    embedding = cfg.vocab_size * cfg.d_model + POSITIONS.get(cfg.position.type).num_params(cfg)
+    lm_head = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.d_model
+    routed = inactive = 0
+    n_moe = n_moe_layers(cfg)
+    if n_moe:
+        from archlab.nn.moe.experts import expert_params
+
+        moe = _moe_layer_cls()
+        routed = n_moe * cfg.moe.num_experts * expert_params(cfg.ffn.type, cfg.d_model, cfg.moe.expert_hidden)
+        inactive = n_moe * (moe.num_params(cfg) - moe.active_params(cfg))
+    return ParamCounts(total=total, embedding=embedding, lm_head=lm_head, routed_experts=routed,
+                       active=total - inactive)
+
