@@ -1,12 +1,15 @@
 """Routed experts stored as stacked 3-D weights, and the token dispatch that feeds them.
 
 Shape legend: N tokens, D model dim, E experts, K experts per token, F expert hidden dim,
-S = N*K token-slots (one per (token, chosen expert) pair), C capacity (slots one expert keeps).
+S = N*K token-slots (slot n*K + k: token n's k-th choice), C capacity or largest expert load,
+R expert-major rows (the slots as the experts see them, grouped by expert).
 
 Dispatch without a Python loop over experts: the S slots are sorted by expert id (stable), the
-tokens gathered into that order, and every expert's rows multiplied by its own weights in one
-batched GEMM per projection, then weighted by the gate and summed back into their tokens with
-``index_add_``. Two batched forms:
+tokens gathered into that expert-major order, every expert's rows multiplied by its own weights
+in one batched GEMM per projection, the rows gathered back into slot order and each token's K
+outputs summed with its gate weights. Both gathers know their inverse (each slot has at most
+one row and each row at most one slot), so their backward passes are gathers too: no
+scatter-add anywhere. Two batched forms of the GEMMs:
 
 - grouped: ``torch.nn.functional.grouped_mm`` over the sorted rows with per-expert offsets (no
   padding); used on CUDA (bf16) and on CPU when padding would be large;
@@ -46,12 +49,16 @@ def expert_params(kind: str, d_model: int, hidden: int) -> int:
 
 @dataclass
 class Dispatch:
-    """The token-slots sorted by expert, after capacity dropping."""
+    """The router's choices as slots sorted by expert, after capacity dropping."""
 
-    token_S: Tensor  # token index of each kept slot, grouped by expert (expert 0's slots first)
-    weight_S: Tensor  # gate weight of each kept slot
-    counts_E: Tensor  # kept slots per expert (sums to the number of kept slots)
+    slot_S: Tensor  # the kept slots (n*K + k), grouped by expert (expert 0's first), token order inside
+    counts_E: Tensor  # kept slots per expert (sums to len(slot_S))
     dropped: Tensor  # scalar int64: slots dropped over capacity
+    weights_NK: Tensor  # gate weights; a dropped slot contributes nothing
+
+    @property
+    def top_k(self) -> int:
+        return self.weights_NK.shape[1]
 
 
 def dispatch(experts_NK: Tensor, weights_NK: Tensor, num_experts: int, capacity: Optional[int]) -> Dispatch:
@@ -60,22 +67,21 @@ def dispatch(experts_NK: Tensor, weights_NK: Tensor, num_experts: int, capacity:
     Priority when dropping is token order: slot n*K + k comes before slot m*K + j when n < m (the
     stable sort keeps that order inside each expert), so later tokens of the batch drop first.
     """
-    K = experts_NK.shape[1]
     expert_S = experts_NK.reshape(-1)
-    order_S = torch.argsort(expert_S, stable=True)
+    slot_S = torch.argsort(expert_S, stable=True)
     counts_E = torch.bincount(expert_S, minlength=num_experts)
+    dropped = counts_E.new_zeros(())
     if capacity is not None:
-        sorted_expert_S = expert_S[order_S]
-        start_E = torch.cumsum(counts_E, 0) - counts_E
-        rank_S = torch.arange(order_S.numel(), device=order_S.device) - start_E[sorted_expert_S]
-        keep_S = rank_S < capacity
-        order_S = order_S[keep_S]
+        rank_S = torch.arange(slot_S.numel(), device=slot_S.device) - _starts(counts_E)[expert_S[slot_S]]
+        slot_S = slot_S[rank_S < capacity]
         kept_E = counts_E.clamp(max=capacity)
         dropped = counts_E.sum() - kept_E.sum()
         counts_E = kept_E
-    else:
-        dropped = counts_E.new_zeros(())
-    return Dispatch(order_S // K, weights_NK.reshape(-1)[order_S], counts_E, dropped)
+    return Dispatch(slot_S, counts_E, dropped, weights_NK)
+
+
+def _starts(counts_E: Tensor) -> Tensor:
+    return torch.cumsum(counts_E, 0) - counts_E
 
 
 def capacity_for(n_tokens: int, moe) -> Optional[int]:
@@ -117,17 +123,76 @@ def grouped_linear(x_SX: Tensor, w_EXY: Tensor, counts_E: Tensor) -> Tensor:
     return _ContiguousGrad.apply(F.grouped_mm(x_SX, w_EXY, offs=offs_E))
 
 
-def padded_layout(d: Dispatch, num_experts: int, n_tokens: int) -> tuple[Tensor, Tensor, int]:
-    """The kept slots laid out as an (E, C) grid, C = the largest expert load: for each cell the
-    token it holds (``n_tokens`` = an all-zero padding row) and its gate weight (0 for padding)."""
-    E, C = num_experts, max(int(d.counts_E.max()), 1) if d.token_S.numel() else 1
-    start_E = torch.cumsum(d.counts_E, 0) - d.counts_E
-    expert_S = torch.repeat_interleave(torch.arange(E, device=d.token_S.device), d.counts_E)
-    cell_S = expert_S * C + torch.arange(d.token_S.numel(), device=d.token_S.device) - start_E[expert_S]
-    token_EC = torch.full((E * C,), n_tokens, dtype=d.token_S.dtype, device=d.token_S.device)
-    token_EC[cell_S] = d.token_S
-    weight_EC = d.weight_S.new_zeros(E * C).index_copy(0, cell_S, d.weight_S)
-    return token_EC, weight_EC, C
+@dataclass
+class RowLayout:
+    """Where slots sit among the experts' rows, and back.
+
+    ``slot_R``: the slot each row holds (N*K for a padding row); ``row_S``: the row each slot
+    went to (R for a dropped slot). Packed: R = kept slots. Padded: R = E*C, expert e's rows are
+    e*C ... e*C + C - 1."""
+
+    slot_R: Tensor
+    row_S: Tensor
+    capacity: Optional[int]  # C of the padded grid; None when packed
+
+
+def row_layout(d: Dispatch, padded: bool) -> RowLayout:
+    n_slots = d.weights_NK.numel()
+    dev = d.slot_S.device
+    if padded:
+        E = d.counts_E.numel()
+        C = max(int(d.counts_E.max()), 1)
+        expert_S = torch.repeat_interleave(torch.arange(E, device=dev), d.counts_E)  # of each kept slot
+        row_kept = expert_S * C + torch.arange(d.slot_S.numel(), device=dev) - _starts(d.counts_E)[expert_S]
+        slot_R = torch.full((E * C,), n_slots, dtype=d.slot_S.dtype, device=dev)
+        slot_R[row_kept] = d.slot_S
+    else:
+        C, slot_R = None, d.slot_S
+        row_kept = torch.arange(d.slot_S.numel(), device=dev)
+    row_S = torch.full((n_slots,), slot_R.numel(), dtype=d.slot_S.dtype, device=dev)
+    row_S[d.slot_S] = row_kept
+    return RowLayout(slot_R, row_S, C)
+
+
+class _GatherRows(torch.autograd.Function):
+    """out = [x; 0][index]: rows of ``x`` (index = len(x) picks a zero row). Its backward is the
+    gather ``[g; 0][inverse]`` summed over groups of ``fold`` consecutive rows, exact when each
+    row of x is picked by at most ``fold`` outputs whose positions ``inverse`` lists."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, index: Tensor, inverse: Tensor, fold: int) -> Tensor:
+        ctx.save_for_backward(inverse)
+        ctx.fold = fold
+        return _take_rows(x, index)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        (inverse,) = ctx.saved_tensors
+        gx = _take_rows(g.contiguous(), inverse)
+        if ctx.fold > 1:
+            gx = gx.view(-1, ctx.fold, gx.shape[-1]).sum(dim=1)
+        return gx, None, None, None
+
+
+def _take_rows(x: Tensor, index: Tensor) -> Tensor:
+    """x[index] where index == len(x) means a zero row (appended only when some index needs it)."""
+    if index.numel() and int(index.max()) >= x.shape[0]:
+        x = torch.cat([x, x.new_zeros(1, x.shape[-1])])
+    return torch.index_select(x, 0, index)
+
+
+def to_rows(x_ND: Tensor, layout: RowLayout, top_k: int) -> Tensor:
+    """Token features -> expert-major rows (R, D). A padding row copies token 0: its output is
+    never read and its gradient is zero (``from_rows``), so it adds nothing to any gradient."""
+    token_R = torch.where(layout.slot_R < layout.row_S.numel(), layout.slot_R // top_k, 0)
+    return _GatherRows.apply(x_ND, token_R, layout.row_S, top_k)
+
+
+def from_rows(y_RD: Tensor, layout: RowLayout, weights_NK: Tensor) -> Tensor:
+    """Expert-major rows -> per token, the gate-weighted sum of its K slots' outputs (N, D)."""
+    N, K = weights_NK.shape
+    y_NKD = _GatherRows.apply(y_RD, layout.row_S, layout.slot_R, 1).view(N, K, -1)
+    return torch.bmm(weights_NK.unsqueeze(1).to(y_NKD.dtype), y_NKD).squeeze(1)
 
 
 class GroupedExperts(nn.Module):
@@ -153,25 +218,21 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x_ND: Tensor, d: Dispatch) -> Tensor:
         """Each kept slot's expert output times its gate weight, summed per token -> (N, D)."""
-        S, E = d.token_S.numel(), self.num_experts
-        if _grouped_mm_ok(x_ND, self.w_up) and _grouped_mm_ok(x_ND, self.w_down):
-            if x_ND.device.type != "cpu" or E * int(d.counts_E.max()) > self.max_padding * max(S, 1):
-                return self._forward_grouped(x_ND, d)
-        return self._forward_padded(x_ND, d)
+        layout = row_layout(d, padded=not self._use_grouped_mm(x_ND, d))
+        x_RD = to_rows(x_ND, layout, d.top_k)
+        return from_rows(self.rows_forward(x_RD, d.counts_E, layout.capacity), layout, d.weights_NK)
 
-    def _forward_grouped(self, x_ND: Tensor, d: Dispatch) -> Tensor:
-        """Slots sorted by expert -> two grouped GEMMs -> weighted scatter-add into tokens."""
-        x_SD = x_ND[d.token_S]
-        h_SF = self.act(grouped_linear(x_SD, self.w_up, d.counts_E))
-        y_SD = grouped_linear(h_SF, self.w_down, d.counts_E)
-        y_SD = y_SD * d.weight_S.unsqueeze(-1).to(y_SD.dtype)
-        return torch.zeros_like(x_ND).index_add_(0, d.token_S, y_SD)
+    def rows_forward(self, x_RD: Tensor, counts_E: Tensor, capacity: Optional[int]) -> Tensor:
+        """The experts on expert-major rows: packed (grouped_mm with ``counts_E`` rows each) or an
+        (E, C) grid (bmm) when ``capacity`` C is given."""
+        if capacity is None:
+            return grouped_linear(self.act(grouped_linear(x_RD, self.w_up, counts_E)), self.w_down, counts_E)
+        x_ECD = x_RD.view(self.num_experts, capacity, -1)
+        return torch.bmm(self.act(torch.bmm(x_ECD, self.w_up)), self.w_down).flatten(0, 1)
 
-    def _forward_padded(self, x_ND: Tensor, d: Dispatch) -> Tensor:
-        """Slots on an (E, C) grid padded with a zero token -> two bmm -> weighted scatter-add."""
-        N, D = x_ND.shape
-        token_EC, weight_EC, C = padded_layout(d, self.num_experts, N)
-        x_ECD = torch.cat([x_ND, x_ND.new_zeros(1, D)])[token_EC].view(self.num_experts, C, D)
-        h_ECF = self.act(torch.bmm(x_ECD, self.w_up))
-        y_ED = torch.bmm(h_ECF, self.w_down).view(-1, D) * weight_EC.unsqueeze(-1).to(x_ND.dtype)
-        return x_ND.new_zeros(N + 1, D).index_add_(0, token_EC, y_ED)[:N]
+    def _use_grouped_mm(self, x_ND: Tensor, d: Dispatch) -> bool:
+        if not (_grouped_mm_ok(x_ND, self.w_up) and _grouped_mm_ok(x_ND, self.w_down)):
+            return False
+        if x_ND.device.type != "cpu":
+            return True
+        return self.num_experts * int(d.counts_E.max()) > self.max_padding * max(d.slot_S.numel(), 1)
