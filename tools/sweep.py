@@ -291,41 +291,43 @@ def command(p: Point, launcher: str, processes: int, accelerate_args: Sequence[s
     return [*launch, *accelerate_args, *train]
 
 
-def run_point(p: Point, cmd: list[str]) -> Point:
-    """Run one point to completion, its output in its log file; record the outcome."""
-    Path(p.log).parent.mkdir(parents=True, exist_ok=True)
+def _child_env(threads: Optional[int]) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    start = time.time()
-    interrupted = False
+    if threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)  # torch's intra-op threads
+    return env
+
+
+def start_point(p: Point, cmd: list[str], env: dict) -> subprocess.Popen:
+    """Launch one point in the background, its output appended to its log file."""
+    Path(p.log).parent.mkdir(parents=True, exist_ok=True)
     with open(p.log, "a") as log:
         log.write(f"\n$ {shlex.join(cmd)}\n")
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=os.getcwd())
-        previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
-        try:
-            try:
-                rc = proc.wait()
-            except KeyboardInterrupt:
-                # Ctrl-C reached the trainer too: let it write its checkpoint and exit
-                interrupted = True
-                rc = proc.wait()
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+    p.status, p.returncode, p.elapsed_s = "running", None, None
+    return proc
+
+
+def finish_point(p: Point, rc: int, elapsed: float, interrupted: bool) -> Point:
+    """Record how a point ended: finished | diverged | interrupted (resumable) | failed."""
     p.returncode = rc
-    p.elapsed_s = round(time.time() - start, 2)
+    p.elapsed_s = round(elapsed, 2)
     state = run_state(p)
     if state in ("finished", "diverged"):
         p.status = state
-    else:
+    else:  # the trainer exits 0 when a signal stopped it after a checkpoint
         p.status = "interrupted" if interrupted or rc < 0 or rc == 0 else "failed"
     return p
 
 
 def run_sweep(spec: dict, *, launcher: str = "python", processes: int = 1, accelerate_args: Sequence[str] = (),
-              evals: int = 8, dry_run: bool = False, stop_on_failure: bool = False,
-              log=print) -> list[Point]:
-    """Plan every point (all recipes validated before anything runs), then train the unfinished ones."""
+              evals: int = 8, dry_run: bool = False, stop_on_failure: bool = False, jobs: int = 1,
+              threads: Optional[int] = None, log=print) -> list[Point]:
+    """Plan every point (all recipes validated before anything runs), then train the unfinished
+    ones, ``jobs`` at a time. Ctrl-C (or SIGTERM to the sweep) stops the running trainers
+    cleanly (each writes a checkpoint); running the same command again resumes."""
     out_dir = Path(spec.get("out") or "runs/sweep").resolve()
     points = [plan_point(p, out_dir, processes, evals) for p in build_points(spec)]
     check_consistent(out_dir, points)
@@ -343,20 +345,58 @@ def run_sweep(spec: dict, *, launcher: str = "python", processes: int = 1, accel
     write_manifest(out_dir, spec, points)
     todo = [p for p in points if p.status not in ("finished", "diverged")]
     log(f"sweep {out_dir}: {len(points)} points, {len(points) - len(todo)} already done")
-    for i, p in enumerate(todo, 1):
-        log(f"[{i}/{len(todo)}] {p.name}: {p.max_steps} steps, {p.planned_tokens:.3g} tokens, "
-            f"{p.planned_flops:.3g} FLOPs")
-        p.status = "running"
-        write_manifest(out_dir, spec, points)
-        run_point(p, command(p, launcher, processes, accelerate_args))
-        write_manifest(out_dir, spec, points)
-        log(f"    -> {p.status} (exit {p.returncode}, {p.elapsed_s:.0f} s)" +
-            ("" if p.status == "finished" else f"; see {p.log}"))
-        if p.status == "interrupted":
-            log("    sweep stopped; run the same command again to resume")
-        if p.status == "interrupted" or (p.status == "failed" and stop_on_failure):
-            break
+    _schedule(todo, points, out_dir, spec, jobs, _child_env(threads), stop_on_failure, log,
+              lambda p: command(p, launcher, processes, accelerate_args))
     return points
+
+
+def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make_cmd) -> None:
+    """Keep up to ``jobs`` trainers running until ``todo`` is done or the sweep is stopped."""
+    running: dict[str, tuple[Point, subprocess.Popen, float]] = {}
+    queue = list(todo)
+    stopping = False
+
+    def forward_sigterm(*_):
+        nonlocal stopping
+        stopping = True
+        for _, proc, _ in running.values():
+            proc.send_signal(signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, forward_sigterm)
+    n, total = 0, len(todo)
+    try:
+        while queue or running:
+            try:
+                while queue and len(running) < jobs and not stopping:
+                    p = queue.pop(0)
+                    n += 1
+                    log(f"[{n}/{total}] {p.name}: {p.max_steps} steps, {p.planned_tokens:.3g} tokens, "
+                        f"{p.planned_flops:.3g} FLOPs")
+                    running[p.name] = (p, start_point(p, make_cmd(p), env), time.time())
+                    write_manifest(out_dir, spec, points)
+                for name, (p, proc, t0) in list(running.items()):
+                    rc = proc.poll()
+                    if rc is None:
+                        continue
+                    del running[name]
+                    finish_point(p, rc, time.time() - t0, stopping)
+                    write_manifest(out_dir, spec, points)
+                    log(f"    {p.name} -> {p.status} (exit {rc}, {p.elapsed_s:.0f} s)"
+                        + ("" if p.status == "finished" else f"; see {p.log}"))
+                    if p.status == "failed" and stop_on_failure:
+                        stopping = True
+                if running:
+                    time.sleep(0.5)
+                elif stopping:
+                    break
+            except KeyboardInterrupt:  # Ctrl-C reached the trainers too: let them checkpoint and exit
+                if not stopping:
+                    log("stopping: waiting for the running trainers to write their checkpoints")
+                stopping = True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if stopping and any(p.status in ("pending", "interrupted") for p in points):
+        log("sweep stopped; run the same command again to resume")
 
 
 # --------------------------------------------------------------------------------------------
@@ -427,17 +467,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--num-processes", type=int, default=1, help="processes per run (accelerate launcher)")
     ap.add_argument("--accelerate-args", default="", help="extra arguments for accelerate launch (quoted)")
     ap.add_argument("--evals", type=int, default=8, help="validation points per run (default 8)")
+    ap.add_argument("--jobs", type=int, default=1, help="points trained at the same time (default 1)")
+    ap.add_argument("--threads", type=int, help="torch threads per trainer (OMP_NUM_THREADS; default: torch's)")
     ap.add_argument("--stop-on-failure", action="store_true", help="stop at the first failed point")
     ap.add_argument("--dry-run", action="store_true", help="print the planned commands, run nothing")
     args = ap.parse_args(argv)
     try:
         if args.num_processes < 1:
             raise RecipeError(f"--num-processes {args.num_processes}: must be >= 1")
+        if args.jobs < 1 or (args.threads is not None and args.threads < 1):
+            raise RecipeError("--jobs and --threads must be >= 1")
         if args.num_processes > 1 and args.launcher != "accelerate":
             raise RecipeError("--num-processes > 1 needs --launcher accelerate")
         points = run_sweep(spec_from_args(args), launcher=args.launcher, processes=args.num_processes,
                            accelerate_args=shlex.split(args.accelerate_args), evals=args.evals,
-                           dry_run=args.dry_run, stop_on_failure=args.stop_on_failure)
+                           dry_run=args.dry_run, stop_on_failure=args.stop_on_failure, jobs=args.jobs,
+                           threads=args.threads)
     except (RecipeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

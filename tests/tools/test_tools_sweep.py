@@ -104,7 +104,7 @@ def test_a_real_sweep_records_failures_and_resumes(tmp_path, capsys):
                     "broken": {"recipe": "recipes/dense/tiny.yaml",
                                "set": ["data.source=text", f"data.paths=[{tmp_path / 'missing.txt'}]"]}},
     }))
-    assert main(["--spec", str(spec)]) == 1
+    assert main(["--spec", str(spec), "--jobs", "2", "--threads", "1"]) == 1  # both points at once
     manifest = json.loads((out / "manifest.json").read_text())
     points = {p["name"]: p for p in manifest["points"]}
     ok, broken = points["ok-tok4096"], points["broken-tok4096"]
