@@ -136,12 +136,14 @@ class RowLayout:
     capacity: Optional[int]  # C of the padded grid; None when packed
 
 
-def row_layout(d: Dispatch, padded: bool) -> RowLayout:
+def row_layout(d: Dispatch, padded: bool, capacity: Optional[int] = None) -> RowLayout:
+    """Packed or padded rows; a padded grid has ``capacity`` rows per expert (default: the
+    largest expert load), which must hold every kept slot."""
     n_slots = d.weights_NK.numel()
     dev = d.slot_S.device
     if padded:
         E = d.counts_E.numel()
-        C = max(int(d.counts_E.max()), 1)
+        C = capacity if capacity is not None else max(int(d.counts_E.max()), 1)
         expert_S = torch.repeat_interleave(torch.arange(E, device=dev), d.counts_E)  # of each kept slot
         row_kept = expert_S * C + torch.arange(d.slot_S.numel(), device=dev) - _starts(d.counts_E)[expert_S]
         slot_R = torch.full((E * C,), n_slots, dtype=d.slot_S.dtype, device=dev)

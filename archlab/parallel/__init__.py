@@ -1,0 +1,1 @@
+"""Parallel wiring (the only package that imports DeepSpeed): expert parallelism in ``expert``."""
