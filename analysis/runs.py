@@ -117,19 +117,11 @@ class Run:
 
     @cached_property
     def params(self) -> dict:
-        """total and active (per token) parameter counts from the recipe."""
-        from archlab.config import model_config
-        from archlab.model import num_params
+        """Parameter counts from the recipe (archlab's cost model): total, embedding,
+        non_embedding, active (per token: MoE counts only the K routed experts), ..."""
+        from archlab.costs import param_counts
 
-        mcfg = model_config(self.recipe)
-        total = int(num_params(mcfg))
-        active = total
-        if mcfg.moe is not None:
-            from archlab.nn.moe.layer import MoELayer
-
-            n_moe = sum(mcfg.is_moe_layer(i) for i in range(mcfg.n_layers))
-            active = total - n_moe * (MoELayer.num_params(mcfg) - MoELayer.active_params(mcfg))
-        return {"total": total, "active": active}
+        return param_counts(self.recipe).as_dict()
 
     @property
     def tokens_seen(self) -> Optional[float]:
