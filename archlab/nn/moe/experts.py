@@ -227,8 +227,9 @@ class GroupedExperts(nn.Module):
     def rows_forward(self, x_RD: Tensor, counts_E: Tensor, capacity: Optional[int]) -> Tensor:
         """The experts on expert-major rows: packed (grouped_mm with ``counts_E`` rows each) or an
         (E, C) grid (bmm) when ``capacity`` C is given."""
-        if capacity is None:
-            return grouped_linear(self.act(grouped_linear(x_RD, self.w_up, counts_E)), self.w_down, counts_E)
+        if capacity is None:  # grouped_mm is not autocast-aware: weights follow the activations' dtype
+            h_RF = self.act(grouped_linear(x_RD, self.w_up.to(x_RD.dtype), counts_E))
+            return grouped_linear(h_RF, self.w_down.to(h_RF.dtype), counts_E)
         x_ECD = x_RD.view(self.num_experts, capacity, -1)
         return torch.bmm(self.act(torch.bmm(x_ECD, self.w_up)), self.w_down).flatten(0, 1)
 

@@ -61,6 +61,14 @@ class Router(nn.Module):
         else:
             self.expert_bias = None
 
+    def _apply(self, fn, recurse: bool = True):
+        """Keep the selection bias in fp32 through ``model.to(bfloat16)``: its sign steps of
+        ~1e-3 would round away in bf16."""
+        super()._apply(fn, recurse)
+        if self.expert_bias is not None and self.expert_bias.dtype != torch.float32:
+            self.expert_bias = self.expert_bias.float()
+        return self
+
     @staticmethod
     def num_params(d_model: int, moe: MoEConfig) -> int:
         return d_model * moe.num_experts  # the bias is a buffer, not a parameter

@@ -120,7 +120,7 @@ def test_moe_grouped_linear_handles_uneven_counts_and_expanded_gradients():
         torch.testing.assert_close(u, v)
 
 
-def test_moe_cpu_picks_grouped_mm_when_padding_would_be_large():
+def test_moe_cpu_picks_grouped_mm_when_padding_would_be_large(monkeypatch):
     layer = MoELayer(make_cfg())
     with torch.no_grad():
         layer.router.gate.weight.zero_()
@@ -128,18 +128,16 @@ def test_moe_cpu_picks_grouped_mm_when_padding_would_be_large():
     x = torch.randn(1, 16, 32)
     x[..., 0] = 1.0
     calls = []
-    orig = experts_mod.grouped_linear
-    experts_mod.grouped_linear = lambda *a: calls.append(1) or orig(*a)
-    try:
-        y, _ = layer(x)
-    finally:
-        experts_mod.grouped_linear = orig
+    monkeypatch.setattr(experts_mod, "grouped_linear", lambda *a: calls.append(1) or grouped_linear(*a))
+    y, _ = layer(x)
     assert calls, "a (16 x 8)-row padded grid for 32 slots should have gone to grouped_mm"
     torch.testing.assert_close(y, reference_moe(layer, x), rtol=1e-4, atol=1e-6)
 
 
 def test_moe_bf16_forward_backward_runs():
-    layer = MoELayer(make_cfg()).to(torch.bfloat16)
+    layer = MoELayer(make_cfg(balance=dict(bias_update_rate=1e-3))).to(torch.bfloat16)
+    assert layer.experts.w_up.dtype == torch.bfloat16
+    assert layer.router.expert_bias.dtype == torch.float32  # sign steps of 1e-3 survive
     x = torch.randn(2, 8, 32, dtype=torch.bfloat16, requires_grad=True)
     y, aux = layer(x)
     y.float().sum().backward()
@@ -197,3 +195,13 @@ def test_moe_odd_widths_use_the_padded_fallback():
     x = torch.randn(1, 5, 32, requires_grad=True)
     y, _ = layer(x)
     torch.testing.assert_close(y, reference_moe(layer, x), rtol=1e-4, atol=1e-6)
+
+
+def test_moe_grouped_path_under_cpu_autocast():
+    layer = MoELayer(make_cfg())
+    layer.experts.max_padding = 0.0  # grouped_mm
+    x = torch.randn(2, 8, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, _ = layer(x.to(torch.bfloat16))
+    ref, _ = layer(x)
+    torch.testing.assert_close(y.float(), ref, rtol=0.05, atol=0.02)
