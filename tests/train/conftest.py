@@ -39,6 +39,11 @@ def read_rows(run_dir: Path, kind: str = "train") -> list[dict]:
     return [r for r in rows if r.get("kind") == kind]
 
 
+@pytest.fixture(scope="session")
+def tiny_overrides() -> list[str]:
+    return list(TINY)
+
+
 @pytest.fixture
 def rows():
     """rows(run_dir, kind="train") -> the metrics.jsonl rows of that kind."""

@@ -1,0 +1,30 @@
+"""Launched by test_train_distributed.py under ``accelerate launch``: records which training
+windows each rank reads (through the Trainer, so through its rank/world-size plumbing), then trains.
+
+    accelerate launch ... tests/train/train_shard_probe.py <probe.json> <recipe.yaml> [key=value ...]
+"""
+
+import json
+import sys
+
+import torch.distributed as dist
+
+import archlab
+from archlab.train import Trainer
+
+
+def main() -> None:
+    out, recipe, overrides = sys.argv[1], sys.argv[2], sys.argv[3:]
+    trainer = Trainer(archlab.load_recipe(recipe, overrides))
+    A = trainer.cfg.train.grad_accum
+    mine = [trainer.batches.starts(step, m).tolist() for step in range(3) for m in range(A)]
+    everyone = [None] * trainer.info.world_size
+    dist.all_gather_object(everyone, {"rank": trainer.info.rank, "starts": mine})
+    if trainer.info.is_main:
+        with open(out, "w") as f:
+            json.dump({"world_size": trainer.info.world_size, "ranks": everyone}, f)
+    trainer.run()
+
+
+if __name__ == "__main__":
+    main()
