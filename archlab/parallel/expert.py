@@ -104,6 +104,25 @@ def shard_experts(layer: MoELayer, ep_rank: int, ep_size: int) -> int:
     return El
 
 
+def attach_to_deepspeed_engine(engine, model: nn.Module) -> None:
+    """Tell a DeepSpeed engine (ZeRO stage 0) that ``model`` has expert-parallel layers.
+
+    DeepSpeed recognises MoE only by its own ``deepspeed.moe.layer.MoE`` class; without this the
+    engine's gradient reduction finds parameters tagged ``allreduce=False`` and no expert groups.
+    Afterwards it all-reduces expert gradients over the expert-data-parallel group and divides
+    them by the data-parallel world size, as for its own MoE layers. ZeRO stages 1-2 build their
+    optimizer partitions inside ``deepspeed.initialize``, before this call, and are not covered.
+    """
+    layers = moe_layers(model)
+    if not layers or layers[0].dispatcher is None:
+        raise ValueError("call enable_expert_parallel(model) before attach_to_deepspeed_engine")
+    if engine.zero_optimization_stage() > 0:
+        raise ValueError(f"ZeRO stage {engine.zero_optimization_stage()}: archlab's expert parallelism is "
+                         "wired for ZeRO stage 0 only (set zero_optimization.stage=0)")
+    engine.has_moe_layers = True
+    engine.num_experts = [layer.moe.num_experts for layer in layers]
+
+
 def enable_expert_parallel(model: nn.Module, ep_size: Optional[int] = None) -> int:
     """Shard every MoE layer's experts over ``ep_size`` ranks (default: the recipe's
     ``moe.ep_size``) and route tokens between them. Call before building the optimizer.

@@ -84,3 +84,64 @@ def test_parallel_expert_needs_an_initialised_process_group():
         pytest.skip("a process group is already initialised in this process")
     with pytest.raises(RuntimeError, match="torch.distributed"):
         create_groups(2)
+
+
+def _engine_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """One SGD step through a DeepSpeed engine (ZeRO 0) with experts sharded over both ranks
+    equals one step of the unsharded model on the mean loss of both ranks' batches."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    import deepspeed
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    from archlab import build_model
+    from archlab.config.schema import NormConfig, PositionConfig
+    from archlab.parallel.expert import attach_to_deepspeed_engine, enable_expert_parallel
+
+    cfg = ModelConfig(vocab_size=64, max_seq_len=16, d_model=32, n_layers=2, n_heads=4,
+                      norm=NormConfig(type="rmsnorm"), position=PositionConfig(type="rope"),
+                      ffn=FFNConfig(type="swiglu", bias=False),
+                      moe=MoEConfig(num_experts=4, top_k=2, expert_hidden=16, ep_size=world))
+    torch.manual_seed(0)
+    ref = build_model(cfg)
+    model = build_model(cfg)
+    model.load_state_dict(ref.state_dict())
+    enable_expert_parallel(model)
+    batches = [torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(r)) for r in range(world)]
+
+    def loss_of(m, ids):
+        out = m(ids[:, :-1])
+        return torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), ids[:, 1:].flatten())
+
+    p0 = {n: q.detach().clone() for n, q in ref.named_parameters()}
+    lr = 0.5
+    opt = torch.optim.SGD(split_params_into_different_moe_groups_for_optimizer(
+        {"params": list(model.parameters()), "name": "all"}), lr=lr)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config={
+        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 0}, "gradient_clipping": 0.0, "steps_per_print": 10**9})
+    attach_to_deepspeed_engine(engine, model)
+    engine.backward(loss_of(engine, batches[rank]))
+    engine.step()
+
+    ref_loss = sum(loss_of(ref, b) for b in batches) / world
+    ref_loss.backward()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p -= lr * p.grad
+    El = 4 // world
+    for (name, p_ref), (_, p) in zip(ref.named_parameters(), model.named_parameters()):
+        expected = p_ref[rank * El:(rank + 1) * El] if name.endswith(("w_up", "w_down")) else p_ref
+        torch.testing.assert_close(p.detach(), expected.detach(), rtol=1e-4, atol=1e-6, msg=name)
+        assert not torch.equal(p.detach(), p0[name][rank * El:(rank + 1) * El] if expected is not p_ref else p0[name])
+    open(os.path.join(out_dir, f"ok{rank}"), "w").close()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_parallel_expert_deepspeed_engine_step_equals_unsharded_step(tmp_path):
+    world = 2
+    mp.spawn(_engine_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
+    assert sorted(os.listdir(tmp_path)) == ["ok0", "ok1"]
