@@ -15,15 +15,17 @@ from torch import Tensor, nn
 from archlab.config.schema import ModelConfig
 from archlab.nn.attention import CausalSelfAttention, KVCache, LayerKVCache
 from archlab.nn.ffn import build_ffn, ffn_params
+from archlab.nn.loss import linear_cross_entropy
 from archlab.nn.norms import build_norm, norm_params
 from archlab.nn.positions import PosContext, build_positions, POSITIONS
 
 
 @dataclass
 class ModelOutput:
-    logits: Tensor  # (B, S, V)
+    logits: Optional[Tensor]  # (B, S, V); None when ``targets`` were given (the loss is fused)
     aux_loss: Tensor  # scalar: sum of the MoE balancing losses (0 for dense models)
     kv_cache: Optional[KVCache] = None
+    loss: Optional[Tensor] = None  # mean next-token cross-entropy, when ``targets`` were given
 
 
 def _moe_layer_cls():
@@ -118,9 +120,12 @@ class Decoder(nn.Module):
             elif isinstance(m, nn.Embedding):
                 nn.init.normal_(m.weight, 0.0, std)
 
-    def forward(self, input_ids: Tensor, kv_cache: Optional[KVCache] = None) -> ModelOutput:
+    def forward(self, input_ids: Tensor, kv_cache: Optional[KVCache] = None,
+                targets: Optional[Tensor] = None) -> ModelOutput:
         """input_ids (B, S) -> logits (B, S, V). With ``kv_cache``, the ids continue the cached
-        sequence and the cache is extended in place."""
+        sequence and the cache is extended in place. With ``targets`` (B, S) (-100 = ignored),
+        returns ``loss`` = mean cross-entropy instead of logits, computed by
+        :func:`archlab.nn.loss.linear_cross_entropy` without materialising the (B, S, V) logits."""
         B, S = input_ids.shape
         past = kv_cache.length if kv_cache is not None else 0
         pos = torch.arange(past, past + S, device=input_ids.device)  # (S,)
@@ -132,8 +137,11 @@ class Decoder(nn.Module):
             x, aux = block(x, ctx, kv_cache.layers[i] if kv_cache is not None else None)
             if aux is not None:
                 aux_total = aux_total + aux
-        logits = self.lm_head(self.final_norm(x))  # (B, S, V)
-        return ModelOutput(logits=logits, aux_loss=aux_total, kv_cache=kv_cache)
+        h = self.final_norm(x)  # (B, S, D)
+        if targets is not None:
+            loss = linear_cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten())
+            return ModelOutput(logits=None, aux_loss=aux_total, kv_cache=kv_cache, loss=loss)
+        return ModelOutput(logits=self.lm_head(h), aux_loss=aux_total, kv_cache=kv_cache)  # (B, S, V)
 
     def new_kv_cache(self) -> KVCache:
         return KVCache(self.cfg.n_layers)
