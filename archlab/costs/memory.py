@@ -263,9 +263,9 @@ def _moe_bytes(s: _Shape) -> float:
     # the layer input: the router reads an fp32 copy, the shared experts the input itself
     total = n * D * STATS_BYTES + (n * D * a if shared and a != STATS_BYTES else 0)
     total += _router_bytes(s)
-    total += slots * (2 * ID_BYTES + a) + 2 * E * 4  # slot order, token ids, gate; group offsets (int32)
-    total += _ffn_bytes(s, cfg.ffn.type, m.expert_hidden, slots)  # gathered tokens + expert hidden
-    total += 2 * slots * D * a  # expert outputs, and the gated outputs summed into tokens
+    total += slots * (2 * ID_BYTES + a) + 2 * E * 4  # row <-> slot indices, gates; group offsets (int32)
+    total += _ffn_bytes(s, cfg.ffn.type, m.expert_hidden, slots)  # tokens' rows + expert hidden
+    total += slots * D * a  # expert outputs, read by the gate-weighted sum
     if shared:
         total += _ffn_bytes(s, cfg.ffn.type, shared, n) - n * D * a  # its input is counted above
     return total
