@@ -4,9 +4,12 @@
     python -m tools.bench --cases llama-small --rounds 7 --steps 4
 
 For each case, archlab's decoder and the HF model it exports to (same weights, same shapes; HF
-with its SDPA attention) run the same training step: forward, cross-entropy, backward, AdamW.
-Timings of the two are interleaved round by round (order alternating), because a shared machine
-is noisy: the figure that matters is the per-round ratio archlab / HF, reported as a median.
+with its SDPA attention) run a training step: forward, cross-entropy, backward, AdamW (fused,
+the same for all). archlab runs twice: with cross-entropy over its logits (the loss code HF runs
+inside), and with its own fused loss (``model(ids, targets=...)``: LM head and cross-entropy in
+chunks, no (B, S, V) logits). HF computes its own loss from ``labels``. Timings are interleaved
+round by round (order rotating), because a shared machine is noisy: the figure that matters is
+the per-round ratio HF step time / archlab step time, reported as a median.
 
 The machine's fp32 GEMM throughput (a 2048^3 matmul, best of the rounds, measured between them)
 is the peak each model's achieved FLOP/s is compared to. A step's FLOPs are counted once per
@@ -17,6 +20,7 @@ flash kernel has no FLOP formula): matmuls only, attention's full S x S square.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import time
@@ -56,21 +60,24 @@ CASES = {c.name: c for c in [
 
 @dataclass
 class Runner:
-    """One model with its optimizer and a fixed batch; ``step()`` is one training step."""
+    """One model with its optimizer, a fixed batch and a way to compute the loss;
+    ``step()`` is one training step."""
 
     label: str
     model: nn.Module
-    ids_BS: Tensor
+    loss_of: Callable[[nn.Module, Tensor, Tensor], Tensor]  # (model, inputs_BS, targets_BS) -> loss
+    ids_BS: Tensor  # (B, S + 1): inputs ids[:, :-1], targets ids[:, 1:]
     opt: torch.optim.Optimizer = field(init=False)
     times: list[float] = field(default_factory=list)  # seconds per step, one entry per round
 
     def __post_init__(self):
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)  # one kernel per step
+        self.inputs = self.ids_BS[:, :-1].contiguous()
+        self.targets = self.ids_BS[:, 1:].contiguous()
 
     def loss(self) -> Tensor:
-        logits_BSV = self.model(self.ids_BS[:, :-1]).logits
-        return F.cross_entropy(logits_BSV.flatten(0, 1), self.ids_BS[:, 1:].flatten())
+        return self.loss_of(self.model, self.inputs, self.targets)
 
     def step(self) -> None:
         self.loss().backward()
@@ -84,11 +91,26 @@ class Runner:
         self.times.append((time.perf_counter() - t0) / n)
 
     def flops_per_step(self) -> float:
-        """Matmul FLOPs of forward + backward (AdamW is elementwise), counted on a copy-free pass."""
+        """Matmul FLOPs of forward + backward (AdamW is elementwise)."""
         with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
             self.loss().backward()
         self.opt.zero_grad(set_to_none=True)
         return float(counter.get_total_flops())
+
+
+def logits_loss(model: nn.Module, inputs_BS: Tensor, targets_BS: Tensor) -> Tensor:
+    """cross_entropy over the model's (B, S, V) logits: the same code for archlab and HF."""
+    return F.cross_entropy(model(inputs_BS).logits.flatten(0, 1), targets_BS.flatten())
+
+
+def archlab_fused_loss(model: nn.Module, inputs_BS: Tensor, targets_BS: Tensor) -> Tensor:
+    """archlab's own training loss: LM head and cross-entropy fused in chunks (no logits)."""
+    return model(inputs_BS, targets=targets_BS).loss
+
+
+def hf_loss(model: nn.Module, inputs_BS: Tensor, targets_BS: Tensor) -> Tensor:
+    """transformers' own training loss (labels already shifted, so no shift inside)."""
+    return model(input_ids=inputs_BS, labels=targets_BS, shift_labels=targets_BS).loss
 
 
 def gemm_flops_per_s(n: int = 2048, reps: int = 3) -> float:
@@ -101,57 +123,68 @@ def gemm_flops_per_s(n: int = 2048, reps: int = 3) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t0)
 
 
-def build_pair(case: Case) -> tuple[Runner, Runner]:
+def build_runners(case: Case) -> list[Runner]:
+    """archlab with the shared logits loss, archlab with its fused loss, HF with its own loss:
+    same weights, same batch."""
     cfg = archlab.load_recipe(ROOT / case.recipe, list(case.overrides) + [f"train.seq_len={case.seq_len}"])
     torch.manual_seed(0)
     ours = archlab.build_model(cfg)
+    ours_fused = copy.deepcopy(ours)
     hf = to_hf_model(ours)
     assert hf.config._attn_implementation == "sdpa", hf.config._attn_implementation
     ids = torch.randint(0, cfg.model.vocab_size, (case.batch, case.seq_len + 1))
-    return Runner("archlab", ours, ids), Runner(type(hf).__name__, hf, ids)
+    return [Runner("archlab", ours, logits_loss, ids), Runner("archlab-fused", ours_fused, archlab_fused_loss, ids),
+            Runner(type(hf).__name__, hf, hf_loss, ids)]
 
 
 def run(cases: Sequence[Case], rounds: int, steps: int, log: Callable[[str], None] = print) -> list[dict]:
-    pairs = [(case, *build_pair(case)) for case in cases]
-    for _, ours, theirs in pairs:  # warm-up: allocator, kernels, AdamW state
-        ours.step(), theirs.step()
+    """Time every runner of every case, interleaved round by round (order rotating each round)."""
+    groups = [(case, build_runners(case)) for case in cases]
+    for _, runners in groups:  # warm-up: allocator, kernels, AdamW state
+        for runner in runners:
+            runner.step()
     gemm = []
     for r in range(rounds):
         gemm.append(gemm_flops_per_s())
-        for _, ours, theirs in pairs:
-            order = (ours, theirs) if r % 2 == 0 else (theirs, ours)
-            for runner in order:
-                runner.time_steps(steps)
+        for _, runners in groups:
+            for i in range(len(runners)):
+                runners[(i + r) % len(runners)].time_steps(steps)
         log(f"round {r + 1}/{rounds}: GEMM {gemm[-1] / 1e9:.1f} GFLOP/s")
     peak = max(gemm)
     results = []
-    for case, ours, theirs in pairs:
+    for case, (ours, fused, hf) in groups:
         tokens = case.batch * case.seq_len
-        ratios = [t_hf / t_ours for t_ours, t_hf in zip(ours.times, theirs.times)]
-        row = {"case": case.name, "hf_class": theirs.label, "tokens_per_step": tokens,
-               "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-               "gemm_peak_gflops": peak / 1e9}
-        for tag, runner in (("archlab", ours), ("hf", theirs)):
+        row = {"case": case.name, "hf_class": hf.label, "tokens_per_step": tokens, "gemm_peak_gflops": peak / 1e9}
+        # the fused loss does the same matmuls as the logits path, but accumulates the LM-head
+        # weight gradient with an in-place addmm_, which FlopCounterMode does not count
+        flops_of = {"archlab": ours.flops_per_step(), "hf": hf.flops_per_step()}
+        flops_of["fused"] = flops_of["archlab"]
+        for tag, runner in (("archlab", ours), ("fused", fused), ("hf", hf)):
+            ratios = [t_hf / t for t, t_hf in zip(runner.times, hf.times)]
             t = statistics.median(runner.times)
-            flops = runner.flops_per_step()
-            row[f"{tag}_tokens_per_s"] = tokens / t
-            row[f"{tag}_gflops"] = flops / t / 1e9
-            row[f"{tag}_peak_fraction"] = flops / t / peak
+            flops = flops_of[tag]
+            row.update({f"{tag}_tokens_per_s": tokens / t, f"{tag}_gflops": flops / t / 1e9,
+                        f"{tag}_peak_fraction": flops / t / peak, f"{tag}_ratio": statistics.median(ratios),
+                        f"{tag}_ratio_range": (min(ratios), max(ratios))})
         results.append(row)
     return results
 
 
 def format_table(results: list[dict]) -> str:
-    head = (f"{'case':<12} {'archlab tok/s':>13} {'HF tok/s':>9} {'ratio (min-max)':>20} "
-            f"{'archlab/peak':>12} {'HF/peak':>8}")
+    head = (f"{'case':<12} {'HF tok/s':>9} {'archlab tok/s (x HF)':>27} {'archlab-fused tok/s (x HF)':>27}"
+            f" {'fraction of GEMM peak: HF / archlab / fused':>45}")
     lines = [head, "-" * len(head)]
     for r in results:
-        lines.append(
-            f"{r['case']:<12} {r['archlab_tokens_per_s']:>13.0f} {r['hf_tokens_per_s']:>9.0f} "
-            f"{r['ratio_median']:>7.2f}x ({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) "
-            f"{r['archlab_peak_fraction']:>12.2f} {r['hf_peak_fraction']:>8.2f}")
-    lines.append(f"fp32 GEMM peak (2048^3, best round): {results[0]['gemm_peak_gflops']:.1f} GFLOP/s; "
-                 "ratio = archlab tokens/s / HF tokens/s, median of paired rounds")
+        cells = []
+        for tag in ("archlab", "fused"):
+            lo, hi = r[f"{tag}_ratio_range"]
+            cells.append(f"{r[f'{tag}_tokens_per_s']:>7.0f} ({r[f'{tag}_ratio']:.2f}x, {lo:.2f}-{hi:.2f})")
+        lines.append(f"{r['case']:<12} {r['hf_tokens_per_s']:>9.0f} {cells[0]:>27} {cells[1]:>27} "
+                     f"{r['hf_peak_fraction']:>22.2f} / {r['archlab_peak_fraction']:.2f} / {r['fused_peak_fraction']:.2f}")
+    lines.append(f"fp32 GEMM peak (2048^3, best round): {results[0]['gemm_peak_gflops']:.1f} GFLOP/s. "
+                 "x HF = median over rounds of HF step time / archlab step time (min-max).")
+    lines.append("archlab: logits + cross_entropy (as HF does inside); archlab-fused: model(ids, targets=...) "
+                 "(chunked LM head + loss); HF: model(ids, labels=...).")
     return "\n".join(lines)
 
 
