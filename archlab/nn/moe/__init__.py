@@ -53,9 +53,14 @@ def balance_step(model: nn.Module, all_reduce_sum: AllReduce) -> None:
 
 def routing_stats(model: nn.Module, all_reduce_sum: AllReduce) -> dict[str, float | list]:
     """Per-layer routing statistics of the training forwards since the last call, summed over
-    ranks, as flat keys ("moe/layer1/maxvio", "moe/layer1/tokens_per_expert", ...), plus the means
-    over layers "moe/maxvio" and "moe/cv". Resets the accumulators. Raises RuntimeError when the
-    counts do not sum to tokens * K - dropped slots."""
+    ranks, as flat keys "moe/layer<i>/<stat>" (i = decoder block index), plus the means over
+    layers "moe/maxvio" and "moe/cv". Resets the accumulators.
+
+    Per layer: tokens, dropped_slots, top_k, tokens_per_expert (kept slots, list), load_fraction
+    (list), maxvio, cv (std/mean of the counts), router_entropy (mean over tokens, nats),
+    dropped_fraction (of the tokens*K slots), each enabled balancing term (coefficient-weighted,
+    mean over the window's forwards) and, with aux-loss-free balancing, bias (list). Raises
+    RuntimeError when the counts do not sum to tokens * top_k - dropped_slots."""
     out: dict[str, float | list] = {}
     maxvio, cv = [], []
     for name, layer in _named_moe_layers(model):
