@@ -9,8 +9,10 @@ validation loss (nats/token). Per family we fit
     L(C) = E + A * C^(-alpha)
 
 by robust least squares on log L (Huber loss, Chinchilla approach 3 style), from a grid of
-starting points, with bootstrap confidence intervals (resampling the points). Three parameters
-need at least four points; a family with fewer is reported as under-determined and not fitted.
+starting points, with 95% bootstrap confidence intervals (resampling the points; with fewer than
+six points, resampling the residuals instead, since resampled point sets then almost always
+repeat the original). Three parameters need at least four points; a family with fewer is
+reported as under-determined and not fitted.
 A run that failed, did not finish or diverged is reported and left out of the fits.
 
 Outputs (``--out DIR``): loss_vs_flops.png (log-log, points + fits + frontier), loss_vs_tokens.png
@@ -29,11 +31,12 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
-from scipy.optimize import least_squares
+from scipy.optimize import least_squares, nnls
 
 from analysis.runs import RunError, expand_inputs, pyplot, save_figure, style_axes, write_json_atomic, write_text_atomic
 
 MIN_POINTS = 4  # 3 parameters (E, A, alpha) + at least one degree of freedom
+PAIRS_MIN_POINTS = 6  # below this, bootstrap the residuals instead of the points (see _bootstrap)
 
 
 # --------------------------------------------------------------------------------------------
@@ -60,6 +63,7 @@ class PowerLawFit:
     A_ref: Optional[float] = None
     ci: dict = field(default_factory=dict)  # name -> [lo, hi] (95% bootstrap percentile interval)
     n_boot: int = 0  # bootstrap resamples that gave a fit
+    ci_method: str = ""  # "points" (pairs bootstrap) or "residuals" (few points), see _bootstrap
     rms_log_residual: Optional[float] = None
     samples: Optional[np.ndarray] = field(default=None, repr=False)  # (n_boot, 3): E, A_ref, alpha
 
@@ -97,26 +101,59 @@ def _jacobian(theta: np.ndarray, x: np.ndarray, log_L: np.ndarray) -> np.ndarray
     return np.stack([E / m, power / m, -power * np.log(x) / m], axis=1)  # (n, 3)
 
 
-def _fit_once(x: np.ndarray, L: np.ndarray, huber_delta: float, inits: Sequence[tuple]) -> Optional[np.ndarray]:
-    """Best (log E, log A_ref, alpha) over the starting points, or None if every start fails."""
+def _huber(r: np.ndarray, delta: float) -> float:
+    a = np.abs(r)
+    return float(np.where(a <= delta, 0.5 * r * r, delta * (a - 0.5 * delta)).sum())
+
+
+ALPHA_GRID = np.geomspace(1e-3, 5.0, 240)
+
+
+def _profile_start(x: np.ndarray, L: np.ndarray, huber_delta: float) -> tuple[float, float, float]:
+    """A global starting point: for each alpha of a grid, (E, A_ref) >= 0 by iteratively
+    reweighted non-negative least squares on relative residuals (~ log residuals, Huber
+    weights); keep the alpha with the lowest Huber loss on log L. For fixed alpha the model is
+    linear in (E, A_ref), so this explores the flat E-A valley that trips local optimisers."""
+    best, best_obj = None, math.inf
     log_L = np.log(L)
-    lo = [math.log(1e-6), -30.0, 0.0]
-    hi = [math.log(float(L.max())), 30.0, 5.0]
-    best, best_cost = None, math.inf
-    for theta0 in inits:
-        theta0 = np.clip(np.asarray(theta0, dtype=float), np.add(lo, 1e-9), np.subtract(hi, 1e-9))
-        try:
-            res = least_squares(_residuals, theta0, jac=_jacobian, args=(x, log_L), loss="huber", f_scale=huber_delta,
-                                bounds=(lo, hi), method="trf")
-        except (ValueError, FloatingPointError):
-            continue
-        if res.success and np.isfinite(res.cost) and res.cost < best_cost:
-            best, best_cost = res.x, res.cost
+    for alpha in ALPHA_GRID:
+        M = np.stack([np.ones_like(x), x ** (-alpha)], axis=1) / L[:, None]  # rows: (1, u) / L
+        w = np.ones_like(L)
+        for _ in range(3):
+            (E, A), _ = nnls(M * np.sqrt(w)[:, None], np.sqrt(w))
+            r = np.log(np.maximum(E + A * x ** (-alpha), 1e-12)) - log_L
+            w = np.where(np.abs(r) <= huber_delta, 1.0, huber_delta / np.maximum(np.abs(r), 1e-300))
+        obj = _huber(r, huber_delta)
+        if obj < best_obj:
+            best, best_obj = (math.log(max(E, 1e-6)), math.log(max(A, 1e-12)), float(alpha)), obj
     return best
 
 
+def _fit_once(x: np.ndarray, L: np.ndarray, huber_delta: float, extra_inits: Sequence[tuple] = (),
+              max_nfev: int = 200) -> Optional[np.ndarray]:
+    """Best (log E, log A_ref, alpha): the profile start and any extra starts, each polished by
+    bounded least squares with a Huber loss on log L. None if every start fails."""
+    log_L = np.log(L)
+    lo = [math.log(1e-6), -30.0, 0.0]
+    hi = [math.log(float(L.max())), 30.0, 5.0]
+    start = np.asarray(_profile_start(x, L, huber_delta))
+    best, best_cost = start, _huber(_residuals(start, x, log_L), huber_delta)
+    for theta0 in [start, *extra_inits]:
+        theta0 = np.clip(np.asarray(theta0, dtype=float), np.add(lo, 1e-9), np.subtract(hi, 1e-9))
+        try:
+            res = least_squares(_residuals, theta0, jac=_jacobian, args=(x, log_L), loss="huber",
+                                f_scale=huber_delta, bounds=(lo, hi), method="trf", max_nfev=max_nfev)
+        except (ValueError, FloatingPointError):
+            continue
+        cost = _huber(_residuals(res.x, x, log_L), huber_delta)
+        # status 0 = evaluation budget spent: along the flat E-A valley that is still a usable fit
+        if res.status >= 0 and np.isfinite(cost) and cost < best_cost:
+            best, best_cost = res.x, cost
+    return best if np.all(np.isfinite(best)) else None
+
+
 def _init_grid(L: np.ndarray) -> list[tuple]:
-    """Starting points: E a fraction of the lowest loss, alpha from shallow to steep."""
+    """Extra starting points: E a fraction of the lowest loss, alpha from shallow to steep."""
     inits = []
     for e_frac in (0.2, 0.6, 0.9):
         E0 = e_frac * float(L.min())
@@ -148,7 +185,7 @@ def fit_power_law(C: Sequence[float], L: Sequence[float], *, n_boot: int = 200, 
                            message=f"{n_distinct} distinct compute values; 3 parameters need >= {MIN_POINTS}")
     c_ref = float(np.exp(np.mean(np.log(C))))
     x = C / c_ref
-    theta = _fit_once(x, L, huber_delta, _init_grid(L))
+    theta = _fit_once(x, L, huber_delta, _init_grid(L)[::3], max_nfev=500)
     if theta is None:
         return PowerLawFit(n_points=n, status="failed", message="least squares did not converge from any start")
     fit = _to_fit(theta, n, c_ref)
@@ -166,16 +203,31 @@ def _to_fit(theta: np.ndarray, n: int, c_ref: float) -> PowerLawFit:
 
 def _bootstrap(fit: PowerLawFit, theta: np.ndarray, x: np.ndarray, L: np.ndarray, n_boot: int,
                huber_delta: float, seed: int) -> None:
-    """Fill ``fit.ci`` with 95% percentile intervals of E, alpha and A_ref over resampled points."""
+    """Fill ``fit.ci`` with 95% percentile intervals of E, A_ref and alpha.
+
+    With at least ``PAIRS_MIN_POINTS`` distinct compute values the points themselves are
+    resampled. With fewer, almost every resample that still has four distinct points is the
+    original set again, so those intervals would be falsely narrow; the residuals (on log L,
+    inflated by sqrt(n / (n - 3)) for the three fitted parameters) are resampled instead.
+    """
     rng = np.random.default_rng(seed)
     n = len(x)
-    inits = [tuple(theta), _init_grid(L)[5]]  # the full fit is a good start for a resample
+    log_fit = np.log(fit.E + fit.A_ref * x ** (-fit.alpha))
+    resid = np.log(L) - log_fit
+    resid = (resid - resid.mean()) * math.sqrt(n / max(n - 3, 1))
+    pairs = len(np.unique(x)) >= PAIRS_MIN_POINTS
+    fit.ci_method = "points" if pairs else "residuals"
+    inits = [tuple(theta)]  # the full fit is a good start for a resample (next to its own profile start)
     samples = []
     for _ in range(n_boot):
-        idx = rng.integers(0, n, n)
-        if len(np.unique(x[idx])) < MIN_POINTS:
-            continue
-        t = _fit_once(x[idx], L[idx], huber_delta, inits)
+        if pairs:
+            idx = rng.integers(0, n, n)
+            if len(np.unique(x[idx])) < MIN_POINTS:
+                continue
+            xb, Lb = x[idx], L[idx]
+        else:
+            xb, Lb = x, np.exp(log_fit + resid[rng.integers(0, n, n)])
+        t = _fit_once(xb, Lb, huber_delta, inits, max_nfev=100)
         if t is not None:
             samples.append((math.exp(t[0]), math.exp(t[1]), t[2]))
     fit.n_boot = len(samples)
@@ -312,7 +364,7 @@ def fits_table(fits: dict[str, PowerLawFit]) -> str:
             continue
         lines.append(f"| {fam} | {f.n_points} | {f.E:.3f}{_ci(f, 'E', '.3f')} | {f.alpha:.3f}{_ci(f, 'alpha', '.3f')} | "
                      f"{f.A_ref:.3f}{_ci(f, 'A_ref', '.3f')} | {f.c_ref:.3g} | {f.A:.4g} | {f.rms_log_residual:.4f} | "
-                     f"ok ({f.n_boot} bootstrap fits) |")
+                     f"ok ({f.n_boot} bootstrap fits over {f.ci_method or '-'}) |")
     return "\n".join(lines)
 
 
@@ -467,7 +519,8 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
     result = {
         "model": "L(C) = E + A * C^(-alpha); C = training FLOPs, L = final validation loss (nats/token)",
         "fit": {"loss": "huber on log L", "huber_delta": huber_delta, "bootstrap_resamples": n_boot,
-                "interval": "95% percentile bootstrap over points", "seed": seed},
+                "interval": "95% percentile bootstrap: over points (>= 6 points) else over log-L residuals",
+                "seed": seed},
         "families": {fam: {**f.to_json(), "points": [asdict(p) for p in points if p.family == fam]}
                      for fam, f in fits.items()},
         "excluded": excluded,

@@ -51,6 +51,26 @@ def test_bootstrap_intervals_cover_the_truth_on_noisy_points():
     assert band is not None and np.all(band[0] <= f.predict(C_GRID) + 1e-9) and np.all(band[1] >= f.predict(C_GRID) - 1e-9)
 
 
+def test_few_points_bootstrap_residuals_not_repeated_point_sets():
+    rng = np.random.default_rng(1)
+    C = C_GRID[::2]  # 4 points: resampled point sets would almost always be the original four
+    L = law(C) * np.exp(rng.normal(0, 0.01, len(C)))
+    f = fit_power_law(C, L, n_boot=60, seed=0)
+    assert f.ci_method == "residuals" and f.n_boot >= 50
+    lo, hi = f.ci["alpha"]
+    assert lo < f.alpha < hi and hi - lo > 1e-3  # a real interval, not a single repeated fit
+
+
+def test_points_on_a_straight_log_log_line_still_fit():
+    """Losses that fall on a line in log-log leave E undetermined (a flat E-A valley); the fit
+    must still follow the points instead of stopping at a flat curve."""
+    C = np.array([1.31e10, 2.19e10, 4.03e10, 9.06e10])
+    L = np.array([7.2443, 7.0907, 6.9200, 6.6898])
+    f = fit_power_law(C, L, n_boot=0)
+    assert f.status == "ok" and f.rms_log_residual < 1e-3
+    np.testing.assert_allclose(f.predict(C), L, rtol=2e-3)
+
+
 def test_three_points_are_under_determined():
     f = fit_power_law(C_GRID[:3], law(C_GRID[:3]))
     assert f.status == "under-determined" and f.E is None and ">= 4" in f.message
