@@ -73,6 +73,26 @@ def peak_flops(cfg: DictConfig, device: torch.device) -> tuple[float, str]:
     return CPU_PEAK_FLOPS, "archlab nominal CPU peak (1 TFLOP/s); set train.peak_flops for your machine"
 
 
+class _Window:
+    """Tokens/s and mean loss over the steps since the last log row, excluding eval/checkpoint time."""
+
+    def __init__(self) -> None:
+        self.t0, self.tokens, self.losses = time.perf_counter(), 0, []
+
+    def add(self, tokens: int, loss: float) -> None:
+        self.tokens += tokens
+        self.losses.append(loss)
+
+    def pause(self, seconds: float) -> None:
+        self.t0 += seconds
+
+    def take(self) -> tuple[float, float]:
+        dt = time.perf_counter() - self.t0
+        out = (self.tokens / dt if dt > 0 else float("nan"), sum(self.losses) / max(1, len(self.losses)))
+        self.t0, self.tokens, self.losses = time.perf_counter(), 0, []
+        return out
+
+
 class Trainer:
     """Builds everything a run needs from a recipe, then :meth:`run` trains it."""
 
@@ -333,74 +353,86 @@ class Trainer:
 
         t = self.cfg.train
         stop = StopSignal()
-        start = time.perf_counter()
-        elapsed = lambda: self.elapsed_before + time.perf_counter() - start  # noqa: E731
+        self._start = time.perf_counter()
         bar = tqdm(total=t.max_steps, initial=self.step, disable=not self.info.is_main, desc=self.cfg.name,
                    unit="step", dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
-        status, message = "completed", ""
-        window_t0, window_tokens, window_losses = time.perf_counter(), 0, []
-        routing_every = t.routing_every or t.log_every
+        self._window = _Window()
+        status, message = "failed", ""
         try:
             while self.step < t.max_steps:
-                lr = lr_at(self.step, t)
-                set_lr(self.optimizer_t, lr)
-                r = self.train_step()
-                if not (math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"])):
-                    self.optimizer_t.zero_grad(set_to_none=True)
-                    if t.on_nonfinite == "stop":
-                        raise NonFiniteError(self._nonfinite_message(r["loss"], r["grad_norm"]))
-                    self.step += 1
-                    self.log(f"step {self.step}: non-finite loss/grad norm ({r['loss']}, {r['grad_norm']}): batch skipped")
-                    self._write({"kind": "skip", "step": self.step, "tokens": self.tokens, **r})
-                    bar.update(1)
-                    continue
-                self.optimizer_t.step()
-                self.optimizer_t.zero_grad(set_to_none=True)
-                self.step += 1
-                self.tokens += self.tokens_per_step
-                window_tokens += self.tokens_per_step
-                window_losses.append(r["loss"])
-                log_now = self.step % t.log_every == 0 or self.step == t.max_steps
-                routing_now = self.step % routing_every == 0
-                moe = self._moe_after_step(log_now or routing_now)
-                if moe and routing_now and self.metrics is not None:
-                    self.metrics.write_routing({"step": self.step, "tokens": self.tokens, **moe})
-                stop_now = bool(all_reduce_sum(torch.tensor([float(stop.requested)])) > 0)
-                if log_now:
-                    dt = time.perf_counter() - window_t0
-                    tok_s = window_tokens / dt if dt > 0 else float("nan")
-                    row = {"kind": "train", "step": self.step, "tokens": self.tokens, "loss": r["loss"],
-                           "loss_avg": sum(window_losses) / len(window_losses), "aux_loss": r["aux_loss"], "lr": lr,
-                           "grad_norm": r["grad_norm"], "tokens_per_s": tok_s, "flops_per_token": self.flops_per_token,
-                           "mfu": tok_s * self.flops_per_token / (self.peak_flops * self.info.world_size),
-                           "elapsed_s": elapsed(), **moe}
-                    self._write(row)
-                    bar.set_postfix(loss=f"{r['loss']:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
-                    window_t0, window_tokens, window_losses = time.perf_counter(), 0, []
-                bar.update(1)
-                pause_t0 = time.perf_counter()
-                if self.step % t.eval_every == 0 and self.step < t.max_steps:
-                    self._write(self.evaluate(1))
-                if stop_now:
+                self._one_step(bar)
+                if bool(all_reduce_sum(torch.tensor([float(stop.requested)])) > 0):  # every rank stops together
                     status, message = "interrupted", f"stopped by {stop.received or 'a signal on another rank'}"
                     break
-                if self.step % t.ckpt_every == 0 and self.step < t.max_steps:
-                    self.save_checkpoint(elapsed())
-                window_t0 += time.perf_counter() - pause_t0  # tokens/s counts training time only
-            if status == "completed":
+                self._periodic(eval_now=self.step % t.eval_every == 0, ckpt_now=self.step % t.ckpt_every == 0)
+            else:
+                status = "completed"
                 for mult in t.eval_context_multipliers:
                     self._write({**self.evaluate(mult), "final": True})
-            self.save_checkpoint(elapsed())
+            self.save_checkpoint(self.elapsed())
         except NonFiniteError as e:
             status, message = "nonfinite", str(e)
+            raise
+        except BaseException as e:
+            message = f"{type(e).__name__}: {e}"
             raise
         finally:
             bar.close()
             stop.close()
-            summary = self._finish(status, message, elapsed())
+            summary = self._finish(status, message, self.elapsed())
         if status == "interrupted":
             self.log(f"interrupted at step {self.step}; checkpoint {self.last_ckpt}; continue with train.resume=auto")
         return summary
+
+    def elapsed(self) -> float:
+        """Training wall time of the whole run, across resumes."""
+        return self.elapsed_before + time.perf_counter() - self._start
+
+    def _one_step(self, bar) -> None:
+        """One optimizer step (or a skipped batch), its metrics row and the MoE bookkeeping."""
+        t = self.cfg.train
+        lr = lr_at(self.step, t)
+        set_lr(self.optimizer_t, lr)
+        r = self.train_step()
+        if not (math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"])):
+            self.optimizer_t.zero_grad(set_to_none=True)
+            if t.on_nonfinite == "stop":
+                raise NonFiniteError(self._nonfinite_message(r["loss"], r["grad_norm"]))
+            self.step += 1
+            self.log(f"step {self.step}: non-finite loss/grad norm ({r['loss']}, {r['grad_norm']}): batch skipped")
+            self._write({"kind": "skip", "step": self.step, "tokens": self.tokens, **r})
+            bar.update(1)
+            return
+        self.optimizer_t.step()
+        self.optimizer_t.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens += self.tokens_per_step
+        self._window.add(self.tokens_per_step, r["loss"])
+        log_now = self.step % t.log_every == 0 or self.step == t.max_steps
+        routing_now = self.step % (t.routing_every or t.log_every) == 0
+        moe = self._moe_after_step(log_now or routing_now)
+        if moe and routing_now and self.metrics is not None:
+            self.metrics.write_routing({"step": self.step, "tokens": self.tokens, **moe})
+        if log_now:
+            tok_s, loss_avg = self._window.take()
+            self._write({"kind": "train", "step": self.step, "tokens": self.tokens, "loss": r["loss"],
+                         "loss_avg": loss_avg, "aux_loss": r["aux_loss"], "lr": lr, "grad_norm": r["grad_norm"],
+                         "tokens_per_s": tok_s, "flops_per_token": self.flops_per_token,
+                         "mfu": tok_s * self.flops_per_token / (self.peak_flops * self.info.world_size),
+                         "elapsed_s": self.elapsed(), **moe})
+            bar.set_postfix(loss=f"{r['loss']:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+        bar.update(1)
+
+    def _periodic(self, eval_now: bool, ckpt_now: bool) -> None:
+        """Validation and checkpoint between steps (not at the last step: the end of run does both)."""
+        if self.step >= self.cfg.train.max_steps:
+            return
+        t0 = time.perf_counter()
+        if eval_now:
+            self._write(self.evaluate(1))
+        if ckpt_now:
+            self.save_checkpoint(self.elapsed())
+        self._window.pause(time.perf_counter() - t0)
 
     def _finish(self, status: str, message: str, elapsed: float) -> dict[str, Any]:
         summary: dict[str, Any] = {"status": status, "message": message, "step": self.step, "tokens": self.tokens,
