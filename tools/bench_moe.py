@@ -6,7 +6,9 @@ MixtralForCausalLM.
     python -m tools.bench_moe --cases mixtral-layer --rounds 7
 
 Layer cases time forward + backward (a fixed output gradient; gradients of input and weights) of
-one MoE layer on B x S tokens of width D, all paths with SwiGLU experts of the same shape and
+one MoE layer on B x S tokens of width D: archlab, HF's block with its default (eager: a loop over
+experts) and with its ``grouped_mm`` experts implementation (the default inside HF models), and
+DeepSpeed; all paths with SwiGLU experts of the same shape and
 dropless routing (DeepSpeed with ``drop_tokens=False``, which pads every expert to the largest
 expert's load), so the useful FLOPs are the same. The step case is ``tools.bench``'s training
 step (forward, cross-entropy, backward, AdamW) on the Mixtral-tiny recipe and its HF export.
@@ -93,17 +95,21 @@ def build_layer_paths(case: LayerCase, batch: int, seq_len: int, d_model: int) -
     from transformers import MixtralConfig
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
+    def hf_block(experts_implementation: str) -> nn.Module:
+        config = MixtralConfig(hidden_size=d_model, intermediate_size=case.hidden, num_local_experts=case.num_experts,
+                               num_experts_per_tok=case.top_k)
+        config._experts_implementation = experts_implementation
+        block = MixtralSparseMoeBlock(config).train()
+        with torch.no_grad():  # same weights: same routing, same work
+            block.gate.weight.copy_(ours.router.gate.weight)
+            block.experts.gate_up_proj.copy_(ours.experts.w_up.transpose(1, 2))
+            block.experts.down_proj.copy_(ours.experts.w_down.transpose(1, 2))
+        return block
+
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=d_model, ffn=FFNConfig(type="swiglu", bias=False),
                       moe=MoEConfig(num_experts=case.num_experts, top_k=case.top_k, expert_hidden=case.hidden))
     ours = MoELayer(cfg).train()
-    hf = MixtralSparseMoeBlock(MixtralConfig(hidden_size=d_model, intermediate_size=case.hidden,
-                                             num_local_experts=case.num_experts,
-                                             num_experts_per_tok=case.top_k)).train()
-    with torch.no_grad():  # same weights: same routing, same work
-        hf.gate.weight.copy_(ours.router.gate.weight)
-        hf.experts.gate_up_proj.copy_(ours.experts.w_up.transpose(1, 2))
-        hf.experts.down_proj.copy_(ours.experts.w_down.transpose(1, 2))
     _ensure_single_process_group()
     ds = DeepSpeedMoE(hidden_size=d_model, expert=SwiGLU(d_model, case.hidden, bias=False),
                       num_experts=case.num_experts, ep_size=1, k=case.top_k, drop_tokens=False).train()
@@ -111,7 +117,8 @@ def build_layer_paths(case: LayerCase, batch: int, seq_len: int, d_model: int) -
     g = torch.randn(batch, seq_len, d_model)
     paths = [
         Timed("archlab", _layer_step(ours, x, g, lambda out: out[0])),
-        Timed("HF MixtralSparseMoeBlock", _layer_step(hf, x, g, lambda out: out)),
+        Timed("HF MixtralSparseMoeBlock", _layer_step(hf_block("eager"), x, g, lambda out: out)),
+        Timed("HF block, grouped_mm", _layer_step(hf_block("grouped_mm"), x, g, lambda out: out)),
         Timed("DeepSpeed MoE", _layer_step(ds, x, g, lambda out: out[0])),
     ]
     experts, router = moe_layer_flops(cfg)
