@@ -36,6 +36,7 @@ from scipy.optimize import least_squares, nnls
 from analysis.runs import RunError, expand_inputs, pyplot, save_figure, style_axes, write_json_atomic, write_text_atomic
 
 MIN_POINTS = 4  # 3 parameters (E, A, alpha) + at least one degree of freedom
+RANGE_SLACK = 1.05  # dense-vs-MoE comparisons reach 5% beyond a dense family's range
 PAIRS_MIN_POINTS = 6  # below this, bootstrap the residuals instead of the points (see _bootstrap)
 
 
@@ -322,21 +323,23 @@ def fit_families(points: list[Point], n_boot: int, huber_delta: float, seed: int
 def compare_dense_moe(points: list[Point], fits: dict[str, PowerLawFit]) -> list[dict]:
     """For every MoE point: each dense family's loss at the same training FLOPs (from its fit,
     within the fitted range) and at the same active parameters (interpolated in log N between
-    that family's runs with the same token count, within their range)."""
+    that family's runs with the same token count, within their range). "Within" allows
+    ``RANGE_SLACK`` (5%) beyond the ends: an MoE built to match a dense size sits just past it."""
     out = []
     dense_fams = sorted({p.family for p in points if not p.is_moe})
     for m in (p for p in points if p.is_moe):
         row = {"run": m.run, "family": m.family, "flops": m.flops, "params_active": m.params_active,
-               "loss": m.loss, "equal_flops": {}, "equal_active_params": {}}
+               "loss": m.loss, "dense_families": dense_fams, "equal_flops": {}, "equal_active_params": {}}
         for fam in dense_fams:
             ds = [p for p in points if p.family == fam]
             f = fits.get(fam)
             lo, hi = min(p.flops for p in ds), max(p.flops for p in ds)
-            if f is not None and f.status == "ok" and lo <= m.flops <= hi:
+            if f is not None and f.status == "ok" and lo / RANGE_SLACK <= m.flops <= hi * RANGE_SLACK:
                 L = float(f.predict(m.flops))
                 row["equal_flops"][fam] = {"loss": L, "moe_minus_dense": m.loss - L}
             same_t = sorted((p for p in ds if abs(p.tokens - m.tokens) <= 0.05 * m.tokens), key=lambda p: p.params_active)
-            if len(same_t) >= 2 and same_t[0].params_active <= m.params_active <= same_t[-1].params_active:
+            if (len(same_t) >= 2 and same_t[0].params_active / RANGE_SLACK <= m.params_active
+                    <= same_t[-1].params_active * RANGE_SLACK):  # np.interp holds the end values
                 L = float(np.interp(np.log(m.params_active), [np.log(p.params_active) for p in same_t],
                                     [p.loss for p in same_t]))
                 row["equal_active_params"][fam] = {"loss": L, "moe_minus_dense": m.loss - L}
@@ -383,7 +386,7 @@ def comparison_table(rows: list[dict]) -> str:
     lines = ["| MoE run | loss | dense family | dense loss at equal FLOPs (MoE - dense) | dense loss at equal active params (MoE - dense) |",
              "|---|---|---|---|---|"]
     for r in rows:
-        fams = sorted(set(r["equal_flops"]) | set(r["equal_active_params"])) or ["-"]
+        fams = r["dense_families"] or ["-"]
         for fam in fams:
             ef, ea = r["equal_flops"].get(fam), r["equal_active_params"].get(fam)
             cell = lambda d: f"{d['loss']:.4f} ({d['moe_minus_dense']:+.4f})" if d else "out of range"
@@ -394,6 +397,18 @@ def comparison_table(rows: list[dict]) -> str:
 # --------------------------------------------------------------------------------------------
 # plots
 # --------------------------------------------------------------------------------------------
+
+
+def _plain_log_y(ax) -> None:
+    """Log-scaled y axis labelled with plain numbers (6.8, 7.0...) instead of 7x10^0."""
+    from matplotlib.ticker import LogLocator, ScalarFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=np.arange(1, 10) / 10 * 10, numticks=12))
+    for fmt in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        f = ScalarFormatter()
+        f.set_scientific(False)
+        fmt(f)
 
 
 def _colors(families: list[str]) -> dict[str, str]:
@@ -429,7 +444,7 @@ def plot_loss_vs_flops(points, fits, curves, path: Path) -> Path:
                 ax.fill_between(grid, band[0], band[1], color=col[fam], alpha=0.15, lw=0)
     all_L = [p.loss for p in points]
     ax.set_xscale("log")
-    ax.set_yscale("log")
+    _plain_log_y(ax)
     ax.set_ylim(0.97 * min(all_L), 1.05 * max(all_L))  # the band may blow up when extrapolating
     style_axes(ax, "Final validation loss vs training compute\n(lines: L(C) = E + A·C^-alpha, band: 95% bootstrap)",
                "training compute C (FLOPs)", "validation loss (nats/token)")
@@ -440,7 +455,7 @@ def plot_loss_vs_flops(points, fits, curves, path: Path) -> Path:
             gc, gl, _ = envelope(curves[fam])
             bx.plot(gc, gl, color=col[fam], lw=2.5, label=f"{fam} frontier (thin: its runs)")
     bx.set_xscale("log")
-    bx.set_yscale("log")
+    _plain_log_y(bx)
     style_axes(bx, "Compute-optimal frontier: lowest loss reached\nwithin a FLOPs budget, over each family's runs",
                "training compute so far (FLOPs)", "validation loss (nats/token)")
     fig.tight_layout()
