@@ -454,7 +454,7 @@ def spec_from_args(args) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.sweep", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="See the module docstring (tools/sweep.py) for the spec file format.")
+                                 epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--spec", help="YAML sweep spec (ladders, sizes, grid, budgets, out)")
     ap.add_argument("--recipes", nargs="+", metavar="RECIPE", help="recipe files, one ladder entry each")
     ap.add_argument("--tokens", nargs="+", type=float, metavar="T", help="token budgets per run (e.g. 1e6 4e6)")
