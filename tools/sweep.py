@@ -14,9 +14,10 @@ archlab.train`` with ``--launcher accelerate``) in a subprocess, with its run fo
     FLOPs budget C:   max_steps = ceil(C / (training_flops_per_token * tokens_per_step))
 
 with tokens_per_step = seq_len * micro_batch_size * grad_accum * processes and the FLOPs per
-token from ``archlab.costs``. The sweep is resumable: a point whose run folder holds
-``summary.json`` is finished and skipped; a started but unfinished one continues from its last
-checkpoint (``train.resume=auto``). ``<out>/manifest.json`` records every point (recipe,
+token from ``archlab.costs``. The sweep is resumable: a point whose run folder holds a
+``summary.json`` of a completed run is skipped (so is one that stopped on non-finite numbers:
+rerunning it would diverge again; it is reported as diverged); a started but unfinished one
+continues from its last checkpoint (``train.resume=auto``). ``--jobs N`` trains N points at once. ``<out>/manifest.json`` records every point (recipe,
 overrides, budget, steps, status, exit code, log file) and is rewritten atomically after each
 change; ``<out>/logs/<point>.log`` holds each run's output.
 
