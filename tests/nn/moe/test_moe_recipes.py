@@ -9,7 +9,6 @@ from archlab.model.build import num_params
 from archlab.nn.moe import MoELayer, moe_layers
 
 
-
 def recipes(root, family):
     found = sorted((root / "recipes" / family).glob("*.yaml"))
     assert found, f"no recipes in recipes/{family}"
