@@ -1,0 +1,173 @@
+"""Memory from the config against what the built model really holds: bytes saved for backward
+(saved-tensor hooks), parameter bytes, KV-cache tensors; on a GPU, max_memory_allocated."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import archlab
+from archlab.costs import activation_memory, kv_cache_bytes, model_state_memory, param_counts, training_memory
+from archlab.costs.measure import real_routed_rows, saved_activation_bytes
+from costs_cases import model_recipes, random_overrides, shrink
+
+B, S = 2, 64
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _saved(cfg, dtype: str = "fp32", checkpointing: bool = False) -> int:
+    model = archlab.build_model(cfg).train().to(DTYPES[dtype])
+    if checkpointing:  # reentrant checkpoint: a block keeps only its input (save_for_backward)
+        for block in model.blocks:
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=True)
+    ids = torch.randint(0, cfg.model.vocab_size, (B, S))
+    return saved_activation_bytes(model, ids)["total"]
+
+
+@pytest.mark.parametrize("path", model_recipes(), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_activations_match_saved_tensors_for_every_recipe(path):
+    cfg = archlab.load_recipe(path, shrink(path))
+    est = activation_memory(cfg, B, S, dtype="fp32", device="cpu")
+    assert est.total == pytest.approx(_saved(cfg), rel=0.10)
+
+
+@pytest.mark.parametrize("name", ["dense/tiny-alibi", "llama/tiny", "vanilla/tiny", "mixtral/tiny", "deepseek/tiny"])
+def test_bf16_activations_match_saved_tensors(name):
+    """A bf16 model: fp32 norm statistics, RMSNorm's fp32 upcast, fp32 math attention on CPU."""
+    path = f"recipes/{name}.yaml"
+    cfg = archlab.load_recipe(path, shrink(path))
+    est = activation_memory(cfg, B, S, dtype="bf16", device="cpu")
+    assert est.total == pytest.approx(_saved(cfg, "bf16"), rel=0.10)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_activations_match_saved_tensors_for_random_configs(seed):
+    """Dropout masks, q/k norms, ALiBi (math attention), GQA, routers, groups, jitter, z-loss..."""
+    cfg = archlab.load_recipe(None, random_overrides(seed, moe=seed % 2 == 1))
+    est = activation_memory(cfg, B, S, dtype="fp32", device="cpu")
+    assert est.total == pytest.approx(_saved(cfg), rel=0.10)
+
+
+@pytest.mark.parametrize("name", ["dense/tiny", "llama/tiny", "deepseek/tiny"])
+def test_checkpointing_keeps_only_each_layer_input(name):
+    cfg = archlab.load_recipe(f"recipes/{name}.yaml", ["model.n_layers=2"])
+    est = activation_memory(cfg, B, S, dtype="fp32", device="cpu", checkpointing=True)
+    assert all(layer == {"checkpoint": B * S * cfg.model.d_model * 4} for layer in est.layers)
+    assert est.total == pytest.approx(_saved(cfg, checkpointing=True), rel=0.10)
+    full = activation_memory(cfg, B, S, dtype="fp32", device="cpu")
+    assert est.recompute_peak == max(full.per_layer(i) for i in range(cfg.model.n_layers))
+    assert est.total < full.total
+
+
+def test_activations_grow_with_batch_and_quadratically_only_in_math_attention():
+    dense = archlab.model_config(archlab.load_recipe("recipes/dense/tiny.yaml"))
+    alibi = archlab.model_config(archlab.load_recipe("recipes/dense/tiny-alibi.yaml"))
+    a1, a2 = activation_memory(dense, 1, 128), activation_memory(dense, 2, 128)
+    assert a2.total == pytest.approx(2 * a1.total, rel=1e-3)
+    # fused attention keeps O(S) per token, the CPU math kernel (ALiBi) the (S, S) probabilities
+    flash = [activation_memory(dense, 1, s, "fp32", "cpu").by_component()["attention"] for s in (64, 128)]
+    math = [activation_memory(alibi, 1, s, "fp32", "cpu").by_component()["attention"] for s in (64, 128)]
+    assert flash[1] == pytest.approx(2 * flash[0])
+    assert math[1] > 2.2 * math[0]
+
+
+@pytest.mark.parametrize("path", ["recipes/llama/tiny.yaml", "recipes/mixtral/tiny.yaml", "recipes/dense/tiny.yaml"])
+def test_model_state_weights_match_parameter_bytes(path):
+    cfg = archlab.load_recipe(path)
+    model = archlab.build_model(cfg)
+    fp32 = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert model_state_memory(cfg, "fp32").weights == fp32
+    bf16 = sum(p.numel() * p.element_size() for p in model.to(torch.bfloat16).parameters())
+    assert model_state_memory(cfg, "bf16").weights == bf16
+
+
+def test_model_states_adamw_zero_and_expert_parallel_by_hand():
+    cfg = archlab.model_config(archlab.load_recipe("recipes/mixtral/tiny.yaml"))
+    p = param_counts(cfg)
+    for precision in ("fp32", "bf16"):  # 16 bytes per parameter either way
+        assert model_state_memory(cfg, precision).total == 16 * p.total
+    dense, experts = p.total - p.routed_experts, p.routed_experts
+    assert experts == 4 * 8 * 3 * 96 * 128  # 4 layers x 8 SwiGLU experts x (3 * D * F)
+    # dp=8, ep=2: experts split in halves, their states shard over the 4 ranks holding a half
+    s1 = model_state_memory(cfg, "bf16", zero_stage=1, dp=8, ep=2)
+    assert s1.weights == 2 * (dense + experts / 2)
+    assert s1.grads == 2 * (dense + experts / 2)
+    assert s1.optimizer == pytest.approx(12 * (dense / 8 + experts / 2 / 4))
+    s3 = model_state_memory(cfg, "bf16", zero_stage=3, dp=8, ep=2)
+    assert s3.total == pytest.approx(16 * (dense / 8 + experts / 8))
+    s2 = model_state_memory(cfg, "fp32", zero_stage=2, dp=4)
+    assert s2.weights == 4 * p.total and s2.grads == pytest.approx(4 * p.total / 4)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(precision="fp16"), "precision"),
+    (dict(zero_stage=4), "zero_stage"),
+    (dict(dp=0), "dp"),
+    (dict(dp=4, ep=3), "ep=3"),
+])
+def test_model_state_rejects_bad_settings(kwargs, message):
+    cfg = archlab.model_config(archlab.load_recipe("recipes/mixtral/tiny.yaml"))
+    with pytest.raises(ValueError, match=message):
+        model_state_memory(cfg, **kwargs)
+
+
+def test_expert_parallel_needs_an_moe_model():
+    with pytest.raises(ValueError, match="MoE"):
+        model_state_memory(archlab.load_recipe("recipes/dense/tiny.yaml"), dp=2, ep=2)
+
+
+@pytest.mark.parametrize("path", ["recipes/llama/tiny-mqa.yaml", "recipes/llama/tiny.yaml", "recipes/dense/tiny.yaml"])
+def test_kv_cache_matches_the_cache_tensors(path):
+    cfg = archlab.load_recipe(path)
+    model = archlab.build_model(cfg).eval()
+    cache = model.new_kv_cache()
+    with torch.no_grad():
+        model(torch.randint(0, 100, (3, 40)), kv_cache=cache)
+        model(torch.randint(0, 100, (3, 1)), kv_cache=cache)
+    held = sum(layer.k.nbytes + layer.v.nbytes for layer in cache.layers)
+    assert kv_cache_bytes(cfg, batch=3, context=41, dtype="fp32") == held
+    assert kv_cache_bytes(cfg, batch=3, context=41, dtype="bf16") == held / 2
+
+
+def test_bad_activation_settings_are_rejected():
+    cfg = archlab.model_config(archlab.load_recipe("recipes/dense/tiny.yaml"))
+    with pytest.raises(ValueError, match="device"):
+        activation_memory(cfg, 1, 8, device="tpu")
+    with pytest.raises(ValueError, match="batch"):
+        activation_memory(cfg, 0, 8)
+    with pytest.raises(ValueError, match="dtype"):
+        kv_cache_bytes(cfg, 1, 8, dtype="int8")
+
+
+def test_training_memory_adds_states_and_activations():
+    cfg = archlab.model_config(archlab.load_recipe("recipes/llama/tiny.yaml"))
+    t = training_memory(cfg, 8, 128)
+    acts = activation_memory(cfg, 8, 128)
+    assert t["total"] == pytest.approx(model_state_memory(cfg).total + acts.total)
+    ckpt = training_memory(cfg, 8, 128, checkpointing=True)
+    assert ckpt["activations"] < t["activations"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["dense/tiny", "llama/tiny", "mixtral/tiny", "deepseek/tiny"])
+def test_activations_match_cuda_allocations(name):
+    """bf16 on CUDA: memory allocated after the forward (loss included) minus before it, against
+    the CUDA estimate; also the saved-tensor bytes."""
+    cfg = archlab.load_recipe(f"recipes/{name}.yaml")
+    model = archlab.build_model(cfg, device="cuda").train().to(torch.bfloat16)
+    ids = torch.randint(0, cfg.model.vocab_size, (8, 256), device="cuda")
+    est = activation_memory(cfg, 8, 256, dtype="bf16", device="cuda")
+    assert est.total == pytest.approx(saved_activation_bytes(model, ids)["total"], rel=0.10)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    with real_routed_rows(model):
+        out = model(ids)
+        loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), ids.roll(-1, 1).flatten()) + out.aux_loss
+    del out
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - before
+    assert est.total == pytest.approx(held, rel=0.10)
+    del loss

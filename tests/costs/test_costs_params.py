@@ -1,0 +1,60 @@
+"""Parameter counts from the config against the parameters of the built model."""
+
+from __future__ import annotations
+
+import pytest
+
+import archlab
+from archlab.costs import param_counts
+from costs_cases import model_recipes, random_overrides, shrink
+
+
+def _built_counts(cfg) -> dict[str, int]:
+    """Counted on the module (meta device: no memory): total, embedding, routed experts, active."""
+    model = archlab.build_model(cfg, device="meta")
+    total = sum(p.numel() for p in model.parameters())  # tied weights appear once
+    embedding = model.embed.weight.numel() + sum(p.numel() for p in model.positions.parameters())
+    routed = inactive = 0
+    for block in model.blocks:
+        if block.is_moe:
+            E, K = block.ffn.moe.num_experts, block.ffn.moe.top_k
+            experts = sum(p.numel() for p in block.ffn.experts.parameters())
+            routed += experts
+            inactive += experts * (E - K) // E
+    return {"total": total, "embedding": embedding, "routed_experts": routed, "active": total - inactive}
+
+
+@pytest.mark.parametrize("path", model_recipes(), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_counts_match_the_built_model_for_every_recipe(path):
+    cfg = archlab.load_recipe(path, shrink(path))
+    counts = param_counts(cfg)
+    built = _built_counts(cfg)
+    assert {k: getattr(counts, k) for k in built} == built
+    assert counts.non_embedding == counts.total - counts.embedding
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_counts_match_the_built_model_for_random_configs(seed):
+    cfg = archlab.load_recipe(None, random_overrides(seed, moe=seed % 2 == 1))
+    built = _built_counts(cfg)
+    counts = param_counts(cfg)
+    assert {k: getattr(counts, k) for k in built} == built
+
+
+def test_moe_recipes_match_their_dense_peer_in_active_parameters():
+    """The Mixtral/DeepSeek recipes are sized to the LLaMA peer they name (plus the router)."""
+    dense = param_counts(archlab.load_recipe("recipes/llama/tiny.yaml"))
+    for name in ("mixtral", "deepseek"):
+        recipe = archlab.load_recipe(f"recipes/{name}/tiny.yaml")
+        moe = param_counts(recipe)
+        m = recipe.model
+        routers = sum(m.d_model * m.moe.num_experts for i in range(m.n_layers) if archlab.model_config(recipe).is_moe_layer(i))
+        assert moe.active == dense.total + routers
+        assert moe.total > moe.active
+
+
+def test_untied_head_is_not_embedding():
+    tied = param_counts(archlab.load_recipe("recipes/dense/tiny.yaml"))
+    untied = param_counts(archlab.load_recipe("recipes/dense/tiny.yaml", ["model.tie_embeddings=false"]))
+    assert untied.total - tied.total == untied.lm_head == 8192 * 96
+    assert untied.embedding == tied.embedding == 8192 * 96 + 1024 * 96  # tokens + learned positions
