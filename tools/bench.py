@@ -69,6 +69,7 @@ class Runner:
     ids_BS: Tensor  # (B, S + 1): inputs ids[:, :-1], targets ids[:, 1:]
     opt: torch.optim.Optimizer = field(init=False)
     times: list[float] = field(default_factory=list)  # seconds per step, one entry per round
+    clock: Callable[[], float] = time.perf_counter
 
     def __post_init__(self):
         self.model.train()
@@ -85,10 +86,10 @@ class Runner:
         self.opt.zero_grad(set_to_none=True)
 
     def time_steps(self, n: int) -> None:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         for _ in range(n):
             self.step()
-        self.times.append((time.perf_counter() - t0) / n)
+        self.times.append((self.clock() - t0) / n)
 
     def flops_per_step(self) -> float:
         """Matmul FLOPs of forward + backward (AdamW is elementwise)."""
@@ -113,14 +114,14 @@ def hf_loss(model: nn.Module, inputs_BS: Tensor, targets_BS: Tensor) -> Tensor:
     return model(input_ids=inputs_BS, labels=targets_BS, shift_labels=targets_BS).loss
 
 
-def gemm_flops_per_s(n: int = 2048, reps: int = 3) -> float:
+def gemm_flops_per_s(n: int = 2048, reps: int = 3, clock: Callable[[], float] = time.perf_counter) -> float:
     """Measured fp32 matmul throughput (FLOP/s) of an n x n x n product."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b  # warm-up
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(reps):
         a @ b
-    return 2 * n**3 * reps / (time.perf_counter() - t0)
+    return 2 * n**3 * reps / (clock() - t0)
 
 
 def build_runners(case: Case) -> list[Runner]:
@@ -137,15 +138,17 @@ def build_runners(case: Case) -> list[Runner]:
             Runner(type(hf).__name__, hf, hf_loss, ids)]
 
 
-def run(cases: Sequence[Case], rounds: int, steps: int, log: Callable[[str], None] = print) -> list[dict]:
+def run(cases: Sequence[Case], rounds: int, steps: int, log: Callable[[str], None] = print,
+        clock: Callable[[], float] = time.perf_counter) -> list[dict]:
     """Time every runner of every case, interleaved round by round (order rotating each round)."""
     groups = [(case, build_runners(case)) for case in cases]
     for _, runners in groups:  # warm-up: allocator, kernels, AdamW state
         for runner in runners:
+            runner.clock = clock
             runner.step()
     gemm = []
     for r in range(rounds):
-        gemm.append(gemm_flops_per_s())
+        gemm.append(gemm_flops_per_s(clock=clock))
         for _, runners in groups:
             for i in range(len(runners)):
                 runners[(i + r) % len(runners)].time_steps(steps)
@@ -196,6 +199,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=None, help="override every case's batch size")
     p.add_argument("--seq-len", type=int, default=None, help="override every case's sequence length")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="wall: elapsed time; cpu: this process's CPU time (steadier on a shared machine; "
+                        "use with --threads 1, as idle-spinning threads count as CPU time)")
     return p.parse_args(argv)
 
 
@@ -211,8 +217,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cases = [Case(c.name, c.recipe, c.overrides, args.batch or c.batch, args.seq_len or c.seq_len) for c in cases]
         torch.set_num_threads(args.threads)
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, "
-              f"{args.rounds} rounds x {args.steps} steps")
-        results = run(cases, args.rounds, args.steps)
+              f"{args.rounds} rounds x {args.steps} steps, {args.clock} clock")
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        results = run(cases, args.rounds, args.steps, clock=clock)
     except (RecipeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
