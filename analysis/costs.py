@@ -1,0 +1,253 @@
+"""Compare what recipes cost, from their configs alone: parameters, FLOPs per token, memory.
+
+    python -m analysis.costs recipes/dense/tiny.yaml recipes/llama/tiny.yaml --seq-len 1024
+    python -m analysis.costs recipes/mixtral --format csv --out docs/costs
+
+One row per recipe: parameters (total, embedding, non-embedding, active per token), forward and
+training matmul FLOPs per token at the context length, KV-cache bytes per token of context, and
+the per-rank memory of a training step (weights + gradients + AdamW states + activations of one
+micro-batch of train.micro_batch_size sequences). Conventions (archlab.costs): attention FLOPs
+count the full S x S square (the causally useful part is reported beside it); training = 3 x
+forward; activations are what autograd keeps for backward on the chosen device.
+
+``--out DIR`` writes flops_breakdown.png (training FLOPs per token by component, stacked, and as
+shares), memory_breakdown.png (training memory per rank by part) and costs.<format>.
+A folder argument stands for the recipes (*.yaml) in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import archlab
+from archlab.config import RecipeError
+from archlab.costs import activation_memory, kv_cache_bytes, param_counts, training_flops, training_memory
+from archlab.costs.flops import forward_flops
+
+from analysis.plotting import pyplot, save_figure, stacked_bars, style_axes, unit_scale
+
+FLOPS_LABELS = {
+    "qkv_proj": "QKV projection", "out_proj": "attention output projection",
+    "attn_scores": "attention scores (Q K^T)", "attn_values": "attention-weighted V",
+    "mlp": "dense MLP", "experts": "MoE experts (K routed + shared)", "router": "MoE router",
+    "lm_head": "LM head (logits)",
+}
+MEMORY_LABELS = {"weights": "weights", "grads": "gradients", "optimizer": "AdamW states",
+                 "activations": "activations (1 micro-batch)"}
+ACTIVATION_LABELS = {"embedding": "token ids, embedding", "positions": "RoPE tables", "norms": "norms",
+                     "attention": "attention", "ffn": "dense MLP", "moe": "MoE (router + experts)",
+                     "dropout": "dropout masks", "checkpoint": "checkpointed layer inputs",
+                     "head": "final norm + LM-head input", "loss": "loss (log-softmax of logits)",
+                     "recompute_peak": "one block recomputed (backward peak)"}
+FLOP_UNITS = [(1.0, "FLOP"), (1e3, "kFLOP"), (1e6, "MFLOP"), (1e9, "GFLOP"), (1e12, "TFLOP")]
+BYTE_UNITS = [(1.0, "B"), (2.0**10, "KiB"), (2.0**20, "MiB"), (2.0**30, "GiB"), (2.0**40, "TiB")]
+
+
+def expand(inputs: Sequence[str]) -> list[Path]:
+    """Recipe paths; a folder stands for its *.yaml files. Fails on a missing path."""
+    out: list[Path] = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(p.glob("*.yaml"))
+            if not found:
+                raise RecipeError(f"{p}: folder holds no recipe (*.yaml)")
+            out.extend(found)
+        elif p.exists():
+            out.append(p)
+        else:
+            raise RecipeError(f"{p}: no such recipe file or folder")
+    return out
+
+
+def recipe_costs(path: Path, seq_len: Optional[int], batch: Optional[int], precision: str, zero_stage: int,
+                 dp: int, device: str, checkpointing: bool) -> dict:
+    """All the numbers of one recipe (raw units: parameters, FLOPs, bytes)."""
+    try:
+        recipe = archlab.load_recipe(path)
+    except RecipeError as e:
+        raise RecipeError(e if str(path) in str(e) else f"{path}: not a valid recipe: {e}") from None
+    cfg = archlab.model_config(recipe)
+    S = seq_len or recipe.train.seq_len
+    B = batch or recipe.train.micro_batch_size
+    if cfg.position.type == "learned" and S > cfg.max_seq_len:
+        raise RecipeError(f"{path}: --seq-len {S} is beyond its learned positions (model.max_seq_len="
+                          f"{cfg.max_seq_len}); pass a smaller --seq-len")
+    params = param_counts(cfg)
+    fwd, train = forward_flops(cfg, S), training_flops(cfg, S)
+    mem = training_memory(cfg, B, S, precision=precision, zero_stage=zero_stage, dp=dp, device=device,
+                          checkpointing=checkpointing)
+    acts = activation_memory(cfg, B, S, dtype=precision, device=device, checkpointing=checkpointing)
+    return {
+        "recipe": recipe.name, "path": str(path), "family": recipe.family, "seq_len": S, "batch": B,
+        "params_total": params.total, "params_embedding": params.embedding,
+        "params_non_embedding": params.non_embedding, "params_active": params.active,
+        "fwd_flops_per_token": fwd.total, "train_flops_per_token": train.total,
+        "attention_causal_useful_fwd": fwd.attention_causal_useful,
+        "kv_cache_bytes_per_token": kv_cache_bytes(cfg, batch=1, context=1, dtype="bf16"),
+        "train_memory_bytes": mem["total"],
+        "flops_breakdown": train.components(),
+        "memory_breakdown": {k: mem[k] for k in MEMORY_LABELS},
+        "activation_breakdown": {**acts.by_component(), "recompute_peak": acts.recompute_peak},
+    }
+
+
+def _human(x: float, units) -> str:
+    factor, unit = unit_scale([x], units)
+    return f"{x / factor:.3g} {unit}"
+
+
+def _count(n: float) -> str:
+    for factor, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= factor:
+            return f"{n / factor:.3g}{suffix}"
+    return f"{n:.0f}"
+
+
+COLUMNS = ["recipe", "params_total", "params_embedding", "params_non_embedding", "params_active",
+           "fwd_flops_per_token", "train_flops_per_token", "kv_cache_bytes_per_token", "train_memory_bytes"]
+HEADERS = ["recipe", "params", "embedding", "non-emb.", "active", "fwd FLOP/tok", "train FLOP/tok",
+           "KV cache/tok (bf16)", "train mem/rank"]
+
+
+def format_table(rows: list[dict]) -> str:
+    """An aligned text table with readable units."""
+    cells = [HEADERS]
+    for r in rows:
+        cells.append([r["recipe"]] + [_count(r[c]) for c in COLUMNS[1:5]]
+                     + [_human(r[c], FLOP_UNITS) for c in COLUMNS[5:7]]
+                     + [_human(r[c], BYTE_UNITS) for c in COLUMNS[7:]])
+    widths = [max(len(row[i]) for row in cells) for i in range(len(HEADERS))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    r0 = rows[0]
+    lines.append(f"\nseq_len {r0['seq_len']}; memory: batch {r0['batch']} per rank (recipe default unless "
+                 "--batch); attention FLOPs count the full S x S square.")
+    return "\n".join(lines)
+
+
+def format_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    flops_keys = list(FLOPS_LABELS)
+    writer.writerow(COLUMNS + ["seq_len", "batch"] + [f"train_flops_{k}" for k in flops_keys]
+                    + [f"memory_{k}" for k in MEMORY_LABELS])
+    for r in rows:
+        writer.writerow([r[c] for c in COLUMNS] + [r["seq_len"], r["batch"]]
+                        + [r["flops_breakdown"][k] for k in flops_keys] + [r["memory_breakdown"][k] for k in MEMORY_LABELS])
+    return buf.getvalue()
+
+
+def format_rows(rows: list[dict], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(rows, indent=2) + "\n"
+    if fmt == "csv":
+        return format_csv(rows)
+    return format_table(rows) + "\n"
+
+
+def plot_flops(rows: list[dict], path: Path) -> Path:
+    """Stacked training FLOPs per token by component: absolute, and as shares of the total."""
+    plt = pyplot()
+    labels = [r["recipe"] for r in rows]
+    keys = list(FLOPS_LABELS)
+    factor, unit = unit_scale([r["train_flops_per_token"] for r in rows], FLOP_UNITS)
+    fig, (ax, ax_share) = plt.subplots(1, 2, figsize=(max(9.0, 1.6 * len(rows) + 6), 4.8))
+    stacked_bars(ax, labels, {FLOPS_LABELS[k]: [r["flops_breakdown"][k] / factor for r in rows] for k in keys})
+    style_axes(ax, f"Training FLOPs per token (seq_len {rows[0]['seq_len']})", "recipe",
+               f"training FLOPs per token ({unit})", legend=False)
+    stacked_bars(ax_share, labels, {FLOPS_LABELS[k]: [100 * r["flops_breakdown"][k] / r["train_flops_per_token"]
+                                                      for r in rows] for k in keys})
+    style_axes(ax_share, "Share of each component", "recipe", "share of training FLOPs (%)",
+               legend_title="component", legend_outside=True, legend_reversed=True)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_memory(rows: list[dict], path: Path, precision: str, zero_stage: int, dp: int) -> Path:
+    """Training memory per rank by part (weights, gradients, AdamW states, activations), and the
+    activations of one micro-batch by component."""
+    plt = pyplot()
+    labels = [r["recipe"] for r in rows]
+    r0 = rows[0]
+    fig, (ax, ax_act) = plt.subplots(1, 2, figsize=(max(11.0, 2.0 * len(rows) + 7), 4.8))
+    factor, unit = unit_scale([r["train_memory_bytes"] for r in rows], BYTE_UNITS)
+    stacked_bars(ax, labels, {MEMORY_LABELS[k]: [r["memory_breakdown"][k] / factor for r in rows]
+                              for k in MEMORY_LABELS}, headroom=1.45)
+    style_axes(ax, f"Training memory per rank\n({precision} AdamW, ZeRO-{zero_stage}, dp {dp}, "
+               f"batch {r0['batch']} x seq {r0['seq_len']})", "recipe", f"memory per rank ({unit})",
+               legend_title="part", legend_reversed=True)
+    acts = [r["activation_breakdown"] for r in rows]
+    factor, unit = unit_scale([sum(a.values()) for a in acts], BYTE_UNITS)
+    stacked_bars(ax_act, labels, {ACTIVATION_LABELS[k]: [a.get(k, 0.0) / factor for a in acts]
+                                  for k in ACTIVATION_LABELS})
+    style_axes(ax_act, "Activations kept for backward\n(one micro-batch, all layers)", "recipe",
+               f"activation memory ({unit})", legend_title="component", legend_outside=True, legend_reversed=True)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m analysis.costs", description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("recipes", nargs="+", help="recipe YAML files, or folders of them")
+    ap.add_argument("--seq-len", type=_positive_int, help="context length (default: each recipe's train.seq_len)")
+    ap.add_argument("--batch", type=_positive_int, help="micro-batch per rank for memory (default: train.micro_batch_size)")
+    ap.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format (default table)")
+    ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16",
+                    help="bf16 mixed precision or fp32 training (default bf16)")
+    ap.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], default=0, help="DeepSpeed ZeRO stage (default 0)")
+    ap.add_argument("--dp", type=_positive_int, default=1, help="data-parallel ranks (default 1)")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                    help="device the activation estimate is for (kernels differ; default cuda)")
+    ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every block")
+    ap.add_argument("--out", type=Path, help="folder for flops_breakdown.png, memory_breakdown.png, costs.<format>")
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        rows = [recipe_costs(p, args.seq_len, args.batch, args.precision, args.zero_stage, args.dp,
+                             args.device, args.checkpointing) for p in expand(args.recipes)]
+    except (RecipeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    text = format_rows(rows, args.format)
+    sys.stdout.write(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        written = [plot_flops(rows, args.out / "flops_breakdown.png"),
+                   plot_memory(rows, args.out / "memory_breakdown.png", args.precision, args.zero_stage, args.dp),
+                   write_atomic(args.out / f"costs.{ 'txt' if args.format == 'table' else args.format}", text)]
+        print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

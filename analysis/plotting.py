@@ -1,0 +1,88 @@
+"""Shared plot style for the analysis programs: every figure gets a title, labelled axes with
+units and a legend, and is written atomically as a PNG.
+
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    stacked_bars(ax, ["a", "b"], {"part 1": [1, 2], "part 2": [3, 1]})
+    style_axes(ax, "What it shows", "recipe", "value (unit)")
+    save_figure(fig, out / "figure.png")
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+# one colour per series, stable across figures (matplotlib's tab10 order)
+COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+          "#bcbd22", "#17becf"]
+
+
+def pyplot():
+    """matplotlib.pyplot on the non-interactive Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def style_axes(ax, title: str, xlabel: str, ylabel: str, legend: bool = True,
+               legend_title: Optional[str] = None, legend_outside: bool = False,
+               legend_reversed: bool = False) -> None:
+    """Title, axis labels (state the unit in them), light grid, and the legend (outside the axes
+    on the right with ``legend_outside``; ``legend_reversed`` lists stacked series top first)."""
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, axis="y")
+    ax.set_axisbelow(True)
+    handles, labels = ax.get_legend_handles_labels()
+    if legend and handles:
+        if legend_reversed:
+            handles, labels = handles[::-1], labels[::-1]
+        kwargs = dict(loc="upper left", bbox_to_anchor=(1.01, 1.0)) if legend_outside else {}
+        ax.legend(handles, labels, fontsize=8, title=legend_title, title_fontsize=8, **kwargs)
+
+
+def stacked_bars(ax, labels: Sequence[str], parts: dict[str, Sequence[float]], width: float = 0.6,
+                 headroom: float = 1.0) -> None:
+    """One bar per label, stacked from ``parts`` (series name -> one value per label); series
+    that are zero everywhere are left out of the bars and the legend. ``headroom`` > 1 raises
+    the top of the y axis to that multiple of the tallest bar (room for a legend inside)."""
+    bottom = [0.0] * len(labels)
+    for i, (name, values) in enumerate(parts.items()):
+        if not any(values):
+            continue
+        ax.bar(labels, values, width, bottom=bottom, label=name, color=COLORS[i % len(COLORS)])
+        bottom = [b + v for b, v in zip(bottom, values)]
+    if headroom > 1.0 and max(bottom, default=0.0) > 0:
+        ax.set_ylim(0, headroom * max(bottom))
+    if len(labels) > 3:
+        ax.tick_params(axis="x", labelrotation=30)
+        for tick in ax.get_xticklabels():
+            tick.set_horizontalalignment("right")
+
+
+def unit_scale(values: Sequence[float], units: Sequence[tuple[float, str]]) -> tuple[float, str]:
+    """The largest (factor, unit) of ``units`` (ascending) that the largest value reaches, so that
+    axis numbers stay readable: unit_scale([3e9], [(1, "FLOP"), (1e6, "MFLOP"), (1e9, "GFLOP")])."""
+    top = max((abs(v) for v in values), default=0.0)
+    chosen = units[0]
+    for factor, unit in units:
+        if top >= factor:
+            chosen = (factor, unit)
+    return chosen
+
+
+def save_figure(fig, path: Path, dpi: int = 110) -> Path:
+    """Write a PNG atomically (tmp + os.replace) and close the figure."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
+    pyplot().close(fig)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,119 @@
+"""python -m analysis.costs: the comparison table, its formats, the charts, and its errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import archlab
+from analysis import costs as cli
+from archlab.costs import kv_cache_bytes, param_counts, training_flops_per_token, training_memory
+
+TINY = ["recipes/dense/tiny.yaml", "recipes/llama/tiny.yaml", "recipes/mixtral/tiny.yaml", "recipes/deepseek/tiny.yaml"]
+
+
+def _run(args, capsys) -> tuple[int, str, str]:
+    rc = cli.main(args)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_help_runs_as_a_module(root):
+    res = subprocess.run([sys.executable, "-m", "analysis.costs", "--help"], cwd=root, capture_output=True, text=True)
+    assert res.returncode == 0
+    assert "--seq-len" in res.stdout and "--format" in res.stdout and "--out" in res.stdout
+
+
+def test_json_numbers_are_the_cost_model(capsys):
+    rc, out, _ = _run(TINY + ["--seq-len", "512", "--format", "json"], capsys)
+    assert rc == 0
+    rows = json.loads(out)
+    assert [r["recipe"] for r in rows] == ["dense-tiny", "llama-tiny", "mixtral-tiny", "deepseek-tiny"]
+    for path, row in zip(TINY, rows):
+        recipe = archlab.load_recipe(path)
+        counts = param_counts(recipe)
+        assert row["params_total"] == archlab.num_params(recipe) == counts.total
+        assert row["params_active"] == counts.active
+        assert row["train_flops_per_token"] == training_flops_per_token(recipe, 512)
+        assert row["kv_cache_bytes_per_token"] == kv_cache_bytes(recipe, 1, 1, "bf16")
+        mem = training_memory(recipe, recipe.train.micro_batch_size, 512)
+        assert row["train_memory_bytes"] == mem["total"]
+        assert sum(row["flops_breakdown"].values()) == pytest.approx(row["train_flops_per_token"])
+    assert rows[2]["params_active"] < rows[2]["params_total"]  # MoE
+
+
+def test_table_and_csv(capsys):
+    rc, out, _ = _run(TINY[:2] + ["--seq-len", "1024"], capsys)
+    assert rc == 0
+    lines = out.splitlines()
+    assert "train FLOP/tok" in lines[0] and "KV cache/tok" in lines[0]
+    assert lines[2].startswith("dense-tiny") and lines[3].startswith("llama-tiny")
+    assert "MFLOP" in lines[2] and "seq_len 1024" in out
+    rc, out, _ = _run(TINY[:2] + ["--format", "csv", "--batch", "2"], capsys)
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [r["recipe"] for r in rows] == ["dense-tiny", "llama-tiny"]
+    assert rows[0]["batch"] == "2" and rows[0]["seq_len"] == "128"  # the recipe's train.seq_len
+    assert float(rows[1]["train_flops_per_token"]) == training_flops_per_token(archlab.load_recipe(TINY[1]), 128)
+
+
+def test_folder_stands_for_its_recipes(capsys):
+    rc, out, _ = _run(["recipes/mixtral", "--format", "json"], capsys)
+    assert rc == 0
+    assert {r["recipe"] for r in json.loads(out)} == {"mixtral-tiny", "mixtral-mini", "mixtral-xs", "mixtral-s"}
+
+
+def test_out_writes_the_charts_and_the_table(tmp_path, capsys):
+    rc, _, err = _run(TINY + ["--out", str(tmp_path), "--format", "csv", "--checkpointing"], capsys)
+    assert rc == 0
+    for name in ("flops_breakdown.png", "memory_breakdown.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert (tmp_path / "costs.csv").read_text().startswith("recipe,")
+    assert not list(tmp_path.glob("*.tmp*"))
+    assert "wrote" in err
+
+
+def test_every_chart_has_title_units_and_legend(monkeypatch, capsys):
+    figures = []
+    monkeypatch.setattr(cli, "save_figure", lambda fig, path: figures.append(fig) or path)
+    rows = [cli.recipe_costs(Path(p), 256, 4, "bf16", 0, 1, "cuda", False) for p in TINY]
+    cli.plot_flops(rows, "f.png")
+    cli.plot_memory(rows, "m.png", "bf16", 0, 1)
+    assert len(figures) == 2
+    for fig in figures:
+        for ax in fig.axes:
+            assert ax.get_title() and ax.get_xlabel()
+            assert "(" in ax.get_ylabel()  # the unit
+            bars = {p.get_height() for p in ax.patches}
+            assert bars and max(bars) > 0
+        assert any(ax.get_legend() is not None for ax in fig.axes)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["does/not/exist.yaml"], "no such recipe"),
+    (["recipes/launch/ddp.yaml"], "not a valid recipe"),
+    (["recipes/dense/tiny.yaml", "--seq-len", "4096"], "max_seq_len"),
+])
+def test_bad_input_fails_with_a_clear_message(args, message, capsys):
+    rc, out, err = _run(args, capsys)
+    assert rc == 2
+    assert message in err and "Traceback" not in err
+    assert out == ""
+
+
+def test_empty_folder_and_bad_numbers(tmp_path, capsys):
+    rc, _, err = _run([str(tmp_path)], capsys)
+    assert rc == 2 and "no recipe" in err
+    (tmp_path / "notes.yaml").write_text("- just\n- a list\n")
+    rc, _, err = _run([str(tmp_path / "notes.yaml")], capsys)
+    assert rc == 2 and "mapping" in err
+    for bad in (["--seq-len", "0"], ["--seq-len", "ten"], ["--format", "xml"], ["--dp", "-1"]):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["recipes/dense/tiny.yaml", *bad])
+        assert e.value.code == 2
