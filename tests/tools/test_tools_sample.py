@@ -53,3 +53,38 @@ def test_cli_process_exits_2_without_traceback():
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "model.d_model=-1: must be a positive number" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def fake_run(tmp_path, monkeypatch):
+    """A run folder with a byte tokenizer, and a checkpoint loader that returns a small model."""
+    import archlab.train.checkpoint as checkpoint
+    from archlab.data.tokenizer import build_tokenizer
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_00000001").mkdir(parents=True)
+    build_tokenizer("byte", [], 257).save(run / "tokenizer.json")
+    cfg = sample.archlab.load_recipe(TINY, ["model.n_layers=1", "model.vocab_size=257", "data.tokenizer=byte"])
+    model = sample.archlab.build_model(cfg)
+    monkeypatch.setattr(checkpoint, "load_model", lambda path: (model, cfg))
+    return run, model
+
+
+def test_checkpoint_uses_the_runs_tokenizer(tmp_path, monkeypatch, capsys):
+    run, _ = fake_run(tmp_path, monkeypatch)
+    assert sample.find_tokenizer_file(run / "checkpoints" / "step_00000001") == run / "tokenizer.json"
+    rc = sample.main(["--checkpoint", str(run), "--prompt", "hi", "--max-new-tokens", "4", "--temperature", "0"])
+    assert rc == 0 and capsys.readouterr().out.startswith("hi")
+    assert sample.main(["--checkpoint", str(run), "model.n_layers=2"]) == 2
+    assert "overrides apply to --recipe only" in capsys.readouterr().err
+
+
+def test_export_from_checkpoint_carries_the_tokenizer(tmp_path, monkeypatch, capsys):
+    from transformers import AutoTokenizer
+
+    from tools import export_hf
+
+    run, _ = fake_run(tmp_path, monkeypatch)
+    out = tmp_path / "hf"
+    assert export_hf.main(["--checkpoint", str(run), "--out", str(out), "--verify"]) == 0
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok("hé").input_ids == list("hé".encode()) and tok.eos_token_id == 256
