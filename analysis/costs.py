@@ -154,15 +154,24 @@ def format_rows(rows: list[dict], fmt: str) -> str:
     return format_table(rows) + "\n"
 
 
+def _labels(rows: list[dict], keys: Sequence[str]) -> tuple[list[str], str]:
+    """Bar labels and a title suffix: shared run shapes (seq_len, batch) go in the title, shapes
+    that differ between recipes under each bar."""
+    names = {"seq_len": "seq", "batch": "batch"}
+    shared = [k for k in keys if len({r[k] for r in rows}) == 1]
+    labels = [r["recipe"] + "".join(f"\n{names[k]} {r[k]}" for k in keys if k not in shared) for r in rows]
+    return labels, ", ".join(f"{names[k]} {rows[0][k]}" for k in shared)
+
+
 def plot_flops(rows: list[dict], path: Path) -> Path:
     """Stacked training FLOPs per token by component: absolute, and as shares of the total."""
     plt = pyplot()
-    labels = [r["recipe"] for r in rows]
+    labels, shape = _labels(rows, ["seq_len"])
     keys = list(FLOPS_LABELS)
     factor, unit = unit_scale([r["train_flops_per_token"] for r in rows], FLOP_UNITS)
     fig, (ax, ax_share) = plt.subplots(1, 2, figsize=(max(9.0, 1.6 * len(rows) + 6), 4.8))
     stacked_bars(ax, labels, {FLOPS_LABELS[k]: [r["flops_breakdown"][k] / factor for r in rows] for k in keys})
-    style_axes(ax, f"Training FLOPs per token (seq_len {rows[0]['seq_len']})", "recipe",
+    style_axes(ax, "Training FLOPs per token" + (f" ({shape})" if shape else ""), "recipe",
                f"training FLOPs per token ({unit})", legend=False)
     stacked_bars(ax_share, labels, {FLOPS_LABELS[k]: [100 * r["flops_breakdown"][k] / r["train_flops_per_token"]
                                                       for r in rows] for k in keys})
@@ -176,14 +185,13 @@ def plot_memory(rows: list[dict], path: Path, precision: str, zero_stage: int, d
     """Training memory per rank by part (weights, gradients, AdamW states, activations), and the
     activations of one micro-batch by component."""
     plt = pyplot()
-    labels = [r["recipe"] for r in rows]
-    r0 = rows[0]
+    labels, shape = _labels(rows, ["batch", "seq_len"])
     fig, (ax, ax_act) = plt.subplots(1, 2, figsize=(max(11.0, 2.0 * len(rows) + 7), 4.8))
     factor, unit = unit_scale([r["train_memory_bytes"] for r in rows], BYTE_UNITS)
     stacked_bars(ax, labels, {MEMORY_LABELS[k]: [r["memory_breakdown"][k] / factor for r in rows]
                               for k in MEMORY_LABELS}, headroom=1.45)
-    style_axes(ax, f"Training memory per rank\n({precision} AdamW, ZeRO-{zero_stage}, dp {dp}, "
-               f"batch {r0['batch']} x seq {r0['seq_len']})", "recipe", f"memory per rank ({unit})",
+    style_axes(ax, f"Training memory per rank\n({precision} AdamW, ZeRO-{zero_stage}, dp {dp}"
+               + (f", {shape})" if shape else ")"), "recipe", f"memory per rank ({unit})",
                legend_title="part", legend_reversed=True)
     acts = [r["activation_breakdown"] for r in rows]
     factor, unit = unit_scale([sum(a.values()) for a in acts], BYTE_UNITS)

@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
-# one colour per series, stable across figures (matplotlib's tab10 order)
+# one colour per series position, stable across figures (matplotlib's tab10, then two more)
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-          "#bcbd22", "#17becf"]
+          "#bcbd22", "#17becf", "#393b79", "#e7ba52"]
 
 
 def pyplot():
