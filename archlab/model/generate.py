@@ -50,7 +50,7 @@ def generate(
     out = input_ids
     logits = model(input_ids, kv_cache=cache).logits[:, -1]  # (B, V)
     done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         if temperature == 0:
             nxt = logits.argmax(-1)
         else:
@@ -60,8 +60,8 @@ def generate(
             nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
             done |= nxt == eos_id
         out = torch.cat([out, nxt[:, None]], dim=1)
-        if eos_id is not None and bool(done.all()):
-            break
+        if step + 1 == max_new_tokens or (eos_id is not None and bool(done.all())):
+            break  # the last token needs no forward pass of its own
         logits = model(nxt[:, None], kv_cache=cache).logits[:, -1]
     model.train(was_training)
     return out
