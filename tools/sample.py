@@ -132,7 +132,7 @@ def sample(args: argparse.Namespace) -> list[str]:
     if too_big:
         raise ValueError(f"prompt token ids {too_big[:5]} are outside model.vocab_size={cfg.model.vocab_size}")
     limit = cfg.model.max_seq_len if cfg.model.position.type == "learned" else None
-    if limit is not None and len(prompt) + args.max_new_tokens > limit:
+    if limit is not None and len(prompt) + args.max_new_tokens - 1 > limit:  # the last token is never fed back
         raise ValueError(f"prompt ({len(prompt)} tokens) + --max-new-tokens={args.max_new_tokens} exceeds the "
                          f"learned positions (model.max_seq_len={limit}); lower --max-new-tokens")
     ids = torch.tensor([prompt] * args.num_samples)  # (B, S)

@@ -89,3 +89,11 @@ def test_top_k_and_top_p_never_sample_a_filtered_token():
     with torch.no_grad():
         top3 = model(prompt).logits[:, -1].topk(3).indices
     assert all(out[b, -1] in top3[b] for b in range(4))
+
+
+def test_generation_fills_learned_positions_to_the_last_one():
+    """A prompt of S tokens plus n new ones feeds positions 0..S+n-2: the final token is never fed
+    back, so a learned table of S+n-1 positions suffices."""
+    model = model_for("learned", n_kv_heads=4)  # max_seq_len 32
+    out = archlab.generate(model, torch.randint(0, 40, (1, 30)), max_new_tokens=3, temperature=0)
+    assert out.shape == (1, 33)
