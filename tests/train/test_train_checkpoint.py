@@ -129,3 +129,17 @@ def test_manifest_lists_sizes_and_hashes(run_with_model):
     assert manifest["step"] == 3
     assert manifest["files"][ckpt.WEIGHTS]["bytes"] == (path / ckpt.WEIGHTS).stat().st_size
     assert len(manifest["files"][ckpt.WEIGHTS]["sha256"]) == 64
+
+
+def test_metrics_log_without_tensorboard(tmp_path):
+    """TensorBoard is optional: asked for but not installed, rows still go to metrics.jsonl."""
+    import importlib.util
+
+    from archlab.train.run_folder import MetricsLog, read_jsonl
+
+    log = MetricsLog(tmp_path, tensorboard=True)
+    log.write({"kind": "train", "step": 1, "loss": 2.5})
+    log.close()
+    assert read_jsonl(tmp_path / "metrics.jsonl") == [{"kind": "train", "step": 1, "loss": 2.5}]
+    has_tb = importlib.util.find_spec("tensorboard") is not None
+    assert log.tensorboard_active == has_tb and (tmp_path / "tb").exists() == has_tb
