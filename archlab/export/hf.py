@@ -72,7 +72,10 @@ def find_exporter(cfg: ModelConfig) -> HFExporter:
 
 
 def to_hf_model(model: Decoder, eos_id: Optional[int] = None):
-    """An HF model (fp32, eval mode) holding ``model``'s weights; its logits equal archlab's."""
+    """An HF model (fp32, eval mode) holding ``model``'s weights; its logits equal archlab's.
+
+    archlab has one special token, end-of-text; ``eos_id`` (when known) is both HF's bos and eos.
+    """
     exporter = find_exporter(model.cfg)
     config = exporter.hf_config(model.cfg)
     config.bos_token_id = config.eos_token_id = eos_id
