@@ -142,7 +142,8 @@ def format_csv(rows: list[dict]) -> str:
                     + [f"memory_{k}" for k in MEMORY_LABELS])
     for r in rows:
         writer.writerow([r[c] for c in COLUMNS] + [r["seq_len"], r["batch"]]
-                        + [r["flops_breakdown"][k] for k in flops_keys] + [r["memory_breakdown"][k] for k in MEMORY_LABELS])
+                        + [r["flops_breakdown"][k] for k in flops_keys]
+                        + [r["memory_breakdown"][k] for k in MEMORY_LABELS])
     return buf.getvalue()
 
 
@@ -222,11 +223,14 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m analysis.costs", description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("recipes", nargs="+", help="recipe YAML files, or folders of them")
     ap.add_argument("--seq-len", type=_positive_int, help="context length (default: each recipe's train.seq_len)")
-    ap.add_argument("--batch", type=_positive_int, help="micro-batch per rank for memory (default: train.micro_batch_size)")
-    ap.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format (default table)")
+    ap.add_argument("--batch", type=_positive_int,
+                    help="micro-batch per rank for memory (default: train.micro_batch_size)")
+    ap.add_argument("--format", choices=["table", "csv", "json"], default="table",
+                    help="output format (default table)")
     ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16",
                     help="bf16 mixed precision or fp32 training (default bf16)")
     ap.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], default=0, help="DeepSpeed ZeRO stage (default 0)")
@@ -252,7 +256,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         written = [plot_flops(rows, args.out / "flops_breakdown.png"),
                    plot_memory(rows, args.out / "memory_breakdown.png", args.precision, args.zero_stage, args.dp),
-                   write_atomic(args.out / f"costs.{ 'txt' if args.format == 'table' else args.format}", text)]
+                   write_atomic(args.out / f"costs.{'txt' if args.format == 'table' else args.format}", text)]
         print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
     return 0
 

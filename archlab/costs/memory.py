@@ -15,16 +15,20 @@ from archlab's own modules (what each op saves; views of one storage count once)
 
 - norm: LayerNorm keeps its input + mean, rstd per token; RMSNorm keeps an fp32 copy of its
   input, rstd and the normalised x*rstd on CPU (composite), input + rstd on CUDA (fused);
-- attention: the input of the fused QKV projection; what SDPA keeps. The fused kernels
-  (CPU flash; CUDA flash / memory-efficient) keep q, k, v (after RoPE; G key/value heads, as
-  SDPA's ``enable_gqa`` reads them without copies), the output and the log-sum-exp (fp32, one per head and token), and CUDA keeps an
-  additive mask (ALiBi: one (H, S, S) tensor per layer). CPU falls back to the math kernel for
-  a mask (ALiBi) or attention dropout, which works in fp32: copies of q, k, v, the (B, H, S, S) probabilities
-  (+ mask and dropped probabilities with dropout) and a copy of the output for the projection;
+- attention: the input of the fused QKV projection and what SDPA keeps. The fused kernels
+  (CPU flash; CUDA flash / memory-efficient) keep q, k, v (after RoPE; G key/value heads, read
+  through SDPA's ``enable_gqa`` without copies), the output and the log-sum-exp (fp32, one per
+  head and token); CUDA also keeps an additive mask (ALiBi: one (H, S, S) tensor per layer).
+  CPU runs the math kernel, in fp32, for a mask (ALiBi) or attention dropout: copies of q, k, v,
+  the (B, H, S, S) probabilities (+ mask and dropped probabilities with dropout) and a copy of
+  the output for the projection;
 - FFN: the up-projection input and the hidden activations: GELU keeps 2F per token (its input
   and output), ReLU F (its output serves both), SwiGLU 4F ([gate; up], silu(gate), product);
-- MoE: the router's fp32 input copy and logits/scores, the K gathered token copies, the
-  experts' hidden activations per routed slot, the gate products, the shared experts;
+- MoE: the router's fp32 input copy, scores, chosen ids and gates (+ what the balancing terms
+  and group-limited routing keep), the tokens' rows in expert-major order, the experts' hidden
+  activations and outputs per routed slot, the shared experts. This is the packed (grouped
+  GEMM) layout, N*K rows; the CPU padded (E, C) grid, used when it is faster, keeps E*C rows
+  (at most ``GroupedExperts.max_padding`` times more);
 - dropout (p > 0): one mask per dropout, in the activation dtype on CPU, bool on CUDA;
 - model level: token ids and targets (int64), learned position ids, RoPE cos/sin tables (fp32,
   shared by all layers), the final norm and LM-head input, and the loss's log-softmax (N x V).
@@ -211,7 +215,8 @@ def _attention_bytes(s: _Shape) -> float:
 def _ffn_bytes(s: _Shape, kind: str, hidden: int, n_tokens: float) -> float:
     """A dense FFN applied to ``n_tokens`` rows: its input + hidden activations."""
     if kind not in FFN_HIDDEN_SAVED:
-        raise ValueError(f"ffn.type={kind!r}: no activation model; add it to FFN_HIDDEN_SAVED in archlab/costs/memory.py")
+        raise ValueError(f"ffn.type={kind!r}: no activation model; "
+                         "add it to FFN_HIDDEN_SAVED in archlab/costs/memory.py")
     return n_tokens * (s.cfg.d_model + FFN_HIDDEN_SAVED[kind] * hidden) * s.act
 
 
@@ -325,12 +330,13 @@ def activation_memory(model_cfg, batch: int, seq_len: int, dtype: str = "bf16", 
     _check_choice("device", device, list(DEVICES))
     act = DTYPE_BYTES[dtype]
     s = _Shape(cfg, batch, seq_len, act, act if device == "cpu" else 1, device)
-    n, D = s.n, cfg.d_model
+    n, D, rope = s.n, cfg.d_model, cfg.position.type == "rope"
     full = [_layer_bytes(s, i) for i in range(cfg.n_layers)]
     model = {
         "embedding": 2 * n * ID_BYTES + (seq_len * ID_BYTES if cfg.position.type == "learned" else 0)
         + (n * D * s.mask if cfg.dropout > 0 else 0),  # ids + targets, position ids, dropout mask
-        "positions": 2 * seq_len * cfg.d_head * STATS_BYTES if cfg.position.type == "rope" and not checkpointing else 0.0,
+        # RoPE cos/sin, shared by all layers (inside the recomputed blocks when checkpointing)
+        "positions": 2 * seq_len * cfg.d_head * STATS_BYTES if rope and not checkpointing else 0.0,
         "head": (n * _norm_bytes(s, D) if cfg.norm.placement == "pre" else 0) + n * D * act,
         "loss": n * cfg.vocab_size * act,
     }

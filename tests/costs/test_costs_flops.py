@@ -73,7 +73,8 @@ def test_attention_counts_the_full_square_and_reports_the_causal_part():
 def test_training_is_three_forwards_and_accepts_recipe_or_model_config():
     recipe = archlab.load_recipe("recipes/deepseek/tiny.yaml")
     cfg = archlab.model_config(recipe)
-    assert training_flops_per_token(recipe, 64) == training_flops_per_token(cfg, 64) == 3 * forward_flops_per_token(cfg, 64)
+    train = training_flops_per_token(recipe, 64)
+    assert train == training_flops_per_token(cfg, 64) == 3 * forward_flops_per_token(cfg, 64)
     t = training_flops(cfg, 64)
     assert t.router == 3 * forward_flops(cfg, 64).router > 0
     # MoE counts the K routed experts, not all E: fewer FLOPs than its parameter count suggests

@@ -47,8 +47,8 @@ def test_moe_recipes_match_their_dense_peer_in_active_parameters():
     for name in ("mixtral", "deepseek"):
         recipe = archlab.load_recipe(f"recipes/{name}/tiny.yaml")
         moe = param_counts(recipe)
-        m = recipe.model
-        routers = sum(m.d_model * m.moe.num_experts for i in range(m.n_layers) if archlab.model_config(recipe).is_moe_layer(i))
+        m = archlab.model_config(recipe)
+        routers = sum(m.d_model * m.moe.num_experts for i in range(m.n_layers) if m.is_moe_layer(i))
         assert moe.active == dense.total + routers
         assert moe.total > moe.active
 
