@@ -39,19 +39,25 @@ def _active() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def _comm_device(t: torch.Tensor) -> torch.device:
+    """NCCL reduces CUDA tensors only; gloo reduces CPU tensors (and CUDA ones through a copy)."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return t.device
+
+
+def _all_reduce(t: torch.Tensor, op) -> torch.Tensor:
+    out = t.detach().clone()
+    if not _active():
+        return out
+    buf = out.to(_comm_device(out))
+    dist.all_reduce(buf, op=op)
+    return buf.to(t.device)
+
+
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum of ``t`` over all ranks (a copy; identity in a single process)."""
-    out = t.detach().clone()
-    if _active():
-        dist.all_reduce(out, op=dist.ReduceOp.SUM)
-    return out
-
-
-def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
-    out = t.detach().clone()
-    if _active():
-        dist.all_reduce(out, op=dist.ReduceOp.MAX)
-    return out
+    """Sum of ``t`` over all ranks, on ``t``'s device (a copy; identity in a single process)."""
+    return _all_reduce(t, dist.ReduceOp.SUM)
 
 
 def barrier() -> None:
