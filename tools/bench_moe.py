@@ -11,9 +11,9 @@ experts) and with its ``grouped_mm`` experts implementation (the default inside 
 DeepSpeed; all paths with SwiGLU experts of the same shape and
 dropless routing (DeepSpeed with ``drop_tokens=False``, which pads every expert to the largest
 expert's load), so the useful FLOPs are the same. The step case is ``tools.bench``'s training
-step (forward, loss, backward, AdamW) on the Mixtral-tiny recipe and its HF export, each model
-with its own loss (archlab's fused LM-head cross-entropy, HF's ``labels`` loss); archlab with a
-plain logits cross-entropy is timed too.
+step (forward, loss, backward, AdamW) on the Mixtral-tiny recipe and its HF export: archlab with
+a logits cross-entropy against HF with its own ``labels`` loss; archlab with its fused LM-head
+loss is timed too.
 
 Timings are interleaved round by round with alternating order (the machine is shared and noisy);
 the reported ratio is the median over rounds of (other path's time / archlab's time), so > 1
@@ -128,16 +128,16 @@ def build_layer_paths(case: LayerCase, batch: int, seq_len: int, d_model: int) -
 
 
 def build_step_paths(batch: int, seq_len: int) -> tuple[list[Timed], float]:
-    """tools.bench's runners on Mixtral-tiny: archlab with its own (fused LM-head) training loss
-    first, then HF with its own loss and archlab with a plain logits cross-entropy."""
+    """tools.bench's runners on Mixtral-tiny: archlab with a logits cross-entropy first, then HF
+    with its own ``labels`` loss and archlab with its fused LM-head loss."""
     from tools.bench import Case, build_runners
 
     runners = {r.label: r for r in build_runners(Case("mixtral-tiny", "recipes/mixtral/tiny.yaml", (), batch, seq_len))}
-    ours = runners.pop("archlab-fused")
-    plain = runners.pop("archlab")
+    ours = runners.pop("archlab")
+    fused = runners.pop("archlab-fused")
     (hf,) = runners.values()
     flops = training_flops_per_token(ours.model.cfg, seq_len) * batch * seq_len
-    return [Timed("archlab", ours.step), Timed(hf.label, hf.step), Timed("archlab, logits loss", plain.step)], flops
+    return [Timed("archlab", ours.step), Timed(hf.label, hf.step), Timed("archlab, fused loss", fused.step)], flops
 
 
 def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[dict]:
