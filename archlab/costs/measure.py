@@ -49,8 +49,8 @@ if hasattr(torch.ops.aten, "_grouped_mm") and torch.ops.aten._grouped_mm not in 
 
 
 def lm_loss(logits_BSV: Tensor, targets_BS: Tensor) -> Tensor:
-    """Next-token cross-entropy as training computes it: mean over B*S tokens."""
-    return F.cross_entropy(logits_BSV.flatten(0, 1), targets_BS.flatten())
+    """Next-token cross-entropy as archlab.train computes it: on fp32 logits, mean over B*S."""
+    return F.cross_entropy(logits_BSV.float().flatten(0, 1), targets_BS.flatten())
 
 
 def _forward_loss(model: nn.Module, ids_BS: Tensor) -> Tensor:

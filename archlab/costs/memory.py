@@ -31,7 +31,14 @@ from archlab's own modules (what each op saves; views of one storage count once)
   (at most ``GroupedExperts.max_padding`` times more);
 - dropout (p > 0): one mask per dropout, in the activation dtype on CPU, bool on CUDA;
 - model level: token ids and targets (int64), learned position ids, RoPE cos/sin tables (fp32,
-  shared by all layers), the final norm and LM-head input, and the loss's log-softmax (N x V).
+  shared by all layers), the final norm and LM-head input, and the loss's log-softmax (N x V,
+  fp32: the trainer upcasts the logits).
+
+Dtypes: ``bf16`` describes a model held in bf16 (DeepSpeed's bf16 mode, the 2 + 2 + 12 split
+above); torch.autocast over fp32 weights (accelerate's native mixed precision) keeps more: a bf16
+copy of every weight, fp32 norm outputs and residual stream, bf16 copies of the linear inputs
+(measured 1.35-1.5x the ``bf16`` estimate for the tiny recipes at batch 2 x 64 on CPU); it is
+not modelled here.
 
 With activation checkpointing (each block recomputed in backward) a layer keeps only its input
 (N x D); the backward then holds one layer's full activations at a time (``recompute_peak``).
@@ -338,7 +345,7 @@ def activation_memory(model_cfg, batch: int, seq_len: int, dtype: str = "bf16", 
         # RoPE cos/sin, shared by all layers (inside the recomputed blocks when checkpointing)
         "positions": 2 * seq_len * cfg.d_head * STATS_BYTES if rope and not checkpointing else 0.0,
         "head": (n * _norm_bytes(s, D) if cfg.norm.placement == "pre" else 0) + n * D * act,
-        "loss": n * cfg.vocab_size * act,
+        "loss": n * cfg.vocab_size * STATS_BYTES,  # the trainer takes the loss on fp32 logits
     }
     if not checkpointing:
         return ActivationMemory(layers=tuple(full), model=model)
