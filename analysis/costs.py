@@ -68,7 +68,7 @@ def expand(inputs: Sequence[str]) -> list[Path]:
 
 
 def recipe_costs(path: Path, seq_len: Optional[int], batch: Optional[int], precision: str, zero_stage: int,
-                 dp: int, device: str, checkpointing: bool) -> dict:
+                 dp: int, device: str, checkpointing: bool, ep: Optional[int] = None) -> dict:
     """All the numbers of one recipe (raw units: parameters, FLOPs, bytes)."""
     try:
         recipe = archlab.load_recipe(path)
@@ -82,8 +82,12 @@ def recipe_costs(path: Path, seq_len: Optional[int], batch: Optional[int], preci
                           f"{cfg.max_seq_len}); pass a smaller --seq-len")
     params = param_counts(cfg)
     fwd, train = forward_flops(cfg, S), training_flops(cfg, S)
-    mem = training_memory(cfg, B, S, precision=precision, zero_stage=zero_stage, dp=dp, device=device,
-                          checkpointing=checkpointing)
+    ep = ep if cfg.moe is not None else None  # dense recipes have no experts to shard
+    try:
+        mem = training_memory(cfg, B, S, precision=precision, zero_stage=zero_stage, dp=dp, ep=ep, device=device,
+                              checkpointing=checkpointing)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     acts = activation_memory(cfg, B, S, dtype=precision, device=device, checkpointing=checkpointing)
     return {
         "recipe": recipe.name, "path": str(path), "family": recipe.family, "seq_len": S, "batch": B,
@@ -235,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="bf16 mixed precision or fp32 training (default bf16)")
     ap.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], default=0, help="DeepSpeed ZeRO stage (default 0)")
     ap.add_argument("--dp", type=_positive_int, default=1, help="data-parallel ranks (default 1)")
+    ap.add_argument("--ep", type=_positive_int,
+                    help="expert-parallel ranks for MoE recipes (default: the recipe's moe.ep_size); must divide --dp")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                     help="device the activation estimate is for (kernels differ; default cuda)")
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every block")
@@ -246,7 +252,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         rows = [recipe_costs(p, args.seq_len, args.batch, args.precision, args.zero_stage, args.dp,
-                             args.device, args.checkpointing) for p in expand(args.recipes)]
+                             args.device, args.checkpointing, args.ep) for p in expand(args.recipes)]
     except (RecipeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -62,6 +62,18 @@ def test_table_and_csv(capsys):
     assert float(rows[1]["train_flops_per_token"]) == training_flops_per_token(archlab.load_recipe(TINY[1]), 128)
 
 
+def test_zero_and_expert_parallel_shard_the_states(capsys):
+    rc, out, _ = _run(["recipes/mixtral/tiny.yaml", "recipes/dense/tiny.yaml", "--format", "json"], capsys)
+    single = json.loads(out)
+    rc, out, _ = _run(["recipes/mixtral/tiny.yaml", "recipes/dense/tiny.yaml", "--format", "json",
+                       "--zero-stage", "3", "--dp", "4", "--ep", "2"], capsys)
+    assert rc == 0
+    sharded = json.loads(out)
+    for a, b in zip(single, sharded):
+        for part in ("weights", "grads", "optimizer"):
+            assert b["memory_breakdown"][part] == pytest.approx(a["memory_breakdown"][part] / 4)
+
+
 def test_folder_stands_for_its_recipes(capsys):
     rc, out, _ = _run(["recipes/mixtral", "--format", "json"], capsys)
     assert rc == 0
@@ -99,6 +111,7 @@ def test_every_chart_has_title_units_and_legend(monkeypatch, capsys):
     (["does/not/exist.yaml"], "no such recipe"),
     (["recipes/launch/ddp.yaml"], "not a valid recipe"),
     (["recipes/dense/tiny.yaml", "--seq-len", "4096"], "max_seq_len"),
+    (["recipes/mixtral/tiny.yaml", "--dp", "4", "--ep", "3"], "ep=3"),
 ])
 def test_bad_input_fails_with_a_clear_message(args, message, capsys):
     rc, out, err = _run(args, capsys)
