@@ -71,8 +71,7 @@ CASES = {
 def test_moe_fast_path_matches_looped_reference_forward_and_backward(case, path, monkeypatch):
     kw = dict(CASES[case])
     layer = MoELayer(make_cfg(ffn=kw.pop("ffn", "swiglu"), **kw))
-    # max_padding 0: grouped_mm always; inf: the padded bmm always
-    layer.experts.max_padding = 0.0 if path == "grouped" else float("inf")
+    layer.experts.mode = path
     calls = []
     monkeypatch.setattr(experts_mod, "grouped_linear", lambda *a: calls.append(1) or grouped_linear(*a))
     if layer.router.expert_bias is not None:
@@ -121,6 +120,7 @@ def test_moe_grouped_linear_handles_uneven_counts_and_expanded_gradients():
 
 
 def test_moe_cpu_picks_grouped_mm_when_padding_would_be_large(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # one thread always picks grouped_mm
     layer = MoELayer(make_cfg())
     with torch.no_grad():
         layer.router.gate.weight.zero_()
@@ -198,9 +198,21 @@ def test_moe_odd_widths_use_the_padded_fallback():
 
 def test_moe_grouped_path_under_cpu_autocast():
     layer = MoELayer(make_cfg())
-    layer.experts.max_padding = 0.0  # grouped_mm
+    layer.experts.mode = "grouped"
     x = torch.randn(2, 8, 32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y, _ = layer(x.to(torch.bfloat16))
     ref, _ = layer(x)
     torch.testing.assert_close(y.float(), ref, rtol=0.05, atol=0.02)
+
+
+def test_moe_auto_mode_choice_by_threads_and_padding(monkeypatch):
+    layer = MoELayer(make_cfg())
+    x = torch.randn(4, 32)
+    d = experts_mod.Dispatch(torch.arange(8), torch.tensor([2, 1, 1, 1, 1, 1, 1, 0]), torch.tensor(0), torch.ones(4, 2))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert layer.experts._use_grouped_mm(x, d)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert not layer.experts._use_grouped_mm(x, d)  # 8 * 2 = 16 rows for 8 slots: 2x, padded
+    layer.experts.max_padding = 1.5
+    assert layer.experts._use_grouped_mm(x, d)
