@@ -14,10 +14,16 @@ The same idea as Liger-Kernel's fused linear cross-entropy, in plain torch ops.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
 IGNORE_INDEX = -100  # targets with this id do not count (torch's cross_entropy default)
+# fp32 logits per chunk: 1024 tokens at V=8192. Measured on a busy 2-core CPU (N=2048, D=256,
+# V=8192, forward + backward): 256-token chunks were 20% faster than the plain loss on one thread
+# but slower on two (more, smaller GEMMs); 1024-token chunks were faster on both (15% and 6%).
+CHUNK_BYTES = 32 * 2**20
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -60,10 +66,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 None if grad_w is None else grad_w * scale.to(grad_w.dtype), None, None)
 
 
-def linear_cross_entropy(h_ND: Tensor, weight_VD: Tensor, targets_N: Tensor, chunk: int = 256) -> Tensor:
+def linear_cross_entropy(h_ND: Tensor, weight_VD: Tensor, targets_N: Tensor, chunk: Optional[int] = None) -> Tensor:
     """mean over counted tokens of cross_entropy(h @ weight^T, targets), computed in chunks of
     ``chunk`` tokens; equals ``F.cross_entropy(h @ weight.T, targets)`` (fp32 accumulation).
-    Targets equal to -100 are ignored."""
+    Targets equal to -100 are ignored. The default chunk holds CHUNK_BYTES of fp32 logits."""
     if h_ND.ndim != 2 or targets_N.shape != h_ND.shape[:1]:
         raise ValueError(f"expected h (N, D) and targets (N,), got {tuple(h_ND.shape)} and {tuple(targets_N.shape)}")
+    if chunk is None:
+        chunk = max(1, CHUNK_BYTES // (4 * weight_VD.shape[0]))
     return _LinearCrossEntropy.apply(h_ND, weight_VD, targets_N, chunk)
