@@ -16,9 +16,8 @@ can be checked against a measured count):
   never added to the total.
 - A training step costs 3x the forward: the backward of every matmul is two matmuls of the
   same size (grad wrt input and grad wrt weight).
-- MoE layers count what a token actually uses: its K routed experts, the shared experts, the
-  gate-weighted sum of the K outputs (2*K*D) and the router projection (2*D*E), never the
-  experts it was not sent to.
+- MoE layers count what a token actually uses: its K routed experts, the shared experts and
+  the router projection (2*D*E), never the experts it was not sent to.
 """
 
 from __future__ import annotations
@@ -92,14 +91,12 @@ def attention_core_flops(cfg: ModelConfig, seq_len: int) -> float:
 def moe_layer_flops(cfg: ModelConfig) -> tuple[float, float]:
     """(experts, router) FLOPs per token of one MoE layer.
 
-    experts = K routed experts + the shared experts, each an FFN of ``ffn.type``, + the
-    gate-weighted sum of the K expert outputs (a (1, K) x (K, D) product: 2 * K * D);
-    router = 2 * D * E.
+    experts = K routed experts + the shared experts, each an FFN of ``ffn.type`` (the
+    gate-weighted sum of the K outputs is elementwise and counts zero); router = 2 * D * E.
     """
     m = cfg.moe
     shared_hidden = m.shared_hidden if m.shared_hidden is not None else m.expert_hidden
     experts = m.top_k * ffn_flops(cfg.ffn.type, cfg.d_model, m.expert_hidden)
-    experts += 2.0 * m.top_k * cfg.d_model
     experts += m.n_shared_experts * ffn_flops(cfg.ffn.type, cfg.d_model, shared_hidden)
     return experts, 2.0 * cfg.d_model * m.num_experts
 

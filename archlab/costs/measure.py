@@ -65,17 +65,18 @@ def real_routed_rows(model: nn.Module) -> Iterator[None]:
 
     On CPU the experts may multiply a zero-padded (E, C) grid when that is faster; its padding
     rows are real work for the machine but not for the model. The cost model counts routed
-    tokens, so measurements are taken on the grouped path (where the widths allow it).
+    tokens, so measurements are taken in the experts' ``grouped`` mode (where the widths allow
+    grouped_mm; otherwise the experts fall back to the padded grid).
     """
-    padded = [m for m in model.modules() if hasattr(m, "max_padding")]
-    saved = [m.max_padding for m in padded]
-    for m in padded:
-        m.max_padding = 0.0
+    experts = [m for m in model.modules() if hasattr(m, "mode") and hasattr(m, "w_up")]
+    saved = [m.mode for m in experts]
+    for m in experts:
+        m.mode = "grouped"
     try:
         yield
     finally:
-        for m, v in zip(padded, saved):
-            m.max_padding = v
+        for m, mode in zip(experts, saved):
+            m.mode = mode
 
 
 def measured_flops(model: nn.Module, ids_BS: Tensor, backward: bool = True) -> dict[str, float]:

@@ -27,8 +27,8 @@ from archlab's own modules (what each op saves; views of one storage count once)
 - MoE: the router's fp32 input copy, scores, chosen ids and gates (+ what the balancing terms
   and group-limited routing keep), the tokens' rows in expert-major order, the experts' hidden
   activations and outputs per routed slot, the shared experts. This is the packed (grouped
-  GEMM) layout, N*K rows; the CPU padded (E, C) grid, used when it is faster, keeps E*C rows
-  (at most ``GroupedExperts.max_padding`` times more);
+  GEMM) layout, N*K rows; the padded (E, C) grid the experts may choose on CPU keeps E*C rows
+  (C = the largest expert load);
 - dropout (p > 0): one mask per dropout, in the activation dtype on CPU, bool on CUDA;
 - model level: token ids and targets (int64), learned position ids, RoPE cos/sin tables (fp32,
   shared by all layers), the final norm and LM-head input, and the loss's log-softmax (N x V,

@@ -30,7 +30,7 @@ def test_flops_match_flop_counter_for_every_recipe(path):
         assert expected == pytest.approx(value / (B * S), rel=0.01, abs=1e-9), name
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(6))
 def test_random_configs_match_flop_counter(seed):
     """Random dense and MoE models (routers, groups, shared experts, dense-first layers...)."""
     cfg = archlab.load_recipe(None, random_overrides(seed, moe=seed % 2 == 1))

@@ -43,7 +43,7 @@ def test_bf16_activations_match_saved_tensors(name):
     assert est.total == pytest.approx(_saved(cfg, "bf16"), rel=0.10)
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(6))
 def test_activations_match_saved_tensors_for_random_configs(seed):
     """Dropout masks, q/k norms, ALiBi (math attention), GQA, routers, groups, jitter, z-loss..."""
     cfg = archlab.load_recipe(None, random_overrides(seed, moe=seed % 2 == 1))
