@@ -152,7 +152,8 @@ def plot_losses(run_dir: Path, title: str) -> Path:
     train = [r for r in rows if r.get("kind") == "train"]
     val = [r for r in rows if r.get("kind") == "val" and r.get("context_multiplier", 1) == 1]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["tokens"] for r in train], [r["loss"] for r in train], label="train", lw=1)
+    # loss_avg: mean over the steps since the previous row, smoother than the single-step loss
+    ax.plot([r["tokens"] for r in train], [r.get("loss_avg", r["loss"]) for r in train], label="train", lw=1)
     if val:
         ax.plot([r["tokens"] for r in val], [r["loss"] for r in val], "o-", label="validation")
     ax.set_xlabel("tokens seen")
