@@ -1,7 +1,8 @@
 """Training-step throughput of archlab against the equivalent ``transformers`` model.
 
-    python -m tools.bench                       # all cases, 2 threads
+    python -m tools.bench                       # all cases, 2 threads, wall clock
     python -m tools.bench --cases llama-small --rounds 7 --steps 4
+    python -m tools.bench --threads 1 --clock cpu --rounds 3 --steps 1   # steadier on a busy machine
 
 For each case, archlab's decoder and the HF model it exports to (same weights, same shapes; HF
 with its SDPA attention) run a training step: forward, cross-entropy, backward, AdamW (fused,
