@@ -206,8 +206,9 @@ def launch_overrides(p: Point, cfg, out_dir: Path, evals: int) -> list[str]:
         # about `evals` validation points per run, for the loss-against-tokens curves
         "train.eval_every": max(1, steps // max(1, evals)),
         "train.log_every": max(1, min(int(cfg.train.log_every), steps // 10 or 1)),
-        # a checkpoint half-way and one at the end (routing saturation compares two checkpoints)
-        "train.ckpt_every": max(1, steps // 2),
+        # a checkpoint half-way and the final one, the two that keep_last=2 keeps (routing
+        # saturation compares checkpoints); (steps+1)//2 so that no second one lands just before the end
+        "train.ckpt_every": max(1, (steps + 1) // 2),
     }
     for key, value in defaults.items():
         if not _user_sets(p.overrides, key):
