@@ -303,7 +303,10 @@ def plot_balance(series: dict[str, dict], run_name: str, path: Path) -> Optional
             E = next((load_matrix(s).shape[1] for s in series.values() if load_matrix(s) is not None), None)
             if E:
                 ax.axhline(math.log(E), color="gray", ls=":", lw=1, label=f"uniform over E={E}: ln E")
-        style_axes(ax, title, "training step", ylabel, legend_title="MoE layer")
+        if key == "dropped_fraction" and all(not np.any(s.get(key, np.zeros(1))) for s in series.values()):
+            title += "\nnone dropped (dropless routing)"
+        style_axes(ax, title, "training step", ylabel, legend=False)
+        ax.legend(fontsize=8, title="MoE layer", title_fontsize=8, loc="upper right", framealpha=0.7)
     fig.suptitle(f"{run_name}: load balance over training")
     fig.tight_layout()
     return save_figure(fig, path)
@@ -342,9 +345,11 @@ def plot_specialisation(spec: dict[str, dict], run_name: str, path: Path) -> Pat
     base = spec[layers[0]]["uniform_baseline"]
     ax.axhline(base, color="k", ls=":", label=f"floor K/E = {base:.2f} (id spread evenly)")
     ax.set_xticks(x, layers)
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(0, 1.3)  # room for the legend above the bars
+    ax.set_yticks(np.linspace(0, 1, 6))
     style_axes(ax, f"{run_name}: token-id specialisation (OLMoE)", "MoE layer",
-               "share of a token id's occurrences\nrouted to its most frequent expert")
+               "share of a token id's occurrences\nrouted to its most frequent expert", legend=False)
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
     fig.tight_layout()
     return save_figure(fig, path)
 
