@@ -35,8 +35,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if summary["rank"] == 0:
-        print(f"[archlab] {summary['status']}: step {summary['step']}, run folder {summary['run_dir']}", file=sys.stderr)
+        print(_closing_lines(summary), file=sys.stderr)
     return 0
+
+
+def _closing_lines(summary: dict) -> str:
+    """What a user wants at the end: where the run is, how good it got, where the plot is."""
+    run = summary["run_dir"]
+    lines = [f"[archlab] {summary['status']}: step {summary['step']}, run folder {run}"]
+    val = summary.get("final_val_loss") or {}
+    if val:
+        by_len = ", ".join(f"{loss:.3f} at {ctx} tokens" for ctx, loss in val.items())
+        lines.append(f"[archlab] final validation loss (nats/token): {by_len}")
+    if summary.get("unigram_entropy_train") is not None:
+        lines.append(f"[archlab] unigram entropy of the training split: {summary['unigram_entropy_train']:.3f}")
+    lines.append(f"[archlab] loss curve: {run}/loss.png")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
