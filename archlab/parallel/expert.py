@@ -137,3 +137,86 @@ def enable_expert_parallel(model: nn.Module, ep_size: Optional[int] = None) -> i
         El = shard_experts(layer, ep_rank, ep_size)
         layer.dispatcher = ExpertParallelDispatcher(ep_group, ep_size, El)
     return len(layers)
+
+
+def expert_parallel_active(model: nn.Module) -> bool:
+    """True when ``enable_expert_parallel`` sharded this model's experts."""
+    layers = moe_layers(model)
+    return bool(layers) and isinstance(layers[0].dispatcher, ExpertParallelDispatcher)
+
+
+@torch.no_grad()
+def consolidated_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The model's state dict with every expert tensor gathered over its expert-parallel group:
+    the weights an unsharded model (ep_size=1) loads. Collective: every rank must call it."""
+    state = dict(model.state_dict())
+    for path, mod in model.named_modules():
+        if not isinstance(mod, MoELayer) or not isinstance(mod.dispatcher, ExpertParallelDispatcher):
+            continue
+        group, P = mod.dispatcher.group, mod.dispatcher.ep_size
+        for name in ("w_up", "w_down"):
+            local = getattr(mod.experts, name).detach().contiguous()  # (El, ...)
+            parts = [torch.empty_like(local) for _ in range(P)]
+            dist.all_gather(parts, local, group=group)
+            state[f"{path}.experts.{name}" if path else f"experts.{name}"] = torch.cat(parts)  # (E, ...)
+    return state
+
+
+@torch.no_grad()
+def global_grad_norm(optimizer: torch.optim.Optimizer) -> Tensor:
+    """2-norm of the gradient of the whole (unsharded) model, on every rank, after the engine's
+    gradient reduction: the dense groups' gradients are identical on all ranks; the expert groups
+    (``moe=True``, named after their group) hold disjoint experts on the ranks of an
+    expert-parallel group, so their squared norms are summed over that group."""
+    from deepspeed.utils import groups
+
+    dense = torch.zeros((), dtype=torch.float64)
+    experts: dict[str, Tensor] = {}
+    for g in optimizer.param_groups:
+        sq = sum((p.grad.double().square().sum().cpu() for p in g["params"] if p.grad is not None),
+                 torch.zeros((), dtype=torch.float64))
+        if g.get("moe"):
+            experts[g["name"]] = experts.get(g["name"], torch.zeros((), dtype=torch.float64)) + sq
+        else:
+            dense += sq
+    total = dense
+    for name, sq in sorted(experts.items()):
+        group = groups._get_expert_parallel_group(name)
+        buf = sq.float().to(_comm_device(group))
+        dist.all_reduce(buf, group=group)
+        total = total + buf.double().cpu()
+    return total.sqrt()
+
+
+def _comm_device(group) -> torch.device:
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class ExpertParallelClipping:
+    """Gradient clipping by the true global norm under expert parallelism, as a pre-step hook of
+    the optimizer (the DeepSpeed engine reduces gradients, then calls ``optimizer.step()``).
+
+    DeepSpeed's ZeRO-0 clipping averages each rank's local norm over ranks, which is not the norm
+    of the unsharded model when ranks hold different experts; this hook computes that norm
+    (:func:`global_grad_norm`), records it in ``last_norm`` and scales the gradients by
+    ``min(1, max_norm / (norm + 1e-6))`` (as ``torch.nn.utils.clip_grad_norm_``). The engine's own
+    clipping must be off (``gradient_clipping: 0``). ``max_norm <= 0``: measure only."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, max_norm: float):
+        self.max_norm, self.last_norm = float(max_norm), None
+        self.handle = optimizer.register_step_pre_hook(self)
+
+    @torch.no_grad()
+    def __call__(self, optimizer, args, kwargs) -> None:
+        norm = global_grad_norm(optimizer)
+        self.last_norm = float(norm)
+        if self.max_norm <= 0 or not torch.isfinite(norm):
+            return
+        coef = min(1.0, self.max_norm / (self.last_norm + 1e-6))
+        if coef < 1.0:
+            for g in optimizer.param_groups:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(coef)

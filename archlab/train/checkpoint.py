@@ -5,6 +5,7 @@ Layout of one checkpoint (``<run>/checkpoints/step_00000100/``)::
     model.safetensors   consolidated model weights (safetensors: tensors only, no code)
     optimizer.pt        AdamW state (tensors and numbers; loaded with torch.load(weights_only=True))
     zero/               DeepSpeed only: the engine's sharded optimizer state, one file per rank
+    optimizer_rank<r>.pt  expert parallelism: rank r's AdamW state (its own experts), instead of zero/
     rng_rank<r>.pt      torch (and CUDA) RNG state of rank r, python ``random`` state
     state.json          step, tokens seen, world size, elapsed time...
     recipe.yaml         the resolved recipe, so a checkpoint folder stands on its own
@@ -165,13 +166,15 @@ def tmp_dir(run_dir: PathLike, step: int) -> Path:
     return Path(run_dir) / CKPT_DIR / (step_dir_name(step) + ".tmp")
 
 
-def save_model_weights(model: torch.nn.Module, path: Path) -> None:
-    """Weights as safetensors; tied tensors (embedding = LM head) are stored once, under their
+def save_model_weights(model: Union[torch.nn.Module, dict], path: Path) -> None:
+    """Weights (of a module, or a state dict such as the consolidated one of an expert-parallel
+    model) as safetensors; tied tensors (embedding = LM head) are stored once, under their
     first name. Tensors are copied out first: under DeepSpeed ZeRO the parameters are views
     into one flat buffer, which safetensors refuses to store as is."""
     first_name: dict[tuple, str] = {}
     tensors: dict[str, torch.Tensor] = {}
-    for name, t in model.state_dict().items():
+    state = model if isinstance(model, dict) else model.state_dict()
+    for name, t in state.items():
         key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
         if key in first_name:  # a tied alias: load_model restores it from the kept name
             continue
@@ -274,8 +277,13 @@ def load_weights_into(model: torch.nn.Module, ckpt_dir: PathLike) -> None:
             "the checkpoint belongs to a different model recipe")
 
 
-def load_optimizer_state(ckpt_dir: PathLike) -> dict:
-    return _safe_torch_load(Path(ckpt_dir) / OPTIMIZER)
+def load_optimizer_state(ckpt_dir: PathLike, name: str = OPTIMIZER) -> dict:
+    return _safe_torch_load(Path(ckpt_dir) / name)
+
+
+def rank_optimizer_name(rank: int) -> str:
+    """Expert parallelism: each rank's optimizer state (it holds only its own experts)."""
+    return f"optimizer_rank{rank}.pt"
 
 
 def load_rng(ckpt_dir: PathLike, rank: int) -> bool:

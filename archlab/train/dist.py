@@ -60,6 +60,11 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return _all_reduce(t, dist.ReduceOp.SUM)
 
 
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    """Element-wise maximum of ``t`` over all ranks (a copy; identity in a single process)."""
+    return _all_reduce(t, dist.ReduceOp.MAX)
+
+
 def barrier() -> None:
     if _active():
         dist.barrier()

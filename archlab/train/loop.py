@@ -27,7 +27,7 @@ import archlab
 from archlab.config.validate import RecipeError
 from archlab.model.build import build_model
 from archlab.train import checkpoint as ckpt
-from archlab.train.dist import DistInfo, all_reduce_sum, barrier, broadcast_object, dist_info, main_process_first
+from archlab.train.dist import DistInfo, all_reduce_max, all_reduce_sum, barrier, broadcast_object, dist_info, main_process_first
 from archlab.train.faults import NonFiniteError, StopSignal
 from archlab.train.optim import build_optimizer, lr_at, set_lr
 from archlab.train.parallel import (check_data_parallel, deepspeed_engine, fill_deepspeed_config, make_accelerator, resolve_precision,
@@ -115,17 +115,35 @@ class Trainer:
         for note in notes:
             self.log(note)
 
+        self.ep_size = self._check_expert_parallel()
         torch.manual_seed(t.seed)  # identical initial weights on every rank
         self.model = build_model(cfg)  # the plain module; the wrapped one is self.model_t
-        self.optimizer = build_optimizer(self.model, t)
         self.step, self.tokens, self.elapsed_before = 0, 0, 0.0
-        if resume_from is not None:
-            self._load_checkpoint(resume_from)
+        restore_optimizer = False
+        if resume_from is not None:  # full (consolidated) weights, before any sharding
+            restore_optimizer = self._load_checkpoint(resume_from)
+        if self.ep_size > 1:
+            from archlab.parallel.expert import enable_expert_parallel
+
+            enable_expert_parallel(self.model, self.ep_size)
+        self.optimizer = build_optimizer(self.model, t, expert_groups=self.ep_size > 1)
+        if restore_optimizer and not self.deepspeed:
+            self.optimizer.load_state_dict(ckpt.load_optimizer_state(resume_from))
+        if restore_optimizer and self.ep_size > 1:
+            self.optimizer.load_state_dict(ckpt.load_optimizer_state(resume_from, ckpt.rank_optimizer_name(self.info.rank)))
         if self.deepspeed:
-            fill_deepspeed_config(self.accelerator, t, self.info.world_size)
+            conf = fill_deepspeed_config(self.accelerator, t, self.info.world_size)
+            if self.ep_size > 1:
+                conf["gradient_clipping"] = 0.0  # clipped by ExpertParallelClipping (true global norm)
         module = torch.compile(self.model) if t.compile else self.model
         self.model_t, self.optimizer_t = self.accelerator.prepare(module, self.optimizer)
-        if self.deepspeed and resume_from is not None:
+        self.ep_clip = None
+        if self.ep_size > 1:
+            from archlab.parallel.expert import ExpertParallelClipping, attach_to_deepspeed_engine
+
+            attach_to_deepspeed_engine(deepspeed_engine(self.accelerator), self.model)
+            self.ep_clip = ExpertParallelClipping(self.optimizer, t.grad_clip)
+        if self.deepspeed and restore_optimizer and self.ep_size == 1:
             self._load_deepspeed_state(resume_from)
         torch.manual_seed(t.seed + 1000 * (self.info.rank + 1))  # dropout differs between ranks
         if resume_from is not None:
@@ -160,14 +178,46 @@ class Trainer:
             raise (ckpt.CheckpointError if result[1] == "CheckpointError" else RecipeError)(result[2])
         return result[1], result[2], result[3]
 
-    def _load_checkpoint(self, ckpt_dir: Path) -> None:
+    def _check_expert_parallel(self) -> int:
+        """The recipe's moe.ep_size, refused (RecipeError) where archlab cannot shard experts."""
+        moe = self.cfg.model.get("moe")
+        ep = int(moe.ep_size) if moe is not None else 1
+        if ep <= 1:
+            return 1
+        if not self.deepspeed:
+            raise RecipeError(f"model.moe.ep_size={ep}: expert parallelism runs under DeepSpeed; launch with "
+                              "accelerate launch --config_file recipes/launch/zero0.yaml (or set model.moe.ep_size=1)")
+        conf = self.accelerator.state.deepspeed_plugin.deepspeed_config
+        stage = conf.get("zero_optimization", {}).get("stage", 0)
+        if stage != 0:
+            raise RecipeError(
+                f"model.moe.ep_size={ep} with DeepSpeed zero_optimization.stage={stage}: archlab's expert parallelism "
+                "runs with ZeRO stage 0 (recipes/launch/zero0.yaml). DeepSpeed's ZeRO-1/2 optimizer only sets up "
+                "expert-data-parallel partitions for its own deepspeed.moe.layer.MoE modules, which archlab's "
+                "MoELayer is not; use stage 0 or model.moe.ep_size=1")
+        if self.info.world_size % ep:
+            raise RecipeError(f"model.moe.ep_size={ep} must divide the number of processes ({self.info.world_size})")
+        return ep
+
+    def _load_checkpoint(self, ckpt_dir: Path) -> bool:
+        """Load weights, step and tokens; True when the optimizer state can be restored as well
+        (same launcher kind and same ep_size), False when it restarts (logged as a warning)."""
         state = ckpt.load_state(ckpt_dir)
         ckpt.load_weights_into(self.model, ckpt_dir)
-        if not self.deepspeed:
-            if not (ckpt_dir / ckpt.OPTIMIZER).is_file():
-                raise ckpt.CheckpointError(f"{ckpt_dir / ckpt.OPTIMIZER}: missing (was this checkpoint written under "
-                                           "DeepSpeed? resume it with the same launcher)")
-            self.optimizer.load_state_dict(ckpt.load_optimizer_state(ckpt_dir))
+        saved_ep = int(state.get("ep_size", 1))
+        restore = True
+        if saved_ep != self.ep_size:
+            self.log(f"warning: checkpoint was written at model.moe.ep_size={saved_ep}, this run uses {self.ep_size}: "
+                     "weights loaded, the optimizer state (AdamW moments) restarts from zero")
+            restore = False
+        elif self.ep_size > 1:
+            name = ckpt.rank_optimizer_name(self.info.rank)
+            if not (ckpt_dir / name).is_file():
+                raise ckpt.CheckpointError(f"{ckpt_dir / name}: missing (the checkpoint was written with fewer "
+                                           "processes; resume with the same number of processes)")
+        elif not self.deepspeed and not (ckpt_dir / ckpt.OPTIMIZER).is_file():
+            raise ckpt.CheckpointError(f"{ckpt_dir / ckpt.OPTIMIZER}: missing (was this checkpoint written under "
+                                       "DeepSpeed? resume it with the same launcher)")
         self.step, self.tokens = int(state["step"]), int(state["tokens"])
         self.elapsed_before = float(state.get("elapsed_s", 0.0))
         t = self.cfg.train
@@ -176,6 +226,7 @@ class Trainer:
             self.log(f"warning: checkpoint was trained with a global batch of {state['global_batch']} windows, "
                      f"this launch uses {batch_now}: the data order differs from an uninterrupted run")
         self.log(f"resuming from {ckpt_dir} (step {self.step})")
+        return restore
 
     def _load_deepspeed_state(self, ckpt_dir: Path) -> None:
         zero = ckpt_dir / "zero"
@@ -235,6 +286,8 @@ class Trainer:
 
     def _grad_norm(self) -> float:
         clip = self.cfg.train.grad_clip
+        if self.ep_clip is not None:  # clipped in the optimizer's pre-step hook by the global norm
+            return float("nan") if self.ep_clip.last_norm is None else self.ep_clip.last_norm
         if self.deepspeed:  # the engine clipped inside its step; it reports the norm before clipping
             norm = deepspeed_engine(self.accelerator).get_global_grad_norm()
             return 0.0 if norm is None else float(norm)
@@ -289,13 +342,18 @@ class Trainer:
         except DataError as e:
             return {**row, "skipped": str(e)}
         sums = torch.zeros(2, dtype=torch.float64)
+        windows = list(windows)
+        # expert parallelism: every forward exchanges tokens with the other ranks, so every rank runs
+        # as many forwards as the busiest one; the extra ones (a window of zeros) count nothing
+        n_forwards = int(all_reduce_max(torch.tensor(float(len(windows))))) if self.ep_size > 1 else len(windows)
         self.model.eval()
-        for x_BS1 in windows:
-            x_BS1 = x_BS1.to(self.device)
+        for i in range(n_forwards):
+            x_BS1 = (windows[i] if i < len(windows) else torch.zeros(1, S + 1, dtype=torch.long)).to(self.device)
             with self.accelerator.autocast():
                 logits = self.model(x_BS1[:, :-1]).logits
-            sums[0] += float(lm_loss(logits, x_BS1[:, 1:], reduction="sum"))
-            sums[1] += x_BS1[:, 1:].numel()
+            if i < len(windows):
+                sums[0] += float(lm_loss(logits, x_BS1[:, 1:], reduction="sum"))
+                sums[1] += x_BS1[:, 1:].numel()
         self.model.train()
         sums = all_reduce_sum(sums)
         loss = float(sums[0] / sums[1])
@@ -311,17 +369,23 @@ class Trainer:
         barrier()
         tmp = ckpt.tmp_dir(run, self.step)
         ckpt.save_rng(tmp, self.info.rank)
-        if self.deepspeed:
+        weights: Any = self.model
+        if self.ep_size > 1:  # each rank holds its experts: gather them; each rank saves its AdamW state
+            from archlab.parallel.expert import consolidated_state_dict
+
+            weights = consolidated_state_dict(self.model)
+            torch.save(self.optimizer.state_dict(), tmp / ckpt.rank_optimizer_name(self.info.rank))
+        elif self.deepspeed:
             deepspeed_engine(self.accelerator).save_checkpoint(str(tmp / "zero"), tag="state", save_latest=False)
         if self.info.is_main:
-            ckpt.save_model_weights(self.model, tmp / ckpt.WEIGHTS)
+            ckpt.save_model_weights(weights, tmp / ckpt.WEIGHTS)
             if not self.deepspeed:
                 torch.save(self.optimizer.state_dict(), tmp / ckpt.OPTIMIZER)
             t = self.cfg.train
             ckpt.write_json_atomic(tmp / ckpt.STATE, {
                 "step": self.step, "tokens": self.tokens, "elapsed_s": elapsed, "world_size": self.info.world_size,
                 "global_batch": t.micro_batch_size * t.grad_accum * self.info.world_size,
-                "deepspeed": self.deepspeed, "archlab_version": archlab.__version__})
+                "deepspeed": self.deepspeed, "ep_size": self.ep_size, "archlab_version": archlab.__version__})
             ckpt.save_recipe(self.cfg, tmp / ckpt.RECIPE)
         barrier()
         final = ckpt.tmp_dir(run, self.step).with_name(ckpt.step_dir_name(self.step))
@@ -341,6 +405,7 @@ class Trainer:
         balance_step(self.model, all_reduce_sum)
         if not log_now:
             return {}
+        check_local_routing(self.model, self.info.rank)
         return routing_stats(self.model, all_reduce_sum)
 
     def _write(self, row: dict[str, Any]) -> None:
@@ -462,6 +527,19 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.close()
         return summary
+
+
+def check_local_routing(model, rank: int) -> None:
+    """This rank's routing window (before the all-rank sum): kept slots per expert must add up to
+    tokens * top_k - dropped slots. RuntimeError naming the layer and rank otherwise."""
+    from archlab.nn.moe import moe_layers
+
+    for i, layer in enumerate(moe_layers(model)):
+        E, K, w = layer.stats.E, layer.stats.K, layer.stats.window  # [counts_E, tokens, dropped, ...]
+        counts, tokens, dropped = float(w[:E].sum()), float(w[E]), float(w[E + 1])
+        if round(counts) != round(tokens * K - dropped):
+            raise RuntimeError(f"routing bookkeeping broken on rank {rank}, MoE layer {i}: sum(counts)={counts} "
+                               f"but tokens*K - dropped = {tokens * K - dropped}")
 
 
 def resolve_run(cfg: DictConfig) -> tuple[Path, Optional[Path], list[str]]:

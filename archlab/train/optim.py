@@ -32,9 +32,20 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(model: nn.Module, train_cfg) -> torch.optim.AdamW:
-    """AdamW over :func:`param_groups`, hyper-parameters from the recipe's ``train`` node."""
+def build_optimizer(model: nn.Module, train_cfg, expert_groups: bool = False) -> torch.optim.AdamW:
+    """AdamW over :func:`param_groups`, hyper-parameters from the recipe's ``train`` node.
+
+    ``expert_groups`` (expert parallelism): DeepSpeed's
+    ``split_params_into_different_moe_groups_for_optimizer`` moves the expert-parallel parameters
+    (tagged ``allreduce=False``) of each group into their own groups flagged ``moe=True`` and named
+    after their expert-data-parallel group, as the DeepSpeed engine expects; the weight-decay split
+    is kept (an expert group inherits its source group's ``weight_decay``).
+    """
     groups = param_groups(model, train_cfg.weight_decay)
+    if expert_groups:
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+        groups = [g for g in split_params_into_different_moe_groups_for_optimizer(groups) if g["params"]]
     betas = (float(train_cfg.betas[0]), float(train_cfg.betas[1]))
     return torch.optim.AdamW(groups, lr=train_cfg.lr, betas=betas, eps=train_cfg.eps, foreach=False)
 

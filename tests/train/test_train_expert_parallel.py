@@ -1,0 +1,117 @@
+"""Expert parallelism through the trainer: a real 2-process ``accelerate launch`` under DeepSpeed
+(ZeRO stage 0, gloo) with ``model.moe.ep_size=2`` against the same global batch at ep_size=1 (one
+process, grad_accum 2); its checkpoint resumed and exported at ep_size=1."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import archlab
+from archlab.train import checkpoint as ckpt
+from archlab.train import train
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCH = ["--config_file", str(ROOT / "recipes/launch/zero0.yaml")]
+# 4 experts of width 32 (mixtral), 8 of width 16 in 2 groups with the selection bias (deepseek)
+MIXTRAL = ["model.moe.num_experts=4", "model.moe.expert_hidden=32", "model.moe.balance.z_loss_coeff=0.001"]
+DEEPSEEK = ["model.moe.num_experts=8", "model.moe.top_k=3", "model.moe.expert_hidden=16", "model.moe.router.n_groups=2",
+            "model.moe.router.topk_groups=1", "model.moe.balance.bias_update_rate=0.01"]
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def _launch(probe: Path, recipe: str, overrides: list[str], timeout: int = 300) -> dict:
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *LAUNCH, str(ROOT / "tests/train/train_ep_probe.py"),
+           str(probe), str(ROOT / "recipes" / f"{recipe}.yaml"), *overrides]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=timeout)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rec = json.loads(probe.read_text())
+    assert rec["world_size"] == 2
+    return rec
+
+
+def _rows(run_dir, name: str = "metrics.jsonl", kind: str = "train") -> list[dict]:
+    rows = [json.loads(line) for line in (Path(run_dir) / name).read_text().splitlines()]
+    return [r for r in rows if r.get("kind", kind) == kind]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, data_cache, tiny_overrides):
+    out = tmp_path_factory.mktemp("ep-runs")
+    return out, [*tiny_overrides, f"data.cache_dir={data_cache}", f"train.out_dir={out}", "train.max_steps=10",
+                 "train.ckpt_every=5", "train.eval_every=5", "train.eval_batches=3", "train.eval_context_multipliers=[1]"]
+
+
+def test_ep2_matches_ep1_resumes_and_exports_at_ep1(base, tmp_path):
+    out, common = base
+    ref = train(archlab.load_recipe(ROOT / "recipes/mixtral/tiny.yaml",
+                                    [*common, *MIXTRAL, "train.grad_accum=2", "train.run_name=ref"]))
+    rec = _launch(tmp_path / "probe.json", "mixtral/tiny", [*common, *MIXTRAL, "model.moe.ep_size=2",
+                                                            "train.run_name=ep2"])
+    assert [r["local_experts"] for r in rec["ranks"]] == [[2, 2], [2, 2]]  # 4 experts sharded over 2 ranks
+    run = out / "ep2"
+    env = json.loads((run / "env.json").read_text())
+    assert env["deepspeed_config"]["zero_optimization"]["stage"] == 0
+    ep_rows, ref_rows = _rows(run), _rows(ref["run_dir"])
+    assert len(ep_rows) == len(ref_rows) == 10
+    np.testing.assert_allclose([r["loss"] for r in ep_rows], [r["loss"] for r in ref_rows], rtol=0, atol=1e-5)
+    np.testing.assert_allclose([r["grad_norm"] for r in ep_rows], [r["grad_norm"] for r in ref_rows], rtol=1e-4)
+    for a, b in zip(_rows(run, "routing.jsonl"), _rows(ref["run_dir"], "routing.jsonl")):  # global counts
+        for layer in ("layer0", "layer1"):
+            assert a[f"moe/{layer}/tokens_per_expert"] == b[f"moe/{layer}/tokens_per_expert"]
+            assert sum(a[f"moe/{layer}/tokens_per_expert"]) == a[f"moe/{layer}/tokens"] * 2 == 8 * 32 * 2
+    val = [r["loss"] for r in _rows(run, kind="val")]
+    np.testing.assert_allclose(val, [r["loss"] for r in _rows(ref["run_dir"], kind="val")], atol=1e-5)
+
+    # the consolidated checkpoint resumes in one process (ep_size=1): weights loaded, AdamW restarts
+    step5 = run / "checkpoints" / "step_00000005"
+    assert json.loads((step5 / "state.json").read_text())["ep_size"] == 2
+    model5, _ = ckpt.load_model(step5)
+    assert model5.blocks[0].ffn.experts.w_up.shape[0] == 4  # all experts in model.safetensors
+    resumed = train(archlab.load_recipe(ROOT / "recipes/mixtral/tiny.yaml", [
+        *common, *MIXTRAL, "train.grad_accum=2", "train.max_steps=12", f"train.resume={step5}"]))
+    assert resumed["status"] == "completed" and resumed["step"] == 12
+    after = _rows(run)
+    assert [r["step"] for r in after] == list(range(1, 13))
+    assert [r["loss"] for r in after[:5]] == [r["loss"] for r in ep_rows[:5]]
+    assert all(np.isfinite(r["loss"]) for r in after)
+    assert after[5]["loss"] == pytest.approx(ep_rows[5]["loss"], abs=1e-5)  # same weights, same batch
+
+    # export the ep_size=2 checkpoint to transformers at ep_size=1
+    from archlab.export import export_hf
+    from transformers import AutoModelForCausalLM
+
+    model10, _ = ckpt.load_model(run / "checkpoints" / "step_00000010")
+    folder = export_hf(model10, tmp_path / "hf", tokenizer_file=run / "tokenizer.json")
+    hf = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert type(hf).__name__ == "MixtralForCausalLM"
+    ids = torch.randint(0, 384, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model10(ids).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_aux_free_bias_identical_on_every_rank(base, tmp_path):
+    out, common = base
+    short = [*common, *DEEPSEEK, "train.max_steps=6", "train.ckpt_every=100"]
+    ref = train(archlab.load_recipe(ROOT / "recipes/deepseek/tiny.yaml",
+                                    [*short, "train.grad_accum=2", "train.run_name=ds-ref"]))
+    rec = _launch(tmp_path / "probe.json", "deepseek/tiny", [*short, "model.moe.ep_size=2", "train.run_name=ds-ep2"])
+    r0, r1 = sorted(rec["ranks"], key=lambda r: r["rank"])
+    assert r0["local_experts"] == r1["local_experts"] == [4]  # layer 0 dense; 8 experts over 2 ranks
+    assert len(r0["biases"]) == 6
+    assert r0["biases"] == r1["biases"]  # bit-identical after every step
+    ref_bias = [r["moe/layer1/bias"] for r in _rows(ref["run_dir"], "routing.jsonl")]
+    np.testing.assert_allclose([b[0] for b in r0["biases"]], ref_bias, atol=1e-7)  # = the ep_size=1 run's
+    assert r0["biases"][-1] != r0["biases"][0]
+    np.testing.assert_allclose([r["loss"] for r in _rows(out / "ds-ep2")],
+                               [r["loss"] for r in _rows(ref["run_dir"])], rtol=0, atol=1e-5)

@@ -1,0 +1,42 @@
+"""Launched by test_train_expert_parallel.py under ``accelerate launch``: trains through the
+Trainer and records, on every rank, the expert shapes it holds and the aux-loss-free selection
+bias after every optimizer step (routing.jsonl only holds rank 0's view).
+
+    accelerate launch ... tests/train/train_ep_probe.py <probe.json> <recipe.yaml> [key=value ...]
+"""
+
+import json
+import sys
+
+import torch.distributed as dist
+
+import archlab
+from archlab.nn.moe import moe_layers
+from archlab.train import Trainer
+
+
+def main() -> None:
+    out, recipe, overrides = sys.argv[1], sys.argv[2], sys.argv[3:]
+    trainer = Trainer(archlab.load_recipe(recipe, overrides))
+    layers = moe_layers(trainer.model)
+    biases: list[list] = []
+    after_step = trainer._moe_after_step
+
+    def record(log_now: bool):
+        result = after_step(log_now)
+        biases.append([[] if ly.router.expert_bias is None else ly.router.expert_bias.tolist() for ly in layers])
+        return result
+
+    trainer._moe_after_step = record
+    trainer.run()
+    mine = {"rank": trainer.info.rank, "biases": biases,
+            "local_experts": [int(ly.experts.w_up.shape[0]) for ly in layers]}
+    everyone = [None] * trainer.info.world_size
+    dist.all_gather_object(everyone, mine)
+    if trainer.info.is_main:
+        with open(out, "w") as f:
+            json.dump({"world_size": trainer.info.world_size, "ranks": everyone}, f)
+
+
+if __name__ == "__main__":
+    main()
