@@ -20,6 +20,11 @@ P = ep_size ranks of an expert-parallel group, C rows per (rank, expert) in the 
   backward is the reverse exchange), runs the local experts as one bmm over all source ranks'
   rows, and sends the results back.
 
+- checkpoints: ``consolidated_state_dict`` gathers the expert shards over the expert-parallel
+  group into the state dict of the unsharded model (loadable at any ep_size);
+- clipping: ``ExpertParallelClipping`` clips by the norm of the whole model (expert squared
+  norms summed over the expert-parallel group) in the optimizer's pre-step hook.
+
 Routing, balancing losses and routing statistics stay per rank (each rank routes its own
 tokens); ``balance_step`` and ``routing_stats`` reduce them over data-parallel ranks as before.
 The model code never imports DeepSpeed: this module is the only place that does.

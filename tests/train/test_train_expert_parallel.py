@@ -4,6 +4,7 @@ process, grad_accum 2); its checkpoint resumed and exported at ep_size=1."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,9 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ["--config_file", str(ROOT / "recipes/launch/zero0.yaml")]
 # 4 experts of width 32 (mixtral), 8 of width 16 in 2 groups with the selection bias (deepseek)
-MIXTRAL = ["model.moe.num_experts=4", "model.moe.expert_hidden=32", "model.moe.balance.z_loss_coeff=0.001"]
+# grad_clip 0.3 < the gradient norms (~0.6-0.8): clipping by the global norm acts at every step
+MIXTRAL = ["model.moe.num_experts=4", "model.moe.expert_hidden=32", "model.moe.balance.z_loss_coeff=0.001",
+           "train.grad_clip=0.3"]
 DEEPSEEK = ["model.moe.num_experts=8", "model.moe.top_k=3", "model.moe.expert_hidden=16", "model.moe.router.n_groups=2",
             "model.moe.router.topk_groups=1", "model.moe.balance.bias_update_rate=0.01"]
 
@@ -66,6 +69,7 @@ def test_ep2_matches_ep1_resumes_and_exports_at_ep1(base, tmp_path):
     assert len(ep_rows) == len(ref_rows) == 10
     np.testing.assert_allclose([r["loss"] for r in ep_rows], [r["loss"] for r in ref_rows], rtol=0, atol=1e-5)
     np.testing.assert_allclose([r["grad_norm"] for r in ep_rows], [r["grad_norm"] for r in ref_rows], rtol=1e-4)
+    assert min(r["grad_norm"] for r in ep_rows) > 0.3
     for a, b in zip(_rows(run, "routing.jsonl"), _rows(ref["run_dir"], "routing.jsonl")):  # global counts
         for layer in ("layer0", "layer1"):
             assert a[f"moe/{layer}/tokens_per_expert"] == b[f"moe/{layer}/tokens_per_expert"]
@@ -115,3 +119,14 @@ def test_aux_free_bias_identical_on_every_rank(base, tmp_path):
     assert r0["biases"][-1] != r0["biases"][0]
     np.testing.assert_allclose([r["loss"] for r in _rows(out / "ds-ep2")],
                                [r["loss"] for r in _rows(ref["run_dir"])], rtol=0, atol=1e-5)
+
+
+def test_zero1_with_expert_parallelism_is_refused(base):
+    out, common = base
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "recipes/launch/zero1.yaml"),
+           "-m", "archlab.train", str(ROOT / "recipes/mixtral/tiny.yaml"), *common, *MIXTRAL, "model.moe.ep_size=2",
+           "train.run_name=zero1-ep2"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
+    assert p.returncode != 0
+    assert "model.moe.ep_size=2 with DeepSpeed zero_optimization.stage=1" in p.stderr
+    assert re.search(r"exitcode\s*:\s*2\b", p.stderr)  # archlab's bad-input exit, not a crash

@@ -85,3 +85,10 @@ def test_aux_free_bias_moves_and_is_recorded(tiny_cfg, rows):
     train_rows = rows(s["run_dir"])
     assert all("moe/layer1/seq_aux_loss" in r and "moe/layer1/aux_loss" not in r for r in train_rows)
     assert all(math.isfinite(r["loss"]) and r["moe/maxvio"] >= 0 for r in train_rows)
+
+
+def test_expert_parallel_needs_deepspeed(tiny_cfg):
+    from archlab.config import RecipeError
+
+    with pytest.raises(RecipeError, match=r"ep_size=2.*DeepSpeed.*zero0.yaml"):
+        train(tiny_cfg(*MIXTRAL, "model.moe.ep_size=2", recipe="mixtral/tiny"))
