@@ -55,7 +55,7 @@ def base(tmp_path_factory, data_cache, tiny_overrides):
                  "train.ckpt_every=5", "train.eval_every=5", "train.eval_batches=3", "train.eval_context_multipliers=[1]"]
 
 
-def test_ep2_matches_ep1_resumes_and_exports_at_ep1(base, tmp_path):
+def test_ep2_matches_ep1_resumes_and_exports_at_ep1(base, tmp_path, capfd):
     out, common = base
     ref = train(archlab.load_recipe(ROOT / "recipes/mixtral/tiny.yaml",
                                     [*common, *MIXTRAL, "train.grad_accum=2", "train.run_name=ref"]))
@@ -77,14 +77,20 @@ def test_ep2_matches_ep1_resumes_and_exports_at_ep1(base, tmp_path):
     val = [r["loss"] for r in _rows(run, kind="val")]
     np.testing.assert_allclose(val, [r["loss"] for r in _rows(ref["run_dir"], kind="val")], atol=1e-5)
 
-    # the consolidated checkpoint resumes in one process (ep_size=1): weights loaded, AdamW restarts
+    # resumed at ep_size=2 (per-rank AdamW state), the run repeats the uninterrupted one exactly
     step5 = run / "checkpoints" / "step_00000005"
     assert json.loads((step5 / "state.json").read_text())["ep_size"] == 2
+    _launch(tmp_path / "probe2.json", "mixtral/tiny", [*common, *MIXTRAL, "model.moe.ep_size=2",
+                                                       f"train.resume={step5}"])
+    assert [r["loss"] for r in _rows(run)] == [r["loss"] for r in ep_rows]
+
+    # the consolidated checkpoint resumes in one process (ep_size=1): weights loaded, AdamW restarts
     model5, _ = ckpt.load_model(step5)
     assert model5.blocks[0].ffn.experts.w_up.shape[0] == 4  # all experts in model.safetensors
     resumed = train(archlab.load_recipe(ROOT / "recipes/mixtral/tiny.yaml", [
         *common, *MIXTRAL, "train.grad_accum=2", "train.max_steps=12", f"train.resume={step5}"]))
     assert resumed["status"] == "completed" and resumed["step"] == 12
+    assert "written at model.moe.ep_size=2, this run uses 1" in capfd.readouterr().err  # the restart is announced
     after = _rows(run)
     assert [r["step"] for r in after] == list(range(1, 13))
     assert [r["loss"] for r in after[:5]] == [r["loss"] for r in ep_rows[:5]]
