@@ -92,3 +92,25 @@ def test_expert_parallel_needs_deepspeed(tiny_cfg):
 
     with pytest.raises(RecipeError, match=r"ep_size=2.*DeepSpeed.*zero0.yaml"):
         train(tiny_cfg(*MIXTRAL, "model.moe.ep_size=2", recipe="mixtral/tiny"))
+
+
+def test_expert_optimizer_groups_keep_weight_decay(tiny_cfg):
+    import archlab
+    from archlab.nn.moe import moe_layers
+    from archlab.parallel.expert import shard_experts
+    from archlab.train.optim import build_optimizer
+
+    cfg = tiny_cfg(*MIXTRAL, "train.weight_decay=0.1", recipe="mixtral/tiny")
+    model = archlab.build_model(cfg)
+    for layer in moe_layers(model):
+        assert shard_experts(layer, 0, 2) == 2  # rank 0 of 2 keeps experts 0-1, tagged for DeepSpeed
+    experts = {id(p) for ly in moe_layers(model) for p in (ly.experts.w_up, ly.experts.w_down)}
+    opt = build_optimizer(model, cfg.train, expert_groups=True)
+    by_name = {}
+    for g in opt.param_groups:
+        by_name.setdefault(g["name"], []).append(g)
+    assert sorted(by_name) == ["decay", "ep_size_2", "no_decay"]
+    (moe,) = by_name["ep_size_2"]  # the expert matrices: their own group, still decayed
+    assert moe["moe"] is True and moe["weight_decay"] == 0.1 and {id(p) for p in moe["params"]} == experts
+    assert not experts & {id(p) for g in by_name["decay"] + by_name["no_decay"] for p in g["params"]}
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
