@@ -27,7 +27,8 @@ import archlab
 from archlab.config.validate import RecipeError
 from archlab.model.build import build_model
 from archlab.train import checkpoint as ckpt
-from archlab.train.dist import DistInfo, all_reduce_max, all_reduce_sum, barrier, broadcast_object, dist_info, main_process_first
+from archlab.train.dist import (DistInfo, all_reduce_max, all_reduce_sum, barrier, broadcast_object, dist_info,
+                                main_process_first)
 from archlab.train.faults import NonFiniteError, StopSignal
 from archlab.train.optim import build_optimizer, lr_at, set_lr
 from archlab.train.parallel import (check_data_parallel, deepspeed_engine, fill_deepspeed_config, make_accelerator, resolve_precision,
@@ -122,27 +123,14 @@ class Trainer:
         restore_optimizer = False
         if resume_from is not None:  # full (consolidated) weights, before any sharding
             restore_optimizer = self._load_checkpoint(resume_from)
-        if self.ep_size > 1:
-            from archlab.parallel.expert import enable_expert_parallel
-
-            enable_expert_parallel(self.model, self.ep_size)
-        self.optimizer = build_optimizer(self.model, t, expert_groups=self.ep_size > 1)
-        if restore_optimizer and not self.deepspeed:
-            self.optimizer.load_state_dict(ckpt.load_optimizer_state(resume_from))
-        if restore_optimizer and self.ep_size > 1:
-            self.optimizer.load_state_dict(ckpt.load_optimizer_state(resume_from, ckpt.rank_optimizer_name(self.info.rank)))
+        self.optimizer = self._shard_and_build_optimizer(resume_from if restore_optimizer else None)
         if self.deepspeed:
             conf = fill_deepspeed_config(self.accelerator, t, self.info.world_size)
             if self.ep_size > 1:
                 conf["gradient_clipping"] = 0.0  # clipped by ExpertParallelClipping (true global norm)
         module = torch.compile(self.model) if t.compile else self.model
         self.model_t, self.optimizer_t = self.accelerator.prepare(module, self.optimizer)
-        self.ep_clip = None
-        if self.ep_size > 1:
-            from archlab.parallel.expert import ExpertParallelClipping, attach_to_deepspeed_engine
-
-            attach_to_deepspeed_engine(deepspeed_engine(self.accelerator), self.model)
-            self.ep_clip = ExpertParallelClipping(self.optimizer, t.grad_clip)
+        self.ep_clip = self._attach_expert_parallel()
         if self.deepspeed and restore_optimizer and self.ep_size == 1:
             self._load_deepspeed_state(resume_from)
         torch.manual_seed(t.seed + 1000 * (self.info.rank + 1))  # dropout differs between ranks
@@ -198,6 +186,31 @@ class Trainer:
         if self.info.world_size % ep:
             raise RecipeError(f"model.moe.ep_size={ep} must divide the number of processes ({self.info.world_size})")
         return ep
+
+    def _shard_and_build_optimizer(self, optimizer_from: Optional[Path]) -> torch.optim.Optimizer:
+        """Shard the experts (ep_size > 1), then build AdamW over what this rank holds (expert
+        parameters in DeepSpeed's MoE groups) and restore its state from ``optimizer_from``."""
+        if self.ep_size > 1:
+            from archlab.parallel.expert import enable_expert_parallel
+
+            enable_expert_parallel(self.model, self.ep_size)
+        optimizer = build_optimizer(self.model, self.cfg.train, expert_groups=self.ep_size > 1)
+        if optimizer_from is not None and self.ep_size > 1:  # this rank's experts' AdamW state
+            optimizer.load_state_dict(ckpt.load_optimizer_state(optimizer_from,
+                                                                ckpt.rank_optimizer_name(self.info.rank)))
+        elif optimizer_from is not None and not self.deepspeed:
+            optimizer.load_state_dict(ckpt.load_optimizer_state(optimizer_from))
+        return optimizer
+
+    def _attach_expert_parallel(self):
+        """ep_size > 1, after ``prepare``: the engine reduces expert gradients over the
+        expert-data-parallel group; gradients are clipped by the global norm. Returns the clipper."""
+        if self.ep_size <= 1:
+            return None
+        from archlab.parallel.expert import ExpertParallelClipping, attach_to_deepspeed_engine
+
+        attach_to_deepspeed_engine(deepspeed_engine(self.accelerator), self.model)
+        return ExpertParallelClipping(self.optimizer, self.cfg.train.grad_clip)
 
     def _load_checkpoint(self, ckpt_dir: Path) -> bool:
         """Load weights, step and tokens; True when the optimizer state can be restored as well

@@ -52,7 +52,8 @@ def _rows(run_dir, name: str = "metrics.jsonl", kind: str = "train") -> list[dic
 def base(tmp_path_factory, data_cache, tiny_overrides):
     out = tmp_path_factory.mktemp("ep-runs")
     return out, [*tiny_overrides, f"data.cache_dir={data_cache}", f"train.out_dir={out}", "train.max_steps=10",
-                 "train.ckpt_every=5", "train.eval_every=5", "train.eval_batches=3", "train.eval_context_multipliers=[1]"]
+                 "train.ckpt_every=5", "train.eval_every=5", "train.eval_batches=3",
+                 "train.eval_context_multipliers=[1]"]
 
 
 def test_ep2_matches_ep1_resumes_and_exports_at_ep1(base, tmp_path, capfd):
