@@ -31,13 +31,17 @@ def pyplot():
 
 def style_axes(ax, title: str, xlabel: str, ylabel: str, legend: bool = True,
                legend_title: Optional[str] = None, legend_outside: bool = False,
-               legend_reversed: bool = False) -> None:
-    """Title, axis labels (state the unit in them), light grid, and the legend (outside the axes
-    on the right with ``legend_outside``; ``legend_reversed`` lists stacked series top first)."""
+               legend_reversed: bool = False, grid: str = "y") -> None:
+    """Title, axis labels (state the unit in them), light grid (``grid="y"`` for bars, ``"both"``
+    for curves on log axes), and the legend (outside the axes on the right with
+    ``legend_outside``; ``legend_reversed`` lists stacked series top first)."""
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3, axis="y")
+    if grid == "both":
+        ax.grid(alpha=0.3, which="both")
+    else:
+        ax.grid(alpha=0.3, axis=grid)
     ax.set_axisbelow(True)
     handles, labels = ax.get_legend_handles_labels()
     if legend and handles:

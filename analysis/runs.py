@@ -24,6 +24,9 @@ from typing import Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from analysis.plotting import pyplot, save_figure  # noqa: F401  (re-exported for scaling, routing)
+from analysis.plotting import style_axes as _style_axes
+
 RUN_MARKER = "run.json"
 RECIPE = "recipe.yaml"
 METRICS = "metrics.jsonl"
@@ -272,35 +275,10 @@ def expand_inputs(inputs: Iterable[str]) -> tuple[list[Run], list[tuple[str, str
 # --------------------------------------------------------------------------------------------
 
 
-def pyplot():
-    """matplotlib.pyplot on the non-interactive Agg backend."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def style_axes(ax, title: str, xlabel: str, ylabel: str, legend: bool = True, legend_title: Optional[str] = None) -> None:
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3, which="both")
-    if legend:
-        handles, labels = ax.get_legend_handles_labels()
-        if handles:
-            ax.legend(fontsize=8, title=legend_title, title_fontsize=8)
-
-
-def save_figure(fig, path: Path, dpi: int = 110) -> Path:
-    """Write a PNG atomically and close the figure."""
-    path = Path(path)
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=dpi)
-    pyplot().close(fig)
-    os.replace(tmp, path)
-    return path
+def style_axes(ax, title: str, xlabel: str, ylabel: str, legend: bool = True,
+               legend_title: Optional[str] = None) -> None:
+    """The shared style of ``analysis.plotting`` with a grid on both axes (curves, log axes)."""
+    _style_axes(ax, title, xlabel, ylabel, legend=legend, legend_title=legend_title, grid="both")
 
 
 def write_text_atomic(path: Path, text: str) -> Path:
