@@ -194,6 +194,9 @@ def format_table(results: list[dict]) -> str:
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--suite", choices=["dense", "moe", "all"], default="dense",
+                   help="dense: these training-step cases; moe: tools.bench_moe (MoE layers against HF and "
+                        "DeepSpeed, Mixtral-tiny step against HF); all: both, in this one run")
     p.add_argument("--cases", nargs="+", default=list(CASES), help=f"any of: {', '.join(CASES)}")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     p.add_argument("--steps", type=int, default=3, help="training steps timed per model per round")
@@ -208,6 +211,15 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    status = run_dense(args) if args.suite in ("dense", "all") else 0
+    if status == 0 and args.suite in ("moe", "all"):
+        from tools import bench_moe
+
+        status = bench_moe.main(["--rounds", str(args.rounds), "--threads", str(args.threads)])
+    return status
+
+
+def run_dense(args: argparse.Namespace) -> int:
     try:
         unknown = [c for c in args.cases if c not in CASES]
         if unknown:
