@@ -20,6 +20,9 @@ P = ep_size ranks of an expert-parallel group, C rows per (rank, expert) in the 
   backward is the reverse exchange), runs the local experts as one bmm over all source ranks'
   rows, and sends the results back.
 
+- DeepSpeed: a parameter-free ``deepspeed.moe.layer.MoE`` marker inside each sharded layer lets
+  ``deepspeed.initialize`` see MoE layers (``has_moe_layers``), which the ZeRO-1/2 optimizer needs
+  in its constructor to partition the expert groups over the expert-data-parallel group;
 - checkpoints: ``consolidated_state_dict`` gathers the expert shards over the expert-parallel
   group into the state dict of the unsharded model (loadable at any ep_size);
 - clipping: ``ExpertParallelClipping`` clips by the norm of the whole model (expert squared
@@ -109,21 +112,60 @@ def shard_experts(layer: MoELayer, ep_rank: int, ep_size: int) -> int:
     return El
 
 
-def attach_to_deepspeed_engine(engine, model: nn.Module) -> None:
-    """Tell a DeepSpeed engine (ZeRO stage 0) that ``model`` has expert-parallel layers.
+def _marker_class():
+    """``DeepSpeedMoEMarker``: a ``deepspeed.moe.layer.MoE`` without experts (built on first use:
+    importing DeepSpeed is slow)."""
+    global _MARKER
+    if _MARKER is None:
+        from deepspeed.moe.layer import MoE
 
-    DeepSpeed recognises MoE only by its own ``deepspeed.moe.layer.MoE`` class; without this the
-    engine's gradient reduction finds parameters tagged ``allreduce=False`` and no expert groups.
-    Afterwards it all-reduces expert gradients over the expert-data-parallel group and divides
-    them by the data-parallel world size, as for its own MoE layers. ZeRO stages 1-2 build their
-    optimizer partitions inside ``deepspeed.initialize``, before this call, and are not covered.
+        class DeepSpeedMoEMarker(MoE):
+            """Tells ``deepspeed.initialize`` that the model has expert-parallel layers.
+
+            DeepSpeed recognises MoE only by ``isinstance(module, deepspeed.moe.layer.MoE)``, in the
+            engine's constructor: that sets ``has_moe_layers``, which the ZeRO-1/2 optimizer reads in
+            its own constructor to partition the ``moe=True`` param groups over the expert-data-parallel
+            group. This module carries only the attributes those read; it holds no parameters, is never
+            called, and its process groups already exist (:func:`create_groups`)."""
+
+            def __init__(self, num_experts: int, ep_size: int):
+                nn.Module.__init__(self)  # not MoE.__init__: no experts, no gate
+                self.num_experts, self.ep_size = num_experts, ep_size
+                self.num_local_experts = num_experts // ep_size
+                self.expert_group_name = expert_group_name(ep_size)
+                self.enable_expert_tensor_parallelism = False
+
+            def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
+                pass  # the groups were created by create_groups; there is no DeepSpeed layer to wire
+
+            def forward(self, *args, **kwargs):
+                raise RuntimeError("DeepSpeedMoEMarker is a marker for deepspeed.initialize, not a layer")
+
+        _MARKER = DeepSpeedMoEMarker
+    return _MARKER
+
+
+_MARKER = None
+
+
+def attach_to_deepspeed_engine(engine, model: nn.Module) -> None:
+    """Check (and, for ZeRO stage 0, complete) a DeepSpeed engine's view of ``model``'s
+    expert-parallel layers, after ``deepspeed.initialize`` / ``accelerate.prepare``.
+
+    The engine found the ``DeepSpeedMoEMarker`` submodules that :func:`enable_expert_parallel`
+    attached, so it reduces expert gradients over the expert-data-parallel group (stage 0:
+    all-reduce divided by the data-parallel world size; stages 1-2: the ZeRO optimizer partitions
+    the ``moe=True`` groups over that group), as for its own MoE layers.
     """
     layers = moe_layers(model)
     if not layers or layers[0].dispatcher is None:
         raise ValueError("call enable_expert_parallel(model) before attach_to_deepspeed_engine")
-    if engine.zero_optimization_stage() > 0:
-        raise ValueError(f"ZeRO stage {engine.zero_optimization_stage()}: archlab's expert parallelism is "
-                         "wired for ZeRO stage 0 only (set zero_optimization.stage=0)")
+    if engine.zero_optimization_stage() > 2:
+        raise ValueError(f"ZeRO stage {engine.zero_optimization_stage()}: archlab's expert parallelism runs "
+                         "with ZeRO stages 0-2 (DeepSpeed's MoE support ends there)")
+    if engine.zero_optimization_stage() > 0 and not engine.has_moe_layers:
+        raise ValueError("the DeepSpeed engine found no MoE layer: shard the experts with "
+                         "enable_expert_parallel(model) before accelerate.prepare / deepspeed.initialize")
     engine.has_moe_layers = True
     engine.num_experts = [layer.moe.num_experts for layer in layers]
 
@@ -141,6 +183,8 @@ def enable_expert_parallel(model: nn.Module, ep_size: Optional[int] = None) -> i
     for layer in layers:
         El = shard_experts(layer, ep_rank, ep_size)
         layer.dispatcher = ExpertParallelDispatcher(ep_group, ep_size, El)
+        # a submodule without parameters or buffers: the state dict is unchanged
+        layer.deepspeed_moe_marker = _marker_class()(layer.moe.num_experts, ep_size)
     return len(layers)
 
 
@@ -203,6 +247,8 @@ class ExpertParallelClipping:
     """Gradient clipping by the true global norm under expert parallelism, as a pre-step hook of
     the optimizer (the DeepSpeed engine reduces gradients, then calls ``optimizer.step()``).
 
+    Used at ZeRO stage 0 only (stages 1-2 sum the squared norms of every rank's partitions, the
+    global norm already, and step each param group separately, which a pre-step hook cannot see).
     DeepSpeed's ZeRO-0 clipping averages each rank's local norm over ranks, which is not the norm
     of the unsharded model when ranks hold different experts; this hook computes that norm
     (:func:`global_grad_norm`), records it in ``last_norm`` and scales the gradients by

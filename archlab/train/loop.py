@@ -94,6 +94,22 @@ class _Window:
         return out
 
 
+def _rank_optimizer_state(ckpt_dir: Path, rank: int, zero: bool) -> dict:
+    """An expert-parallel rank's optimizer file: a ZeRO-1/2 partition (``zero``) or a plain AdamW
+    state (ZeRO stage 0); the other kind is refused, naming the stage to resume with."""
+    from archlab.train.parallel import _deepspeed_safe_globals
+
+    path = ckpt_dir / ckpt.rank_optimizer_name(rank)
+    with torch.serialization.safe_globals(_deepspeed_safe_globals()):  # ZeRO's loss scaler, stage enum
+        state = ckpt.load_optimizer_state(ckpt_dir, path.name)
+    written_zero = "base_optimizer_state" in state
+    if written_zero != zero:
+        raise ckpt.CheckpointError(
+            f"{path}: written at DeepSpeed ZeRO stage {'1-2' if written_zero else '0'}, this launch uses "
+            f"{'1-2' if zero else '0'}: resume with the ZeRO stage the checkpoint was trained with")
+    return state
+
+
 class Trainer:
     """Builds everything a run needs from a recipe, then :meth:`run` trains it."""
 
@@ -116,6 +132,7 @@ class Trainer:
         for note in notes:
             self.log(note)
 
+        self.zero_stage = self._zero_stage()
         self.ep_size = self._check_expert_parallel()
         torch.manual_seed(t.seed)  # identical initial weights on every rank
         self.model = build_model(cfg)  # the plain module; the wrapped one is self.model_t
@@ -126,13 +143,15 @@ class Trainer:
         self.optimizer = self._shard_and_build_optimizer(resume_from if restore_optimizer else None)
         if self.deepspeed:
             conf = fill_deepspeed_config(self.accelerator, t, self.info.world_size)
-            if self.ep_size > 1:
+            if self.ep_size > 1 and self.zero_stage == 0:
                 conf["gradient_clipping"] = 0.0  # clipped by ExpertParallelClipping (true global norm)
         module = torch.compile(self.model) if t.compile else self.model
         self.model_t, self.optimizer_t = self.accelerator.prepare(module, self.optimizer)
         self.ep_clip = self._attach_expert_parallel()
         if self.deepspeed and restore_optimizer and self.ep_size == 1:
             self._load_deepspeed_state(resume_from)
+        elif restore_optimizer and self.ep_size > 1 and self.zero_stage > 0:
+            self._load_zero_expert_parallel_state(resume_from)
         torch.manual_seed(t.seed + 1000 * (self.info.rank + 1))  # dropout differs between ranks
         if resume_from is not None:
             ckpt.load_rng(resume_from, self.info.rank)
@@ -166,6 +185,13 @@ class Trainer:
             raise (ckpt.CheckpointError if result[1] == "CheckpointError" else RecipeError)(result[2])
         return result[1], result[2], result[3]
 
+    def _zero_stage(self) -> int:
+        """The DeepSpeed config's zero_optimization.stage (0 without DeepSpeed)."""
+        if not self.deepspeed:
+            return 0
+        conf = self.accelerator.state.deepspeed_plugin.deepspeed_config
+        return int(conf.get("zero_optimization", {}).get("stage", 0))
+
     def _check_expert_parallel(self) -> int:
         """The recipe's moe.ep_size, refused (RecipeError) where archlab cannot shard experts."""
         moe = self.cfg.model.get("moe")
@@ -175,14 +201,6 @@ class Trainer:
         if not self.deepspeed:
             raise RecipeError(f"model.moe.ep_size={ep}: expert parallelism runs under DeepSpeed; launch with "
                               "accelerate launch --config_file recipes/launch/zero0.yaml (or set model.moe.ep_size=1)")
-        conf = self.accelerator.state.deepspeed_plugin.deepspeed_config
-        stage = conf.get("zero_optimization", {}).get("stage", 0)
-        if stage != 0:
-            raise RecipeError(
-                f"model.moe.ep_size={ep} with DeepSpeed zero_optimization.stage={stage}: archlab's expert parallelism "
-                "runs with ZeRO stage 0 (recipes/launch/zero0.yaml). DeepSpeed's ZeRO-1/2 optimizer only sets up "
-                "expert-data-parallel partitions for its own deepspeed.moe.layer.MoE modules, which archlab's "
-                "MoELayer is not; use stage 0 or model.moe.ep_size=1")
         if self.info.world_size % ep:
             raise RecipeError(f"model.moe.ep_size={ep} must divide the number of processes ({self.info.world_size})")
         return ep
@@ -195,9 +213,8 @@ class Trainer:
 
             enable_expert_parallel(self.model, self.ep_size)
         optimizer = build_optimizer(self.model, self.cfg.train, expert_groups=self.ep_size > 1)
-        if optimizer_from is not None and self.ep_size > 1:  # this rank's experts' AdamW state
-            optimizer.load_state_dict(ckpt.load_optimizer_state(optimizer_from,
-                                                                ckpt.rank_optimizer_name(self.info.rank)))
+        if optimizer_from is not None and self.ep_size > 1 and self.zero_stage == 0:  # this rank's AdamW state
+            optimizer.load_state_dict(_rank_optimizer_state(optimizer_from, self.info.rank, zero=False))
         elif optimizer_from is not None and not self.deepspeed:
             optimizer.load_state_dict(ckpt.load_optimizer_state(optimizer_from))
         return optimizer
@@ -210,6 +227,8 @@ class Trainer:
         from archlab.parallel.expert import ExpertParallelClipping, attach_to_deepspeed_engine
 
         attach_to_deepspeed_engine(deepspeed_engine(self.accelerator), self.model)
+        if self.zero_stage > 0:  # ZeRO-1/2 sums partition norms over all ranks: the global norm already
+            return None
         return ExpertParallelClipping(self.optimizer, self.cfg.train.grad_clip)
 
     def _load_checkpoint(self, ckpt_dir: Path) -> bool:
@@ -253,6 +272,15 @@ class Trainer:
                                    load_lr_scheduler_states=False)
         except Exception as e:
             raise ckpt.CheckpointError(f"{zero}: cannot load the DeepSpeed state ({str(e).splitlines()[0]})") from None
+
+    def _load_zero_expert_parallel_state(self, ckpt_dir: Path) -> None:
+        """Expert parallelism under ZeRO-1/2: this rank's ZeRO optimizer state (its partition of the
+        dense groups, its experts' groups: AdamW moments and fp32 master weights), as saved by
+        ``save_checkpoint``. The same number of processes and ep_size are required (checked before)."""
+        sd = _rank_optimizer_state(ckpt_dir, self.info.rank, zero=True)
+        zero_opt = deepspeed_engine(self.accelerator).optimizer
+        # DeepSpeed indexes the list by the data-parallel rank; each rank reads only its own file
+        zero_opt.load_state_dict([sd] * self.info.world_size, load_optimizer_states=True, load_from_fp32_weights=True)
 
     def _init_run_folder(self, resume_from: Optional[Path]) -> None:
         run = self.run_dir
@@ -387,7 +415,8 @@ class Trainer:
             from archlab.parallel.expert import consolidated_state_dict
 
             weights = consolidated_state_dict(self.model)
-            torch.save(self.optimizer.state_dict(), tmp / ckpt.rank_optimizer_name(self.info.rank))
+            opt = deepspeed_engine(self.accelerator).optimizer if self.zero_stage > 0 else self.optimizer
+            torch.save(opt.state_dict(), tmp / ckpt.rank_optimizer_name(self.info.rank))  # ZeRO-1/2: its partition
         elif self.deepspeed:
             deepspeed_engine(self.accelerator).save_checkpoint(str(tmp / "zero"), tag="state", save_latest=False)
         if self.info.is_main:

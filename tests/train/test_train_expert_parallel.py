@@ -1,6 +1,7 @@
 """Expert parallelism through the trainer: a real 2-process ``accelerate launch`` under DeepSpeed
-(ZeRO stage 0, gloo) with ``model.moe.ep_size=2`` against the same global batch at ep_size=1 (one
-process, grad_accum 2); its checkpoint resumed and exported at ep_size=1."""
+(ZeRO stages 0, 1 and 2, gloo) with ``model.moe.ep_size=2`` against the same global batch at
+ep_size=1 (one process, grad_accum 2); its checkpoints resumed at ep_size=2, and (stage 0) resumed
+and exported at ep_size=1."""
 
 import json
 import os
@@ -33,8 +34,8 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
-def _launch(probe: Path, recipe: str, overrides: list[str], timeout: int = 300) -> dict:
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", *LAUNCH, str(ROOT / "tests/train/train_ep_probe.py"),
+def _launch(probe: Path, recipe: str, overrides: list[str], timeout: int = 300, launch: list[str] = LAUNCH) -> dict:
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *launch, str(ROOT / "tests/train/train_ep_probe.py"),
            str(probe), str(ROOT / "recipes" / f"{recipe}.yaml"), *overrides]
     p = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=timeout)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -128,12 +129,47 @@ def test_aux_free_bias_identical_on_every_rank(base, tmp_path):
                                [r["loss"] for r in _rows(ref["run_dir"])], rtol=0, atol=1e-5)
 
 
-def test_zero1_with_expert_parallelism_is_refused(base):
+@pytest.fixture(scope="module")
+def mixtral_ref(base):
+    """The ep_size=1 reference: one process, the same global batch (grad_accum 2)."""
     out, common = base
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "recipes/launch/zero1.yaml"),
-           "-m", "archlab.train", str(ROOT / "recipes/mixtral/tiny.yaml"), *common, *MIXTRAL, "model.moe.ep_size=2",
-           "train.run_name=zero1-ep2"]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
-    assert p.returncode != 0
-    assert "model.moe.ep_size=2 with DeepSpeed zero_optimization.stage=1" in p.stderr
-    assert re.search(r"exitcode\s*:\s*2\b", p.stderr)  # archlab's bad-input exit, not a crash
+    return train(archlab.load_recipe(ROOT / "recipes/mixtral/tiny.yaml",
+                                     [*common, *MIXTRAL, "train.grad_accum=2", "train.run_name=ref-zero"]))
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_ep2_under_zero_stage_matches_ep1_and_resumes(base, mixtral_ref, tmp_path, stage):
+    """ZeRO-1/2 partition the expert groups over the expert-data-parallel group and the dense groups
+    over all ranks. Losses equal to ep_size=1 show that each expert's gradient is its own (not
+    averaged with the other rank's experts); the grad norm is DeepSpeed's, clipped at every step."""
+    out, common = base
+    name = f"zero{stage}-ep2"
+    launch = ["--config_file", str(ROOT / f"recipes/launch/zero{stage}.yaml")]
+    rec = _launch(tmp_path / "probe.json", "mixtral/tiny", [*common, *MIXTRAL, "model.moe.ep_size=2",
+                                                            f"train.run_name={name}"], launch=launch)
+    assert [r["local_experts"] for r in rec["ranks"]] == [[2, 2], [2, 2]]
+    run = out / name
+    env = json.loads((run / "env.json").read_text())
+    assert env["deepspeed_config"]["zero_optimization"]["stage"] == stage
+    assert env["deepspeed_config"]["gradient_clipping"] == 0.3  # the engine clips (the global norm)
+    ep_rows, ref_rows = _rows(run), _rows(mixtral_ref["run_dir"])
+    assert len(ep_rows) == len(ref_rows) == 10
+    np.testing.assert_allclose([r["loss"] for r in ep_rows], [r["loss"] for r in ref_rows], rtol=0, atol=1e-5)
+    np.testing.assert_allclose([r["grad_norm"] for r in ep_rows], [r["grad_norm"] for r in ref_rows], rtol=1e-4)
+    assert min(r["grad_norm"] for r in ep_rows) > 0.3
+
+    # resumed at ep_size=2 from this rank's ZeRO partition, the run repeats the uninterrupted one
+    step5 = run / "checkpoints" / "step_00000005"
+    assert all((step5 / ckpt.rank_optimizer_name(r)).is_file() for r in (0, 1))
+    _launch(tmp_path / "probe2.json", "mixtral/tiny", [*common, *MIXTRAL, "model.moe.ep_size=2",
+                                                       f"train.run_name={name}", f"train.resume={step5}"], launch=launch)
+    np.testing.assert_allclose([r["loss"] for r in _rows(run)], [r["loss"] for r in ep_rows], rtol=0, atol=1e-6)
+    if stage == 1:  # a ZeRO-1/2 partition does not resume at stage 0: refused with the stage to use
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", *LAUNCH, "-m", "archlab.train",
+               str(ROOT / "recipes/mixtral/tiny.yaml"), *common, *MIXTRAL, "model.moe.ep_size=2",
+               f"train.run_name={name}", f"train.resume={step5}"]
+        p = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
+        assert p.returncode != 0
+        assert "written at DeepSpeed ZeRO stage 1-2, this launch uses 0" in p.stderr, p.stderr[:2000]
+        assert re.search(r"exitcode\s*:\s*2\b", p.stderr)  # archlab's bad-input exit, not a crash
+
