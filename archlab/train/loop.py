@@ -320,10 +320,11 @@ class Trainer:
     # ------------------------------------------------------------------ one step
 
     def _forward_loss(self, x_BS1: Tensor) -> tuple[Tensor, Tensor]:
-        """(LM loss, aux loss) of one micro batch (B, S+1) through the wrapped model."""
+        """(LM loss, aux loss) of one micro batch (B, S+1) through the wrapped model. The LM head
+        and cross-entropy run fused (``targets=``), without materialising the (B, S, V) logits."""
         with self.accelerator.autocast():
-            out = self.model_t(x_BS1[:, :-1])
-            return lm_loss(out.logits, x_BS1[:, 1:]), out.aux_loss.float()
+            out = self.model_t(x_BS1[:, :-1], targets=x_BS1[:, 1:])
+            return out.loss.float(), out.aux_loss.float()
 
     def _grad_norm(self) -> float:
         clip = self.cfg.train.grad_clip
