@@ -21,7 +21,6 @@ import argparse
 import csv
 import io
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -30,6 +29,7 @@ import archlab
 from archlab.config import RecipeError
 from archlab.costs import activation_memory, kv_cache_bytes, param_counts, training_flops, training_memory
 from archlab.costs.flops import forward_flops
+from archlab.io import write_text_atomic
 
 from analysis.plotting import pyplot, save_figure, stacked_bars, style_axes, unit_scale
 
@@ -208,13 +208,6 @@ def plot_memory(rows: list[dict], path: Path, precision: str, zero_stage: int, d
     return save_figure(fig, path)
 
 
-def write_atomic(path: Path, text: str) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
-
-
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -262,7 +255,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         written = [plot_flops(rows, args.out / "flops_breakdown.png"),
                    plot_memory(rows, args.out / "memory_breakdown.png", args.precision, args.zero_stage, args.dp),
-                   write_atomic(args.out / f"costs.{'txt' if args.format == 'table' else args.format}", text)]
+                   write_text_atomic(args.out / f"costs.{'txt' if args.format == 'table' else args.format}", text)]
         print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
     return 0
 

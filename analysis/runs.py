@@ -24,6 +24,10 @@ from typing import Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from archlab.io import read_jsonl as _read_jsonl
+from archlab.io import write_json_atomic as _write_json_atomic
+from archlab.io import write_text_atomic  # noqa: F401  (re-exported for scaling, routing)
+
 from analysis.plotting import pyplot, save_figure  # noqa: F401  (re-exported for scaling, routing)
 from analysis.plotting import style_axes as _style_axes
 
@@ -40,23 +44,9 @@ class RunError(ValueError):
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSON-lines file; a torn line (a run killed mid-write) is skipped."""
-    rows = []
-    if not path.is_file():
-        return rows
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                row = {k: (math.nan if v is None and k == "loss" else v) for k, v in row.items()}
-                rows.append(row)
-    return rows
+    """Rows of a JSON-lines file (torn lines skipped); a null loss reads as NaN (a diverged step)."""
+    return [{k: (math.nan if v is None and k == "loss" else v) for k, v in row.items()}
+            for row in _read_jsonl(path)]
 
 
 def is_run_dir(path: Path) -> bool:
@@ -281,16 +271,8 @@ def style_axes(ax, title: str, xlabel: str, ylabel: str, legend: bool = True,
     _style_axes(ax, title, xlabel, ylabel, legend=legend, legend_title=legend_title, grid="both")
 
 
-def write_text_atomic(path: Path, text: str) -> Path:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
-
-
 def write_json_atomic(path: Path, obj) -> Path:
-    return write_text_atomic(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+    return _write_json_atomic(path, obj, sort_keys=False, default=_json_default)
 
 
 def _json_default(o):

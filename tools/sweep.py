@@ -55,6 +55,7 @@ from omegaconf import OmegaConf
 
 from archlab.config import RecipeError, load_recipe, model_config
 from archlab.costs import training_flops_per_token
+from archlab.io import write_json_atomic
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = "manifest.json"
@@ -221,15 +222,9 @@ def launch_overrides(p: Point, cfg, out_dir: Path, evals: int) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
-def _write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
-
-
 def write_manifest(out_dir: Path, spec: dict, points: list[Point]) -> None:
-    _write_json_atomic(out_dir / MANIFEST, {"kind": "archlab-sweep", "version": 1, "spec": spec,
-                                            "points": [asdict(p) for p in points]})
+    write_json_atomic(out_dir / MANIFEST, {"kind": "archlab-sweep", "version": 1, "spec": spec,
+                                           "points": [asdict(p) for p in points]}, sort_keys=False)
 
 
 def read_manifest(out_dir: Path) -> Optional[dict]:

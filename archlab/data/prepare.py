@@ -29,6 +29,7 @@ import numpy as np
 import tokenizers
 
 from archlab.data.batches import check_length
+from archlab.io import write_json_atomic
 from archlab.data.corpus import Corpus, DataError, split_corpus
 from archlab.data.sources import build_corpus
 from archlab.data.tokenizer import BYTE_VOCAB_SIZE, Tokenizer, build_tokenizer
@@ -73,12 +74,6 @@ def cache_key(corpus: Corpus, data_cfg, vocab_size: int) -> str:
         "vocab_size": vocab_size,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode("utf-8")).hexdigest()
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 def _chunks(texts: Sequence[str], chunk_chars: int) -> Iterator[Sequence[str]]:
@@ -164,7 +159,7 @@ def _build_into(tmp: Path, corpus: Corpus, data_cfg, vocab_size: int, key: str) 
     }
     for name in ("tokenizer.json", "train.bin", "val.bin"):
         _fsync(tmp / name)  # on disk before meta.json says they are complete
-    _write_json(tmp / "meta.json", meta)  # last: its presence marks a complete build
+    write_json_atomic(tmp / "meta.json", meta)  # last: its presence marks a complete build
     _fsync(tmp / "meta.json")
 
 

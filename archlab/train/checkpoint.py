@@ -32,6 +32,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_model as _load_safetensors_into, save_file as _save_file
 
+from archlab.io import write_json_atomic, write_text_atomic  # noqa: F401  (used by run_folder too)
+
 CKPT_DIR = "checkpoints"
 MANIFEST = "manifest.json"
 WEIGHTS = "model.safetensors"
@@ -49,26 +51,6 @@ class CheckpointError(ValueError):
 
 
 # ----------------------------------------------------------------------------- small file helpers
-
-def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON to ``path`` via a temporary file and ``os.replace`` (never half-written)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()

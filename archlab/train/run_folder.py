@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from archlab.train.checkpoint import RUN_MARKER, write_json_atomic, write_text_atomic
+from archlab.io import read_jsonl, write_json_atomic, write_text_atomic  # noqa: F401  (read_jsonl re-exported)
+from archlab.train.checkpoint import RUN_MARKER
 
 METRICS = "metrics.jsonl"
 ROUTING = "routing.jsonl"
@@ -71,19 +72,6 @@ def write_env(run_dir: Path, env: dict[str, Any]) -> None:
     full = {"archlab_version": archlab.__version__, "git_commit": git_commit(), "python": platform.python_version(),
             "platform": platform.platform(), "versions": library_versions(), **env}
     write_json_atomic(run_dir / "env.json", full)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSON-lines file; a torn last line (crash mid-write) is ignored."""
-    rows = []
-    if not path.is_file():
-        return rows
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
 
 
 def truncate_jsonl(path: Path, max_step: int) -> None:

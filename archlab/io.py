@@ -1,0 +1,45 @@
+"""Small file helpers shared by the library and its programs: atomic writes, JSON lines.
+
+A file that matters (checkpoint metadata, caches, manifests, reports) is written to a temporary
+file in the same folder, flushed to disk, then renamed over the target with ``os.replace``, so a
+crash leaves either the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def write_json_atomic(path: Path, obj: Any, sort_keys: bool = True,
+                      default: Optional[Callable[[Any], Any]] = None) -> Path:
+    return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=sort_keys, default=default) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSON-lines file; a torn line (a process killed mid-write) is skipped."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
