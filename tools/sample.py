@@ -31,13 +31,18 @@ class TextCodec(Protocol):
 
 
 class ByteCodec:
-    """UTF-8 bytes as ids 0-255, 256 as end of text. An untrained model emits ids beyond the
-    bytes too (its vocabulary is the recipe's); they are shown as ``<|id|>``."""
+    """archlab's byte tokenizer (UTF-8 bytes as ids 0-255, 256 as end of text) for a recipe with no
+    trained tokenizer. An untrained model emits ids beyond the bytes too (its vocabulary is the
+    recipe's); ``decode`` shows them as ``<|id|>`` where the tokenizer would drop them."""
 
-    eos_id = 256
+    def __init__(self):
+        from archlab.data.tokenizer import BYTE_VOCAB_SIZE, byte_tokenizer
+
+        self._tokenizer = byte_tokenizer([], BYTE_VOCAB_SIZE)
+        self.eos_id = self._tokenizer.eos_id
 
     def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+        return self._tokenizer.encode(text)
 
     def decode(self, ids: list[int]) -> str:
         parts, run = [], bytearray()
