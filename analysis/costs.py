@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import archlab
+from analysis.plotting import pyplot, save_figure, stacked_bars, style_axes, unit_scale
 from archlab.config import RecipeError
 from archlab.costs import activation_memory, kv_cache_bytes, param_counts, training_flops, training_memory
 from archlab.costs.flops import forward_flops
 from archlab.io import write_text_atomic
-
-from analysis.plotting import pyplot, save_figure, stacked_bars, style_axes, unit_scale
 
 FLOPS_LABELS = {
     "qkv_proj": "QKV projection", "out_proj": "attention output projection",

@@ -38,7 +38,14 @@ import numpy as np
 import torch
 
 from analysis.runs import (
-    Run, RunError, open_run, pyplot, save_figure, style_axes, write_json_atomic, write_text_atomic,
+    Run,
+    RunError,
+    open_run,
+    pyplot,
+    save_figure,
+    style_axes,
+    write_json_atomic,
+    write_text_atomic,
 )
 
 _LAYER_KEY = re.compile(r"^moe/(layer\d+)/(.+)$")
@@ -266,7 +273,7 @@ def _grid(plt, n: int, w: float = 4.2, h: float = 3.4, ncols_max: int = 4):
 
 def plot_load_heatmaps(series: dict[str, dict], run_name: str, path: Path) -> Optional[Path]:
     plt = pyplot()
-    layers = [l for l in series if load_matrix(series[l]) is not None]
+    layers = [layer for layer in series if load_matrix(series[layer]) is not None]
     if not layers:
         return None
     fig, axes = _grid(plt, len(layers), w=5.0, h=3.6, ncols_max=2)
@@ -315,7 +322,7 @@ def plot_balance(series: dict[str, dict], run_name: str, path: Path) -> Optional
 def plot_bias(series: dict[str, dict], run_name: str, path: Path) -> Optional[Path]:
     """Aux-loss-free selection bias of every expert against the step, one panel per layer."""
     plt = pyplot()
-    layers = [l for l, s in series.items() if "bias" in s and s["bias"].ndim == 2]
+    layers = [layer for layer, s in series.items() if "bias" in s and s["bias"].ndim == 2]
     if not layers:
         return None
     fig, axes = _grid(plt, len(layers), w=6.0, h=4.0, ncols_max=2)
@@ -340,8 +347,8 @@ def plot_specialisation(spec: dict[str, dict], run_name: str, path: Path) -> Pat
     layers = list(spec)
     x = np.arange(len(layers))
     fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(layers) + 2), 4))
-    ax.bar(x - 0.2, [spec[l]["mean"] for l in layers], width=0.4, label="mean over token ids")
-    ax.bar(x + 0.2, [spec[l]["weighted_mean"] for l in layers], width=0.4, label="weighted by occurrences")
+    ax.bar(x - 0.2, [spec[layer]["mean"] for layer in layers], width=0.4, label="mean over token ids")
+    ax.bar(x + 0.2, [spec[layer]["weighted_mean"] for layer in layers], width=0.4, label="weighted by occurrences")
     base = spec[layers[0]]["uniform_baseline"]
     ax.axhline(base, color="k", ls=":", label=f"floor K/E = {base:.2f} (id spread evenly)")
     ax.set_xticks(x, layers)
@@ -371,7 +378,7 @@ def plot_coactivation(coact: dict[str, np.ndarray], run_name: str, path: Path) -
 def plot_saturation(sat: dict[int, dict[str, float]], ref_step: int, run_name: str, path: Path) -> Path:
     plt = pyplot()
     steps = sorted(sat)
-    layers = sorted({l for s in sat.values() for l in s}, key=_layer_sort_key)
+    layers = sorted({layer for s in sat.values() for layer in s}, key=_layer_sort_key)
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for layer in layers:
         xs = steps + [ref_step]
@@ -458,26 +465,31 @@ def _markdown(run: Run, train: dict, ck: Optional[dict], files: list[str]) -> st
     lines = [f"# Routing of {run.name}", "", f"family: {run.family}; status: {run.status}"
              + (f" ({run.reason})" if run.reason else ""), "", "## Over training", ""]
     if train:
-        lines += ["| layer | records | MaxVio first -> last | entropy first -> last (nats) | dropped last |", "|---|---|---|---|---|"]
+        lines += ["| layer | records | MaxVio first -> last | entropy first -> last (nats) | dropped last |",
+                  "|---|---|---|---|---|"]
         for layer, d in train.items():
-            f = lambda k: f"{d[k + '_first']:.3f} -> {d[k + '_last']:.3f}" if k + "_first" in d else "-"
+            def f(k):
+                return f"{d[k + '_first']:.3f} -> {d[k + '_last']:.3f}" if k + "_first" in d else "-"
             dropped = f"{d['dropped_fraction_last']:.4f}" if "dropped_fraction_last" in d else "-"
             lines.append(f"| {layer} | {d['records']} | {f('maxvio')} | {f('router_entropy')} | {dropped} |")
     else:
         lines.append("(no routing records in the run folder)")
     if ck:
         lines += ["", f"## Checkpoint step {ck['step']} over {ck['tokens']} tokens of {ck['source']}", "",
-                  "| layer | specialisation (mean over ids) | weighted | token ids | random ~ K/E |", "|---|---|---|---|---|"]
+                  "| layer | specialisation (mean over ids) | weighted | token ids | random ~ K/E |",
+                  "|---|---|---|---|---|"]
         for layer, s in ck["spec"].items():
-            lines.append(f"| {layer} | {s['mean']:.3f} | {s['weighted_mean']:.3f} | {s['n_token_ids']} | {s['uniform_baseline']:.3f} |")
+            lines.append(f"| {layer} | {s['mean']:.3f} | {s['weighted_mean']:.3f} | {s['n_token_ids']} "
+                         f"| {s['uniform_baseline']:.3f} |")
         if ck["saturation"]:
             lines += ["", "Router saturation against this checkpoint:", ""]
             for step, per in sorted(ck["saturation"].items()):
-                lines.append(f"- step {step}: " + ", ".join(f"{l} {v:.3f}" for l, v in per.items()))
+                lines.append(f"- step {step}: " + ", ".join(f"{layer} {v:.3f}" for layer, v in per.items()))
         lines += ["", "Top tokens per expert (first MoE layer):", ""]
         first = next(iter(ck["top_tokens"]))
         for e, toks in enumerate(ck["top_tokens"][first]):
-            lines.append(f"- expert {e}: " + ", ".join(f"{t['text']!r} ({t['count']}, {t['share_of_id']:.0%})" for t in toks[:6]))
+            shown = ", ".join(f"{t['text']!r} ({t['count']}, {t['share_of_id']:.0%})" for t in toks[:6])
+            lines.append(f"- expert {e}: " + shown)
     lines += ["", "Files: " + ", ".join(files)]
     return "\n".join(lines) + "\n"
 
@@ -516,9 +528,9 @@ def analyse(run_dir: str, out: Path, checkpoint: Optional[str] = None, compare: 
     if ck:
         summary["checkpoint"] = {
             "path": ck["checkpoint"], "step": ck["step"], "tokens": ck["tokens"], "source": ck["source"],
-            "specialisation": {l: {k: s[k] for k in ("mean", "weighted_mean", "n_token_ids", "uniform_baseline")}
-                               for l, s in ck["spec"].items()},
-            "coactivation": {l: np.where(np.isnan(c), None, c).tolist() for l, c in ck["coact"].items()},
+            "specialisation": {layer: {k: s[k] for k in ("mean", "weighted_mean", "n_token_ids", "uniform_baseline")}
+                               for layer, s in ck["spec"].items()},
+            "coactivation": {layer: np.where(np.isnan(c), None, c).tolist() for layer, c in ck["coact"].items()},
             "saturation": {str(s): v for s, v in ck["saturation"].items()},
             "top_tokens": ck["top_tokens"],
         }
@@ -529,7 +541,8 @@ def analyse(run_dir: str, out: Path, checkpoint: Optional[str] = None, compare: 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.routing", description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", help="an MoE run folder (written by python -m archlab.train)")
     ap.add_argument("--out", type=Path, required=True, help="folder for the PNGs and summary.json / summary.md")
     ap.add_argument("--checkpoint", help="checkpoint folder to analyse (default: the run's newest complete one)")
@@ -538,15 +551,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--text", nargs="+", default=(), metavar="FILE",
                     help="held-out UTF-8 text files or globs (default: the run's validation split)")
     ap.add_argument("--max-tokens", type=int, default=32768, help="held-out tokens to route (default 32768)")
-    ap.add_argument("--min-count", type=int, default=5, help="token ids seen fewer times are left out of specialisation")
+    ap.add_argument("--min-count", type=int, default=5,
+                    help="token ids seen fewer times are left out of specialisation")
     ap.add_argument("--no-checkpoint", action="store_true", help="only the over-training plots")
     ap.add_argument("--allow-incomplete", action="store_true", help="inspect a run that has not finished")
     args = ap.parse_args(argv)
     try:
         if args.max_tokens <= 0 or args.min_count <= 0:
             raise ValueError("--max-tokens and --min-count must be positive")
-        summary = analyse(args.run, args.out, args.checkpoint, args.compare, args.text, args.max_tokens,
-                          args.min_count, not args.no_checkpoint, args.allow_incomplete)
+        analyse(args.run, args.out, args.checkpoint, args.compare, args.text, args.max_tokens,
+                args.min_count, not args.no_checkpoint, args.allow_incomplete)
     except (RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -24,12 +24,11 @@ from typing import Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from analysis.plotting import pyplot, save_figure  # noqa: F401  (re-exported for scaling, routing)
+from analysis.plotting import style_axes as _style_axes
 from archlab.io import read_jsonl as _read_jsonl
 from archlab.io import write_json_atomic as _write_json_atomic
 from archlab.io import write_text_atomic  # noqa: F401  (re-exported for scaling, routing)
-
-from analysis.plotting import pyplot, save_figure  # noqa: F401  (re-exported for scaling, routing)
-from analysis.plotting import style_axes as _style_axes
 
 RUN_MARKER = "run.json"
 RECIPE = "recipe.yaml"
@@ -170,7 +169,8 @@ def _diagnose(run: Run) -> tuple[str, str]:
     if losses and final > losses[0] + 1e-6:
         return "diverged", f"final validation loss {final:.3f} is above the first training loss {losses[0]:.3f}"
     if stop != "completed":
-        return "incomplete", f"ended with status {stop!r} ({s.get('message') or 'no message'}); resume it with train.resume=auto"
+        return "incomplete", (f"ended with status {stop!r} ({s.get('message') or 'no message'}); "
+                              "resume it with train.resume=auto")
     return "finished", ""
 
 

@@ -23,7 +23,6 @@ the fitted table printed as markdown (also saved as fits.md).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import asdict, dataclass, field
@@ -295,7 +294,8 @@ def collect(runs) -> tuple[list[Point], list[dict], dict[str, list[tuple[str, np
     return points, excluded, curves
 
 
-def envelope(curves: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]], n: int = 60) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def envelope(curves: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]],
+             n: int = 60) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Compute-optimal frontier of a family: at each compute C, the lowest validation loss any
     run reached with at most C FLOPs (Kaplan's envelope). Returns (C grid, loss, run at each C)."""
     all_c = np.concatenate([c for _, _, c, _ in curves])
@@ -337,7 +337,8 @@ def compare_dense_moe(points: list[Point], fits: dict[str, PowerLawFit]) -> list
             if f is not None and f.status == "ok" and lo / RANGE_SLACK <= m.flops <= hi * RANGE_SLACK:
                 L = float(f.predict(m.flops))
                 row["equal_flops"][fam] = {"loss": L, "moe_minus_dense": m.loss - L}
-            same_t = sorted((p for p in ds if abs(p.tokens - m.tokens) <= 0.05 * m.tokens), key=lambda p: p.params_active)
+            same_t = sorted((p for p in ds if abs(p.tokens - m.tokens) <= 0.05 * m.tokens),
+                            key=lambda p: p.params_active)
             if (len(same_t) >= 2 and same_t[0].params_active / RANGE_SLACK <= m.params_active
                     <= same_t[-1].params_active * RANGE_SLACK):  # np.interp holds the end values
                 L = float(np.interp(np.log(m.params_active), [np.log(p.params_active) for p in same_t],
@@ -359,13 +360,15 @@ def _ci(fit: PowerLawFit, name: str, fmt: str) -> str:
 
 def fits_table(fits: dict[str, PowerLawFit]) -> str:
     """Markdown table of the fitted parameters with 95% bootstrap intervals."""
-    lines = ["| family | points | E (nats) [95% CI] | alpha [95% CI] | A_ref at c_ref [95% CI] | c_ref (FLOPs) | A (C in FLOPs) | rms log residual | status |",
+    lines = ["| family | points | E (nats) [95% CI] | alpha [95% CI] | A_ref at c_ref [95% CI] | c_ref (FLOPs) "
+             "| A (C in FLOPs) | rms log residual | status |",
              "|---|---|---|---|---|---|---|---|---|"]
     for fam, f in fits.items():
         if f.status != "ok":
             lines.append(f"| {fam} | {f.n_points} | - | - | - | - | - | - | {f.status}: {f.message} |")
             continue
-        lines.append(f"| {fam} | {f.n_points} | {f.E:.3f}{_ci(f, 'E', '.3f')} | {f.alpha:.3f}{_ci(f, 'alpha', '.3f')} | "
+        lines.append(f"| {fam} | {f.n_points} | {f.E:.3f}{_ci(f, 'E', '.3f')} | "
+                     f"{f.alpha:.3f}{_ci(f, 'alpha', '.3f')} | "
                      f"{f.A_ref:.3f}{_ci(f, 'A_ref', '.3f')} | {f.c_ref:.3g} | {f.A:.4g} | {f.rms_log_residual:.4f} | "
                      f"ok ({f.n_boot} bootstrap fits over {f.ci_method or '-'}) |")
     return "\n".join(lines)
@@ -383,13 +386,17 @@ def points_table(points: list[Point]) -> str:
 def comparison_table(rows: list[dict]) -> str:
     if not rows:
         return "(no MoE runs: no dense-vs-MoE comparison)"
-    lines = ["| MoE run | loss | dense family | dense loss at equal FLOPs (MoE - dense) | dense loss at equal active params (MoE - dense) |",
+    lines = ["| MoE run | loss | dense family | dense loss at equal FLOPs (MoE - dense) "
+             "| dense loss at equal active params (MoE - dense) |",
              "|---|---|---|---|---|"]
+
+    def cell(d):
+        return f"{d['loss']:.4f} ({d['moe_minus_dense']:+.4f})" if d else "out of range"
+
     for r in rows:
         fams = r["dense_families"] or ["-"]
         for fam in fams:
             ef, ea = r["equal_flops"].get(fam), r["equal_active_params"].get(fam)
-            cell = lambda d: f"{d['loss']:.4f} ({d['moe_minus_dense']:+.4f})" if d else "out of range"
             lines.append(f"| {r['run']} | {r['loss']:.4f} | {fam} | {cell(ef)} | {cell(ea)} |")
     return "\n".join(lines)
 
@@ -564,7 +571,8 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.scaling", description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("inputs", nargs="+", help="run folders, globs (quote them), sweep folders or folders of runs")
     ap.add_argument("--out", type=Path, help="folder for the plots, fits.json and fits.md (default: print only)")
     ap.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the intervals (default 200)")

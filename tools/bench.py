@@ -184,7 +184,8 @@ def format_table(results: list[dict]) -> str:
             lo, hi = r[f"{tag}_ratio_range"]
             cells.append(f"{r[f'{tag}_tokens_per_s']:>7.0f} ({r[f'{tag}_ratio']:.2f}x, {lo:.2f}-{hi:.2f})")
         lines.append(f"{r['case']:<12} {r['hf_tokens_per_s']:>9.0f} {cells[0]:>27} {cells[1]:>27} "
-                     f"{r['hf_peak_fraction']:>22.2f} / {r['archlab_peak_fraction']:.2f} / {r['fused_peak_fraction']:.2f}")
+                     f"{r['hf_peak_fraction']:>22.2f} / {r['archlab_peak_fraction']:.2f} "
+                     f"/ {r['fused_peak_fraction']:.2f}")
     lines.append(f"fp32 GEMM peak (2048^3, best round): {results[0]['gemm_peak_gflops']:.1f} GFLOP/s. "
                  "x HF = median over rounds of HF step time / archlab step time (min-max).")
     lines.append("archlab: logits + cross_entropy (as HF does inside); archlab-fused: model(ids, targets=...) "

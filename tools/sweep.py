@@ -17,9 +17,10 @@ with tokens_per_step = seq_len * micro_batch_size * grad_accum * processes and t
 token from ``archlab.costs``. The sweep is resumable: a point whose run folder holds a
 ``summary.json`` of a completed run is skipped (so is one that stopped on non-finite numbers:
 rerunning it would diverge again; it is reported as diverged); a started but unfinished one
-continues from its last checkpoint (``train.resume=auto``). ``--jobs N`` trains N points at once. ``<out>/manifest.json`` records every point (recipe,
-overrides, budget, steps, status, exit code, log file) and is rewritten atomically after each
-change; ``<out>/logs/<point>.log`` holds each run's output.
+continues from its last checkpoint (``train.resume=auto``). ``--jobs N`` trains N points at once.
+``<out>/manifest.json`` records every point (recipe, overrides, budget, steps, status, exit code,
+log file) and is rewritten atomically after each change; ``<out>/logs/<point>.log`` holds each
+run's output.
 
 Spec file keys (YAML; all but the recipes and one budget are optional):
 
@@ -141,7 +142,8 @@ def build_points(spec: dict) -> list[Point]:
     budgets = [("tokens", float(v)) for v in spec.get("tokens") or []]
     budgets += [("flops", float(v)) for v in spec.get("flops") or []]
     if not budgets:
-        raise RecipeError("sweep: no budget given (use --tokens N... or --flops C..., or 'tokens:'/'flops:' in the spec)")
+        raise RecipeError("sweep: no budget given "
+                          "(use --tokens N... or --flops C..., or 'tokens:'/'flops:' in the spec)")
     for kind, v in budgets:
         if not v > 0:
             raise RecipeError(f"sweep: {kind} budget {v!r} must be positive")
@@ -435,7 +437,9 @@ def spec_from_args(args) -> dict:
     if args.recipes:
         ladders = dict(spec.get("ladders") or {})
         for r in args.recipes:
-            ladders[_safe(Path(r).stem if Path(r).parent.name in ("", ".") else f"{Path(r).parent.name}-{Path(r).stem}")] = {"recipe": r}
+            recipe = Path(r)
+            ladder = recipe.stem if recipe.parent.name in ("", ".") else f"{recipe.parent.name}-{recipe.stem}"
+            ladders[_safe(ladder)] = {"recipe": r}
         spec["ladders"] = ladders
     if args.tokens or args.flops:
         spec["tokens"], spec["flops"] = list(args.tokens or []), list(args.flops or [])

@@ -110,7 +110,8 @@ def validate_moe(e, n_layers: int, prefix: str, routers) -> None:
         _fail(f"{prefix}.router.topk_groups", r.topk_groups, f"must be <= n_groups ({r.n_groups})")
     if r.topk_groups * (e.num_experts // r.n_groups) < e.top_k:
         _fail(f"{prefix}.router.topk_groups", r.topk_groups,
-              f"the kept groups hold {r.topk_groups * (e.num_experts // r.n_groups)} experts, fewer than top_k={e.top_k}")
+              f"the kept groups hold {r.topk_groups * (e.num_experts // r.n_groups)} experts, "
+              f"fewer than top_k={e.top_k}")
     _fraction(f"{prefix}.router.jitter", r.jitter)
     for n in ("aux_loss_coeff", "seq_aux_loss_coeff", "z_loss_coeff", "bias_update_rate"):
         if getattr(e.balance, n) < 0:
@@ -131,7 +132,8 @@ def validate_data(d, model) -> None:
     if d.tokenizer == "byte" and model.vocab_size < 257:
         _fail("model.vocab_size", model.vocab_size, "the byte tokenizer needs 256 byte ids + 1 end-of-text id (>= 257)")
     if d.tokenizer == "bpe" and model.vocab_size < 260:
-        _fail("model.vocab_size", model.vocab_size, "a byte-level BPE needs at least 256 byte ids + special tokens (>= 260)")
+        _fail("model.vocab_size", model.vocab_size,
+              "a byte-level BPE needs at least 256 byte ids + special tokens (>= 260)")
     if not 0.0 < d.val_fraction < 0.5:
         _fail("data.val_fraction", d.val_fraction, "must lie in (0, 0.5)")
     if d.max_bytes is not None and d.max_bytes <= 0:

@@ -285,7 +285,7 @@ def _moe_bytes(s: _Shape) -> float:
 
 def _layer_bytes(s: _Shape, layer: int) -> dict[str, float]:
     """Bytes one layer keeps for backward, by component, without checkpointing."""
-    cfg, n, a = s.cfg, s.n, s.act
+    cfg, n = s.cfg, s.n
     out = {"norms": 2 * n * _norm_bytes(s, cfg.d_model), "attention": _attention_bytes(s)}
     if cfg.is_moe_layer(layer):
         out["moe"] = _moe_bytes(s)

@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     m = data.meta
     print(f"corpus     {m['corpus']}")
     print(f"cache      {data.cache_path}  (ready in {seconds:.1f} s; built in {m['build_seconds']:.1f} s)")
-    print(f"tokenizer  {m['tokenizer']['kind']}, vocab {m['tokenizer']['vocab_size']}, eos id {m['tokenizer']['eos_id']}")
+    tok = m["tokenizer"]
+    print(f"tokenizer  {tok['kind']}, vocab {tok['vocab_size']}, eos id {tok['eos_id']}")
     for split in ("train", "val"):
         print(f"{split:<10} {m['n_files'][split]} documents, {m['bytes'][split]:,} bytes, "
               f"{m['tokens'][split]:,} tokens ({m['bytes'][split] / m['tokens'][split]:.2f} bytes/token)")

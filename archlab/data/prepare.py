@@ -29,10 +29,10 @@ import numpy as np
 import tokenizers
 
 from archlab.data.batches import check_length
-from archlab.io import write_json_atomic
 from archlab.data.corpus import Corpus, DataError, split_corpus
 from archlab.data.sources import build_corpus
 from archlab.data.tokenizer import BYTE_VOCAB_SIZE, Tokenizer, build_tokenizer
+from archlab.io import write_json_atomic
 
 DATA_FORMAT_VERSION = 1  # bump when the cache layout or the split/encoding rules change
 ENCODE_CHUNK_CHARS = 4 * 2**20  # characters handed to encode_batch at once (bounds memory)

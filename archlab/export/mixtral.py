@@ -76,7 +76,8 @@ def _moe_sd(prefix: str, moe) -> dict[str, Tensor]:
 
 def _dense_mlp_sd(prefix: str, ffn) -> dict[str, Tensor]:
     gate, up = ffn.gate_up.weight.chunk(2, dim=0)
-    return {f"{prefix}.gate_proj.weight": gate, f"{prefix}.up_proj.weight": up, f"{prefix}.down_proj.weight": ffn.down.weight}
+    return {f"{prefix}.gate_proj.weight": gate, f"{prefix}.up_proj.weight": up,
+            f"{prefix}.down_proj.weight": ffn.down.weight}
 
 
 def _decoder_sd(model: Decoder, qk_norm: bool) -> dict[str, Tensor]:
@@ -142,7 +143,8 @@ class Qwen3MoeExporter(HFExporter):
     def matches(self, cfg: ModelConfig) -> Optional[str]:
         if not cfg.attention.qk_norm:
             return "attention.qk_norm=false: Qwen3 always normalises q and k per head"
-        plain = ModelConfig(**{**cfg.__dict__, "attention": type(cfg.attention)(**{**cfg.attention.__dict__, "qk_norm": False})})
+        plain_attention = type(cfg.attention)(**{**cfg.attention.__dict__, "qk_norm": False})
+        plain = ModelConfig(**{**cfg.__dict__, "attention": plain_attention})
         why = _moe_reasons(cfg, allow_dense_layers=True) or _llama_reasons(plain)
         if why is None and cfg.ffn.bias:
             why = "ffn.bias=true: Qwen3-MoE's dense MLP has no bias"

@@ -30,7 +30,8 @@ from typing import Optional, Union
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from safetensors.torch import load_model as _load_safetensors_into, save_file as _save_file
+from safetensors.torch import load_model as _load_safetensors_into
+from safetensors.torch import save_file as _save_file
 
 from archlab.io import write_json_atomic, write_text_atomic  # noqa: F401  (used by run_folder too)
 
@@ -236,7 +237,8 @@ def _safe_torch_load(path: Path):
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # pickle.UnpicklingError, RuntimeError from a truncated zip...
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path}: refused or unreadable (only tensors and plain data are loaded): {first}") from None
+        raise CheckpointError(
+            f"{path}: refused or unreadable (only tensors and plain data are loaded): {first}") from None
 
 
 def load_state(ckpt_dir: PathLike) -> dict:
@@ -255,7 +257,8 @@ def load_weights_into(model: torch.nn.Module, ckpt_dir: PathLike) -> None:
         raise CheckpointError(f"{path}: cannot load weights ({str(e).splitlines()[0]})") from None
     if missing or unexpected:
         raise CheckpointError(
-            f"{path}: weights do not fit this model (missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}); "
+            f"{path}: weights do not fit this model "
+            f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}); "
             "the checkpoint belongs to a different model recipe")
 
 

@@ -27,7 +27,8 @@ RUNS = {
                                                   "train.ckpt_every=10", "train.routing_every=2"]),
     "deepseek-d32": ("recipes/deepseek/tiny.yaml", ["model.d_model=32", "model.n_layers=2", "model.n_kv_heads=1",
                                                     "model.moe.expert_hidden=16", "train.ckpt_every=10",
-                                                    "train.routing_every=2", "model.moe.balance.bias_update_rate=0.01"]),
+                                                    "train.routing_every=2",
+                                                    "model.moe.balance.bias_update_rate=0.01"]),
 }
 
 

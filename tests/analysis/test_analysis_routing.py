@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from analysis.routing import (
-    analyse, capture_topk, coactivation, load_matrix, main, moe_routers, saturation, specialisation,
+    analyse,
+    capture_topk,
+    coactivation,
+    load_matrix,
+    main,
+    moe_routers,
+    saturation,
+    specialisation,
     training_series,
 )
 from analysis.runs import open_run

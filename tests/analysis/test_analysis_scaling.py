@@ -48,7 +48,8 @@ def test_bootstrap_intervals_cover_the_truth_on_noisy_points():
     lo, hi = f.ci["E"]
     assert lo < 2.0 < hi
     band = f.band(C_GRID)
-    assert band is not None and np.all(band[0] <= f.predict(C_GRID) + 1e-9) and np.all(band[1] >= f.predict(C_GRID) - 1e-9)
+    assert band is not None
+    assert np.all(band[0] <= f.predict(C_GRID) + 1e-9) and np.all(band[1] >= f.predict(C_GRID) - 1e-9)
 
 
 def test_few_points_bootstrap_residuals_not_repeated_point_sets():

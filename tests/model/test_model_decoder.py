@@ -109,12 +109,14 @@ def test_gpt2_scaled_residual_init():
         assert blk.attn.wqkv.weight.std().item() == pytest.approx(0.02, rel=0.05)
         assert torch.all(blk.attn.wqkv.bias == 0)
     assert model.embed.weight.std().item() == pytest.approx(0.02, rel=0.05)
-    flat = archlab.build_model(ModelConfig(vocab_size=64, d_model=256, n_layers=8, n_heads=4, scaled_residual_init=False))
+    flat = archlab.build_model(ModelConfig(vocab_size=64, d_model=256, n_layers=8, n_heads=4,
+                                           scaled_residual_init=False))
     assert flat.blocks[0].attn.wo.weight.std().item() == pytest.approx(0.02, rel=0.05)
 
 
 def test_post_ln_has_no_final_norm_and_pre_ln_does():
-    assert isinstance(archlab.build_model(tiny("none", norm=NormConfig(placement="post"))).final_norm, torch.nn.Identity)
+    post_ln = archlab.build_model(tiny("none", norm=NormConfig(placement="post")))
+    assert isinstance(post_ln.final_norm, torch.nn.Identity)
     assert not isinstance(archlab.build_model(tiny("none")).final_norm, torch.nn.Identity)
 
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from archlab.config import RecipeError, load_recipe, model_config
+from archlab.config import load_recipe, model_config
 from archlab.costs import training_flops_per_token
 from tools.sweep import build_points, command, main, plan_point
 
@@ -88,7 +88,7 @@ def test_dry_run_prints_commands_and_writes_nothing(tmp_path, capsys):
     assert main(["--recipes", "recipes/dense/tiny.yaml", "recipes/llama/tiny.yaml", "--tokens", "4096",
                  "--set", *TINY, "--out", str(tmp_path / "s"), "--dry-run"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 2 and all("archlab.train" in l and "train.max_steps=16" in l for l in lines)
+    assert len(lines) == 2 and all("archlab.train" in line and "train.max_steps=16" in line for line in lines)
     assert not (tmp_path / "s").exists()
 
 

@@ -60,7 +60,8 @@ def _check_shards(probe: Path, cfg) -> None:
     for step in range(3):
         a, b = set(r0[step]), set(r1[step])
         assert not a & b
-        assert sorted(r0[step] + r1[step]) == sorted(np.concatenate([single.starts(step, m) for m in range(2)]).tolist())
+        one_process = np.concatenate([single.starts(step, m) for m in range(2)])
+        assert sorted(r0[step] + r1[step]) == sorted(one_process.tolist())
 
 
 def test_ddp_two_processes_match_one_process(setup, tmp_path):

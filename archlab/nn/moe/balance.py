@@ -37,7 +37,8 @@ def seq_aux_loss(probs_NE: Tensor, experts_NK: Tensor, batch: int) -> Tensor:
     K, S = experts_NK.shape[1], N // batch
     with torch.no_grad():
         onehot_BSE = torch.zeros(batch, S, E, dtype=probs_NE.dtype, device=probs_NE.device)
-        onehot_BSE.scatter_add_(2, experts_NK.view(batch, S, K), torch.ones_like(experts_NK, dtype=probs_NE.dtype).view(batch, S, K))
+        ones_BSK = torch.ones_like(experts_NK, dtype=probs_NE.dtype).view(batch, S, K)
+        onehot_BSE.scatter_add_(2, experts_NK.view(batch, S, K), ones_BSK)
         f_BE = onehot_BSE.sum(dim=1) / (K * S)
     P_BE = probs_NE.view(batch, S, E).mean(dim=1)
     return E * (f_BE * P_BE).sum(dim=-1).mean()

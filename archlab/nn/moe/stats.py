@@ -25,10 +25,10 @@ class RoutingStats:
         self.step_counts_E = torch.zeros(num_experts, dtype=torch.float64)  # choices since the last optimizer step
 
     @torch.no_grad()
-    def record(self, chosen_E: Tensor, kept_E: Tensor, dropped: Tensor, probs_NE: Tensor, terms: dict[str, Tensor]) -> None:
+    def record(self, chosen_E: Tensor, kept_E: Tensor, dropped: Tensor, probs_NE: Tensor,
+               terms: dict[str, Tensor]) -> None:
         """One training forward: router choices (before dropping), kept slots, dropped slots,
         router probabilities and the weighted balancing terms."""
-        E = self.E
         entropy = -(probs_NE * torch.log(probs_NE.clamp_min(1e-20))).sum()
         term_vals = [terms[t].detach() if t in terms else probs_NE.new_zeros(()) for t in TERMS]
         row = torch.cat([kept_E.double(), torch.stack([

@@ -7,7 +7,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from archlab.config.schema import BalanceConfig, FFNConfig, ModelConfig, MoEConfig, NormConfig, PositionConfig, RouterConfig
+from archlab.config.schema import (
+    BalanceConfig,
+    FFNConfig,
+    ModelConfig,
+    MoEConfig,
+    NormConfig,
+    PositionConfig,
+    RouterConfig,
+)
 from archlab.model.build import build_model
 from archlab.nn.moe import MoELayer, moe_layers
 from archlab.nn.moe import experts as experts_mod
@@ -30,7 +38,8 @@ def reference_moe(layer: MoELayer, x_BSD: torch.Tensor) -> torch.Tensor:
     x_ND = x_BSD.reshape(-1, D)
     r = layer.router(x_ND)
     m = layer.moe
-    cap = None if m.capacity_factor is None else max(math.ceil(B * S * m.top_k / m.num_experts * m.capacity_factor), m.min_capacity)
+    cap = (None if m.capacity_factor is None
+           else max(math.ceil(B * S * m.top_k / m.num_experts * m.capacity_factor), m.min_capacity))
     used = [0] * m.num_experts
     w_up, w_down = layer.experts.w_up, layer.experts.w_down
     rows = []

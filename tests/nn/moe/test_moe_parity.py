@@ -5,7 +5,15 @@ import pytest
 import torch
 
 from archlab import build_model, load_recipe
-from archlab.config.schema import BalanceConfig, FFNConfig, ModelConfig, MoEConfig, NormConfig, PositionConfig, RouterConfig
+from archlab.config.schema import (
+    BalanceConfig,
+    FFNConfig,
+    ModelConfig,
+    MoEConfig,
+    NormConfig,
+    PositionConfig,
+    RouterConfig,
+)
 from archlab.export import export_hf, find_exporter, to_hf_model
 from archlab.export.mixtral import MixtralExporter, Qwen3MoeExporter
 from archlab.nn.moe import MoELayer

@@ -74,7 +74,8 @@ def test_moe_tiny_recipes_train_one_step(root, name):
     out = model(ids)
     loss = torch.nn.functional.cross_entropy(out.logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()) + out.aux_loss
     loss.backward()
-    assert out.aux_loss > 0 and len(moe_layers(model)) == sum(model.cfg.is_moe_layer(i) for i in range(model.cfg.n_layers))
+    n_moe = sum(model.cfg.is_moe_layer(i) for i in range(model.cfg.n_layers))
+    assert out.aux_loss > 0 and len(moe_layers(model)) == n_moe
     assert all(p.grad is not None for n, p in model.named_parameters()), "a parameter got no gradient"
 
 

@@ -5,7 +5,15 @@ import json
 import pytest
 import torch
 
-from archlab.config.schema import BalanceConfig, FFNConfig, ModelConfig, MoEConfig, NormConfig, PositionConfig, RouterConfig
+from archlab.config.schema import (
+    BalanceConfig,
+    FFNConfig,
+    ModelConfig,
+    MoEConfig,
+    NormConfig,
+    PositionConfig,
+    RouterConfig,
+)
 from archlab.model.build import build_model
 from archlab.nn.moe import MoELayer, balance_step, moe_layers, routing_stats
 
@@ -68,7 +76,7 @@ def test_moe_stats_are_summed_over_ranks():
     model = make_model()
     model.train()
     model(torch.randint(0, 64, (2, 8)))
-    local = [l.stats.window.clone() for l in moe_layers(model)]
+    local = [layer.stats.window.clone() for layer in moe_layers(model)]
     two_ranks = routing_stats(model, lambda t: 2 * t)  # as if a second rank saw the same tokens
     for i, w in enumerate(local):
         assert two_ranks[f"moe/layer{i}/tokens"] == 2 * w[8].item()
@@ -106,8 +114,8 @@ def test_moe_balance_step_without_rate_only_resets():
     calls = []
     balance_step(model, lambda t: calls.append(t) or t)
     assert calls == []
-    assert all(l.stats.step_counts_E.sum() == 0 for l in moe_layers(model))
-    assert all(l.router.expert_bias is None for l in moe_layers(model))
+    assert all(layer.stats.step_counts_E.sum() == 0 for layer in moe_layers(model))
+    assert all(layer.router.expert_bias is None for layer in moe_layers(model))
 
 
 def test_moe_bias_balancing_removes_a_router_skew():
