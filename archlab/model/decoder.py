@@ -17,7 +17,7 @@ from archlab.nn.attention import CausalSelfAttention, KVCache, LayerKVCache
 from archlab.nn.ffn import build_ffn, ffn_params
 from archlab.nn.loss import linear_cross_entropy
 from archlab.nn.norms import build_norm, norm_params
-from archlab.nn.positions import PosContext, build_positions, POSITIONS
+from archlab.nn.positions import POSITIONS, PosContext, build_positions
 
 
 @dataclass

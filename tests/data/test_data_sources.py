@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from archlab.config import DataConfig
 from archlab.data.corpus import DataError
-from archlab.data.sources import STDLIB_EXCLUDED_DIRS, SOURCES, build_corpus, stdlib_root
+from archlab.data.sources import SOURCES, STDLIB_EXCLUDED_DIRS, build_corpus, stdlib_root
 
 
 def data_cfg(**kw):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from archlab.data.corpus import DataError
-from archlab.data.tokenizer import EOS, TOKENIZERS, ByteTokenizer, Tokenizer, build_tokenizer
 from archlab.data.sources import stdlib_root
+from archlab.data.tokenizer import EOS, TOKENIZERS, ByteTokenizer, Tokenizer, build_tokenizer
 
 SAMPLE = "déf f(x):\n    return x ** 2  # 日本語, emoji 🙂, tab\t<|endoftext|> end\n\n"
 
