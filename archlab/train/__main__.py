@@ -19,11 +19,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_steps=100")
     args = parser.parse_args(argv)
 
+    from archlab.train.dist import shutdown_distributed
+
+    status = 1  # an unexpected exception: Python prints it and exits 1
+    try:
+        status = _train(args.recipe, args.overrides)
+    finally:
+        # every rank tears its process groups down, in order, on every exit path; the barrier
+        # only where all ranks are known to have finished (completed or stopped by a signal)
+        shutdown_distributed(synchronize=status == 0)
+    return status
+
+
+def _train(recipe: str, overrides: Sequence[str]) -> int:
     from archlab.config import RecipeError, load_recipe
     from archlab.train import CheckpointError, NonFiniteError, train
 
     try:
-        cfg = load_recipe(args.recipe, args.overrides)
+        cfg = load_recipe(recipe, overrides)
         summary = train(cfg)
     except RecipeError as e:  # includes data errors
         print(f"error: {e}", file=sys.stderr)

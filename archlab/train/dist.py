@@ -8,7 +8,9 @@ still be sharded and the metrics still reduced over the real group.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import sys
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -87,3 +89,53 @@ def main_process_first(info: DistInfo) -> Iterator[None]:
     yield
     if info.is_main:
         barrier()
+
+
+def shutdown_distributed(synchronize: bool = False) -> None:
+    """Tear down every process group of this rank: the groups DeepSpeed created (expert-parallel,
+    expert-data-parallel, all-to-all, its world clone), newest first, then the default group.
+    Idempotent; a no-op in a single process.
+
+    Groups left alive at interpreter exit are destroyed by C++ static destructors in no defined
+    order, and a gloo group whose threads are still running then aborts the process
+    ("terminate called without an active exception"): a finished run would exit by SIGABRT.
+    ``synchronize`` first waits for every rank (a barrier): pass it when all ranks are known to
+    reach this point (the run finished or stopped together), never on an error path, where a
+    peer may never arrive.
+    """
+    ds_groups = sys.modules.get("deepspeed.utils.groups")
+    if dist.is_available() and dist.is_initialized():
+        if synchronize and dist.get_world_size() > 1:
+            dist.barrier()
+        for group in reversed(_deepspeed_subgroups(ds_groups)):
+            dist.destroy_process_group(group)
+        dist.destroy_process_group()
+    if ds_groups is not None and hasattr(ds_groups, "_release_process_group_references"):
+        ds_groups._release_process_group_references(None)  # DeepSpeed forgets the handles it cached
+
+
+def _deepspeed_subgroups(ds_groups) -> list:
+    """The process groups DeepSpeed's ``groups`` module holds on this rank, each once, in the order
+    it lists them (module globals and their name -> group tables); not the default group."""
+    if ds_groups is None:
+        return []
+    found: list = []
+    for value in vars(ds_groups).values():
+        candidates = value.values() if isinstance(value, dict) else [value]
+        for group in candidates:
+            if (isinstance(group, dist.ProcessGroup) and group is not dist.GroupMember.WORLD
+                    and all(group is not g for g in found)):
+                found.append(group)
+    return found
+
+
+_teardown_registered = False
+
+
+def teardown_at_exit() -> None:
+    """Destroy this process's groups before the interpreter exits (registered once), for scripts
+    that drive a :class:`~archlab.train.Trainer` themselves; the CLI tears down explicitly."""
+    global _teardown_registered
+    if not _teardown_registered:
+        atexit.register(shutdown_distributed)
+        _teardown_registered = True

@@ -27,14 +27,37 @@ import archlab
 from archlab.config.validate import RecipeError
 from archlab.model.build import build_model
 from archlab.train import checkpoint as ckpt
-from archlab.train.dist import (DistInfo, all_reduce_max, all_reduce_sum, barrier, broadcast_object, dist_info,
-                                main_process_first)
+from archlab.train.dist import (
+    DistInfo,
+    all_reduce_max,
+    all_reduce_sum,
+    barrier,
+    broadcast_object,
+    dist_info,
+    main_process_first,
+    teardown_at_exit,
+)
 from archlab.train.faults import NonFiniteError, StopSignal
 from archlab.train.optim import build_optimizer, lr_at, set_lr
-from archlab.train.parallel import (check_data_parallel, deepspeed_engine, fill_deepspeed_config, make_accelerator, resolve_precision,
-                                    safe_deepspeed_load, uses_deepspeed)
-from archlab.train.run_folder import (METRICS, ROUTING, MetricsLog, default_run_name, mark_run, plot_losses,
-                                      truncate_jsonl, write_env)
+from archlab.train.parallel import (
+    check_data_parallel,
+    deepspeed_engine,
+    fill_deepspeed_config,
+    make_accelerator,
+    resolve_precision,
+    safe_deepspeed_load,
+    uses_deepspeed,
+)
+from archlab.train.run_folder import (
+    METRICS,
+    ROUTING,
+    MetricsLog,
+    default_run_name,
+    mark_run,
+    plot_losses,
+    truncate_jsonl,
+    write_env,
+)
 
 # Peak dense FLOP/s per device that MFU is measured against when train.peak_flops is not set.
 # GPUs: vendor bf16 dense tensor-core figures. CPU: a nominal 1 TFLOP/s, the order of a recent
@@ -120,6 +143,8 @@ class Trainer:
         self.info: DistInfo = dist_info(self.accelerator)
         self.deepspeed = uses_deepspeed(self.accelerator)
         check_data_parallel(self.accelerator, self.info.world_size)
+        if self.info.world_size > 1:
+            teardown_at_exit()  # process groups destroyed before exit, also when a script drives the Trainer
         if self.deepspeed and t.on_nonfinite == "skip":
             raise RecipeError("train.on_nonfinite='skip' is not supported under DeepSpeed (the engine updates inside "
                               "backward); use train.on_nonfinite=stop or launch without DeepSpeed")
@@ -611,7 +636,8 @@ def resolve_run(cfg: DictConfig) -> tuple[Path, Optional[Path], list[str]]:
             run = run or out / default_run_name(cfg.name)
             return run, None, notes + [f"resume=auto: no earlier run found, starting {run}"]
         found, problems = ckpt.latest_valid(run)
-        notes += [f"resume=auto: skipping a corrupt checkpoint: {p}; falling back to the previous one" for p in problems]
+        notes += [f"resume=auto: skipping a corrupt checkpoint: {p}; falling back to the previous one"
+                  for p in problems]
         if found is None:
             return run, None, notes + [f"resume=auto: {run} holds no complete checkpoint, starting from step 0"]
         return run, found, notes

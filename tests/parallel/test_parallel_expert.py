@@ -11,22 +11,27 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from archlab.config.schema import FFNConfig, ModelConfig, MoEConfig, RouterConfig
+from archlab.train.dist import shutdown_distributed
 
 
 def _spawn(fn, world: int, *args) -> None:
-    """Run ``fn(rank, world, port, *args)`` on ``world`` processes over gloo.
+    """Run ``fn(rank, world, *args)`` on ``world`` processes over gloo. A worker that fails a check
+    (or dies for any other reason, a signal included) fails the test."""
+    mp.spawn(_rank_main, args=(fn, world, _free_port(), *args), nprocs=world, join=True)
 
-    A worker that fails a check raises, and that failure is reported at once. A worker killed by a
-    signal before it could report (seen rarely here: gloo aborting with "terminate called without an
-    active exception" while the processes start or exit) is an infrastructure crash, not a result:
-    the run is repeated once on a fresh port, and a second crash fails the test."""
-    for attempt in range(2):
-        try:
-            mp.spawn(fn, args=(world, _free_port(), *args), nprocs=world, join=True)
-            return
-        except mp.ProcessExitedException as e:
-            if attempt == 1 or e.signal_name is None:
-                raise
+
+def _rank_main(rank: int, fn, world: int, port: int, *args) -> None:
+    """One rank: its process group, the check, then every group torn down (the library's teardown)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    finished = False
+    try:
+        fn(rank, world, *args)
+        finished = True
+    finally:
+        shutdown_distributed(synchronize=finished)
 
 
 def _free_port() -> int:
@@ -35,10 +40,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, capacity_factor, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
+def _worker(rank: int, world: int, capacity_factor, out_dir: str) -> None:
     from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
     from archlab.nn.moe import MoELayer
@@ -82,7 +84,6 @@ def _worker(rank: int, world: int, port: int, capacity_factor, out_dir: str) -> 
     assert len(moe_groups) == 1 and moe_groups[0]["name"] == f"ep_size_{world}"
     assert {id(p) for p in moe_groups[0]["params"]} == {id(ep.experts.w_up), id(ep.experts.w_down)}
     open(os.path.join(out_dir, f"ok{rank}"), "w").close()
-    dist.destroy_process_group()
 
 
 @pytest.mark.slow
@@ -102,13 +103,9 @@ def test_parallel_expert_needs_an_initialised_process_group():
         create_groups(2)
 
 
-def _engine_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _engine_worker(rank: int, world: int, out_dir: str) -> None:
     """One SGD step through a DeepSpeed engine (ZeRO 0) with experts sharded over both ranks
     equals one step of the unsharded model on the mean loss of both ranks' batches."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
     import deepspeed
     from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
@@ -153,7 +150,6 @@ def _engine_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         torch.testing.assert_close(p.detach(), expected.detach(), rtol=1e-4, atol=1e-6, msg=name)
         assert not torch.equal(p.detach(), p0[name][rank * El:(rank + 1) * El] if expected is not p_ref else p0[name])
     open(os.path.join(out_dir, f"ok{rank}"), "w").close()
-    dist.destroy_process_group()
 
 
 @pytest.mark.slow

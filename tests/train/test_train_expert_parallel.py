@@ -100,8 +100,9 @@ def test_ep2_matches_ep1_resumes_and_exports_at_ep1(base, tmp_path, capfd):
     assert after[5]["loss"] == pytest.approx(ep_rows[5]["loss"], abs=1e-5)  # same weights, same batch
 
     # export the ep_size=2 checkpoint to transformers at ep_size=1
-    from archlab.export import export_hf
     from transformers import AutoModelForCausalLM
+
+    from archlab.export import export_hf
 
     model10, _ = ckpt.load_model(run / "checkpoints" / "step_00000010")
     folder = export_hf(model10, tmp_path / "hf", tokenizer_file=run / "tokenizer.json")
@@ -161,8 +162,8 @@ def test_ep2_under_zero_stage_matches_ep1_and_resumes(base, mixtral_ref, tmp_pat
     # resumed at ep_size=2 from this rank's ZeRO partition, the run repeats the uninterrupted one
     step5 = run / "checkpoints" / "step_00000005"
     assert all((step5 / ckpt.rank_optimizer_name(r)).is_file() for r in (0, 1))
-    _launch(tmp_path / "probe2.json", "mixtral/tiny", [*common, *MIXTRAL, "model.moe.ep_size=2",
-                                                       f"train.run_name={name}", f"train.resume={step5}"], launch=launch)
+    resume = [*common, *MIXTRAL, "model.moe.ep_size=2", f"train.run_name={name}", f"train.resume={step5}"]
+    _launch(tmp_path / "probe2.json", "mixtral/tiny", resume, launch=launch)
     np.testing.assert_allclose([r["loss"] for r in _rows(run)], [r["loss"] for r in ep_rows], rtol=0, atol=1e-6)
     if stage == 1:  # a ZeRO-1/2 partition does not resume at stage 0: refused with the stage to use
         cmd = [sys.executable, "-m", "accelerate.commands.launch", *LAUNCH, "-m", "archlab.train",
@@ -173,3 +174,25 @@ def test_ep2_under_zero_stage_matches_ep1_and_resumes(base, mixtral_ref, tmp_pat
         assert "written at DeepSpeed ZeRO stage 1-2, this launch uses 0" in p.stderr, p.stderr[:2000]
         assert re.search(r"exitcode\s*:\s*2\b", p.stderr)  # archlab's bad-input exit, not a crash
 
+
+
+def test_ep2_zero1_launch_exits_cleanly_five_times_in_a_row(base):
+    """The 2-process expert-parallel ZeRO-1 run that used to die by SIGABRT at interpreter exit
+    (process groups left alive): five launches of the CLI in a row, each exit status 0, each with
+    the same losses."""
+    out, common = base
+    launch = ["--config_file", str(ROOT / "recipes/launch/zero1.yaml")]
+    losses = []
+    for i in range(5):
+        name = f"zero1-exit-{i}"
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", *launch, "-m", "archlab.train",
+               str(ROOT / "recipes/mixtral/tiny.yaml"), *common, *MIXTRAL, "model.moe.ep_size=2",
+               "train.ckpt_every=100", f"train.run_name={name}"]
+        p = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
+        assert p.returncode == 0, f"launch {i + 1} of 5 exited {p.returncode}:\n{p.stderr[-3000:]}"
+        assert "terminate called" not in p.stderr
+        summary = json.loads((out / name / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["step"] == 10
+        losses.append([r["loss"] for r in _rows(out / name)])
+    assert len(losses[0]) == 10
+    assert all(run == losses[0] for run in losses[1:])  # bit-identical: the runs are deterministic

@@ -13,6 +13,7 @@ import torch.distributed as dist
 import archlab
 from archlab.nn.moe import moe_layers
 from archlab.train import Trainer
+from archlab.train.dist import shutdown_distributed
 
 
 def main() -> None:
@@ -40,3 +41,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    shutdown_distributed(synchronize=True)  # every group destroyed before the interpreter exits

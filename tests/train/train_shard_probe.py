@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 import archlab
 from archlab.train import Trainer
+from archlab.train.dist import shutdown_distributed
 
 
 def main() -> None:
@@ -28,3 +29,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    shutdown_distributed(synchronize=True)  # every group destroyed before the interpreter exits
