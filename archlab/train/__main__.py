@@ -67,4 +67,6 @@ def _closing_lines(summary: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from archlab.train.dist import exit_process
+
+    exit_process(main())  # an unexpected exception propagates: traceback, exit status 1

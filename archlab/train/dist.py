@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
+import os
 import sys
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NoReturn
 
 import torch
 import torch.distributed as dist
+
+# Imported before any process group exists, on purpose: this module's functions take
+# ``group=group.WORLD`` as a default argument, evaluated at import. Imported later (DeepSpeed and
+# transformers import it), each default would hold the default ProcessGroup object for the life
+# of the interpreter, so that group would only be destroyed during interpreter finalization, where
+# its gloo threads abort the process. Imported first, the defaults are None (= the default group).
+import torch.distributed.nn.functional  # noqa: F401  isort: skip
 
 
 @dataclass(frozen=True)
@@ -92,17 +101,18 @@ def main_process_first(info: DistInfo) -> Iterator[None]:
 
 
 def shutdown_distributed(synchronize: bool = False) -> None:
-    """Tear down every process group of this rank: the groups DeepSpeed created (expert-parallel,
-    expert-data-parallel, all-to-all, its world clone), newest first, then the default group.
-    Idempotent; a no-op in a single process.
+    """Tear down every process group of this rank; idempotent, a no-op in a single process.
 
-    Groups left alive at interpreter exit are destroyed by C++ static destructors in no defined
-    order, and a gloo group whose threads are still running then aborts the process
-    ("terminate called without an active exception"): a finished run would exit by SIGABRT.
-    ``synchronize`` first waits for every rank (a barrier): pass it when all ranks are known to
-    reach this point (the run finished or stopped together), never on an error path, where a
-    peer may never arrive.
+    In order: the groups DeepSpeed created (expert-parallel, expert-data-parallel, all-to-all, its
+    world clone), newest first; then the default group; then DeepSpeed's cached handles are
+    dropped and the garbage collected. ``synchronize`` first waits for every rank (a barrier):
+    pass it when all ranks are known to reach this point (the run finished or stopped together),
+    never on an error path, where a peer may never arrive.
+
+    A destroyed group's threads only stop when its last Python reference goes; see
+    :func:`exit_process` for why a rank should not then go through interpreter finalization.
     """
+    global _used_process_groups
     ds_groups = sys.modules.get("deepspeed.utils.groups")
     if dist.is_available() and dist.is_initialized():
         if synchronize and dist.get_world_size() > 1:
@@ -110,8 +120,43 @@ def shutdown_distributed(synchronize: bool = False) -> None:
         for group in reversed(_deepspeed_subgroups(ds_groups)):
             dist.destroy_process_group(group)
         dist.destroy_process_group()
+        _used_process_groups = True
     if ds_groups is not None and hasattr(ds_groups, "_release_process_group_references"):
         ds_groups._release_process_group_references(None)  # DeepSpeed forgets the handles it cached
+    gc.collect()
+
+
+_used_process_groups = False
+
+
+def exit_process(status: int) -> NoReturn:
+    """End this process with ``status`` after :func:`shutdown_distributed`.
+
+    In a process that held process groups: flush stdout and stderr, then ``os._exit(status)``,
+    skipping interpreter finalization. Destroying a group does not free it while other objects
+    still hold it, and some always do after a DeepSpeed run (the engine stays reachable through
+    its own forward/backward hooks after ``engine.destroy()``, and with it the ZeRO optimizer and
+    every parameter's ``_dp_group``). Such a group is then freed during finalization, where its
+    gloo worker threads abort the process ("terminate called without an active exception",
+    SIGABRT): a run that finished and wrote everything would exit by a signal, at random.
+    Everything a run writes is on disk, atomically, before this point. In a single process that
+    never made a group: ``sys.exit(status)``, the normal exit.
+    """
+    if not _used_process_groups:
+        sys.exit(status)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken pipe: nothing more to say
+            pass
+    os._exit(status)
+
+
+def groups_left() -> dict:
+    """What :func:`shutdown_distributed` should have left: whether torch.distributed is still
+    initialised and how many groups DeepSpeed's ``groups`` module still holds (for tests)."""
+    return {"initialized": bool(dist.is_available() and dist.is_initialized()),
+            "deepspeed_groups": len(_deepspeed_subgroups(sys.modules.get("deepspeed.utils.groups")))}
 
 
 def _deepspeed_subgroups(ds_groups) -> list:
@@ -134,7 +179,8 @@ _teardown_registered = False
 
 def teardown_at_exit() -> None:
     """Destroy this process's groups before the interpreter exits (registered once), for scripts
-    that drive a :class:`~archlab.train.Trainer` themselves; the CLI tears down explicitly."""
+    that drive a :class:`~archlab.train.Trainer` themselves and forget to; the CLI tears down
+    explicitly and ends by :func:`exit_process`, which scripts should do too."""
     global _teardown_registered
     if not _teardown_registered:
         atexit.register(shutdown_distributed)

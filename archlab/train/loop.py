@@ -517,6 +517,15 @@ class Trainer:
             self.log(f"interrupted at step {self.step}; checkpoint {self.last_ckpt}; continue with train.resume=auto")
         return summary
 
+    def close(self) -> None:
+        """Let go of the run's engine, wrapped model and optimizer (accelerate's ``free_memory``:
+        a DeepSpeed engine's gradient hooks otherwise keep it, its ZeRO optimizer and every
+        parameter's process-group handle alive until interpreter exit). Idempotent; the Trainer
+        cannot train after it. ``archlab.train.train`` calls it; so should a script that drives a
+        Trainer itself, before :func:`archlab.train.dist.shutdown_distributed`."""
+        self.accelerator.free_memory()
+        self.model_t = self.optimizer_t = None
+
     def elapsed(self) -> float:
         """Training wall time of the whole run, across resumes."""
         return self.elapsed_before + time.perf_counter() - self._start
@@ -670,4 +679,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     Raises RecipeError / DataError / CheckpointError for bad input and NonFiniteError when the
     loss or gradient stops being finite (train.on_nonfinite=stop).
     """
-    return Trainer(cfg).run()
+    trainer = Trainer(cfg)
+    try:
+        return trainer.run()
+    finally:
+        trainer.close()

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from archlab.config.schema import FFNConfig, ModelConfig, MoEConfig, RouterConfig
-from archlab.train.dist import shutdown_distributed
+from archlab.train.dist import exit_process, shutdown_distributed
 
 
 def _spawn(fn, world: int, *args) -> None:
@@ -21,7 +21,8 @@ def _spawn(fn, world: int, *args) -> None:
 
 
 def _rank_main(rank: int, fn, world: int, port: int, *args) -> None:
-    """One rank: its process group, the check, then every group torn down (the library's teardown)."""
+    """One rank: its process group, the check, then every group torn down and the process ended as
+    ``python -m archlab.train`` ends (the library's teardown and exit)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -32,6 +33,7 @@ def _rank_main(rank: int, fn, world: int, port: int, *args) -> None:
         finished = True
     finally:
         shutdown_distributed(synchronize=finished)
+    exit_process(0)  # only after the check passed; a failed check raises and spawn reports it
 
 
 def _free_port() -> int:

@@ -32,7 +32,16 @@ def _launch(args: list[str], probe: Path, overrides: list[str], timeout: int = 2
            str(probe), str(RECIPE), *overrides]
     p = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=timeout)
     assert p.returncode == 0, p.stderr[-3000:]
+    _check_clean_exit(probe)
     return p
+
+
+def _check_clean_exit(probe: Path) -> None:
+    """Both ranks reached the end of the probe's teardown with every group destroyed (the default
+    one and DeepSpeed's)."""
+    for rank in (0, 1):
+        left = json.loads(Path(f"{probe}.exit-rank{rank}.json").read_text())
+        assert left == {"initialized": False, "deepspeed_groups": 0}, f"rank {rank}: {left}"
 
 
 def _losses(run_dir) -> list[float]:

@@ -41,7 +41,16 @@ def _launch(probe: Path, recipe: str, overrides: list[str], timeout: int = 300, 
     assert p.returncode == 0, p.stderr[-3000:]
     rec = json.loads(probe.read_text())
     assert rec["world_size"] == 2
+    _check_clean_exit(probe)
     return rec
+
+
+def _check_clean_exit(probe: Path) -> None:
+    """Both ranks reached the end of the probe's teardown with every group destroyed (the default
+    one and DeepSpeed's)."""
+    for rank in (0, 1):
+        left = json.loads(Path(f"{probe}.exit-rank{rank}.json").read_text())
+        assert left == {"initialized": False, "deepspeed_groups": 0}, f"rank {rank}: {left}"
 
 
 def _rows(run_dir, name: str = "metrics.jsonl", kind: str = "train") -> list[dict]:
