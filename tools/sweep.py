@@ -19,10 +19,27 @@ token from ``archlab.costs``. The sweep is resumable: a point whose run folder h
 rerunning it would diverge again; it is reported as diverged); a started but unfinished one
 continues from its last checkpoint (``train.resume=auto``). ``--jobs N`` trains N points at once.
 ``<out>/manifest.json`` records every point (recipe, overrides, budget, steps, status, exit code,
-log file) and is rewritten atomically after each change; ``<out>/logs/<point>.log`` holds each
+log file, role) and is rewritten atomically after each change; ``<out>/logs/<point>.log`` holds each
 run's output.
 
-Spec file keys (YAML; all but the recipes and one budget are optional):
+WSD cooldown branches (Hägele et al. 2024; ``cooldown:`` in the spec): per ladder x size x grid
+combination, one stable trunk ``<point>-stable`` (warmup, then a constant lr) and one branch
+``<point>-cd<D>`` per token count D. A branch trains as many steps as a full run of D tokens,
+n = ceil(D / tokens_per_step); its last d = max(1, round(decay_fraction * n)) steps decay
+(``train.schedule=wsd``, ``train.decay_steps=d``, ``train.decay_shape``) and it starts from the
+trunk's checkpoint at step s = n - d (``train.branch_from``). So D, the branch's ``tokens`` in its
+summary.json, counts the trunk's tokens and the cooldown's, and its FLOPs are those of the whole
+n steps. The trunk runs to the largest s with a checkpoint at every s (``train.ckpt_steps``, spared
+by keep_last). The trunk and its branches share one warmup: the recipe's but at most a tenth of the
+shortest branch (or the user's ``train.warmup_steps``); a branch that would start inside it is
+refused. A branch starts once its trunk checkpoint exists (with ``--jobs`` > 1 while the trunk still
+trains); when the trunk failed before it, the branch is reported ``blocked``. Which run is what: the
+field ``role`` of each manifest point and of each run's summary.json, ``full`` (a whole schedule from
+step 0) | ``stable`` (the trunk: constant lr to the end, NOT a scaling point) | ``cooldown`` (a
+branch: the scaling point (N, D)); a branch's manifest entry names its trunk (``parent``) and its
+summary.json ``branch_from`` and ``branch_step``.
+
+Spec file keys (YAML; all but the recipes and one budget, tokens, flops or cooldown, are optional):
 
     out: runs/sweep-demo           # sweep folder
     tokens: [1.0e6]                # or flops: [1.0e13, 3.0e13]
@@ -33,6 +50,18 @@ Spec file keys (YAML; all but the recipes and one budget are optional):
     sizes:                         # size name -> overrides, crossed with every ladder
       s1: [model.d_model=32, model.n_layers=2]
     grid: {train.lr: [1.0e-3, 3.0e-3]}  # cartesian product of extra overrides
+    cooldown:                      # WSD trunk + cooldown branches per ladder x size x grid (see above)
+      tokens: [2.0e6, 4.0e6]       # D of each branch: tokens at its end, the trunk's included; or
+                                   # flops: [C...]: each size branches at D = C / its training FLOPs
+                                   # per token (every size on each IsoFLOP line; names -cdflop<C>)
+      decay_fraction: 0.2          # share of each branch's steps n that decays (default 0.2; a share g
+                                   # of the branch step s instead is decay_fraction = g / (1 + g))
+      shape: sqrt                  # 1 - sqrt (default, best in Hägele et al.) | linear
+
+``tokens``/``flops`` points and ``cooldown`` branches can share a spec: full-schedule runs (the
+recipe's schedule, cosine by default) and cooldown branches of the same token counts train the same
+number of steps, so ``tokens: [2.0e6, 4.0e6]`` with ``cooldown: {tokens: [2.0e6, 4.0e6]}`` compares
+them point for point (``docs/scaling/cooldown_vs_cosine.yaml``).
 """
 
 from __future__ import annotations
@@ -57,6 +86,8 @@ from omegaconf import OmegaConf
 from archlab.config import RecipeError, load_recipe, model_config
 from archlab.costs import training_flops_per_token
 from archlab.io import write_json_atomic
+from archlab.train.checkpoint import CKPT_DIR, checkpoints, step_dir_name
+from archlab.train.checkpoint import MANIFEST as CKPT_MANIFEST
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = "manifest.json"
@@ -73,18 +104,23 @@ class Point:
     recipe: str
     overrides: list  # the point's own overrides (size, grid, common); steps and folders added at launch
     budget_kind: str  # tokens | flops
-    budget: float
+    budget: float  # a cooldown branch: its D; a stable trunk: the tokens it trains (to the last branch step)
     max_steps: int = 0
     tokens_per_step: int = 0
     flops_per_token: float = 0.0
     planned_tokens: int = 0
     planned_flops: float = 0.0
     run_dir: str = ""
-    status: str = "pending"  # pending | running | finished | failed | interrupted
+    status: str = "pending"  # pending | running | finished | diverged | failed | interrupted | blocked
     returncode: Optional[int] = None
     elapsed_s: Optional[float] = None
     log: str = ""
     extra: dict = field(default_factory=dict)
+    # full: a whole schedule from step 0 | stable: a WSD trunk (constant lr to the end; not a scaling
+    # point) | cooldown: a branch of the stable trunk ``parent``, the scaling point (N, D = its tokens)
+    role: str = "full"
+    parent: Optional[str] = None
+    cooldown: dict = field(default_factory=dict)  # cooldown.* of the spec and the planned branch steps
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,9 +177,10 @@ def build_points(spec: dict) -> list[Point]:
         raise RecipeError("sweep: no recipes given (use --recipes FILE... or a spec with 'ladders:')")
     budgets = [("tokens", float(v)) for v in spec.get("tokens") or []]
     budgets += [("flops", float(v)) for v in spec.get("flops") or []]
-    if not budgets:
+    cooldown = cooldown_spec(spec.get("cooldown"))
+    if not budgets and cooldown is None:
         raise RecipeError("sweep: no budget given "
-                          "(use --tokens N... or --flops C..., or 'tokens:'/'flops:' in the spec)")
+                          "(use --tokens N... or --flops C..., or 'tokens:'/'flops:'/'cooldown:' in the spec)")
     for kind, v in budgets:
         if not v > 0:
             raise RecipeError(f"sweep: {kind} budget {v!r} must be positive")
@@ -161,17 +198,137 @@ def build_points(spec: dict) -> list[Point]:
             size_set = _as_override_list(sizes.get(size), f"sizes.{size}")
             size_set += _as_override_list(ladder_sizes.get(size), f"ladders.{ladder}.sizes.{size}")
             for grid_set in _grid_items(spec.get("grid") or {}):
+                tags = [ladder, size] + [_grid_tag(o) for o in grid_set]
+                point = dict(ladder=ladder, size=size, recipe=str(recipe), overrides=common + ladder_set + size_set
+                             + grid_set)
                 for kind, value in budgets:
-                    tags = [ladder, size] + [_grid_tag(o) for o in grid_set] + [_budget_tag(kind, value)]
-                    name = _safe("-".join(t for t in tags if t))
-                    points.append(Point(name=name, ladder=ladder, size=size, recipe=str(recipe),
-                                        overrides=common + ladder_set + size_set + grid_set,
-                                        budget_kind=kind, budget=value))
+                    name = _safe("-".join(t for t in tags + [_budget_tag(kind, value)] if t))
+                    points.append(Point(name=name, budget_kind=kind, budget=value, **point))
+                if cooldown is not None:
+                    points += cooldown_points(_safe("-".join(t for t in tags if t)), point, cooldown)
     names = [p.name for p in points]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise RecipeError(f"sweep: point names collide ({', '.join(dupes)}); give ladders or sizes distinct names")
     return points
+
+
+# --------------------------------------------------------------------------------------------
+# WSD cooldown branches
+# --------------------------------------------------------------------------------------------
+
+COOLDOWN_KEYS = ("tokens", "flops", "decay_fraction", "shape")
+# set by the sweep for stable trunks and their branches; a point's own value would break the branches
+COOLDOWN_OWNED = ("train.schedule", "train.decay_steps", "train.decay_fraction", "train.decay_shape",
+                  "train.ckpt_steps", "train.branch_from", "train.resume")
+
+
+def cooldown_spec(value) -> Optional[dict]:
+    """The spec's ``cooldown:`` mapping, checked: ``{tokens: [D...], decay_fraction: f, shape: s}``, or
+    ``flops: [C...]`` instead of ``tokens`` (each size then branches where its training FLOPs reach C:
+    D = C / training FLOPs per token, so that every size has a point on each IsoFLOP line)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RecipeError("cooldown: expected a mapping such as {tokens: [2.0e6, 4.0e6], decay_fraction: 0.2, "
+                          "shape: sqrt}")
+    unknown = sorted(set(value) - set(COOLDOWN_KEYS))
+    if unknown:
+        raise RecipeError(f"cooldown: unknown keys {unknown}; valid: {', '.join(COOLDOWN_KEYS)}")
+    if ("tokens" in value) == ("flops" in value):
+        raise RecipeError("cooldown: give exactly one of tokens: [D...] (branch ends in tokens) or flops: [C...] "
+                          "(branch ends in training FLOPs)")
+    kind = "tokens" if "tokens" in value else "flops"
+    budgets = value[kind]
+    if not isinstance(budgets, (list, tuple)) or not budgets:
+        raise RecipeError(f"cooldown.{kind}={budgets!r}: needs a list of {kind} budgets, one branch each")
+    try:
+        budgets = sorted({float(v) for v in budgets})
+        fraction = float(value.get("decay_fraction", 0.2))
+    except (TypeError, ValueError) as e:
+        raise RecipeError(f"cooldown: {e}") from None
+    if not all(v > 0 for v in budgets):
+        raise RecipeError(f"cooldown.{kind}={budgets}: budgets must be positive")
+    if not 0.0 < fraction < 1.0:
+        raise RecipeError(f"cooldown.decay_fraction={fraction}: must lie in (0, 1)")
+    shape = value.get("shape", "sqrt")
+    if shape not in ("linear", "sqrt"):
+        raise RecipeError(f"cooldown.shape={shape!r}: must be one of: linear, sqrt")
+    return {kind: budgets, "decay_fraction": fraction, "shape": shape}
+
+
+def cooldown_points(base: str, point: dict, cooldown: dict) -> list[Point]:
+    """The stable trunk ``<base>-stable`` and one branch ``<base>-cd<D>`` per token count D."""
+    owned = [o for o in point["overrides"] if o.split("=", 1)[0].strip() in COOLDOWN_OWNED]
+    if owned:
+        raise RecipeError(f"cooldown: {owned[0]!r} (point {base}) is set by the sweep for stable trunks and their "
+                          "branches; remove it (full-schedule runs of the same spec take the recipe's schedule)")
+    kind = "tokens" if "tokens" in cooldown else "flops"
+    trunk = Point(name=f"{base}-stable", budget_kind="tokens", budget=0.0, role="stable",
+                  cooldown=dict(cooldown), **point)  # budget: the tokens it trains, once planned
+    def tag(b: float) -> str:  # cd2e6 (tokens) or cdflop3e13
+        return "cd" + (_budget_tag("tokens", b)[3:] if kind == "tokens" else _budget_tag(kind, b))
+
+    branches = [Point(name=f"{base}-{tag(b)}", budget_kind=kind, budget=b, role="cooldown", parent=trunk.name,
+                      cooldown=dict(cooldown), **point)
+                for b in cooldown[kind]]
+    return [trunk, *branches]
+
+
+def branch_steps(tokens: float, tokens_per_step: int, decay_fraction: float) -> tuple[int, int]:
+    """(branch step s, decay steps d) of the branch that ends at ``tokens``: as many steps n as a
+    full run of that budget, n = ceil(tokens / tokens_per_step), the last d = round(f * n) of them
+    (at least 1) decaying, from the trunk's checkpoint at s = n - d."""
+    n = max(1, math.ceil(tokens / tokens_per_step))
+    d = max(1, round(decay_fraction * n))
+    return n - d, d
+
+
+def plan_cooldown(p: Point, cfg, out_dir: Path) -> None:
+    """Steps of a stable trunk (to its last branch step, checkpoints at every branch step) or of a
+    branch (s + d); the shared warmup (the user's, else the recipe's but at most a tenth of the
+    shortest branch); RecipeError when a branch would start before the warmup ends."""
+    c, tps = p.cooldown, p.tokens_per_step
+    if "flops" in c:  # this size's token count at each compute budget
+        c["tokens"] = [C / p.flops_per_token for C in c["flops"]]
+    starts = [branch_steps(d, tps, c["decay_fraction"])[0] for d in c["tokens"]]
+    shortest = math.ceil(c["tokens"][0] / tps)
+    warmup = int(cfg.train.warmup_steps) if _user_sets(p.overrides, "train.warmup_steps") else \
+        min(int(cfg.train.warmup_steps), shortest // 10)
+    if min(starts) < max(1, warmup):
+        raise RecipeError(f"cooldown.tokens={c['tokens'][0]:g} (point {p.name}): {shortest} steps of {tps} tokens "
+                          f"leave the branch start at step {min(starts)}, before the end of the warmup ({warmup} "
+                          "steps) or of step 1; raise the smallest token count or lower train.warmup_steps")
+    c["warmup_steps"] = warmup
+    if p.role == "stable":
+        c["branch_steps"] = sorted(set(starts))
+        p.max_steps = max(starts)
+        return
+    tokens = p.budget if p.budget_kind == "tokens" else p.budget / p.flops_per_token
+    s, d = branch_steps(tokens, tps, c["decay_fraction"])
+    trunk_ckpt = out_dir / p.parent / CKPT_DIR / step_dir_name(s)
+    c.update(branch_step=s, decay_steps=d, branch_from=str(trunk_ckpt))
+    p.max_steps = s + d
+
+
+def cooldown_overrides(p: Point) -> list[str]:
+    """What makes a point a stable trunk (constant lr, checkpoints at the branch steps) or a branch
+    (wsd decaying over its last d steps from the trunk's checkpoint at s)."""
+    c = p.cooldown
+    if not c:
+        return []
+    if p.role == "stable":
+        return ["train.schedule=constant", f"train.ckpt_steps=[{','.join(str(s) for s in c['branch_steps'])}]"]
+    return ["train.schedule=wsd", f"train.decay_steps={c['decay_steps']}", f"train.decay_shape={c['shape']}",
+            f"train.branch_from={c['branch_from']}"]
+
+
+def is_ready(p: Point) -> bool:
+    """A branch starts once its trunk's checkpoint at the branch step is complete (or it has a
+    checkpoint of its own to continue from); other points are always ready."""
+    if p.role != "cooldown" or not p.cooldown:
+        return True
+    return (Path(p.cooldown["branch_from"]) / CKPT_MANIFEST).is_file() or bool(checkpoints(p.run_dir))
 
 
 def _user_sets(overrides: Sequence[str], key: str) -> bool:
@@ -184,13 +341,19 @@ def plan_point(p: Point, out_dir: Path, processes: int, evals: int) -> Point:
     t = cfg.train
     p.tokens_per_step = int(t.seq_len * t.micro_batch_size * t.grad_accum * processes)
     p.flops_per_token = float(training_flops_per_token(model_config(cfg), t.seq_len))
-    if p.budget_kind == "tokens":
+    p.run_dir = str(out_dir / p.name)
+    if p.cooldown:
+        plan_cooldown(p, cfg, out_dir)
+    elif p.budget_kind == "tokens":
         p.max_steps = max(1, math.ceil(p.budget / p.tokens_per_step))
     else:
         p.max_steps = max(1, math.ceil(p.budget / (p.flops_per_token * p.tokens_per_step)))
+    if not p.cooldown:
+        p.role = "stable" if t.schedule == "constant" else "full"  # as the trainer's summary.json says
     p.planned_tokens = p.max_steps * p.tokens_per_step
     p.planned_flops = p.planned_tokens * p.flops_per_token
-    p.run_dir = str(out_dir / p.name)
+    if p.role == "stable" and p.cooldown:
+        p.budget = float(p.planned_tokens)
     p.log = str(out_dir / "logs" / f"{p.name}.log")
     p.extra = {"family": str(cfg.family), "recipe_name": str(cfg.name),
                "launch_overrides": launch_overrides(p, cfg, out_dir, evals)}
@@ -203,15 +366,20 @@ def launch_overrides(p: Point, cfg, out_dir: Path, evals: int) -> list[str]:
     them) warmup, evaluation and checkpoint intervals scaled to the run's length."""
     steps = p.max_steps
     extra = [f"train.max_steps={steps}", f"train.out_dir={out_dir}", f"train.run_name={p.name}"]
+    extra += cooldown_overrides(p)
     defaults = {
-        # warmup: the recipe's, but at most a tenth of a short run
-        "train.warmup_steps": min(int(cfg.train.warmup_steps), max(0, steps // 10)),
+        # warmup: the recipe's, but at most a tenth of a short run (cooldowns: of the shortest branch,
+        # the same for the trunk and all its branches)
+        "train.warmup_steps": p.cooldown["warmup_steps"] if p.cooldown else
+        min(int(cfg.train.warmup_steps), max(0, steps // 10)),
         # about `evals` validation points per run, for the loss-against-tokens curves
         "train.eval_every": max(1, steps // max(1, evals)),
         "train.log_every": max(1, min(int(cfg.train.log_every), steps // 10 or 1)),
         # a checkpoint half-way and the final one, the two that keep_last=2 keeps (routing
-        # saturation compares checkpoints); (steps+1)//2 so that no second one lands just before the end
-        "train.ckpt_every": max(1, (steps + 1) // 2),
+        # saturation compares checkpoints); (steps+1)//2 so that no second one lands just before the end;
+        # a cooldown branch: half-way through its decay
+        "train.ckpt_every": p.cooldown["branch_step"] + (p.cooldown["decay_steps"] + 1) // 2
+        if p.role == "cooldown" and p.cooldown else max(1, (steps + 1) // 2),
     }
     for key, value in defaults.items():
         if not _user_sets(p.overrides, key):
@@ -250,10 +418,11 @@ def check_consistent(out_dir: Path, points: list[Point]) -> None:
     before = {q["name"]: q for q in old.get("points", [])}
     for p in points:
         q = before.get(p.name)
-        if q and (q["recipe"] != p.recipe or q["overrides"] != p.overrides or q["max_steps"] != p.max_steps):
+        if q and (q["recipe"] != p.recipe or q["overrides"] != p.overrides or q["max_steps"] != p.max_steps
+                  or q.get("cooldown", {}) != p.cooldown):
             raise ValueError(f"sweep folder {out_dir} already holds point {p.name} with different settings "
-                             f"(recipe/overrides/steps); use a new --out folder or delete that point's run folder "
-                             f"and its manifest entry")
+                             f"(recipe/overrides/steps/cooldown); use a new --out folder or delete that point's run "
+                             f"folder and its manifest entry")
 
 
 def run_state(p: Point) -> str:
@@ -350,7 +519,9 @@ def run_sweep(spec: dict, *, launcher: str = "python", processes: int = 1, accel
 
 
 def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make_cmd) -> None:
-    """Keep up to ``jobs`` trainers running until ``todo`` is done or the sweep is stopped."""
+    """Keep up to ``jobs`` trainers running until ``todo`` is done or the sweep is stopped. A point
+    starts when it is ready (:func:`is_ready`: a branch waits for its trunk's checkpoint); when
+    nothing runs and nothing left is ready, the rest is marked blocked."""
     running: dict[str, tuple[Point, subprocess.Popen, float]] = {}
     queue = list(todo)
     stopping = False
@@ -367,9 +538,14 @@ def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make
         while queue or running:
             try:
                 while queue and len(running) < jobs and not stopping:
-                    p = queue.pop(0)
+                    p = next((q for q in queue if is_ready(q)), None)
+                    if p is None:
+                        break
+                    queue.remove(p)
                     n += 1
-                    log(f"[{n}/{total}] {p.name}: {p.max_steps} steps, {p.planned_tokens:.3g} tokens, "
+                    branch = (f" (branch of {p.parent}: {p.cooldown['decay_steps']} decay steps from step "
+                              f"{p.cooldown['branch_step']})" if p.role == "cooldown" and p.cooldown else "")
+                    log(f"[{n}/{total}] {p.name}: {p.max_steps} steps{branch}, {p.planned_tokens:.3g} tokens, "
                         f"{p.planned_flops:.3g} FLOPs")
                     running[p.name] = (p, start_point(p, make_cmd(p), env), time.time())
                     write_manifest(out_dir, spec, points)
@@ -384,6 +560,13 @@ def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make
                         + ("" if p.status == "finished" else f"; see {p.log}"))
                     if p.status == "failed" and stop_on_failure:
                         stopping = True
+                if not running and not stopping and queue and not any(is_ready(q) for q in queue):
+                    for q in queue:
+                        q.status = "blocked"
+                        log(f"    {q.name} -> blocked: {q.cooldown['branch_from']} does not exist "
+                            f"(see the stable trunk {q.parent})")
+                    queue.clear()
+                    write_manifest(out_dir, spec, points)
                 if running:
                     time.sleep(0.5)
                 elif stopping:
@@ -415,9 +598,9 @@ def _load_spec(path: Optional[str]) -> dict:
         raise RecipeError(f"--spec {path}: not valid YAML ({e})") from None
     if not isinstance(spec, dict):
         raise RecipeError(f"--spec {path}: a sweep spec is a YAML mapping")
-    unknown = set(spec) - {"out", "tokens", "flops", "set", "ladders", "sizes", "grid", "description"}
+    unknown = set(spec) - {"out", "tokens", "flops", "cooldown", "set", "ladders", "sizes", "grid", "description"}
     if unknown:
-        raise RecipeError(f"--spec {path}: unknown keys {sorted(unknown)}; valid: out, tokens, flops, set, "
+        raise RecipeError(f"--spec {path}: unknown keys {sorted(unknown)}; valid: out, tokens, flops, cooldown, set, "
                           "ladders, sizes, grid, description")
     return spec
 

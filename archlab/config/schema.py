@@ -103,6 +103,11 @@ class ModelConfig:
     dropout: float = 0.0  # embedding and residual dropout
     init_std: float = 0.02
     scaled_residual_init: bool = True  # GPT-2: residual projections get std/sqrt(2*n_layers)
+    # standard | mup (muP, Tensor Programs V: per-layer init, lr and output scaling by width; archlab/nn/mup.py)
+    parametrization: str = "standard"
+    # muP: d_model of the base model the lr was tuned on; width multiplier m = d_model / mup_base_width.
+    # null = d_model (m = 1: the base itself); ignored under standard parametrisation
+    mup_base_width: Optional[int] = None
 
     @property
     def kv_heads(self) -> int:
@@ -154,9 +159,11 @@ class TrainConfig:
     max_steps: int = 300
     lr: float = 1e-3
     min_lr_ratio: float = 0.1  # final lr = lr * min_lr_ratio
-    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay) | constant
+    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay) | constant (a WSD stable trunk: never decays)
     warmup_steps: int = 30
     decay_fraction: float = 0.2  # wsd: share of steps in the final decay
+    decay_steps: int = 0  # wsd: length of the final decay in steps, overriding decay_fraction (0 = use the fraction)
+    decay_shape: str = "linear"  # wsd decay: linear | sqrt (1 - sqrt(progress), best in Hägele et al. 2024)
     weight_decay: float = 0.1  # decoupled; never on norms, biases, embeddings
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
@@ -169,8 +176,12 @@ class TrainConfig:
     eval_batches: int = 10
     eval_context_multipliers: List[int] = field(default_factory=lambda: [1, 2, 4])
     ckpt_every: int = 100
-    keep_last: int = 2  # checkpoints kept
+    ckpt_steps: List[int] = field(default_factory=list)  # extra checkpoints at these steps, never pruned (WSD branches)
+    keep_last: int = 2  # checkpoints kept (besides those at ckpt_steps)
     resume: str = "none"  # none | auto | path of a checkpoint folder
+    # a checkpoint folder of another run: start this NEW run from its weights, optimizer, step, tokens and RNG
+    # (a cooldown branch of a WSD trunk continues its data stream); resume=auto continues the branch itself
+    branch_from: Optional[str] = None
     out_dir: str = "runs"
     run_name: Optional[str] = None  # default: recipe name + timestamp
     on_nonfinite: str = "stop"  # stop (keep last good checkpoint) | skip (drop the batch)

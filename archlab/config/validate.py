@@ -85,9 +85,20 @@ def validate_model(m, prefix: str = "model") -> None:
     _fraction(f"{prefix}.ffn.dropout", m.ffn.dropout)
     _fraction(f"{prefix}.dropout", m.dropout)
     _positive(m, prefix, "init_std")
+    validate_parametrization(m, prefix)
 
     if m.moe is not None:
         validate_moe(m.moe, m.n_layers, f"{prefix}.moe", ROUTERS)
+
+
+def validate_parametrization(m, prefix: str = "model") -> None:
+    """standard or mup; a muP base width, when given, is a positive d_model."""
+    from archlab.nn.mup import PARAMETRIZATIONS
+
+    _one_of(f"{prefix}.parametrization", m.parametrization, PARAMETRIZATIONS)
+    if m.mup_base_width is not None and m.mup_base_width <= 0:
+        _fail(f"{prefix}.mup_base_width", m.mup_base_width,
+              "must be a positive number (the base model's d_model; null = d_model, width multiplier 1)")
 
 
 def validate_moe(e, n_layers: int, prefix: str, routers) -> None:
@@ -154,6 +165,17 @@ def validate_train(t, model) -> None:
         _fail("train.min_lr_ratio", t.min_lr_ratio, "must lie in [0, 1]")
     if not 0.0 < t.decay_fraction <= 1.0:
         _fail("train.decay_fraction", t.decay_fraction, "must lie in (0, 1]")
+    _one_of("train.decay_shape", t.decay_shape, ["linear", "sqrt"])
+    if t.decay_steps < 0 or (t.schedule == "wsd" and t.decay_steps > t.max_steps - t.warmup_steps):
+        _fail("train.decay_steps", t.decay_steps, f"must lie in [0, max_steps - warmup_steps = "
+              f"{t.max_steps - t.warmup_steps}] (0 = train.decay_fraction of the steps)")
+    if any(not 1 <= s <= t.max_steps for s in t.ckpt_steps):
+        _fail("train.ckpt_steps", list(t.ckpt_steps), f"steps must lie in [1, max_steps={t.max_steps}]")
+    if t.branch_from is not None and t.resume not in ("none", "auto"):
+        _fail("train.resume", t.resume, f"contradicts train.branch_from={t.branch_from!r}: a branch starts from "
+              "branch_from (resume=none) or continues its own run folder (resume=auto)")
+    if t.branch_from is not None and not str(t.branch_from).strip():
+        _fail("train.branch_from", t.branch_from, "must be a checkpoint folder (or null)")
     if t.weight_decay < 0:
         _fail("train.weight_decay", t.weight_decay, "must be >= 0")
     if len(t.betas) != 2 or not all(0.0 <= b < 1.0 for b in t.betas):

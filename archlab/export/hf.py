@@ -31,6 +31,7 @@ from torch import Tensor
 
 from archlab.config.schema import ModelConfig
 from archlab.model.decoder import Decoder
+from archlab.nn.mup import width_mult
 from archlab.registry import Registry
 
 EXPORTERS: Registry = Registry("hf exporter")
@@ -156,6 +157,9 @@ def _common_reasons(cfg: ModelConfig) -> Optional[str]:
         return "attention.qk_norm=true: this class has no per-head q/k norm"
     if cfg.attention.scale is not None:
         return f"attention.scale={cfg.attention.scale}: this class always scales scores by 1/sqrt(d_head)"
+    if width_mult(cfg) != 1.0:  # muP at m = 1 is standard parametrisation exactly
+        return (f"parametrization=mup at width multiplier {width_mult(cfg):g}: HF has no field for muP's "
+                "readout multiplier (logits / m) or its 1/(sqrt(d_head) * sqrt(m)) attention scale")
     return None
 
 

@@ -16,6 +16,7 @@ from archlab.config.schema import ModelConfig
 from archlab.nn.attention import CausalSelfAttention, KVCache, LayerKVCache
 from archlab.nn.ffn import build_ffn, ffn_params
 from archlab.nn.loss import linear_cross_entropy
+from archlab.nn.mup import readout_mult, rescale_init
 from archlab.nn.norms import build_norm, norm_params
 from archlab.nn.positions import POSITIONS, PosContext, build_positions
 
@@ -91,6 +92,7 @@ class Decoder(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        self.readout_mult = readout_mult(cfg)  # muP: logits * 1/m (tied or not); 1 under standard
         self.init_weights()
 
     @staticmethod
@@ -107,7 +109,8 @@ class Decoder(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """N(0, init_std) for matrices and embeddings, zero biases; residual projections get
-        init_std / sqrt(2 * n_layers) (GPT-2) so the residual stream's variance stays O(1)."""
+        init_std / sqrt(2 * n_layers) (GPT-2) so the residual stream's variance stays O(1).
+        muP (m != 1): the blocks' matrices are then rescaled (``archlab.nn.mup.rescale_init``)."""
         std = self.cfg.init_std
         res_std = std / math.sqrt(2 * self.cfg.n_layers) if self.cfg.scaled_residual_init else std
         for m in self.modules():
@@ -119,6 +122,7 @@ class Decoder(nn.Module):
                     nn.init.zeros_(m.bias)
             elif isinstance(m, nn.Embedding):
                 nn.init.normal_(m.weight, 0.0, std)
+        rescale_init(self)
 
     def forward(self, input_ids: Tensor, kv_cache: Optional[KVCache] = None,
                 targets: Optional[Tensor] = None) -> ModelOutput:
@@ -138,6 +142,8 @@ class Decoder(nn.Module):
             if aux is not None:
                 aux_total = aux_total + aux
         h = self.final_norm(x)  # (B, S, D)
+        if self.readout_mult != 1.0:  # muP: lm_head(h) / m, applied to h (D values per token, not V)
+            h = h * self.readout_mult
         if targets is not None:
             loss = linear_cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten())
             return ModelOutput(logits=None, aux_loss=aux_total, kv_cache=kv_cache, loss=loss)

@@ -6,7 +6,6 @@ H query heads, G key/value heads (H % G == 0), Dh head dim.
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -14,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from archlab.config.schema import ModelConfig
+from archlab.nn.mup import attention_scale
 from archlab.nn.norms import build_norm, norm_params
 from archlab.nn.positions import PosContext, apply_rotary
 
@@ -66,7 +66,7 @@ class CausalSelfAttention(nn.Module):
         self.q_norm = build_norm(self.d_head, cfg.norm) if a.qk_norm else None
         self.k_norm = build_norm(self.d_head, cfg.norm) if a.qk_norm else None
         self.dropout = a.dropout
-        self.scale = a.scale if a.scale is not None else 1.0 / math.sqrt(self.d_head)
+        self.scale = a.scale if a.scale is not None else attention_scale(cfg)  # 1/sqrt(Dh); muP: archlab.nn.mup
 
     @staticmethod
     def num_params(cfg: ModelConfig) -> int:

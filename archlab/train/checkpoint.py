@@ -26,7 +26,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Optional, Union
+from typing import Iterable, Optional, Union
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -183,8 +183,9 @@ def _to_tuples(obj):
     return tuple(_to_tuples(o) for o in obj) if isinstance(obj, list) else obj
 
 
-def finish(run_dir: PathLike, step: int, keep_last: int) -> Path:
-    """Write the manifest, rename the temporary folder into place, prune to ``keep_last``.
+def finish(run_dir: PathLike, step: int, keep_last: int, keep_steps: Iterable[int] = ()) -> Path:
+    """Write the manifest, rename the temporary folder into place, prune to ``keep_last`` (sparing
+    the checkpoints at ``keep_steps``, see :func:`prune`).
 
     Main process only, after every rank has written its files.
     """
@@ -202,7 +203,7 @@ def finish(run_dir: PathLike, step: int, keep_last: int) -> Path:
     else:
         os.replace(tmp, final)
     _fsync_dir(final.parent)
-    prune(run_dir, keep_last)
+    prune(run_dir, keep_last, keep_steps)
     return final
 
 
@@ -219,12 +220,17 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def prune(run_dir: PathLike, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` complete checkpoints and any stale ``.tmp`` folder."""
+def prune(run_dir: PathLike, keep_last: int, keep_steps: Iterable[int] = ()) -> None:
+    """Delete all but the newest ``keep_last`` complete checkpoints and any stale ``.tmp`` folder.
+
+    Checkpoints at ``keep_steps`` (``train.ckpt_steps``: the branch points of WSD cooldowns) are
+    never deleted and do not count toward ``keep_last``.
+    """
     root = Path(run_dir) / CKPT_DIR
     for stale in root.glob("step_*.tmp"):
         shutil.rmtree(stale, ignore_errors=True)
-    for old in checkpoints(run_dir)[:-keep_last]:
+    kept = {step_dir_name(int(s)) for s in keep_steps}
+    for old in [c for c in checkpoints(run_dir) if c.name not in kept][:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
 
 

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 import archlab
@@ -52,6 +52,7 @@ from archlab.train.run_folder import (
     METRICS,
     ROUTING,
     MetricsLog,
+    copy_jsonl_rows,
     default_run_name,
     mark_run,
     plot_losses,
@@ -162,6 +163,7 @@ class Trainer:
         torch.manual_seed(t.seed)  # identical initial weights on every rank
         self.model = build_model(cfg)  # the plain module; the wrapped one is self.model_t
         self.step, self.tokens, self.elapsed_before = 0, 0, 0.0
+        self.branch: Optional[dict] = None  # train.branch_from: {"from": parent checkpoint, "step": branch step}
         restore_optimizer = False
         if resume_from is not None:  # full (consolidated) weights, before any sharding
             restore_optimizer = self._load_checkpoint(resume_from)
@@ -277,13 +279,23 @@ class Trainer:
                                        "DeepSpeed? resume it with the same launcher)")
         self.step, self.tokens = int(state["step"]), int(state["tokens"])
         self.elapsed_before = float(state.get("elapsed_s", 0.0))
+        starts_branch = self._starts_branch(ckpt_dir)
+        if self.cfg.train.branch_from is not None:  # a new branch starts here, or a branch resumes
+            self.branch = {"from": str(ckpt_dir), "step": self.step} if starts_branch else state.get("branch")
         t = self.cfg.train
         batch_now = t.micro_batch_size * t.grad_accum * self.info.world_size
         if state.get("global_batch") not in (None, batch_now):
             self.log(f"warning: checkpoint was trained with a global batch of {state['global_batch']} windows, "
                      f"this launch uses {batch_now}: the data order differs from an uninterrupted run")
-        self.log(f"resuming from {ckpt_dir} (step {self.step})")
+        if starts_branch:
+            self.log(f"branching from {ckpt_dir} (step {self.step}, {self.tokens} tokens) into {self.run_dir}")
+        else:
+            self.log(f"resuming from {ckpt_dir} (step {self.step})")
         return restore
+
+    def _starts_branch(self, ckpt_dir: Optional[Path]) -> bool:
+        """Whether ``ckpt_dir`` belongs to another run folder: this run branches from it now."""
+        return ckpt_dir is not None and Path(ckpt_dir).resolve().parent.parent != self.run_dir.resolve()
 
     def _load_deepspeed_state(self, ckpt_dir: Path) -> None:
         zero = ckpt_dir / "zero"
@@ -312,7 +324,10 @@ class Trainer:
         mark_run(run, self.cfg.name)
         ckpt.save_recipe(self.cfg, run / ckpt.RECIPE)
         self.data.tokenizer.save(run / "tokenizer.json")
-        if resume_from is not None:
+        if self._starts_branch(resume_from):  # the branch's logs start with its parent's, up to the branch step
+            for name in (METRICS, ROUTING):
+                copy_jsonl_rows(resume_from.parent.parent / name, run / name, self.step)
+        elif resume_from is not None:
             truncate_jsonl(run / METRICS, self.step)
             truncate_jsonl(run / ROUTING, self.step)
         from archlab.data import unigram_entropy
@@ -339,6 +354,8 @@ class Trainer:
             "data_meta": self.data.meta,
             "unigram_entropy_train": self.unigram_entropy,
             "resumed_from": str(resume_from) if resume_from else None,
+            "branch_from": self.branch["from"] if self.branch else None,
+            "branch_step": self.branch["step"] if self.branch else None,
         })
         self.metrics = MetricsLog(run, self.cfg.train.tensorboard)
 
@@ -453,12 +470,13 @@ class Trainer:
             ckpt.write_json_atomic(tmp / ckpt.STATE, {
                 "step": self.step, "tokens": self.tokens, "elapsed_s": elapsed, "world_size": self.info.world_size,
                 "global_batch": t.micro_batch_size * t.grad_accum * self.info.world_size,
-                "deepspeed": self.deepspeed, "ep_size": self.ep_size, "archlab_version": archlab.__version__})
+                "deepspeed": self.deepspeed, "ep_size": self.ep_size, "archlab_version": archlab.__version__,
+                "branch": self.branch})
             ckpt.save_recipe(self.cfg, tmp / ckpt.RECIPE)
         barrier()
         final = ckpt.tmp_dir(run, self.step).with_name(ckpt.step_dir_name(self.step))
         if self.info.is_main:
-            ckpt.finish(run, self.step, self.cfg.train.keep_last)
+            ckpt.finish(run, self.step, self.cfg.train.keep_last, keep_steps=self.cfg.train.ckpt_steps)
         barrier()
         self.last_ckpt = final
         return final
@@ -491,13 +509,15 @@ class Trainer:
                    unit="step", dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
         self._window = _Window()
         status, message = "failed", ""
+        ckpt_steps = set(t.ckpt_steps)
         try:
             while self.step < t.max_steps:
                 self._one_step(bar)
                 if bool(all_reduce_sum(torch.tensor([float(stop.requested)])) > 0):  # every rank stops together
                     status, message = "interrupted", f"stopped by {stop.received or 'a signal on another rank'}"
                     break
-                self._periodic(eval_now=self.step % t.eval_every == 0, ckpt_now=self.step % t.ckpt_every == 0)
+                self._periodic(eval_now=self.step % t.eval_every == 0,
+                               ckpt_now=self.step % t.ckpt_every == 0 or self.step in ckpt_steps)
             else:
                 status = "completed"
                 for mult in t.eval_context_multipliers:
@@ -576,9 +596,19 @@ class Trainer:
             self.save_checkpoint(self.elapsed())
         self._window.pause(time.perf_counter() - t0)
 
+    def _role(self) -> dict[str, Any]:
+        """What kind of scaling point the run is. ``role``: ``stable`` (constant lr to the end, e.g. the
+        trunk of WSD cooldowns: its final loss is not that of a finished schedule), ``cooldown`` (a
+        decaying run branched from another run's checkpoint: it stands for a run of ``tokens`` tokens,
+        the parent's included) or ``full`` (a whole schedule from step 0)."""
+        t = self.cfg.train
+        role = "stable" if t.schedule == "constant" else "cooldown" if self.branch else "full"
+        return {"role": role, "branch_from": self.branch["from"] if self.branch else None,
+                "branch_step": self.branch["step"] if self.branch else None}
+
     def _finish(self, status: str, message: str, elapsed: float) -> dict[str, Any]:
         summary: dict[str, Any] = {"status": status, "message": message, "step": self.step, "tokens": self.tokens,
-                                   "run_dir": str(self.run_dir),
+                                   "run_dir": str(self.run_dir), **self._role(),
                                    "last_checkpoint": str(self.last_ckpt) if self.last_ckpt else None,
                                    "elapsed_s": elapsed, "rank": self.info.rank}
         if not self.info.is_main:
@@ -629,8 +659,11 @@ def resolve_run(cfg: DictConfig) -> tuple[Path, Optional[Path], list[str]]:
       corrupt ones (and saying so); start fresh when there is none.
     - ``resume: <path>``: a checkpoint folder (must be complete) or a run folder (as auto);
       the run continues in that checkpoint's run folder.
+    - ``branch_from: <checkpoint>`` (with resume none or auto): see :func:`resolve_branch`.
     """
     t = cfg.train
+    if t.branch_from is not None:
+        return resolve_branch(cfg)
     out = Path(t.out_dir)
     notes: list[str] = []
     if t.resume == "none":
@@ -664,6 +697,99 @@ def resolve_run(cfg: DictConfig) -> tuple[Path, Optional[Path], list[str]]:
                                    "nor a checkpoint folder of one (<run>/checkpoints/step_XXXXXXXX)")
     ckpt.verify(path)
     return path.parent.parent, path, notes
+
+
+def resolve_branch(cfg: DictConfig) -> tuple[Path, Path, list[str]]:
+    """``train.branch_from``: a NEW run folder ``out_dir/run_name`` that starts from another run's
+    checkpoint (weights, optimizer state, step, tokens, RNG), so that it continues that run's data
+    stream and, where the schedules agree before the branch step, its exact trajectory: the
+    cooldown branches of a WSD trunk (Hägele et al. 2024).
+
+    - ``resume: none``: the folder must not hold a run yet;
+    - ``resume: auto`` (needs ``run_name``): the folder's newest complete checkpoint when it has one
+      (a branch that was interrupted continues), else the branch starts from ``branch_from``.
+
+    Refused: a checkpoint that is not complete or not an archlab run's (CheckpointError), a model
+    recipe that differs from the checkpoint's, a folder branched from another checkpoint
+    (RecipeError). A different data stream or learning rate before the branch step is a warning.
+    """
+    t = cfg.train
+    if t.resume == "auto" and not t.run_name:
+        raise RecipeError(f"train.branch_from={t.branch_from!r} with train.resume=auto needs train.run_name "
+                          "(the branch's own run folder; the newest run of the recipe may be its parent)")
+    run = Path(t.out_dir) / (t.run_name or default_run_name(cfg.name))
+    notes: list[str] = []
+    if ckpt.is_run_dir(run) and t.resume == "auto":
+        _check_same_parent(run, t.branch_from)
+        found, problems = ckpt.latest_valid(run)
+        notes += [f"resume=auto: skipping a corrupt checkpoint: {p}; falling back to the previous one"
+                  for p in problems]
+        if found is not None:
+            return run, found, notes
+        notes.append(f"resume=auto: {run} holds no complete checkpoint; branching from train.branch_from")
+    elif ckpt.is_run_dir(run) and (ckpt.checkpoints(run) or (run / METRICS).is_file()):
+        raise RecipeError(f"train.run_name={run.name!r}: {run} already holds a run; continue the branch with "
+                          "train.resume=auto or choose another train.run_name")
+    source = Path(t.branch_from)
+    if not source.is_dir():
+        raise ckpt.CheckpointError(f"train.branch_from={t.branch_from!r}: no such checkpoint folder (list the "
+                                   "branch steps in the parent's train.ckpt_steps so that keep_last spares them)")
+    if not ckpt.is_checkpoint_dir(source) or not ckpt.is_run_dir(source.parent.parent):
+        raise ckpt.CheckpointError(f"train.branch_from={t.branch_from!r}: not a checkpoint folder of an archlab run "
+                                   "(<run>/checkpoints/step_XXXXXXXX)")
+    ckpt.verify(source)
+    return run, source, notes + _check_branch_source(cfg, source)
+
+
+def _check_same_parent(run: Path, branch_from: str) -> None:
+    """A branch folder continued with resume=auto must have been branched from the same checkpoint."""
+    recipe = run / ckpt.RECIPE
+    if not recipe.is_file():
+        return
+    before = OmegaConf.load(recipe).get("train", {}).get("branch_from")
+    if before is None or Path(before).resolve() != Path(branch_from).resolve():
+        raise RecipeError(f"train.branch_from={branch_from!r}: {run} was started "
+                          + (f"from {before!r}" if before else "as a run of its own, not a branch")
+                          + "; use another train.run_name")
+
+
+def _check_branch_source(cfg: DictConfig, source: Path) -> list[str]:
+    """RecipeError when the checkpoint's model differs (``moe.ep_size`` aside: a launch setting the
+    loader handles); warnings when the data stream or the learning rate before the branch step
+    differ (the branch then does not continue its parent)."""
+    parent = ckpt.load_recipe_of(source)
+    diffs = [d for d in _differences(OmegaConf.to_container(parent.model), OmegaConf.to_container(cfg.model), "model")
+             if not d.startswith("model.moe.ep_size:")]
+    if diffs:
+        raise RecipeError(f"train.branch_from={cfg.train.branch_from!r}: the checkpoint's model recipe differs from "
+                          f"this run's ({'; '.join(diffs[:5])}); a branch continues the same model")
+    notes = []
+    keys = ("seed", "seq_len", "micro_batch_size", "grad_accum")
+    # where the caches live changes no token
+    data_a, data_b = ({k: v for k, v in OmegaConf.to_container(c.data).items() if k != "cache_dir"}
+                      for c in (parent, cfg))
+    diffs = _differences(data_a, data_b, "data")
+    diffs += [f"train.{k}: checkpoint {parent.train[k]!r}, branch {cfg.train[k]!r}" for k in keys
+              if parent.train[k] != cfg.train[k]]
+    if diffs:
+        notes.append(f"warning: train.branch_from: {'; '.join(diffs[:5])}: the branch does not continue the "
+                     "checkpoint's data stream")
+    step = int(ckpt.load_state(source)["step"])
+    differ = next((k for k in range(step) if not math.isclose(lr_at(k, parent.train), lr_at(k, cfg.train),
+                                                              rel_tol=1e-9)), None)
+    if differ is not None:
+        notes.append(f"warning: train.branch_from: the branch's learning rate differs from the checkpoint's run at "
+                     f"step {differ} < {step} (branch {lr_at(differ, cfg.train):.4g}, parent "
+                     f"{lr_at(differ, parent.train):.4g}): the branch is not a cooldown of that run")
+    return notes
+
+
+def _differences(a: Any, b: Any, prefix: str) -> list[str]:
+    """``key: checkpoint X, branch Y`` for every leaf where two nested containers differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str)
+                for d in _differences(a.get(k), b.get(k), f"{prefix}.{k}")]
+    return [] if a == b else [f"{prefix}: checkpoint {a!r}, branch {b!r}"]
 
 
 def _newest_run(out: Path, name: str) -> Optional[Path]:

@@ -82,6 +82,16 @@ def truncate_jsonl(path: Path, max_step: int) -> None:
     write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
+def copy_jsonl_rows(src: Path, dst: Path, max_step: int) -> None:
+    """A branch's log starts as its parent's: ``dst`` becomes the rows of ``src`` with ``step <= max_step``,
+    end-of-run (``final``) evaluations left out. Nothing is written when ``src`` does not exist."""
+    dst.unlink(missing_ok=True)
+    if not src.is_file():
+        return
+    kept = [r for r in read_jsonl(src) if r.get("step", 0) <= max_step and not r.get("final")]
+    write_text_atomic(dst, "".join(json.dumps(r) + "\n" for r in kept))
+
+
 class MetricsLog:
     """Appends rows to metrics.jsonl (and routing.jsonl) and mirrors scalars to TensorBoard.
 

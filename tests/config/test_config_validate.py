@@ -39,11 +39,23 @@ INVALID = [
     (DENSE, ["train.betas=[0.9]"], ["train.betas=[0.9]", "two numbers"]),
     (DENSE, ["train.schedule=linear"], ["train.schedule='linear'", "cosine, wsd, constant"]),
     (DENSE, ["train.warmup_steps=1000"], ["train.warmup_steps=1000", "max_steps=300"]),
+    (DENSE, ["train.decay_shape=cubic"], ["train.decay_shape='cubic'", "linear, sqrt"]),
+    (DENSE, ["train.schedule=wsd", "train.decay_steps=280"],
+     ["train.decay_steps=280", "max_steps - warmup_steps = 270"]),
+    (DENSE, ["train.decay_steps=-1"], ["train.decay_steps=-1", "must lie in [0,"]),
+    (DENSE, ["train.ckpt_steps=[0,100]"], ["train.ckpt_steps=[0, 100]", "[1, max_steps=300]"]),
+    (DENSE, ["train.ckpt_steps=[301]"], ["train.ckpt_steps=[301]", "[1, max_steps=300]"]),
+    (DENSE, ["train.branch_from=runs/a/checkpoints/step_00000010", "train.resume=runs/a"],
+     ["train.resume='runs/a'", "contradicts train.branch_from", "resume=auto"]),
     (DENSE, ["data.tokenizer=byte", "model.vocab_size=100"], ["model.vocab_size=100", "byte tokenizer", ">= 257"]),
     (DENSE, ["data.source=text"], ["data.paths=[]", "at least one file"]),
     (DENSE, ["model.n_layers"], ["model.n_layers", "key=value"]),
     (LLAMA, ["model.moe.top_k=9"], ["model.moe.top_k=9", "num_experts (8)"]),
     (LLAMA, ["model.moe.first_k_dense=4"], ["model.moe.first_k_dense=4", "at least one layer is MoE"]),
+    (LLAMA, ["model.parametrization=mu_p"], ["model.parametrization='mu_p'", "must be one of: standard, mup"]),
+    (LLAMA, ["model.parametrization=mup", "model.mup_base_width=0"], ["model.mup_base_width=0", "positive"]),
+    (LLAMA, ["model.mup_base_width=-128"], ["model.mup_base_width=-128", "positive"]),
+    (LLAMA, ["model.mup_base_width=wide"], ["model.mup_base_width", "wide"]),
 ]
 
 

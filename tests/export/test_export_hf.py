@@ -52,6 +52,7 @@ PARITY = {
     "llama-rope-yarn": llama("yarn"),
     "llama-bias-base": llama(attention=AttentionConfig(bias=True), ffn=FFNConfig(type="swiglu", bias=True),
                              position=PositionConfig(type="rope", rope_base=500000.0)),
+    "llama-mup-at-base-width": llama(parametrization="mup", mup_base_width=48),  # m = 1: standard exactly
 }
 
 
@@ -116,6 +117,8 @@ REFUSED = [
     (gpt(ffn=FFNConfig(type="swiglu")), ["gpt2", "ffn.type=swiglu", "not gated"]),
     (llama(ffn=FFNConfig(type="gelu")), ["llama", "ffn.type=gelu", "SwiGLU"]),
     (llama(position=PositionConfig(type="sinusoidal")), ["position.type=sinusoidal", "LLaMA uses RoPE"]),
+    (llama(parametrization="mup", mup_base_width=24), ["parametrization=mup at width multiplier 2", "readout"]),
+    (gpt(parametrization="mup", mup_base_width=96), ["gpt2", "width multiplier 0.5", "attention scale"]),
 ]
 
 
@@ -133,3 +136,13 @@ def test_moe_models_are_not_taken_by_dense_exporters():
     c = llama(moe=MoEConfig(num_experts=4, top_k=2, expert_hidden=32))
     assert EXPORTERS.get("gpt2")().matches(c) is not None
     assert "MoE" in EXPORTERS.get("llama")().matches(c)
+
+
+def test_mup_moe_models_are_refused_too():
+    from archlab.config.schema import MoEConfig
+
+    c = llama(moe=MoEConfig(num_experts=4, top_k=2, expert_hidden=32), parametrization="mup", mup_base_width=24)
+    with pytest.raises(ValueError, match="no Hugging Face class can express") as err:
+        find_exporter(c)
+    (mixtral,) = [line for line in str(err.value).splitlines() if "MixtralForCausalLM" in line]
+    assert "parametrization=mup at width multiplier 2" in mixtral, str(err.value)

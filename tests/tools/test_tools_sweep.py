@@ -123,3 +123,115 @@ def test_a_real_sweep_records_failures_and_resumes(tmp_path, capsys):
 
     assert main(["--spec", str(spec), "--set", "train.lr=1e-4", "--dry-run"]) == 2
     assert "different settings" in capsys.readouterr().err
+
+
+def _cooldown_spec(tmp_path, name="cd.yaml", **extra):
+    spec = {"out": str(tmp_path / "sweep"), "set": TINY + [f"data.cache_dir={tmp_path / 'cache'}"],
+            "ladders": {"ok": {"recipe": "recipes/dense/tiny.yaml"}},
+            "cooldown": {"tokens": [2048, 4096], "decay_fraction": 0.2, "shape": "sqrt"}, **extra}
+    path = tmp_path / name
+    path.write_text(json.dumps(spec))
+    return path, spec
+
+
+def test_cooldown_plans_a_stable_trunk_and_its_branches(tmp_path):
+    """Per point a trunk to the last branch step with a checkpoint at each, and per token count D a
+    branch of ceil(D / 256) steps whose last 20% decay from the trunk's checkpoint; tokens points too."""
+    _, spec = _cooldown_spec(tmp_path, tokens=[4096], set=TINY + ["train.warmup_steps=1"])
+    points = {p.name: plan_point(p, tmp_path, 1, 4) for p in build_points(spec)}
+    assert list(points) == ["ok-tok4096", "ok-stable", "ok-cd2048", "ok-cd4096"]
+    full, trunk, short, long = points.values()
+    assert (full.role, trunk.role, short.role, long.role) == ("full", "stable", "cooldown", "cooldown")
+    assert short.parent == long.parent == "ok-stable" and full.parent is None
+    # 8 steps: decay round(1.6) = 2 from step 6; 16 steps: decay round(3.2) = 3 from step 13
+    assert (short.max_steps, short.cooldown["branch_step"], short.cooldown["decay_steps"]) == (8, 6, 2)
+    assert (long.max_steps, long.cooldown["branch_step"], long.cooldown["decay_steps"]) == (16, 13, 3)
+    assert trunk.max_steps == 13 and trunk.cooldown["branch_steps"] == [6, 13]
+    assert long.planned_tokens == full.planned_tokens == 4096 and long.max_steps == full.max_steps
+    t_extra, b_extra = trunk.extra["launch_overrides"], long.extra["launch_overrides"]
+    assert "train.schedule=constant" in t_extra and "train.ckpt_steps=[6,13]" in t_extra
+    assert {"train.schedule=wsd", "train.decay_steps=3", "train.decay_shape=sqrt", "train.max_steps=16",
+            f"train.branch_from={tmp_path}/ok-stable/checkpoints/step_00000013"} <= set(b_extra)
+    assert not any(o.startswith("train.schedule=") for o in full.extra["launch_overrides"])  # the recipe's cosine
+    # one warmup for the trunk and all branches: the user's here; else the recipe's capped at a tenth of the
+    # shortest branch (8 steps -> 0)
+    assert not any(o.startswith("train.warmup_steps=") for o in t_extra + b_extra)
+    _, spec = _cooldown_spec(tmp_path)
+    warm = {o for p in build_points(spec) for o in plan_point(p, tmp_path, 1, 4).extra["launch_overrides"]
+            if o.startswith("train.warmup_steps=")}
+    assert warm == {"train.warmup_steps=0"}
+
+
+def test_cooldown_flops_branches_each_size_at_the_same_compute(tmp_path):
+    """cooldown.flops: every size ends a branch at each compute budget C, with D = C / its training
+    FLOPs per token: the sizes' points line up on IsoFLOP lines."""
+    sizes = {"small": ["model.d_model=32"], "wide": ["model.d_model=64"]}
+    _, spec = _cooldown_spec(tmp_path, sizes=sizes, set=TINY + ["train.warmup_steps=1"],
+                             cooldown={"flops": [2.0e9, 4.0e9], "decay_fraction": 0.2})
+    points = {p.name: plan_point(p, tmp_path, 1, 4) for p in build_points(spec)}
+    branches = [p for p in points.values() if p.role == "cooldown"]
+    assert sorted(p.name for p in branches) == ["ok-small-cdflop2e9", "ok-small-cdflop4e9", "ok-wide-cdflop2e9",
+                                                "ok-wide-cdflop4e9"]
+    for p in branches:
+        tokens = p.budget / p.flops_per_token  # this size's D at budget C
+        assert p.max_steps == math.ceil(tokens / p.tokens_per_step)
+        assert abs(p.planned_flops - p.budget) <= p.flops_per_token * p.tokens_per_step  # within one step of C
+    small, wide = points["ok-small-cdflop4e9"], points["ok-wide-cdflop4e9"]
+    assert wide.flops_per_token > small.flops_per_token and wide.max_steps < small.max_steps
+    assert points["ok-wide-stable"].cooldown["branch_steps"] == sorted(
+        p.cooldown["branch_step"] for p in branches if p.parent == "ok-wide-stable")
+
+
+@pytest.mark.parametrize("cooldown,extra_set,message", [
+    ({"tokens": []}, [], "cooldown.tokens=[]: needs a list"),
+    ({"tokens": [4096], "flops": [1e9]}, [], "cooldown: give exactly one of tokens"),
+    ({"shape": "sqrt"}, [], "cooldown: give exactly one of tokens"),
+    ({"tokens": [4096], "shape": "cubic"}, [], "cooldown.shape='cubic': must be one of: linear, sqrt"),
+    ({"tokens": [4096], "decay_fraction": 1.5}, [], "cooldown.decay_fraction=1.5: must lie in (0, 1)"),
+    ({"tokens": [4096], "every": 2}, [], "cooldown: unknown keys ['every']"),
+    ({"tokens": [-5]}, [], "must be positive"),
+    ({"tokens": [4096]}, ["train.schedule=cosine"], "'train.schedule=cosine' (point ok) is set by the sweep"),
+    ({"tokens": [256]}, [], "leave the branch start at step 0"),
+    ({"tokens": [2048]}, ["train.warmup_steps=7"], "before the end of the warmup (7 steps)"),
+])
+def test_bad_cooldown_specs_fail_clearly(tmp_path, capsys, cooldown, extra_set, message):
+    path, _ = _cooldown_spec(tmp_path, cooldown=cooldown, set=TINY + extra_set)
+    assert main(["--spec", str(path), "--dry-run"]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_real_cooldown_sweep_branches_resumes_and_blocks(tmp_path, capsys):
+    """The trunk trains, each branch starts from its checkpoint and ends at its D; the branches of a
+    trunk that failed are blocked, not started; a second call skips what is finished."""
+    path, spec = _cooldown_spec(tmp_path, ladders={
+        "ok": {"recipe": "recipes/dense/tiny.yaml"},
+        "broken": {"recipe": "recipes/dense/tiny.yaml",
+                   "set": ["data.source=text", f"data.paths=[{tmp_path / 'missing.txt'}]"]}},
+        cooldown={"tokens": [1024, 2048]})
+    out = tmp_path / "sweep"
+    assert main(["--spec", str(path), "--jobs", "2", "--threads", "1"]) == 1
+    points = {p["name"]: p for p in json.loads((out / "manifest.json").read_text())["points"]}
+    assert {n: (p["role"], p["parent"], p["status"]) for n, p in points.items()} == {
+        "ok-stable": ("stable", None, "finished"), "ok-cd1024": ("cooldown", "ok-stable", "finished"),
+        "ok-cd2048": ("cooldown", "ok-stable", "finished"), "broken-stable": ("stable", None, "failed"),
+        "broken-cd1024": ("cooldown", "broken-stable", "blocked"),
+        "broken-cd2048": ("cooldown", "broken-stable", "blocked")}
+    assert not (out / "broken-cd1024").exists()
+    trunk = json.loads((out / "ok-stable" / "summary.json").read_text())
+    assert (trunk["role"], trunk["tokens"]) == ("stable", 6 * 256)  # 4 steps: branch at 3; 8 steps: at 6
+    for name, steps, start in (("ok-cd1024", 4, 3), ("ok-cd2048", 8, 6)):
+        s = json.loads((out / name / "summary.json").read_text())
+        assert (s["status"], s["role"], s["step"], s["tokens"], s["branch_step"]) == \
+            ("completed", "cooldown", steps, steps * 256, start)
+        assert s["branch_from"] == str(out / "ok-stable" / "checkpoints" / f"step_{start:08d}")
+    assert "blocked" in capsys.readouterr().out
+
+    assert main(["--spec", str(path)]) == 1
+    again = {p["name"]: p for p in json.loads((out / "manifest.json").read_text())["points"]}
+    assert all(again[n]["elapsed_s"] == points[n]["elapsed_s"] for n in ("ok-stable", "ok-cd1024", "ok-cd2048"))
+    assert "3 already done" in capsys.readouterr().out
+
+    changed, _ = _cooldown_spec(tmp_path, "changed.yaml", cooldown={"tokens": [1024, 2048], "shape": "linear"})
+    assert main(["--spec", str(changed), "--dry-run"]) == 2
+    assert "different settings" in capsys.readouterr().err

@@ -44,6 +44,18 @@ def test_save_is_atomic_and_prunes(run_with_model):
     assert set(manifest["files"]) == {ckpt.WEIGHTS, ckpt.STATE, ckpt.RECIPE}
 
 
+def test_prune_spares_the_checkpoints_at_keep_steps(run_with_model):
+    """train.ckpt_steps (WSD branch points) are never pruned and do not count toward keep_last."""
+    run, model, _ = run_with_model
+    for step in (2, 4, 6, 8, 10):
+        tmp = ckpt.begin(run, step)
+        ckpt.save_model_weights(model, tmp / ckpt.WEIGHTS)
+        ckpt.finish(run, step, keep_last=1, keep_steps=[2, 6])
+    assert [p.name for p in ckpt.checkpoints(run)] == ["step_00000002", "step_00000006", "step_00000010"]
+    ckpt.prune(run, keep_last=1)  # without the exemption only the newest stays
+    assert [p.name for p in ckpt.checkpoints(run)] == ["step_00000010"]
+
+
 def test_weights_roundtrip_with_tied_embeddings(run_with_model):
     run, model, cfg = run_with_model
     path = _save(run, 7, model, cfg=cfg)

@@ -222,3 +222,70 @@ def test_cli_prints_one_line_and_exits_2(tmp_path, root, capsys):
     assert main([str(root / "recipes/llama/tiny.yaml"), "train.lr=-1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: train.lr=-1") and len(err.strip().splitlines()) == 1
+
+
+def test_cooldown_branch_continues_its_stable_trunk_exactly(tiny_cfg, rows, monkeypatch):
+    """WSD cooldown branches: a constant-lr trunk to step 8 with a checkpoint at step 4
+    (train.ckpt_steps, spared by keep_last=1), and a branch from that checkpoint decaying over 2
+    steps, interrupted at step 5 and resumed, repeat exactly one uninterrupted run with the branch's
+    schedule: same losses, lrs, grad norms, tokens and final weights (dropout and accumulation on)."""
+    common = ("model.dropout=0.1", "train.grad_accum=2", "train.ckpt_every=100", "train.keep_last=1",
+              "train.eval_context_multipliers=[1]")
+    cooldown = ("train.schedule=wsd", "train.max_steps=6", "train.decay_steps=2", "train.decay_shape=sqrt")
+    full = train(tiny_cfg(*common, *cooldown, "train.run_name=full"))
+    trunk = train(tiny_cfg(*common, "train.schedule=constant", "train.ckpt_steps=[4]", "train.run_name=trunk"))
+    assert trunk["role"] == "stable" and full["role"] == "full" and full["branch_from"] is None
+    assert [c.name for c in ckpt.checkpoints(trunk["run_dir"])] == ["step_00000004", "step_00000008"]
+    source = Path(trunk["run_dir"]) / "checkpoints" / "step_00000004"
+    branch_cfg = (*common, *cooldown, f"train.branch_from={source}", "train.run_name=branch")
+    with monkeypatch.context() as m:
+        _signal_after(m, 5)
+        part = train(tiny_cfg(*branch_cfg))
+    assert part["status"] == "interrupted" and part["step"] == 5
+    branch = train(tiny_cfg(*branch_cfg, "train.resume=auto"))
+    assert branch["status"] == "completed" and branch["step"] == 6
+    a, b = rows(full["run_dir"]), rows(branch["run_dir"])
+    assert [r["step"] for r in b] == list(range(1, 7))  # the trunk's rows up to step 4, then the branch's
+    for x, y in zip(a, b):
+        assert (x["loss"], x["grad_norm"], x["lr"], x["tokens"]) == (y["loss"], y["grad_norm"], y["lr"], y["tokens"])
+    assert b[-1]["lr"] < b[-2]["lr"] == b[-3]["lr"]  # decaying after the branch step
+    full_w = load_file(ckpt.latest(full["run_dir"]) / ckpt.WEIGHTS)
+    branch_w = load_file(ckpt.latest(branch["run_dir"]) / ckpt.WEIGHTS)
+    assert all(torch.equal(full_w[k], branch_w[k]) for k in full_w)
+    assert branch["final_val_loss"] == full["final_val_loss"]
+    assert [v["step"] for v in rows(branch["run_dir"], "val")] == [4, 6]  # not the trunk's end-of-run rows
+    # D counts the trunk's tokens: the branch stands for a 6-step run
+    assert branch["tokens"] == full["tokens"] == 6 * 2 * 4 * 32
+    assert (branch["role"], branch["branch_from"], branch["branch_step"]) == ("cooldown", str(source), 4)
+    env = json.loads((Path(branch["run_dir"]) / "env.json").read_text())
+    assert (env["branch_from"], env["branch_step"]) == (str(source), 4)
+    assert [c.name for c in ckpt.checkpoints(trunk["run_dir"])][0] == "step_00000004"  # the trunk is untouched
+
+
+def test_branch_refusals_and_warnings(tiny_cfg, capsys):
+    from archlab.train.loop import resolve_run
+
+    common = ("train.max_steps=4", "train.ckpt_every=100", "train.eval_context_multipliers=[1]")
+    trunk = train(tiny_cfg(*common, "train.schedule=constant", "train.run_name=trunk"))
+    source = ckpt.latest(trunk["run_dir"])
+    ok = ("train.schedule=wsd", "train.max_steps=6", "train.decay_steps=2", f"train.branch_from={source}")
+    run, found, notes = resolve_run(tiny_cfg(*ok, "train.run_name=b"))
+    assert (run.name, found, notes) == ("b", source, [])
+    with pytest.raises(RecipeError, match=r"model recipe differs from this run's \(model.n_layers: checkpoint 2, "
+                                          r"branch 1\)"):
+        train(tiny_cfg(*ok, "model.n_layers=1", "train.run_name=b"))
+    with pytest.raises(RecipeError, match="train.resume=.* contradicts train.branch_from"):
+        tiny_cfg(*ok, f"train.resume={source}")
+    with pytest.raises(RecipeError, match="resume=auto needs train.run_name"):
+        resolve_run(tiny_cfg(*ok, "train.resume=auto", "train.run_name=null"))
+    with pytest.raises(ckpt.CheckpointError, match="train.branch_from=.*not a checkpoint folder of an archlab run"):
+        resolve_run(tiny_cfg(*ok[:3], f"train.branch_from={trunk['run_dir']}", "train.run_name=b"))
+    with pytest.raises(ckpt.CheckpointError, match="train.branch_from=.*step_00000002.*no such checkpoint folder"):
+        resolve_run(tiny_cfg(*ok[:3], f"train.branch_from={source.with_name('step_00000002')}", "train.run_name=b"))
+    with pytest.raises(RecipeError, match="already holds a run"):
+        resolve_run(tiny_cfg(*ok, "train.run_name=trunk"))
+    with pytest.raises(RecipeError, match="was started as a run of its own"):
+        resolve_run(tiny_cfg(*ok, "train.run_name=trunk", "train.resume=auto"))
+    _, _, notes = resolve_run(tiny_cfg(*ok, "train.run_name=b", "train.seed=1", "train.lr=1e-2"))
+    assert "train.seed: checkpoint 0, branch 1" in notes[0] and "data stream" in notes[0]
+    assert "learning rate differs from the checkpoint's run at step 0" in notes[1]

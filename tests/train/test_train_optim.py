@@ -60,6 +60,29 @@ def test_wsd_schedule():
     assert lr_at(100, t) == pytest.approx(0.0)
 
 
+def test_wsd_decay_steps_and_shapes_make_cooldown_branches():
+    """A cooldown branch at step 40 of a constant-lr trunk, decaying over 10 steps, is a wsd schedule
+    with max_steps=50 and decay_steps=10: equal to the trunk's lr before 40 (warmup included), then
+    linear or 1 - sqrt down to lr * min_lr_ratio at step 50. decay_steps overrides decay_fraction."""
+    trunk = _train_cfg(lr=1.0, warmup_steps=5, max_steps=100, schedule="constant")
+    lrs = {}
+    for shape in ("linear", "sqrt"):
+        branch = _train_cfg(lr=1.0, min_lr_ratio=0.1, warmup_steps=5, max_steps=50, schedule="wsd",
+                            decay_steps=10, decay_fraction=0.5, decay_shape=shape)
+        assert [lr_at(s, branch) for s in range(41)] == [lr_at(s, trunk) for s in range(41)]
+        lrs[shape] = [lr_at(s, branch) for s in range(40, 51)]
+        assert all(a > b for a, b in zip(lrs[shape], lrs[shape][1:]))  # strictly decreasing
+        assert lrs[shape][-1] == pytest.approx(0.1)
+    assert lrs["linear"][5] == pytest.approx(1.0 - 0.9 * 0.5)
+    assert lrs["sqrt"][5] == pytest.approx(1.0 - 0.9 * math.sqrt(0.5))
+    assert lrs["sqrt"][1] == pytest.approx(1.0 - 0.9 * math.sqrt(0.1))  # (1 - sqrt): the fast drop comes first
+    assert all(s <= lin for s, lin in zip(lrs["sqrt"], lrs["linear"]))
+    # without decay_steps, decay_fraction of max_steps as before
+    t = _train_cfg(lr=1.0, min_lr_ratio=0.0, warmup_steps=0, max_steps=50, schedule="wsd", decay_fraction=0.2,
+                   decay_shape="sqrt")
+    assert lr_at(39, t) == 1.0 and lr_at(45, t) == pytest.approx(1.0 - math.sqrt(0.5))
+
+
 def test_constant_schedule_and_no_warmup():
     t = _train_cfg(lr=0.5, warmup_steps=0, max_steps=10, schedule="constant")
     assert [lr_at(s, t) for s in range(10)] == [0.5] * 10
