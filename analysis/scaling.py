@@ -1,38 +1,99 @@
-"""Loss against training compute: fitted scaling curves per family, from run folders.
+'''Scaling laws from run folders: L(C) per family, the parametric L(N, D), IsoFLOP profiles,
+the compute-optimal allocation and three estimates of its exponent, with seed noise.
 
-    python -m analysis.scaling runs/sweep-demo --out docs/scaling
+    python -m analysis.scaling runs/sweep-demo --out docs/scaling [--n-kind non_embedding|total|active]
 
-For each family (the recipe's ``family``: dense, llama, mixtral, ...) the finished runs give one
-point each: C = training FLOPs (tokens seen x the run's training FLOPs per token) and L = final
-validation loss (nats/token). Per family we fit
+Each finished run is a point: N = its parameters (``--n-kind``, from the recipe via
+``archlab.costs.param_counts``), D = tokens seen, C = training FLOPs (D x the run's training
+FLOPs per token, archlab's cost model) and L = final validation loss (nats/token). Runs that are
+the same point (recipe and overrides equal but for ``train.seed`` and bookkeeping such as the run
+name, and the same tokens) are seeds of one point: the fits use their mean loss, the plots show
+their spread as error bars, and the report states the noise floor (pooled std of the seed groups).
+A run that failed, did not finish or diverged, and a WSD stable trunk (summary.json ``role``
+"stable": its cooldown branches are the points), is reported and left out. Per family:
 
-    L(C) = E + A * C^(-alpha)
+- L(C) = E + A * C^(-alpha), Huber loss on log L from a grid of starts, 95% bootstrap intervals
+  (over points; with fewer than six points over residuals, since resampled point sets then
+  almost always repeat the original). Fewer than four points: "under-determined".
+- Approach 3: L(N, D) = E + A / N^alpha + B / D^beta (Hoffmann et al. 2022: log-sum-exp form,
+  Huber delta 1e-3 on log L, L-BFGS-B from the 4,500-point grid), bootstrap intervals; the
+  compute-optimal N_opt(C) = G (C/k)^a, D_opt = G^-1 (C/k)^b, a = beta/(alpha+beta),
+  b = alpha/(alpha+beta), G = (alpha A / (beta B))^(1/(alpha+beta)) and D/N at a reference
+  compute, for C = k N D with k = the family's measured training FLOPs per token per parameter
+  (median over its runs; archlab counts matmul FLOPs, so attention and the LM head make k
+  differ from 6), and for k = 6 beside it.
+- Approach 2: IsoFLOP profiles. Points group by compute budget (the sweep's FLOPs budget from
+  its manifest, else training FLOPs within ``--budget-tolerance``, 10%); per budget with >= 3
+  sizes a parabola of L in ln N and its minimum N*; N*(C) ∝ C^a through the bracketed minima.
+- Approach 1: the lowest-loss-per-FLOP envelope of the validation curves; N of the run on it
+  against C gives a. The three estimates of a are tabled side by side.
 
-by robust least squares on log L (Huber loss, Chinchilla approach 3 style), from a grid of
-starting points, with 95% bootstrap confidence intervals (resampling the points; with fewer than
-six points, resampling the residuals instead, since resampled point sets then almost always
-repeat the original). Three parameters need at least four points; a family with fewer is
-reported as under-determined and not fitted.
-A run that failed, did not finish or diverged is reported and left out of the fits.
+Degenerate inputs (one model size, one budget, too few points, NaN losses) give a status string
+in every result and table, never a traceback.
 
-Outputs (``--out DIR``): loss_vs_flops.png (log-log, points + fits + frontier), loss_vs_tokens.png
-(validation curves), dense_vs_moe.png (equal FLOPs and equal active parameters), fits.json, and
-the fitted table printed as markdown (also saved as fits.md).
-"""
+Outputs (``--out DIR``): loss_vs_flops.png, loss_vs_tokens.png, dense_vs_moe.png, isoflop.png
+(loss against N per budget with parabolas and minima; N* against C), loss_nd.png (loss against D
+per N with the fitted L(N, D)), fits.json (every number) and fits.md (the tables, also printed).
+
+Python API (numerics in :mod:`analysis.scaling_fits`, figures in :mod:`analysis.scaling_plots`,
+all importable from here):
+
+- ``fit_power_law(C, L, ...) -> PowerLawFit``: L(C) = E + A C^-alpha.
+- ``fit_loss_nd(N, D, L, ...) -> NDFit``: approach 3; ``NDFit.predict(N, D)``.
+- ``compute_optimal(nd_fit, C, k=6.0) -> ComputeOptimal``: N_opt, D_opt, D/N, L_opt, a, b, G.
+- ``isoflop_profiles(N, C, L, ...) -> IsoFLOPResult``: approach 2 (``fit_isoflop_profile`` for
+  one budget, ``group_budgets`` for the grouping, ``fit_log_log`` for N*(C)).
+- ``envelope_exponent(curves, sizes, ...) -> EnvelopeExponent``: approach 1 (``envelope``,
+  ``pareto_frontier``).
+- ``pooled_std(groups) -> NoiseFloor``: the seed noise floor.
+- ``collect(runs)``, ``average_seeds(points, curves)``, ``study_family(...) -> FamilyStudy``,
+  ``analyse(inputs, out, ...)``: from run folders to every result above (``main`` is the CLI).
+'''
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
+from omegaconf import OmegaConf
 from scipy.optimize import least_squares, nnls
 
-from analysis.runs import RunError, expand_inputs, pyplot, save_figure, style_axes, write_json_atomic, write_text_atomic
+from analysis.runs import SWEEP_MANIFEST, RunError, expand_inputs, write_json_atomic, write_text_atomic
+from analysis.scaling_fits import (  # noqa: F401  (re-exported: the API of analysis.scaling)
+    OK,
+    ComputeOptimal,
+    EnvelopeExponent,
+    IsoFLOPProfile,
+    IsoFLOPResult,
+    LogLogFit,
+    NDFit,
+    NoiseFloor,
+    compute_optimal,
+    envelope,
+    envelope_exponent,
+    fit_isoflop_profile,
+    fit_log_log,
+    fit_loss_nd,
+    group_budgets,
+    isoflop_profiles,
+    json_safe,
+    pareto_frontier,
+    pooled_std,
+)
+from analysis.scaling_plots import (
+    plot_dense_vs_moe,
+    plot_isoflop,
+    plot_loss_nd,
+    plot_loss_vs_flops,
+    plot_loss_vs_tokens,
+)
 
 MIN_POINTS = 4  # 3 parameters (E, A, alpha) + at least one degree of freedom
 RANGE_SLACK = 1.05  # dense-vs-MoE comparisons reach 5% beyond a dense family's range
@@ -238,38 +299,86 @@ def _bootstrap(fit: PowerLawFit, theta: np.ndarray, x: np.ndarray, L: np.ndarray
             fit.ci[name] = [float(np.percentile(s[:, j], 2.5)), float(np.percentile(s[:, j], 97.5))]
 
 
-def pareto_frontier(C: Sequence[float], L: Sequence[float]) -> np.ndarray:
-    """Indices of the compute-optimal points: no other point reaches a lower loss with at most
-    the same compute. Returned in increasing C."""
-    C = np.asarray(C, dtype=float)
-    L = np.asarray(L, dtype=float)
-    order = np.lexsort((L, C))
-    keep, best = [], math.inf
-    for i in order:
-        if L[i] < best:
-            keep.append(i)
-            best = L[i]
-    return np.asarray(keep, dtype=int)
-
-
 # --------------------------------------------------------------------------------------------
 # points from runs
 # --------------------------------------------------------------------------------------------
 
+N_KINDS = {  # --n-kind -> what N counts (archlab.costs.param_counts)
+    "non_embedding": "non-embedding parameters",  # Kaplan's N; all experts of an MoE; an untied LM head counts
+    "total": "total parameters",  # embeddings included
+    "active": "active non-embedding parameters",  # what one token uses: MoE's K routed + shared experts
+}
+# recipe keys ignored when recognising the seeds of one point: the seed itself, and keys that
+# name, place or log a run without changing what it learns
+SEED_KEYS = ("train.seed",)
+BOOKKEEPING_KEYS = ("name", "description", "extra", "train.run_name", "train.out_dir", "train.resume",
+                    "train.log_every", "train.ckpt_every", "train.keep_last", "train.tensorboard",
+                    "train.routing_every", "train.peak_flops", "train.compile", "data.cache_dir",
+                    "train.branch_from", "train.ckpt_steps")  # a cooldown branch's trunk folder and its checkpoints
+
 
 @dataclass
 class Point:
-    """One finished run as a point of its family's scaling curve."""
+    """One finished run (or the mean of a seed group) as a point of its family's scaling curves."""
 
-    run: str
+    run: str  # the run (a seed group: its first run by seed)
     family: str
     is_moe: bool
     flops: float  # training FLOPs spent: tokens seen x training FLOPs per token
-    loss: float  # final validation loss (nats/token) at the training context length
+    loss: float  # final validation loss (nats/token) at the training context length; a seed group's mean
     tokens: float
     params_total: int
     params_active: int
     flops_per_token: float
+    params: dict = field(default_factory=dict)  # every count of archlab.costs.param_counts
+    seed: Optional[int] = None  # train.seed
+    group: str = ""  # seed-group key: the recipe without SEED_KEYS and BOOKKEEPING_KEYS, and the tokens
+    budget: Optional[float] = None  # the sweep's FLOPs budget of this point (its manifest), if any
+    n_seeds: int = 1
+    loss_std: float = 0.0  # std of the loss over the seeds (ddof 1; 0 for one seed)
+    seed_runs: list = field(default_factory=list)
+    seed_losses: list = field(default_factory=list)
+
+
+def n_params(p: Point, kind: str) -> float:
+    """The N of a point: non_embedding | total | active (non-embedding parameters one token uses)."""
+    if kind not in N_KINDS:
+        raise ValueError(f"n_kind {kind!r}: valid are {', '.join(N_KINDS)}")
+    c = p.params
+    return float({"non_embedding": c["non_embedding"], "total": c["total"],
+                  "active": c["active"] - c["embedding"]}[kind])
+
+
+def seed_key(recipe, tokens: Optional[float]) -> str:
+    """Runs with equal keys are seeds of one point: same resolved recipe but for ``SEED_KEYS`` and
+    ``BOOKKEEPING_KEYS``, and the same tokens seen."""
+    try:
+        d = OmegaConf.to_container(recipe, resolve=True)
+    except Exception:  # an interpolation that does not resolve outside its run: compare it unresolved
+        d = OmegaConf.to_container(recipe, resolve=False)
+    for key in SEED_KEYS + BOOKKEEPING_KEYS:
+        *path, last = key.split(".")
+        node = d
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    blob = json.dumps([d, None if tokens is None else round(tokens)], sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def _sweep_budgets(folder: Path, cache: dict) -> dict[str, float]:
+    """run name -> FLOPs budget from the sweep manifest in ``folder`` (empty if none or unreadable)."""
+    if folder not in cache:
+        cache[folder] = {}
+        try:
+            manifest = json.loads((folder / SWEEP_MANIFEST).read_text())
+            for p in manifest.get("points", []):
+                if p.get("budget_kind") == "flops" and p.get("budget"):
+                    cache[folder][str(p["name"])] = float(p["budget"])
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass
+    return cache[folder]
 
 
 def collect(runs) -> tuple[list[Point], list[dict], dict[str, list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]]]:
@@ -277,15 +386,25 @@ def collect(runs) -> tuple[list[Point], list[dict], dict[str, list[tuple[str, np
 
     Curves: family -> [(run, tokens_T, flops_T, loss_T)] from each usable run's validation rows.
     """
-    points, excluded, curves = [], [], {}
+    points, excluded, curves, manifests = [], [], {}, {}
     for r in runs:
         if r.status != "finished":
             excluded.append({"run": str(r.path), "status": r.status, "reason": r.reason})
             continue
+        if (r.summary or {}).get("role") == "stable":
+            excluded.append({"run": str(r.path), "status": "not-a-scaling-point",
+                             "reason": "a WSD stable trunk (constant lr to the end): its cooldown branches are the "
+                                       "scaling points"})
+            continue
         tokens = r.tokens_seen
+        seed = r.recipe.train.get("seed")
         points.append(Point(run=r.name, family=r.family, is_moe=r.is_moe, flops=r.training_flops(tokens),
                             loss=float(r.final_val_loss), tokens=tokens, params_total=r.params["total"],
-                            params_active=r.params["active"], flops_per_token=r.flops_per_token))
+                            params_active=r.params["active"], flops_per_token=r.flops_per_token,
+                            params=dict(r.params), seed=None if seed is None else int(seed),
+                            group=seed_key(r.recipe, tokens),
+                            budget=_sweep_budgets(r.path.parent, manifests).get(r.name),
+                            seed_runs=[r.name], seed_losses=[float(r.final_val_loss)]))
         rows = [v for v in r.val_rows if v.get("tokens") and math.isfinite(v["loss"])]
         if rows:
             t = np.array([v["tokens"] for v in rows], dtype=float)
@@ -294,21 +413,42 @@ def collect(runs) -> tuple[list[Point], list[dict], dict[str, list[tuple[str, np
     return points, excluded, curves
 
 
-def envelope(curves: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]],
-             n: int = 60) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Compute-optimal frontier of a family: at each compute C, the lowest validation loss any
-    run reached with at most C FLOPs (Kaplan's envelope). Returns (C grid, loss, run at each C)."""
-    all_c = np.concatenate([c for _, _, c, _ in curves])
-    grid = np.logspace(np.log10(all_c.min()), np.log10(all_c.max()), n)
-    best = np.full(n, np.inf)
-    who = [""] * n
-    for name, _, c, loss in curves:
-        for j, g in enumerate(grid):
-            reached = loss[c <= g * (1 + 1e-9)]
-            if len(reached) and reached.min() < best[j]:
-                best[j], who[j] = reached.min(), name
-    ok = np.isfinite(best)
-    return grid[ok], best[ok], [w for w, k in zip(who, ok) if k]
+def _mean_curve(cs: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]], name: str):
+    """Seeds' validation curves averaged on the first one's tokens (interpolated in ln tokens where
+    the evaluation steps differ; tokens beyond a seed's curve keep the others' mean)."""
+    _, t, c, _ = cs[0]
+    stack = []
+    for _, ti, _, li in cs:
+        if len(ti) == len(t) and np.allclose(ti, t):
+            stack.append(li)
+        else:
+            y = np.interp(np.log(t), np.log(ti), li)
+            stack.append(np.where((t >= ti.min()) & (t <= ti.max()), y, np.nan))
+    with np.errstate(invalid="ignore"):
+        loss = np.nanmean(np.asarray(stack), axis=0)
+    return name, t, c, loss
+
+
+def average_seeds(points: list[Point], curves: dict) -> tuple[list[Point], dict, dict[str, list[list[float]]]]:
+    """(one point per seed group with the mean loss, the seed-averaged curves, family -> the seed
+    groups' losses for :func:`pooled_std`). A group is named after its first run by seed."""
+    groups: dict[tuple[str, str], list[Point]] = {}
+    for p in points:
+        groups.setdefault((p.family, p.group or p.run), []).append(p)
+    by_run = {c[0]: c for cs in curves.values() for c in cs}
+    out, out_curves, losses = [], {}, {}
+    for (fam, _), ps in groups.items():
+        ps = sorted(ps, key=lambda p: (p.seed is None, p.seed if p.seed is not None else 0, p.run))
+        L = np.array([p.loss for p in ps])
+        first = ps[0]
+        out.append(replace(first, loss=float(L.mean()), loss_std=float(L.std(ddof=1)) if len(L) > 1 else 0.0,
+                           n_seeds=len(ps), seed_runs=[p.run for p in ps], seed_losses=L.tolist(),
+                           tokens=float(np.mean([p.tokens for p in ps])), flops=float(np.mean([p.flops for p in ps]))))
+        losses.setdefault(fam, []).append(L.tolist())
+        cs = [by_run[p.run] for p in ps if p.run in by_run]
+        if cs:
+            out_curves.setdefault(fam, []).append(_mean_curve(cs, first.run))
+    return out, out_curves, losses
 
 
 def fit_families(points: list[Point], n_boot: int, huber_delta: float, seed: int) -> dict[str, PowerLawFit]:
@@ -349,6 +489,85 @@ def compare_dense_moe(points: list[Point], fits: dict[str, PowerLawFit]) -> list
 
 
 # --------------------------------------------------------------------------------------------
+# L(N, D), IsoFLOP, envelope: the compute-optimal study of one family
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FamilyStudy:
+    """Approaches 1-3 for one family's (seed-averaged) points, with N of kind ``n_kind``."""
+
+    family: str
+    n_kind: str
+    runs: list
+    N: list
+    D: list
+    C: list
+    L: list
+    L_err: list  # std over seeds (0 for a single seed)
+    n_seeds: list
+    k: Optional[float]  # training FLOPs per token per parameter: median over the runs
+    k_range: Optional[list]
+    C_ref: Optional[float]  # reference compute of the optimum (FLOPs)
+    nd: NDFit
+    optimum: ComputeOptimal  # C = k N D, k measured
+    optimum_6nd: ComputeOptimal  # C = 6 N D
+    iso: IsoFLOPResult
+    env: EnvelopeExponent
+    noise: NoiseFloor
+
+    def to_json(self) -> dict:
+        out = {k: getattr(self, k) for k in ("family", "n_kind", "runs", "N", "D", "C", "L", "L_err", "n_seeds", "k",
+                                             "k_range", "C_ref")}
+        out.update(loss_nd=self.nd.to_json(), compute_optimal=self.optimum.to_json(),
+                   compute_optimal_6nd=self.optimum_6nd.to_json(), isoflop=self.iso.to_json(),
+                   envelope=self.env.to_json(), noise=self.noise.to_json())
+        return json_safe(out)
+
+    def exponents(self) -> dict:
+        """The three estimates of a in N_opt ∝ C^a: value, 95% interval, status, message."""
+        pl = self.iso.power_law
+        return {
+            "approach_1_envelope": {"a": self.env.slope, "ci": self.env.ci.get("slope"), "status": self.env.status,
+                                    "message": self.env.message, "n": self.env.n_sizes},
+            "approach_2_isoflop": {"a": pl.slope if pl else None, "ci": pl.ci.get("slope") if pl else None,
+                                   "status": self.iso.status, "message": self.iso.message,
+                                   "n": pl.n_points if pl else 0},
+            "approach_3_loss_nd": {"a": self.nd.a_opt, "ci": self.nd.ci.get("a_opt"), "status": self.nd.status,
+                                   "message": self.nd.message, "n": self.nd.n_points},
+        }
+
+
+def study_family(points: list[Point], curves: list, noise: NoiseFloor, *, n_kind: str = "non_embedding",
+                 n_boot: int = 200, huber_delta: float = 1e-3, seed: int = 0, budget_tolerance: float = 0.1,
+                 ref_flops: Optional[float] = None) -> FamilyStudy:
+    """Approaches 1-3 on one family's seed-averaged points and curves (see the module docstring)."""
+    ps = sorted(points, key=lambda p: (n_params(p, n_kind), p.tokens))
+    N = np.array([n_params(p, n_kind) for p in ps])
+    D = np.array([p.tokens for p in ps])
+    C = np.array([p.flops for p in ps])
+    L = np.array([p.loss for p in ps])
+    ks = np.array([p.flops_per_token / n for p, n in zip(ps, N) if n > 0])
+    k = float(np.median(ks)) if len(ks) else None
+    C_ref = float(ref_flops) if ref_flops else (float(C.max()) if len(C) else None)
+    tags = [p.budget for p in ps]
+    nd = fit_loss_nd(N, D, L, huber_delta=huber_delta, n_boot=n_boot, seed=seed, C=C, budget_tolerance=budget_tolerance,
+                     budget_tags=tags)
+    opt = compute_optimal(nd, C_ref, k) if k else ComputeOptimal(status=nd.status, message="no parameter count")
+    sem = [noise.std / math.sqrt(p.n_seeds) for p in ps] if noise.status == OK else None
+    iso = isoflop_profiles(N, C, L, tolerance=budget_tolerance, tags=tags,
+                           L_err=[p.loss_std for p in ps], point_sem=sem, n_boot=n_boot, seed=seed)
+    sizes = {p.run: n for p, n in zip(ps, N)}
+    env = envelope_exponent([c for c in curves if c[0] in sizes], sizes, n_boot=n_boot, seed=seed)
+    return FamilyStudy(family=ps[0].family if ps else "", n_kind=n_kind, runs=[p.run for p in ps], N=N.tolist(),
+                       D=D.tolist(), C=C.tolist(), L=L.tolist(), L_err=[p.loss_std for p in ps],
+                       n_seeds=[p.n_seeds for p in ps], k=k,
+                       k_range=[float(ks.min()), float(ks.max())] if len(ks) else None, C_ref=C_ref, nd=nd,
+                       optimum=opt, optimum_6nd=compute_optimal(nd, C_ref, 6.0) if C_ref else opt, iso=iso,
+                       env=env, noise=noise)
+
+
+# --------------------------------------------------------------------------------------------
 # tables
 # --------------------------------------------------------------------------------------------
 
@@ -375,11 +594,111 @@ def fits_table(fits: dict[str, PowerLawFit]) -> str:
 
 
 def points_table(points: list[Point]) -> str:
-    lines = ["| run | family | params (total / active) | tokens | training FLOPs | final val loss |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| run | family | params (total / active) | tokens | training FLOPs | final val loss | seeds |",
+             "|---|---|---|---|---|---|---|"]
     for p in sorted(points, key=lambda p: (p.family, p.flops)):
+        seeds = f"{p.n_seeds} (std {p.loss_std:.4f}: {', '.join(p.seed_runs)})" if p.n_seeds > 1 else "1"
         lines.append(f"| {p.run} | {p.family} | {p.params_total:,} / {p.params_active:,} | {p.tokens:.3g} | "
-                     f"{p.flops:.3g} | {p.loss:.4f} |")
+                     f"{p.flops:.3g} | {p.loss:.4f} | {seeds} |")
+    return "\n".join(lines)
+
+
+def _v(value, ci=None, fmt: str = ".3f") -> str:
+    """'1.700 [1.650, 1.750]'; '-' for no value; an unbounded side of an interval reads inf."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+
+    def f(x):
+        return "inf" if x is None or not math.isfinite(x) else format(x, fmt)
+
+    return format(value, fmt) + (f" [{f(ci[0])}, {f(ci[1])}]" if ci else "")
+
+
+def _status(obj) -> str:
+    return obj.status if obj.status != OK or not obj.message else f"{obj.status} ({obj.message})"
+
+
+def nd_table(studies: dict[str, FamilyStudy]) -> str:
+    """Approach 3 parameters with 95% bootstrap intervals."""
+    lines = ["| family | points (sizes x token counts) | E (nats) | A | alpha | B | beta | rms log residual "
+             "| status |", "|---|---|---|---|---|---|---|---|---|"]
+    for fam, st in studies.items():
+        f = st.nd
+        pts = f"{f.n_points} ({f.n_sizes} x {f.n_token_counts})"
+        if f.status != OK:
+            lines.append(f"| {fam} | {pts} | - | - | - | - | - | - | {f.status}: {f.message} |")
+            continue
+        ci = f.ci
+        lines.append(f"| {fam} | {pts} | {_v(f.E, ci.get('E'))} | {_v(f.A, ci.get('A'), '.4g')} | "
+                     f"{_v(f.alpha, ci.get('alpha'))} | {_v(f.B, ci.get('B'), '.4g')} | {_v(f.beta, ci.get('beta'))} | "
+                     f"{f.rms_log_residual:.4f} | ok ({f.n_boot} bootstrap fits over {f.ci_method or '-'}"
+                     f"{'; ' + f.message if f.message else ''}) |")
+    return "\n".join(lines)
+
+
+def optimum_table(studies: dict[str, FamilyStudy]) -> str:
+    """Compute-optimal N, D and D/N at the reference compute, for the measured k and for k = 6."""
+    lines = ["| family | C = k N D with k | C_ref (FLOPs) | N_opt | D_opt (tokens) | D_opt / N_opt | L_opt (nats) "
+             "| G | status |", "|---|---|---|---|---|---|---|---|---|"]
+    for fam, st in studies.items():
+        for opt, how in ((st.optimum, "measured"), (st.optimum_6nd, "Chinchilla")):
+            if opt.k is None:
+                lines.append(f"| {fam} | - | - | - | - | - | - | - | {_status(opt)} |")
+                continue
+            kdesc = (f"{opt.k:.3g} ({how}: median over runs, range {st.k_range[0]:.3g}-{st.k_range[1]:.3g})"
+                     if how == "measured" and st.k_range else f"{opt.k:.3g} ({how})")
+            if opt.status != OK:
+                lines.append(f"| {fam} | {kdesc} | {opt.C:.3g} | - | - | - | - | - | {opt.status} |")
+                continue
+            ci = opt.ci
+            lines.append(f"| {fam} | {kdesc} | {opt.C:.3g} | {_v(opt.N_opt, ci.get('N_opt'), '.3g')} | "
+                         f"{_v(opt.D_opt, ci.get('D_opt'), '.3g')} | "
+                         f"{_v(opt.tokens_per_param, ci.get('tokens_per_param'), '.3g')} | "
+                         f"{_v(opt.L_opt, ci.get('L_opt'))} | {_v(opt.G, ci.get('G'), '.3g')} | {_status(opt)} |")
+    return "\n".join(lines)
+
+
+def isoflop_table(studies: dict[str, FamilyStudy]) -> str:
+    lines = ["| family | budget C (FLOPs) | points | sizes | N* [95% CI] | L* (nats) | interval from | status |",
+             "|---|---|---|---|---|---|---|---|"]
+    for fam, st in studies.items():
+        if not st.iso.profiles:
+            lines.append(f"| {fam} | - | 0 | 0 | - | - | - | {_status(st.iso)} |")
+        for p in st.iso.profiles:
+            lines.append(f"| {fam} | {p.budget:.3g} | {p.n_points} | {p.n_sizes} | "
+                         f"{_v(p.N_opt, p.ci.get('N_opt'), '.3g')} | {_v(p.L_opt, None, '.4f')} | "
+                         f"{p.ci_method or '-'} | {_status(p)} |")
+    return "\n".join(lines)
+
+
+def exponent_table(studies: dict[str, FamilyStudy]) -> str:
+    """The three estimates of a in N_opt ∝ C^a side by side (b = 1 - a for D_opt when C ∝ N D)."""
+    lines = ["| family | N | approach 1: envelope | approach 2: IsoFLOP minima | approach 3: L(N, D) fit |",
+             "|---|---|---|---|---|"]
+
+    def cell(e: dict) -> str:
+        if e["status"] != OK or e["a"] is None:
+            return f"{e['status']}: {e['message']}" if e["message"] else e["status"]
+        return f"{_v(e['a'], e['ci'])} (b = {1 - e['a']:.3f})"
+
+    for fam, st in studies.items():
+        ex = st.exponents()
+        lines.append(f"| {fam} | {N_KINDS[st.n_kind]} | {cell(ex['approach_1_envelope'])} | "
+                     f"{cell(ex['approach_2_isoflop'])} | {cell(ex['approach_3_loss_nd'])} |")
+    lines += ["", "Approach 1: N of the run on the lowest-loss-per-FLOP envelope of the validation curves against C "
+              "(envelope points won by the smallest or largest size left out; interval: bootstrap over runs). "
+              "Approach 2: N*(C) through the bracketed IsoFLOP minima (interval: the minima's bootstrap draws). "
+              "Approach 3: beta / (alpha + beta) of the L(N, D) fit. b = 1 - a is the exponent of D_opt when "
+              "C = k N D with k constant."]
+    return "\n".join(lines)
+
+
+def noise_table(noise: dict[str, NoiseFloor], overall: NoiseFloor) -> str:
+    lines = ["| family | seed groups (>= 2 seeds) | runs | noise floor: pooled std (nats) | dof |",
+             "|---|---|---|---|---|"]
+    for fam, nf in [*noise.items(), ("all families", overall)]:
+        std = f"{nf.std:.4f}" if nf.std is not None else f"- ({nf.status})"
+        lines.append(f"| {fam} | {nf.n_groups} | {nf.n_runs} | {std} | {nf.dof} |")
     return "\n".join(lines)
 
 
@@ -402,142 +721,32 @@ def comparison_table(rows: list[dict]) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# plots
-# --------------------------------------------------------------------------------------------
-
-
-def _plain_log_y(ax) -> None:
-    """Log-scaled y axis labelled with plain numbers (6.8, 7.0...) instead of 7x10^0."""
-    from matplotlib.ticker import LogLocator, ScalarFormatter
-
-    ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=np.arange(1, 10) / 10 * 10, numticks=12))
-    for fmt in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-        f = ScalarFormatter()
-        f.set_scientific(False)
-        fmt(f)
-
-
-def _colors(families: list[str]) -> dict[str, str]:
-    return {f: f"C{i % 10}" for i, f in enumerate(sorted(families))}
-
-
-def _marker(is_moe: bool) -> str:
-    return "s" if is_moe else "o"
-
-
-def plot_loss_vs_flops(points, fits, curves, path: Path) -> Path:
-    """Left: final loss against training FLOPs with the fitted L(C) and its 95% band.
-    Right: validation curves against FLOPs and each family's compute-optimal frontier."""
-    plt = pyplot()
-    fams = sorted({p.family for p in points} | set(curves))
-    col = _colors(fams)
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
-    for fam in fams:
-        ps = sorted((p for p in points if p.family == fam), key=lambda p: p.flops)
-        if not ps:
-            continue
-        C = np.array([p.flops for p in ps])
-        L = np.array([p.loss for p in ps])
-        f = fits.get(fam)
-        label = f"{fam} runs" + (" (MoE)" if ps[0].is_moe else "")
-        ax.scatter(C, L, color=col[fam], marker=_marker(ps[0].is_moe), zorder=3, label=label)
-        if f is not None and f.status == "ok":
-            grid = np.logspace(np.log10(C.min()) - 0.15, np.log10(C.max()) + 0.15, 100)
-            ax.plot(grid, f.predict(grid), color=col[fam], lw=1.5,
-                    label=f"{fam} fit: {f.E:.2f} + A·C^-{f.alpha:.2f}")
-            band = f.band(grid)
-            if band is not None:
-                ax.fill_between(grid, band[0], band[1], color=col[fam], alpha=0.15, lw=0)
-    all_L = [p.loss for p in points]
-    ax.set_xscale("log")
-    _plain_log_y(ax)
-    ax.set_ylim(0.97 * min(all_L), 1.05 * max(all_L))  # the band may blow up when extrapolating
-    style_axes(ax, "Final validation loss vs training compute\n(lines: L(C) = E + A·C^-alpha, band: 95% bootstrap)",
-               "training compute C (FLOPs)", "validation loss (nats/token)")
-    for fam in fams:
-        for name, _, c, loss in curves.get(fam, []):
-            bx.plot(c, loss, color=col[fam], lw=0.8, alpha=0.35)
-        if curves.get(fam):
-            gc, gl, _ = envelope(curves[fam])
-            bx.plot(gc, gl, color=col[fam], lw=2.5, label=f"{fam} frontier (thin: its runs)")
-    bx.set_xscale("log")
-    _plain_log_y(bx)
-    style_axes(bx, "Compute-optimal frontier: lowest loss reached\nwithin a FLOPs budget, over each family's runs",
-               "training compute so far (FLOPs)", "validation loss (nats/token)")
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
-def plot_loss_vs_tokens(runs_by_family: dict[str, list], path: Path) -> Path:
-    """One panel per family: validation loss against tokens seen, one line per run (by size)."""
-    plt = pyplot()
-    fams = sorted(runs_by_family)
-    fig, axes = plt.subplots(1, len(fams), figsize=(5 * len(fams), 4.2), squeeze=False, sharey=True)
-    for ax, fam in zip(axes[0], fams):
-        runs = sorted(runs_by_family[fam], key=lambda r: r.params["active"])
-        cmap = plt.get_cmap("viridis")
-        for i, r in enumerate(runs):
-            rows = [v for v in r.val_rows if v.get("tokens")]
-            if not rows:
-                continue
-            color = cmap(i / max(1, len(runs) - 1) * 0.9)
-            ax.plot([v["tokens"] for v in rows], [v["loss"] for v in rows], "o-", ms=3, color=color,
-                    label=f"{r.name} ({r.params['active'] / 1e6:.2f}M active)")
-        ax.set_xscale("log")
-        style_axes(ax, f"{fam}: validation loss vs tokens", "tokens seen", "validation loss (nats/token)")
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
-def plot_dense_vs_moe(points, fits, path: Path) -> Path:
-    """Left: loss against training FLOPs (equal compute). Right: loss against active parameters
-    per token (equal active size), lines joining runs of one family with the same token count."""
-    plt = pyplot()
-    fams = sorted({p.family for p in points})
-    col = _colors(fams)
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
-    for fam in fams:
-        ps = sorted((p for p in points if p.family == fam), key=lambda p: p.flops)
-        moe = ps[0].is_moe
-        kind = "MoE" if moe else "dense"
-        ax.scatter([p.flops for p in ps], [p.loss for p in ps], color=col[fam], marker=_marker(moe), zorder=3,
-                   label=f"{fam} ({kind})")
-        f = fits.get(fam)
-        if f is not None and f.status == "ok":
-            grid = np.logspace(np.log10(ps[0].flops), np.log10(ps[-1].flops), 60)
-            ax.plot(grid, f.predict(grid), color=col[fam], ls="--" if moe else "-", lw=1.3)
-        for tokens in sorted({round(p.tokens, -3) for p in ps}):
-            same = sorted((p for p in ps if round(p.tokens, -3) == tokens), key=lambda p: p.params_active)
-            bx.plot([p.params_active for p in same], [p.loss for p in same], color=col[fam],
-                    marker=_marker(moe), ls="--" if moe else "-",
-                    label=f"{fam} ({kind}), {tokens:.3g} tokens")
-    for a in (ax, bx):
-        a.set_xscale("log")
-    style_axes(ax, "Dense vs MoE at equal training compute\n(lines: fitted L(C), dashed for MoE)",
-               "training compute C (FLOPs)", "final validation loss (nats/token)")
-    style_axes(bx, "Dense vs MoE at equal active parameters\n(MoE: K routed + shared experts + router)",
-               "active parameters per token (count, embeddings included)", "final validation loss (nats/token)")
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
-# --------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------
 
 
 def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber_delta: float = 1e-3,
-            seed: int = 0) -> dict:
-    """Read the runs, fit each family, write the plots and tables to ``out``; return the results."""
+            seed: int = 0, *, n_kind: str = "non_embedding", budget_tolerance: float = 0.1,
+            ref_flops: Optional[float] = None) -> dict:
+    """Read the runs, fit each family (L(C) and approaches 1-3), write the plots and tables to
+    ``out``; return the results (what fits.json holds, plus ``studies``: FamilyStudy per family)."""
+    if n_kind not in N_KINDS:
+        raise ValueError(f"--n-kind {n_kind!r}: valid are {', '.join(N_KINDS)}")
     runs, problems = expand_inputs(inputs)
-    points, excluded, curves = collect(runs)
+    run_points, excluded, run_curves = collect(runs)
     excluded = [{"run": p, "status": "unreadable", "reason": why} for p, why in problems] + excluded
-    if not points:
+    if not run_points:
         raise RunError("no finished run among the inputs: " +
                        "; ".join(f"{e['run']}: {e['reason']}" for e in excluded))
+    points, curves, seed_losses = average_seeds(run_points, run_curves)
+    noise = {fam: pooled_std(g) for fam, g in sorted(seed_losses.items())}
+    overall = pooled_std([g for gs in seed_losses.values() for g in gs])
     fits = fit_families(points, n_boot, huber_delta, seed)
     comparisons = compare_dense_moe(points, fits)
+    studies = {fam: study_family([p for p in points if p.family == fam], curves.get(fam, []), noise[fam],
+                                 n_kind=n_kind, n_boot=n_boot, huber_delta=huber_delta, seed=seed,
+                                 budget_tolerance=budget_tolerance, ref_flops=ref_flops)
+               for fam in sorted(fits)}
     result = {
         "model": "L(C) = E + A * C^(-alpha); C = training FLOPs, L = final validation loss (nats/token)",
         "fit": {"loss": "huber on log L", "huber_delta": huber_delta, "bootstrap_resamples": n_boot,
@@ -545,19 +754,33 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
                 "seed": seed},
         "families": {fam: {**f.to_json(), "points": [asdict(p) for p in points if p.family == fam]}
                      for fam, f in fits.items()},
+        "n_kind": {"name": n_kind, "meaning": N_KINDS[n_kind]},
+        "loss_nd_model": "L(N, D) = E + A / N^alpha + B / D^beta; N parameters (n_kind), D tokens seen; "
+                         "Huber (delta huber_delta) on log L, L-BFGS-B from the Hoffmann et al. grid; compute-optimal "
+                         "for C = k N D with k the measured training FLOPs per token per parameter (and k = 6)",
+        "scaling_nd": {fam: st.to_json() for fam, st in studies.items()},
+        "exponents": {fam: json_safe(st.exponents()) for fam, st in studies.items()},
+        "noise": {"overall": overall.to_json(), "families": {fam: nf.to_json() for fam, nf in noise.items()}},
         "excluded": excluded,
         "dense_vs_moe": comparisons,
     }
+    floor = (f"Noise floor (pooled std over {overall.n_groups} seed groups, {overall.dof} dof): "
+             f"**{overall.std:.4f} nats**." if overall.status == OK else f"Noise floor: unknown ({overall.message}).")
     text = "\n\n".join([
         "## Fitted L(C) = E + A * C^(-alpha) per family", fits_table(fits),
-        "## Points (finished runs)", points_table(points),
+        f"## Fitted L(N, D) = E + A / N^alpha + B / D^beta (approach 3; N = {N_KINDS[n_kind]})", nd_table(studies),
+        "## Compute-optimal allocation from L(N, D)", optimum_table(studies),
+        "## IsoFLOP profiles (approach 2)", isoflop_table(studies),
+        "## Exponent a of N_opt ∝ C^a: three estimates (95% intervals)", exponent_table(studies),
+        "## Seed noise", floor, noise_table(noise, overall),
+        "## Points (finished runs; seed groups at their mean)", points_table(points),
         "## Dense vs MoE", comparison_table(comparisons),
         "## Excluded runs", "\n".join(f"- {e['run']}: {e['status']} ({e['reason']})" for e in excluded) or "(none)",
     ])
     result["table_markdown"] = text
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "fits.json", result)
+        write_json_atomic(out / "fits.json", json_safe(result))
         write_text_atomic(out / "fits.md", text + "\n")
         by_family: dict[str, list] = {}
         for r in runs:
@@ -566,18 +789,33 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
         plot_loss_vs_flops(points, fits, curves, out / "loss_vs_flops.png")
         plot_loss_vs_tokens(by_family, out / "loss_vs_tokens.png")
         plot_dense_vs_moe(points, fits, out / "dense_vs_moe.png")
+        plot_isoflop(studies, N_KINDS[n_kind], out / "isoflop.png")
+        plot_loss_nd(studies, N_KINDS[n_kind], out / "loss_nd.png")
+    result["studies"] = studies
     return result
 
 
+OUTPUTS = ("loss_vs_flops.png", "loss_vs_tokens.png", "dense_vs_moe.png", "isoflop.png", "loss_nd.png", "fits.json",
+           "fits.md")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.scaling", description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 1)[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    doc = __doc__.split("\nPython API")[0]
+    ap = argparse.ArgumentParser(prog="python -m analysis.scaling", description=doc.split("\n\n")[0],
+                                 epilog=doc.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("inputs", nargs="+", help="run folders, globs (quote them), sweep folders or folders of runs")
     ap.add_argument("--out", type=Path, help="folder for the plots, fits.json and fits.md (default: print only)")
+    ap.add_argument("--n-kind", choices=list(N_KINDS), default="non_embedding",
+                    help="what N counts: " + "; ".join(f"{k} = {v}" for k, v in N_KINDS.items())
+                    + " (default non_embedding)")
     ap.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the intervals (default 200)")
     ap.add_argument("--huber-delta", type=float, default=1e-3,
                     help="Huber loss threshold on log L residuals (default 1e-3, as Chinchilla)")
+    ap.add_argument("--budget-tolerance", type=float, default=0.1,
+                    help="IsoFLOP: runs without a sweep FLOPs budget share a budget when their training FLOPs "
+                         "agree within this fraction (default 0.1)")
+    ap.add_argument("--ref-flops", type=float, default=None,
+                    help="compute (FLOPs) at which to state N_opt, D_opt and D/N (default: each family's largest run)")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     args = ap.parse_args(argv)
     try:
@@ -585,13 +823,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ValueError(f"--bootstrap {args.bootstrap}: must be >= 0")
         if not args.huber_delta > 0:
             raise ValueError(f"--huber-delta {args.huber_delta}: must be positive")
-        result = analyse(args.inputs, args.out, args.bootstrap, args.huber_delta, args.seed)
+        if not args.budget_tolerance >= 0:
+            raise ValueError(f"--budget-tolerance {args.budget_tolerance}: must be >= 0")
+        if args.ref_flops is not None and not args.ref_flops > 0:
+            raise ValueError(f"--ref-flops {args.ref_flops}: must be positive")
+        result = analyse(args.inputs, args.out, args.bootstrap, args.huber_delta, args.seed, n_kind=args.n_kind,
+                         budget_tolerance=args.budget_tolerance, ref_flops=args.ref_flops)
     except (RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(result["table_markdown"])
     if args.out is not None:
-        print(f"\nwrote {args.out}/loss_vs_flops.png, loss_vs_tokens.png, dense_vs_moe.png, fits.json, fits.md")
+        print(f"\nwrote {args.out}/" + ", ".join(OUTPUTS))
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -65,3 +66,55 @@ def _train_all(runs: Path, base: list[str]) -> dict[str, Path]:
                                                              "train.grad_clip=0", "train.run_name=diverged"]))
     out["diverged"] = runs / "diverged"
     return out
+
+
+# ------------------------------------------------------------------ fake run folders (no training)
+
+
+def write_fake_run(folder: Path, recipe: str, overrides: list[str], *, tokens: float, loss: float,
+                   curve: list[tuple[float, float]] = (), status: str = "completed",
+                   summary_extra: Optional[dict] = None) -> Path:
+    """A run folder as ``archlab.train`` leaves it, without training: the resolved recipe, run.json,
+    summary.json (final loss at the training context, tokens, status) and metrics.jsonl (a first
+    training row at loss 10, and validation rows from ``curve``: (tokens, loss) pairs, the last one
+    the final loss unless given). ``status="nonfinite"`` writes a diverged run; ``summary_extra``
+    adds keys to summary.json (e.g. ``{"role": "stable"}``)."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from archlab.config import load_recipe
+    from archlab.costs import training_flops_per_token
+
+    cfg = load_recipe(recipe, list(overrides))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "recipe.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (folder / "run.json").write_text(json.dumps({"archlab_run": 1, "name": folder.name, "created": 0.0}))
+    seq = int(cfg.train.seq_len)
+    fpt = float(training_flops_per_token(archlab_model_config(cfg), seq))
+    rows = [{"kind": "train", "step": 1, "tokens": seq, "loss": 10.0}]
+    pts = list(curve) or [(tokens, loss)]
+    if status == "completed" and pts[-1][0] != tokens:
+        pts.append((tokens, loss))
+    rows += [{"kind": "val", "step": i + 1, "tokens": t, "loss": v, "context_multiplier": 1}
+             for i, (t, v) in enumerate(pts)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"status": status, "step": len(pts), "tokens": tokens, "training_flops": fpt * tokens,
+               "final_val_loss": {str(seq): loss}}
+    if status == "nonfinite":
+        summary["message"] = "loss is nan at step 3"
+    summary.update(summary_extra or {})
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def archlab_model_config(cfg):
+    from archlab.config import model_config
+
+    return model_config(cfg)
+
+
+@pytest.fixture(scope="session")
+def fake_run():
+    """``fake_run(folder, recipe, overrides, tokens=..., loss=..., curve=..., status=...)``: see write_fake_run."""
+    return write_fake_run

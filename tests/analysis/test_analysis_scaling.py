@@ -1,4 +1,5 @@
-"""analysis.scaling: the L(C) fit on synthetic points, and the program on small real runs."""
+"""analysis.scaling: the L(C) and L(N, D) fits, IsoFLOP profiles, the envelope exponent and seed noise on
+synthetic points, and the program on small real runs and on fake run folders of a synthetic sweep."""
 
 from __future__ import annotations
 
@@ -8,7 +9,24 @@ import numpy as np
 import pytest
 
 from analysis.runs import RunError, expand_inputs, open_run
-from analysis.scaling import analyse, envelope, fit_power_law, main, pareto_frontier
+from analysis.scaling import (
+    analyse,
+    average_seeds,
+    collect,
+    compute_optimal,
+    envelope,
+    envelope_exponent,
+    fit_isoflop_profile,
+    fit_log_log,
+    fit_loss_nd,
+    fit_power_law,
+    group_budgets,
+    isoflop_profiles,
+    main,
+    n_params,
+    pareto_frontier,
+    pooled_std,
+)
 
 C_GRID = np.logspace(12, 16, 8)
 
@@ -172,3 +190,358 @@ def test_cli_prints_the_table_and_fails_clearly(analysis_runs, tmp_path, capsys)
 
 def test_run_error_is_a_value_error():
     assert issubclass(RunError, ValueError)
+
+
+# ------------------------------------------------------------------ L(N, D): Chinchilla approach 3
+
+TRUE = {"E": 1.7, "A": 400.0, "alpha": 0.34, "B": 410.0, "beta": 0.28}
+A_OPT = TRUE["beta"] / (TRUE["alpha"] + TRUE["beta"])  # 0.4516: N_opt ∝ C^a
+G_TRUE = (TRUE["alpha"] * TRUE["A"] / (TRUE["beta"] * TRUE["B"])) ** (1 / (TRUE["alpha"] + TRUE["beta"]))
+
+
+def chinchilla(N, D, E=1.7, A=400.0, alpha=0.34, B=410.0, beta=0.28):
+    return E + A * np.asarray(N, dtype=float) ** (-alpha) + B * np.asarray(D, dtype=float) ** (-beta)
+
+
+def nd_grid(n_sizes=7, n_tokens=7):
+    N, D = np.meshgrid(np.geomspace(1e5, 1e8, n_sizes), np.geomspace(1e6, 1e10, n_tokens))
+    return N.ravel(), D.ravel()
+
+
+def test_loss_nd_recovers_noiseless_parameters():
+    N, D = nd_grid()
+    f = fit_loss_nd(N, D, chinchilla(N, D), n_boot=0)
+    assert f.status == "ok" and f.n_points == 49 and f.n_sizes == 7 and f.n_token_counts == 7
+    for name, value in TRUE.items():
+        assert getattr(f, name) == pytest.approx(value, rel=1e-3), name
+    assert f.log_A == pytest.approx(np.log(400.0), rel=1e-3) and f.a_opt == pytest.approx(A_OPT, rel=1e-3)
+    np.testing.assert_allclose(f.predict(N, D), chinchilla(N, D), rtol=1e-6)
+
+
+def test_loss_nd_intervals_cover_the_truth_with_one_percent_noise():
+    N, D = nd_grid()
+    L = chinchilla(N, D) * np.exp(np.random.default_rng(3).normal(0, 0.01, len(N)))
+    f = fit_loss_nd(N, D, L, n_boot=80, seed=0)
+    assert f.status == "ok" and f.ci_method == "points" and f.n_boot >= 70
+    for name, value in {**TRUE, "a_opt": A_OPT}.items():
+        lo, hi = f.ci[name]
+        assert lo < value < hi, (name, getattr(f, name), f.ci[name])
+    # and not absurdly wide
+    assert f.ci["alpha"][1] - f.ci["alpha"][0] < 0.06 and f.ci["beta"][1] - f.ci["beta"][0] < 0.06
+    assert f.ci["E"][1] - f.ci["E"][0] < 0.5 and f.ci["a_opt"][1] - f.ci["a_opt"][0] < 0.06
+    assert f.ci["A"][1] / f.ci["A"][0] < 2.0 and f.ci["B"][1] / f.ci["B"][0] < 2.0
+
+
+def test_loss_nd_few_points_bootstrap_residuals():
+    N, D = nd_grid(3, 3)  # 9 points: resampled point sets would rarely keep 3 sizes and 3 token counts
+    L = chinchilla(N, D) * np.exp(np.random.default_rng(1).normal(0, 0.01, len(N)))
+    f = fit_loss_nd(N, D, L, n_boot=30, seed=0)
+    assert f.status == "ok" and f.ci_method == "residuals" and f.n_boot >= 25
+    lo, hi = f.ci["alpha"]
+    assert lo <= f.alpha <= hi and hi - lo > 1e-3
+
+
+def test_loss_nd_degenerate_inputs_give_a_status_not_an_exception():
+    N, D = nd_grid()
+    L = chinchilla(N, D)
+    cases = {
+        "one-model-size": (np.full(6, 1e6), np.geomspace(1e6, 1e9, 6)),
+        "one-token-count": (np.geomspace(1e5, 1e8, 6), np.full(6, 1e8)),
+        "too-few-points": (N[[0, 8, 16, 24, 32]], D[[0, 9, 16, 24, 32]]),
+        "too-few-model-sizes": (np.repeat([1e5, 1e6], 4), np.tile(np.geomspace(1e6, 1e9, 4), 2)),
+        "n-d-collinear": (np.geomspace(1e5, 1e8, 8), 1e18 / (6 * np.geomspace(1e5, 1e8, 8))),  # one budget
+    }
+    for status, (n, d) in cases.items():
+        f = fit_loss_nd(n, d, chinchilla(n, d), n_boot=5)
+        assert f.status == status and f.E is None and f.message, (status, f.status, f.message)
+        with pytest.raises(ValueError, match="no fitted L"):
+            f.predict(1e6, 1e9)
+        opt = compute_optimal(f, 1e20)
+        assert opt.status == status and opt.N_opt is None
+    f = fit_loss_nd(N, D, np.full_like(L, np.nan), n_boot=5)
+    assert f.status == "no-finite-points" and f.n_dropped == len(N)
+    L_bad = L.copy()
+    L_bad[[0, 10]] = [np.nan, np.inf]
+    f = fit_loss_nd(N, D, L_bad, n_boot=0)
+    assert f.status == "ok" and f.n_dropped == 2 and "2 non-finite" in f.message
+    assert f.alpha == pytest.approx(0.34, rel=1e-3)
+
+
+def test_compute_optimal_is_the_minimum_of_the_fit_at_fixed_compute():
+    N, D = nd_grid()
+    f = fit_loss_nd(N, D, chinchilla(N, D), n_boot=0)
+    C, k = 1e21, 6.0
+    opt = compute_optimal(f, C, k)
+    assert opt.status == "ok" and opt.a == pytest.approx(A_OPT, rel=1e-3)
+    assert opt.b == pytest.approx(1 - A_OPT, rel=1e-3)
+    assert opt.N_opt == pytest.approx(G_TRUE * (C / 6) ** A_OPT, rel=1e-2)
+    assert k * opt.N_opt * opt.D_opt == pytest.approx(C, rel=1e-9)
+    assert opt.tokens_per_param == pytest.approx(opt.D_opt / opt.N_opt)
+    grid = np.geomspace(opt.N_opt / 10, opt.N_opt * 10, 4001)  # brute force along C = k N D
+    loss = f.predict(grid, C / (k * grid))
+    assert grid[np.argmin(loss)] == pytest.approx(opt.N_opt, rel=3e-3)
+    assert opt.L_opt == pytest.approx(loss.min(), rel=1e-6)
+    # a larger k means fewer parameter-tokens for the same FLOPs: C/k is what matters
+    assert compute_optimal(f, 2 * C, 2 * k).N_opt == pytest.approx(opt.N_opt, rel=1e-9)
+
+
+# ------------------------------------------------------------------ IsoFLOP profiles: approach 2
+
+
+def isoflop_points(rng=None, budgets=np.geomspace(1e15, 1e18, 5), n_sizes=9, noise=0.01, shifts=None):
+    """Per budget, sizes spaced in log N around the true optimum (+-0.7 decades, moved by ``shifts``
+    decades per budget), D = C / (6 N)."""
+    N, C = [], []
+    for c, shift in zip(budgets, shifts if shifts is not None else np.zeros(len(budgets))):
+        for n in G_TRUE * (c / 6) ** A_OPT * np.geomspace(10 ** (shift - 0.7), 10 ** (shift + 0.7), n_sizes):
+            N.append(n)
+            C.append(c)
+    N, C = np.array(N), np.array(C)
+    L = chinchilla(N, C / (6 * N))
+    if rng is not None:
+        L = L * np.exp(rng.normal(0, noise, len(L)))
+    return N, C, L
+
+
+def test_isoflop_recovers_the_compute_optimal_exponent():
+    N, C, L = isoflop_points()
+    exact = isoflop_profiles(N, C, L, n_boot=50)
+    assert exact.status == "ok" and [p.status for p in exact.profiles] == ["ok"] * 5
+    assert exact.power_law.slope == pytest.approx(A_OPT, rel=1e-6)  # the parabola's bias is the same at every C
+    # sizes off-centre by -0.3..+0.3 decades: the minima follow the true optimum, not the sizes' centre
+    shifted = isoflop_profiles(*isoflop_points(shifts=np.linspace(-0.3, 0.3, 5)), n_boot=0)
+    for p in shifted.profiles:
+        assert p.N_opt == pytest.approx(G_TRUE * (p.budget / 6) ** A_OPT, rel=0.1)
+    assert shifted.power_law.slope == pytest.approx(A_OPT, abs=0.01)
+    rng = np.random.default_rng(0)
+    N, C, L = isoflop_points(rng)
+    res = isoflop_profiles(N, C * (1 + rng.uniform(0, 0.05, len(C))), L, n_boot=200, seed=0)  # FLOPs within 5%
+    assert len(res.profiles) == 5 and all(p.n_points == 9 and p.ci_method == "points" for p in res.profiles)
+    pl = res.power_law
+    lo, hi = pl.ci["slope"]
+    assert pl.ci_method == "per-point samples" and lo < A_OPT < hi and hi - lo < 0.15
+    truth = [G_TRUE * (p.budget / 6) ** A_OPT * 1.02 for p in res.profiles]  # 1.02: the parabola's own bias
+    covered = [p.ci["N_opt"][0] < t < p.ci["N_opt"][1] for p, t in zip(res.profiles, truth)]
+    assert sum(covered) >= 4, covered  # 95% intervals: all five cover with probability 0.77
+
+
+def test_isoflop_degenerate_budgets_are_reported():
+    N, C, L = isoflop_points()
+    keep = np.ones(len(N), dtype=bool)
+    keep[9:16] = False  # the second budget keeps two sizes
+    res = isoflop_profiles(N[keep], C[keep], L[keep], n_boot=20)
+    assert [p.status for p in res.profiles] == ["ok", "too-few-model-sizes", "ok", "ok", "ok"]
+    assert res.status == "ok" and "1 of 5 budgets left out" in res.message
+    one = isoflop_profiles(N[:9], C[:9], L[:9], n_boot=20)
+    assert one.status == "one-budget" and one.power_law.status == "one-budget"
+    # loss still falling at the largest size: the minimum is outside the sampled sizes
+    prof = fit_isoflop_profile(N[:4], L[:4], budget=C[0], n_boot=20)
+    assert prof.status == "minimum-outside-sampled-range" and not prof.bracketed
+    flat = fit_isoflop_profile([1e5, 1e6, 1e7, 1e8], [3.0, 2.9, 2.7, 2.3], budget=1e18, n_boot=20)
+    assert flat.status == "not-convex" and flat.N_opt is None
+    none = isoflop_profiles(N[[0, 9, 18]], C[[0, 9, 18]], L[[0, 9, 18]])
+    assert none.status == "no-usable-budget" and "3 too-few-model-sizes" in none.message
+    three = fit_isoflop_profile(N[3:6], L[3:6], budget=C[0], n_boot=40)  # an exact parabola: no interval
+    assert three.status == "ok" and not three.ci and "no interval" in three.message
+    three = fit_isoflop_profile(N[3:6], L[3:6], budget=C[0], n_boot=40, point_sem=[0.01] * 3)
+    assert three.ci_method.startswith("parametric") and three.ci["N_opt"][0] < three.N_opt < three.ci["N_opt"][1]
+
+
+def test_group_budgets_by_tolerance_or_tag():
+    C = [1.0e12, 1.05e12, 3e12, 3.2e12, 1e13, 1.3e13]
+    assert [g.tolist() for g in group_budgets(C, tolerance=0.1)] == [[0, 1], [2, 3], [4], [5]]
+    tags = [1e12, 1e12, 3e12, 3e12, 1e13, 1e13]  # the sweep's budgets win over the tolerance
+    assert [g.tolist() for g in group_budgets(C, tolerance=0.1, tags=tags)] == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_fit_log_log_intervals_and_statuses():
+    x = np.geomspace(1e15, 1e19, 6)
+    y = 3.0 * x ** 0.5 * np.exp(np.random.default_rng(0).normal(0, 0.05, 6))
+    f = fit_log_log(x, y, n_boot=100)
+    assert f.ci_method == "residuals" and f.ci["slope"][0] < 0.5 < f.ci["slope"][1]
+    assert fit_log_log(x[:1], y[:1], what="budgets").status == "one-budget"
+    two = fit_log_log(x[:2], y[:2])
+    assert two.status == "ok" and not two.ci and "no interval" in two.message
+
+
+# ------------------------------------------------------------------ approach 1: the envelope
+
+
+def training_curves(sizes, d_max=3e10, n_eval=24):
+    """Validation curves of runs of each size as if every prefix were a trained run: L(N, t)."""
+    curves = []
+    for n in sizes:
+        t = np.geomspace(1e6, d_max, n_eval)
+        curves.append((f"n{n:.3g}", t, 6 * n * t, chinchilla(n, t)))
+    return curves, {f"n{n:.3g}": n for n in sizes}
+
+
+def test_envelope_exponent_follows_the_optimal_size():
+    curves, sizes = training_curves(np.geomspace(1e5, 1e9, 17))
+    e = envelope_exponent(curves, sizes, n_grid=80, n_boot=40)
+    assert e.status == "ok" and e.n_sizes >= 5
+    assert e.slope == pytest.approx(A_OPT, abs=0.03) and e.ci["slope"][0] <= e.slope <= e.ci["slope"][1]
+    one = envelope_exponent(curves[:1], sizes)
+    assert one.status == "one-model-size"
+    two = envelope_exponent(curves[:2], sizes)  # both sizes are extremes: nothing left after trimming
+    assert two.status == "too-few-model-sizes"
+
+
+# ------------------------------------------------------------------ seed noise
+
+
+def test_pooled_std_recovers_the_injected_seed_noise():
+    rng = np.random.default_rng(0)
+    groups = [2.0 + i * 0.1 + rng.normal(0, 0.02, 4) for i in range(40)]
+    nf = pooled_std(groups + [[3.0]])  # a single-seed point adds nothing
+    assert nf.status == "ok" and nf.n_groups == 40 and nf.dof == 120 and nf.n_runs == 161
+    assert nf.std == pytest.approx(0.02, rel=0.15)
+    assert pooled_std([[3.0], [2.5]]).status == "no-seed-groups"
+    assert pooled_std([[3.0, np.nan, 3.2]]).std == pytest.approx(np.std([3.0, 3.2], ddof=1))
+
+
+# ------------------------------------------------------------------ fake run folders of a synthetic sweep
+
+SWEEP_LAW = {"E": 1.7, "A": 40.0, "alpha": 0.34, "B": 60.0, "beta": 0.28}  # minima inside the sizes below
+SIZES = {"d32": [32, 1], "d48": [48, 2], "d64": [64, 2], "d96": [96, 3], "d128": [128, 4], "d192": [192, 4],
+         "d256": [256, 6]}
+BUDGETS = [1e12, 1e13, 1e14]
+SEED_STD = 0.01  # seeds 1 and 2 of the 1e13 budget at loss -+SEED_STD: the std of each seed group
+
+
+@pytest.fixture(scope="module")
+def fake_sweep(tmp_path_factory, fake_run):
+    """A FLOPs sweep as fake run folders with a manifest: dense, 7 sizes x 3 budgets, losses from
+    SWEEP_LAW (N = non-embedding parameters), three seeds at the middle budget; a Mixtral family
+    of one size; a diverged run."""
+    root = tmp_path_factory.mktemp("fake-sweep")
+    common = ["model.vocab_size=512"]
+    points = []
+
+    def add(name, recipe, overrides, C, loss_of, status="completed", budget=True):
+        from analysis.runs import open_run
+
+        probe = fake_run(root / name, recipe, overrides, tokens=1.0, loss=1.0)
+        r = open_run(probe)
+        D = C / r.flops_per_token
+        N = r.params["non_embedding"]
+        L = loss_of(N, D)
+        curve = [(t, loss_of(N, t)) for t in np.geomspace(D / 30, D, 6)]
+        fake_run(root / name, recipe, overrides, tokens=D, loss=L, curve=curve, status=status)
+        if budget:
+            points.append({"name": name, "run_dir": name, "budget_kind": "flops", "budget": C})
+
+    for C in BUDGETS:
+        for size, (d, n_layers) in SIZES.items():
+            ov = common + [f"model.d_model={d}", f"model.n_layers={n_layers}"]
+            add(f"dense-{size}-flop{C:.0e}", "recipes/dense/tiny.yaml", ov, C,
+                lambda N, D: chinchilla(N, D, **SWEEP_LAW))
+            if C == 1e13:
+                for seed, sign in ((1, -1), (2, 1)):
+                    add(f"dense-{size}-flop{C:.0e}-seed{seed}", "recipes/dense/tiny.yaml", ov + [f"train.seed={seed}"],
+                        C, lambda N, D, s=sign: chinchilla(N, D, **SWEEP_LAW) + s * SEED_STD)
+        add(f"mixtral-s1-flop{C:.0e}", "recipes/mixtral/tiny.yaml", common, C,
+            lambda N, D: chinchilla(N, D, **SWEEP_LAW) - 0.05)
+    add("dense-diverged", "recipes/dense/tiny.yaml", common + ["train.lr=10.0"], 1e13,
+        lambda N, D: float("nan"), status="nonfinite")
+    (root / "manifest.json").write_text(json.dumps({"kind": "archlab-sweep", "version": 1, "points": points}))
+    return root
+
+
+def test_seed_runs_are_one_point_at_their_mean(fake_sweep):
+    runs, _ = expand_inputs([str(fake_sweep)])
+    pts, excluded, curves = collect(runs)
+    assert [e["status"] for e in excluded] == ["diverged"]
+    assert len(pts) == 7 * 3 + 7 * 2 + 3
+    avg, avg_curves, losses = average_seeds(pts, curves)
+    assert len(avg) == 7 * 3 + 3
+    seeded = [p for p in avg if p.n_seeds > 1]
+    assert len(seeded) == 7 and all(p.n_seeds == 3 and p.seed == 0 for p in seeded)
+    for p in seeded:
+        truth = chinchilla(n_params(p, "non_embedding"), p.tokens, **SWEEP_LAW)
+        assert p.loss == pytest.approx(truth, rel=1e-9) and p.loss_std == pytest.approx(SEED_STD, rel=1e-6)
+        assert p.budget == 1e13 and len(p.seed_runs) == 3
+    assert pooled_std(losses["dense"]).std == pytest.approx(SEED_STD, rel=1e-6)
+    assert len(avg_curves["dense"]) == 21  # seeds' curves averaged into one
+    moe = next(p for p in avg if p.family == "mixtral")
+    assert n_params(moe, "active") < n_params(moe, "non_embedding") < n_params(moe, "total")
+
+
+def test_seed_groups_ignore_bookkeeping_and_a_stable_trunk_is_no_point(fake_run, tmp_path):
+    base = ["model.vocab_size=512", "model.d_model=32", "model.n_layers=1"]
+    fake_run(tmp_path / "a", "recipes/dense/tiny.yaml", base + ["train.seed=1", "train.log_every=3"], tokens=1e6,
+             loss=3.0)
+    fake_run(tmp_path / "b", "recipes/dense/tiny.yaml", base + ["train.seed=2", "train.run_name=other"], tokens=1e6,
+             loss=3.2)
+    fake_run(tmp_path / "lr", "recipes/dense/tiny.yaml", base + ["train.lr=1e-3"], tokens=1e6, loss=3.1)
+    fake_run(tmp_path / "trunk", "recipes/dense/tiny.yaml", base + ["train.schedule=constant"], tokens=1e6, loss=3.3,
+             summary_extra={"role": "stable"})
+    runs, _ = expand_inputs([str(tmp_path)])
+    pts, excluded, curves = collect(runs)
+    assert [(e["run"].split("/")[-1], e["status"]) for e in excluded] == [("trunk", "not-a-scaling-point")]
+    avg, _, losses = average_seeds(pts, curves)
+    assert sorted((p.run, p.n_seeds) for p in avg) == [("a", 2), ("lr", 1)]  # another lr is another point
+    assert next(p for p in avg if p.run == "a").loss == pytest.approx(3.1)
+    assert pooled_std(losses["dense"]).std == pytest.approx(np.std([3.0, 3.2], ddof=1))
+
+
+def test_cli_writes_isoflop_loss_nd_and_the_three_exponents(fake_sweep, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([str(fake_sweep), "--out", str(out), "--bootstrap", "20"]) == 0
+    printed = capsys.readouterr().out
+    for name in ("loss_vs_flops.png", "loss_vs_tokens.png", "dense_vs_moe.png", "isoflop.png", "loss_nd.png"):
+        assert (out / name).stat().st_size > 10_000, name
+    saved = json.loads((out / "fits.json").read_text())
+    assert saved["n_kind"]["name"] == "non_embedding"
+    dense = saved["scaling_nd"]["dense"]
+    nd = dense["loss_nd"]
+    assert nd["status"] == "ok" and nd["n_points"] == 21  # seed groups averaged
+    for name, value in SWEEP_LAW.items():  # the seed means are noiseless
+        assert nd[name] == pytest.approx(value, rel=1e-2), name
+    assert 6 < dense["k"] < 18 and dense["compute_optimal"]["status"] == "ok"
+    assert dense["compute_optimal"]["k"] == dense["k"] and dense["compute_optimal_6nd"]["k"] == 6.0
+    iso = dense["isoflop"]
+    assert [p["budget"] for p in iso["profiles"]] == BUDGETS  # grouped by the manifest's budgets
+    assert [p["status"] for p in iso["profiles"]] == ["ok"] * 3 and iso["power_law"]["status"] == "ok"
+    ex = saved["exponents"]["dense"]
+    assert set(ex) == {"approach_1_envelope", "approach_2_isoflop", "approach_3_loss_nd"}
+    assert ex["approach_3_loss_nd"]["a"] == pytest.approx(0.28 / 0.62, rel=1e-2)
+    assert saved["noise"]["overall"]["std"] == pytest.approx(SEED_STD, rel=1e-6)
+    # the one-size MoE family: every approach says why it has no answer
+    moe = saved["scaling_nd"]["mixtral"]
+    assert moe["loss_nd"]["status"] == "one-model-size" and moe["envelope"]["status"] == "one-model-size"
+    assert moe["isoflop"]["status"] == "no-usable-budget"
+    assert [p["status"] for p in moe["isoflop"]["profiles"]] == ["too-few-model-sizes"] * 3
+    md = (out / "fits.md").read_text()
+    assert md.strip() == printed.split("\nwrote")[0].strip()
+    for heading in ("## Fitted L(N, D)", "## Compute-optimal allocation", "## IsoFLOP profiles",
+                    "## Exponent a of N_opt ∝ C^a: three estimates", "## Seed noise"):
+        assert heading in md
+    assert f"**{SEED_STD:.4f} nats**" in md and "| mixtral | 3 (1 x 3) |" in md and "one-model-size" in md
+    assert "dense-diverged: diverged" in md
+
+
+def test_n_kind_selects_the_parameter_count(fake_sweep, tmp_path):
+    res = analyse([str(fake_sweep)], None, n_boot=0, n_kind="total")
+    st = res["studies"]["dense"]
+    runs, _ = expand_inputs([str(fake_sweep / st.runs[0])])
+    assert st.N[0] == runs[0].params["total"] and res["n_kind"]["name"] == "total"
+    with pytest.raises(SystemExit):
+        main([str(fake_sweep), "--n-kind", "bogus"])
+    with pytest.raises(ValueError, match="valid are"):
+        analyse([str(fake_sweep)], None, n_boot=0, n_kind="bogus")
+
+
+def test_degenerate_run_sets_report_statuses(fake_sweep, tmp_path):
+    # one budget (all sizes at 1e12) and one model size (d64 at every budget): no traceback, statuses
+    one_budget = analyse([str(fake_sweep / "dense-*-flop1e+12")], tmp_path / "b", n_boot=5)
+    st = one_budget["studies"]["dense"]
+    assert st.nd.status == "one-budget" and st.iso.status == "one-budget"
+    assert "| dense | 7 (7 x 7) | - | - | - | - | - | - | one-budget: all 7 points share" in \
+        one_budget["table_markdown"]
+    one_size = analyse([str(fake_sweep / "dense-d64-flop*")], tmp_path / "s", n_boot=5)
+    st = one_size["studies"]["dense"]
+    assert st.nd.status == "one-model-size" and st.env.status == "one-model-size"
+    assert st.iso.status == "no-usable-budget" and st.noise.std == pytest.approx(SEED_STD, rel=1e-6)
+    for d in ("b", "s"):
+        assert (tmp_path / d / "isoflop.png").is_file() and (tmp_path / d / "loss_nd.png").is_file()

@@ -1,0 +1,273 @@
+"""The figures of :mod:`analysis.scaling`: loss against compute and tokens, dense vs MoE, IsoFLOP
+profiles and the fitted L(N, D). Each has a title, labelled axes with units and a legend; seed
+groups are drawn at their mean loss with error bars of +-1 standard deviation over the seeds.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+from analysis.runs import pyplot, save_figure, style_axes
+from analysis.scaling_fits import OK, envelope
+
+SEED_BARS = "error bars: ±1 std over seeds"
+
+
+def _plain_log_y(ax) -> None:
+    """Log-scaled y axis labelled with plain numbers (6.8, 7.0...) instead of 7x10^0."""
+    from matplotlib.ticker import LogLocator, ScalarFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=np.arange(1, 10) / 10 * 10, numticks=12))
+    for fmt in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        f = ScalarFormatter()
+        f.set_scientific(False)
+        fmt(f)
+
+
+def _colors(families: list[str]) -> dict[str, str]:
+    return {f: f"C{i % 10}" for i, f in enumerate(sorted(families))}
+
+
+def _marker(is_moe: bool) -> str:
+    return "s" if is_moe else "o"
+
+
+def _log_x(ax, values) -> None:
+    """Log x axis; a single x value gets a factor-2 margin each side (matplotlib cannot span 0 decades)."""
+    v = [x for x in values if x > 0]
+    if v and max(v) <= min(v) * (1 + 1e-6):
+        ax.set_xlim(min(v) / 2, max(v) * 2)
+    ax.set_xscale("log")
+
+
+def _points(ax, x, y, err, **kw) -> None:
+    """Scatter, with error bars where any point has a spread (seed groups)."""
+    err = np.asarray(err, dtype=float)
+    if np.any(err > 0):
+        ax.errorbar(x, y, yerr=err, fmt=kw.pop("marker", "o"), ls="none", capsize=2.5, **kw)
+    else:
+        ax.scatter(x, y, **kw)
+
+
+def plot_loss_vs_flops(points, fits, curves, path: Path) -> Path:
+    """Left: final loss against training FLOPs with the fitted L(C) and its 95% band.
+    Right: validation curves against FLOPs and each family's compute-optimal frontier."""
+    plt = pyplot()
+    fams = sorted({p.family for p in points} | set(curves))
+    col = _colors(fams)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
+    for fam in fams:
+        ps = sorted((p for p in points if p.family == fam), key=lambda p: p.flops)
+        if not ps:
+            continue
+        C = np.array([p.flops for p in ps])
+        L = np.array([p.loss for p in ps])
+        f = fits.get(fam)
+        label = f"{fam} runs" + (" (MoE)" if ps[0].is_moe else "")
+        _points(ax, C, L, [p.loss_std for p in ps], color=col[fam], marker=_marker(ps[0].is_moe), zorder=3,
+                label=label)
+        if f is not None and f.status == "ok":
+            grid = np.logspace(np.log10(C.min()) - 0.15, np.log10(C.max()) + 0.15, 100)
+            ax.plot(grid, f.predict(grid), color=col[fam], lw=1.5,
+                    label=f"{fam} fit: {f.E:.2f} + A·C^-{f.alpha:.2f}")
+            band = f.band(grid)
+            if band is not None:
+                ax.fill_between(grid, band[0], band[1], color=col[fam], alpha=0.15, lw=0)
+    all_L = [p.loss for p in points]
+    _log_x(ax, [p.flops for p in points])
+    _plain_log_y(ax)
+    ax.set_ylim(0.97 * min(all_L), 1.05 * max(all_L))  # the band may blow up when extrapolating
+    seeds = f"; {SEED_BARS}" if any(p.n_seeds > 1 for p in points) else ""
+    style_axes(ax, "Final validation loss vs training compute\n(lines: L(C) = E + A·C^-alpha, band: 95% bootstrap"
+               f"{seeds})", "training compute C (FLOPs)", "validation loss (nats/token)")
+    for fam in fams:
+        for name, _, c, loss in curves.get(fam, []):
+            bx.plot(c, loss, color=col[fam], lw=0.8, alpha=0.35)
+        if curves.get(fam):
+            gc, gl, _ = envelope(curves[fam])
+            bx.plot(gc, gl, color=col[fam], lw=2.5, label=f"{fam} frontier (thin: its runs)")
+    bx.set_xscale("log")
+    _plain_log_y(bx)
+    style_axes(bx, "Compute-optimal frontier: lowest loss reached\nwithin a FLOPs budget, over each family's runs",
+               "training compute so far (FLOPs)", "validation loss (nats/token)")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_loss_vs_tokens(runs_by_family: dict[str, list], path: Path) -> Path:
+    """One panel per family: validation loss against tokens seen, one line per run (by size)."""
+    plt = pyplot()
+    fams = sorted(runs_by_family)
+    fig, axes = plt.subplots(1, len(fams), figsize=(5 * len(fams), 4.2), squeeze=False, sharey=True)
+    for ax, fam in zip(axes[0], fams):
+        runs = sorted(runs_by_family[fam], key=lambda r: r.params["active"])
+        cmap = plt.get_cmap("viridis")
+        for i, r in enumerate(runs):
+            rows = [v for v in r.val_rows if v.get("tokens")]
+            if not rows:
+                continue
+            color = cmap(i / max(1, len(runs) - 1) * 0.9)
+            ax.plot([v["tokens"] for v in rows], [v["loss"] for v in rows], "o-", ms=3, color=color,
+                    label=f"{r.name} ({r.params['active'] / 1e6:.2f}M active)")
+        ax.set_xscale("log")
+        style_axes(ax, f"{fam}: validation loss vs tokens", "tokens seen", "validation loss (nats/token)")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_dense_vs_moe(points, fits, path: Path) -> Path:
+    """Left: loss against training FLOPs (equal compute). Right: loss against active parameters
+    per token (equal active size), lines joining runs of one family with the same token count."""
+    plt = pyplot()
+    fams = sorted({p.family for p in points})
+    col = _colors(fams)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
+    for fam in fams:
+        ps = sorted((p for p in points if p.family == fam), key=lambda p: p.flops)
+        moe = ps[0].is_moe
+        kind = "MoE" if moe else "dense"
+        _points(ax, [p.flops for p in ps], [p.loss for p in ps], [p.loss_std for p in ps], color=col[fam],
+                marker=_marker(moe), zorder=3, label=f"{fam} ({kind})")
+        f = fits.get(fam)
+        if f is not None and f.status == "ok":
+            grid = np.logspace(np.log10(ps[0].flops), np.log10(ps[-1].flops), 60)
+            ax.plot(grid, f.predict(grid), color=col[fam], ls="--" if moe else "-", lw=1.3)
+        # one line per token budget, or per FLOPs budget in a FLOPs sweep (there tokens differ per size)
+        def key(p):
+            return ("flops", p.budget) if p.budget else ("tokens", round(p.tokens, -3))
+
+        for k in sorted({key(p) for p in ps}):
+            same = sorted((p for p in ps if key(p) == k), key=lambda p: p.params_active)
+            bx.plot([p.params_active for p in same], [p.loss for p in same], color=col[fam],
+                    marker=_marker(moe), ls="--" if moe else "-",
+                    label=f"{fam} ({kind}), {k[1]:.3g} {'FLOPs' if k[0] == 'flops' else 'tokens'}")
+    _log_x(ax, [p.flops for p in points])
+    _log_x(bx, [p.params_active for p in points])
+    style_axes(ax, "Dense vs MoE at equal training compute\n(lines: fitted L(C), dashed for MoE)",
+               "training compute C (FLOPs)", "final validation loss (nats/token)")
+    style_axes(bx, "Dense vs MoE at equal active parameters\n(MoE: K routed + shared experts + router; "
+               "lines: one budget)",
+               "active parameters per token (count, embeddings included)", "final validation loss (nats/token)")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def _note(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=9, wrap=True,
+            bbox=dict(boxstyle="round", fc="#f4f4f4", ec="#bbbbbb"))
+
+
+def _ci_text(v, ci, fmt=".3f") -> str:
+    return f"{v:{fmt}}" + (f" [{ci[0]:{fmt}}, {ci[1]:{fmt}}]" if ci else "")
+
+
+def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
+    """One row per family. Left: loss against N, one colour per compute budget, the fitted
+    parabolas and their minima N* (stars, with 95% intervals). Right: N* against C with the
+    fitted N*(C) ∝ C^a and, dashed, approach 3's N_opt(C) from L(N, D)."""
+    plt = pyplot()
+    fams = sorted(studies)
+    fig, axes = plt.subplots(len(fams), 2, figsize=(13, 4.8 * len(fams)), squeeze=False)
+    cmap = plt.get_cmap("plasma")
+    for (ax, bx), fam in zip(axes, fams):
+        st = studies[fam]
+        iso = st.iso
+        profs = iso.profiles
+        bars = any(e > 0 for p in profs for e in p.L_err)
+        for j, p in enumerate(profs):
+            color = cmap(0.85 * j / max(1, len(profs) - 1))
+            label = f"C = {p.budget:.3g} FLOPs" + ("" if p.status == OK else f" ({p.status})")
+            if bars:  # every budget drawn alike, so that the legend keeps the budgets' order
+                ax.errorbar(p.N, p.L, yerr=p.L_err, fmt="o", ls="none", capsize=2.5, color=color, zorder=3,
+                            label=label)
+            else:
+                ax.scatter(p.N, p.L, color=color, marker="o", zorder=3, label=label)
+            if p.coef is not None and p.coef[0] > 0:
+                grid = np.geomspace(min(p.N) / 1.3, max(p.N) * 1.3, 80)
+                ax.plot(grid, p.curve(grid), color=color, lw=1.2)
+            if p.N_opt is not None:
+                ci = p.ci.get("N_opt")
+                xerr = None if not ci else [[p.N_opt - ci[0]], [ci[1] - p.N_opt]]
+                ax.errorbar([p.N_opt], [p.L_opt], xerr=xerr, fmt="*", ms=13, color=color, mec="black", capsize=3,
+                            zorder=4)
+        _log_x(ax, [n for p in profs for n in p.N])
+        if not profs:
+            _note(ax, "no finite points")
+        style_axes(ax, f"{fam}: IsoFLOP profiles (approach 2)\nparabola in ln N per budget, ★ = minimum N* "
+                   "with 95% interval", f"{n_label} N (count)", "final validation loss (nats/token)",
+                   legend_title="budget")
+        used = [p for p in profs if p.status == OK]
+        if used:
+            C = np.array([p.budget for p in used])
+            Nopt = np.array([p.N_opt for p in used])
+            lo = np.array([p.ci.get("N_opt", [n, n])[0] for p, n in zip(used, Nopt)])
+            hi = np.array([p.ci.get("N_opt", [n, n])[1] for p, n in zip(used, Nopt)])
+            bx.errorbar(C, Nopt, yerr=[Nopt - lo, np.where(np.isfinite(hi), hi - Nopt, 0)], fmt="o", color="C0",
+                        capsize=3, zorder=3, label="N* per budget (95% interval)")
+        grid = None
+        if iso.power_law is not None and iso.power_law.status == OK:
+            pl = iso.power_law
+            grid = np.geomspace(C.min() / 2, C.max() * 2, 60)
+            bx.plot(grid, pl.predict(grid), color="C0", lw=1.5,
+                    label=f"approach 2: N* ∝ C^a, a = {_ci_text(pl.slope, pl.ci.get('slope'))}")
+            band = pl.band(grid)
+            if band is not None:
+                bx.fill_between(grid, band[0], band[1], color="C0", alpha=0.15, lw=0)
+        opt = st.nd.status == OK and st.nd.alpha > 0 and st.nd.beta > 0
+        if opt:
+            g = grid if grid is not None else np.geomspace(min(st.C) / 2, max(st.C) * 2, 60)
+            f = st.nd
+            G = (f.alpha * f.A / (f.beta * f.B)) ** (1 / (f.alpha + f.beta))
+            bx.plot(g, G * (g / st.k) ** f.a_opt, color="C3", ls="--", lw=1.3,
+                    label=f"approach 3: N_opt from L(N, D), C = {st.k:.3g}·N·D, a = "
+                          f"{_ci_text(f.a_opt, f.ci.get('a_opt'))}")
+        bx.set_xscale("log")
+        bx.set_yscale("log")
+        if not used and not opt:
+            _note(bx, f"no N*(C) fit: {iso.status}\n{iso.message}")
+        style_axes(bx, f"{fam}: compute-optimal size against compute\n(N*(C) fit: {iso.status}"
+                   + ("; left: error bars ±1 std over seeds" if bars else "") + ")",
+                   "training compute C (FLOPs)", f"optimal {n_label} N* (count)")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_loss_nd(studies: dict, n_label: str, path: Path) -> Path:
+    """One panel per family: final loss against tokens D, one colour per model size N, with the
+    fitted L(N, D) = E + A/N^alpha + B/D^beta drawn for each size."""
+    plt = pyplot()
+    fams = sorted(studies)
+    fig, axes = plt.subplots(1, len(fams), figsize=(6.5 * len(fams), 5), squeeze=False)
+    cmap = plt.get_cmap("viridis")
+    for ax, fam in zip(axes[0], fams):
+        st = studies[fam]
+        sizes = sorted(set(st.N))
+        D_all = np.asarray(st.D)
+        for i, n in enumerate(sizes):
+            color = cmap(0.9 * i / max(1, len(sizes) - 1))
+            sel = [j for j, m in enumerate(st.N) if m == n]
+            _points(ax, D_all[sel], np.asarray(st.L)[sel], np.asarray(st.L_err)[sel], color=color, marker="o",
+                    zorder=3, label=f"N = {n:.3g}")
+            if st.nd.status == OK:  # each size's curve over its own tokens, a factor 3 beyond
+                grid = np.geomspace(D_all[sel].min() / 3, D_all[sel].max() * 3, 60)
+                ax.plot(grid, st.nd.predict(n, grid), color=color, lw=1.1)
+        _log_x(ax, st.D)
+        _plain_log_y(ax)
+        f = st.nd
+        if f.status == OK:
+            head = [f"{fam}: L(N, D) = {f.E:.3g} + {f.A:.3g}/N^{f.alpha:.3f} + {f.B:.3g}/D^{f.beta:.3f}",
+                    f"lines: fit (Huber on log L), rms log residual {f.rms_log_residual:.3g}"]
+        else:
+            head = [f"{fam}: no L(N, D) fit: {f.status}", *textwrap.wrap(f.message, 60)[:3]]
+            if not st.N:
+                _note(ax, f.message)
+        if any(e > 0 for e in st.L_err):
+            head.append(SEED_BARS)
+        style_axes(ax, "\n".join(head), "training tokens D (count)", "final validation loss (nats/token)",
+                   legend_title=f"{n_label} N")
+    fig.tight_layout()
+    return save_figure(fig, path)
