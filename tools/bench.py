@@ -3,6 +3,7 @@
     python -m tools.bench                       # all cases, 2 threads, wall clock
     python -m tools.bench --cases llama-small --rounds 7 --steps 4
     python -m tools.bench --threads 1 --clock cpu --rounds 3 --steps 1   # steadier on a busy machine
+    python -m tools.bench --suite moe --routing uniform   # MoE suite + learned / uniform routing step time
 
 For each case, archlab's decoder and the HF model it exports to (same weights, same shapes; HF
 with its SDPA attention) run a training step: forward, cross-entropy, backward, AdamW (fused,
@@ -198,11 +199,16 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--suite", choices=["dense", "moe", "all"], default="dense",
                    help="dense: these training-step cases; moe: tools.bench_moe (MoE layers against HF and "
                         "DeepSpeed, Mixtral-tiny step against HF); all: both, in this one run")
-    p.add_argument("--cases", nargs="+", default=list(CASES), help=f"any of: {', '.join(CASES)}")
+    p.add_argument("--cases", nargs="+", default=list(CASES), help=f"dense cases, any of: {', '.join(CASES)}")
+    p.add_argument("--moe-cases", nargs="+", default=None, help="MoE cases (default all): see tools.bench_moe")
+    p.add_argument("--routing", choices=["learned", "uniform"], default="learned",
+                   help="MoE suite: uniform also times archlab with its routers forced to uniform round-robin "
+                        "routing (every expert N*K/E slots) and reports learned / uniform step time")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
-    p.add_argument("--steps", type=int, default=3, help="training steps timed per model per round")
-    p.add_argument("--batch", type=int, default=None, help="override every case's batch size")
-    p.add_argument("--seq-len", type=int, default=None, help="override every case's sequence length")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps timed per model per round (default 3; MoE suite: its own default, 2)")
+    p.add_argument("--batch", type=int, default=None, help="override every case's batch size (both suites)")
+    p.add_argument("--seq-len", type=int, default=None, help="override every case's sequence length (both suites)")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall: elapsed time; cpu: this process's CPU time (steadier on a shared machine; "
@@ -212,12 +218,25 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    if args.routing != "learned" and args.suite == "dense":
+        print(f"error: --routing {args.routing} applies to the MoE suite: add --suite moe or --suite all",
+              file=sys.stderr)
+        return 2
     status = run_dense(args) if args.suite in ("dense", "all") else 0
     if status == 0 and args.suite in ("moe", "all"):
         from tools import bench_moe
 
-        status = bench_moe.main(["--rounds", str(args.rounds), "--threads", str(args.threads)])
+        status = bench_moe.main(moe_argv(args))
     return status
+
+
+def moe_argv(args: argparse.Namespace) -> list[str]:
+    """The options of this run that tools.bench_moe takes (shape options only when given)."""
+    argv = ["--rounds", str(args.rounds), "--threads", str(args.threads), "--routing", args.routing]
+    for flag, value in (("--steps", args.steps), ("--batch", args.batch), ("--seq-len", args.seq_len)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + (["--cases", *args.moe_cases] if args.moe_cases else [])
 
 
 def run_dense(args: argparse.Namespace) -> int:
@@ -225,15 +244,16 @@ def run_dense(args: argparse.Namespace) -> int:
         unknown = [c for c in args.cases if c not in CASES]
         if unknown:
             raise ValueError(f"unknown case(s) {unknown}; valid: {', '.join(CASES)}")
-        if args.rounds < 1 or args.steps < 1:
+        steps = 3 if args.steps is None else args.steps
+        if args.rounds < 1 or steps < 1:
             raise ValueError("--rounds and --steps must be >= 1")
         cases = [CASES[c] for c in args.cases]
         cases = [Case(c.name, c.recipe, c.overrides, args.batch or c.batch, args.seq_len or c.seq_len) for c in cases]
         torch.set_num_threads(args.threads)
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, "
-              f"{args.rounds} rounds x {args.steps} steps, {args.clock} clock")
+              f"{args.rounds} rounds x {steps} steps, {args.clock} clock")
         clock = time.process_time if args.clock == "cpu" else time.perf_counter
-        results = run(cases, args.rounds, args.steps, clock=clock)
+        results = run(cases, args.rounds, steps, clock=clock)
     except (RecipeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

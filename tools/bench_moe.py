@@ -4,6 +4,7 @@ MixtralForCausalLM.
 
     python -m tools.bench_moe                      # all cases, 2 threads
     python -m tools.bench_moe --cases mixtral-layer --rounds 7
+    python -m tools.bench_moe --routing uniform    # + archlab with forced uniform routing
 
 Layer cases time forward + backward (a fixed output gradient; gradients of input and weights) of
 one MoE layer on B x S tokens of width D: archlab, HF's block with its default (eager: a loop over
@@ -19,11 +20,20 @@ Timings are interleaved round by round with alternating order (the machine is sh
 the reported ratio is the median over rounds of (other path's time / archlab's time), so > 1
 means archlab is faster. GFLOP/s use the useful matmul FLOPs of ``archlab.costs.flops`` (the
 same numerator for every path) and are compared with the fp32 GEMM peak measured between rounds.
+
+``--routing uniform`` adds to every case a copy of archlab's path (same weights, same batch)
+whose routers are forced to a round-robin assignment (``archlab.nn.moe.router.uniform_routing``:
+every expert gets exactly N*K/E slots, within one when E does not divide N*K; gate weights still
+the router's scores), timed in the same interleaved rounds. A second table gives learned /
+uniform step time (median of paired rounds, min-max), the cost of the learned router's imbalance
+on top of the dispatch itself, with the MaxVio of both (max expert load / mean load - 1, over
+every timed forward). HF and DeepSpeed keep their own (learned) routing.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
@@ -38,7 +48,8 @@ import archlab.export.mixtral  # noqa: F401  registers the Mixtral exporter for 
 from archlab.config.schema import FFNConfig, ModelConfig, MoEConfig
 from archlab.costs.flops import moe_layer_flops, training_flops_per_token
 from archlab.nn.ffn import SwiGLU
-from archlab.nn.moe import MoELayer
+from archlab.nn.moe import MoELayer, routing_stats
+from archlab.nn.moe.router import uniform_routing
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,8 @@ LAYER_CASES = {c.name: c for c in [
 ]}
 STEP_CASES = ["mixtral-tiny-step"]
 ALL_CASES = list(LAYER_CASES) + STEP_CASES
+ROUTINGS = ("learned", "uniform")
+UNIFORM = "archlab, uniform routing"  # the label of the forced-uniform path
 
 
 @dataclass
@@ -64,6 +77,7 @@ class Timed:
     label: str
     step: Callable[[], None]
     times: list[float] = field(default_factory=list)
+    moe: Optional[nn.Module] = None  # archlab paths: the module whose routing statistics are read
 
     def time_steps(self, n: int) -> None:
         t0 = time.perf_counter()
@@ -81,6 +95,20 @@ def _layer_step(module: nn.Module, x_BSD: Tensor, g_BSD: Tensor, unpack: Callabl
     return step
 
 
+def _forced_uniform(step: Callable[[], None], module: nn.Module) -> Callable[[], None]:
+    """``step`` with every router of ``module`` forced to uniform round-robin routing."""
+    def forced() -> None:
+        with uniform_routing(module):
+            step()
+
+    return forced
+
+
+def _maxvio(module: nn.Module) -> float:
+    """MaxVio of the training forwards since the last read (mean over MoE layers); resets them."""
+    return float(routing_stats(module, lambda t: t).get("moe/maxvio", float("nan")))
+
+
 def _ensure_single_process_group() -> None:
     """DeepSpeed's MoE builds its expert groups through torch.distributed: one gloo process."""
     import torch.distributed as dist
@@ -91,8 +119,10 @@ def _ensure_single_process_group() -> None:
         dist.init_process_group("gloo", rank=0, world_size=1)
 
 
-def build_layer_paths(case: LayerCase, batch: int, seq_len: int, d_model: int) -> tuple[list[Timed], float]:
-    """archlab, HF and DeepSpeed layers of one shape, and the useful FLOPs of one step."""
+def build_layer_paths(case: LayerCase, batch: int, seq_len: int, d_model: int,
+                      routing: str = "learned") -> tuple[list[Timed], float]:
+    """archlab, HF and DeepSpeed layers of one shape (+ archlab under forced uniform routing with
+    ``routing="uniform"``), and the useful FLOPs of one step."""
     from deepspeed.moe.layer import MoE as DeepSpeedMoE
     from transformers import MixtralConfig
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
@@ -118,31 +148,42 @@ def build_layer_paths(case: LayerCase, batch: int, seq_len: int, d_model: int) -
     x = torch.randn(batch, seq_len, d_model)
     g = torch.randn(batch, seq_len, d_model)
     paths = [
-        Timed("archlab", _layer_step(ours, x, g, lambda out: out[0])),
+        Timed("archlab", _layer_step(ours, x, g, lambda out: out[0]), moe=ours),
         Timed("HF MixtralSparseMoeBlock", _layer_step(hf_block("eager"), x, g, lambda out: out)),
         Timed("HF block, grouped_mm", _layer_step(hf_block("grouped_mm"), x, g, lambda out: out)),
         Timed("DeepSpeed MoE", _layer_step(ds, x, g, lambda out: out[0])),
     ]
+    if routing == "uniform":
+        forced = copy.deepcopy(ours)
+        paths.append(Timed(UNIFORM, _forced_uniform(_layer_step(forced, x, g, lambda out: out[0]), forced), moe=forced))
     experts, router = moe_layer_flops(cfg)
     return paths, 3.0 * (experts + router) * batch * seq_len
 
 
-def build_step_paths(batch: int, seq_len: int) -> tuple[list[Timed], float]:
+def build_step_paths(batch: int, seq_len: int, routing: str = "learned") -> tuple[list[Timed], float]:
     """tools.bench's runners on Mixtral-tiny: archlab with a logits cross-entropy first, then HF
-    with its own ``labels`` loss and archlab with its fused LM-head loss."""
-    from tools.bench import Case, build_runners
+    with its own ``labels`` loss and archlab with its fused LM-head loss (+ the first under forced
+    uniform routing with ``routing="uniform"``)."""
+    from tools.bench import Case, Runner, build_runners
 
     runners = {r.label: r for r in build_runners(Case("mixtral-tiny", "recipes/mixtral/tiny.yaml", (), batch, seq_len))}
     ours = runners.pop("archlab")
     fused = runners.pop("archlab-fused")
     (hf,) = runners.values()
     flops = training_flops_per_token(ours.model.cfg, seq_len) * batch * seq_len
-    return [Timed("archlab", ours.step), Timed(hf.label, hf.step), Timed("archlab, fused loss", fused.step)], flops
+    paths = [Timed("archlab", ours.step, moe=ours.model), Timed(hf.label, hf.step),
+             Timed("archlab, fused loss", fused.step)]
+    if routing == "uniform":
+        forced = Runner(UNIFORM, copy.deepcopy(ours.model), ours.loss_of, ours.ids_BS)
+        paths.append(Timed(UNIFORM, _forced_uniform(forced.step, forced.model), moe=forced.model))
+    return paths, flops
 
 
 def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[dict]:
-    """Time the chosen cases; returns one row per (case, other path). ``args`` needs cases,
-    rounds, steps, batch, seq_len, d_model, threads (missing ones take the defaults)."""
+    """Time the chosen cases; returns one row per (case, other path) (``kind: compare``) and, with
+    ``routing="uniform"``, one per case for learned against uniform routing (``kind: routing``).
+    ``args`` needs moe_cases, rounds, steps, batch, seq_len, d_model, threads, routing (missing
+    ones take the defaults)."""
     from tools.bench import gemm_flops_per_s
 
     defaults = vars(parse_args([]))
@@ -151,13 +192,15 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[di
     unknown = [c for c in cases if c not in ALL_CASES]
     if unknown:
         raise ValueError(f"unknown MoE case(s) {unknown}; valid: {', '.join(ALL_CASES)}")
+    if opt.routing not in ROUTINGS:
+        raise ValueError(f"routing {opt.routing!r} unknown; valid: {', '.join(ROUTINGS)}")
     torch.set_num_threads(opt.threads)
     built = []
     for name in cases:
         if name in LAYER_CASES:
-            paths, flops = build_layer_paths(LAYER_CASES[name], opt.batch, opt.seq_len, opt.d_model)
+            paths, flops = build_layer_paths(LAYER_CASES[name], opt.batch, opt.seq_len, opt.d_model, opt.routing)
         else:
-            paths, flops = build_step_paths(opt.batch, opt.seq_len)
+            paths, flops = build_step_paths(opt.batch, opt.seq_len, opt.routing)
         for p in paths:  # warm-up
             p.step()
         built.append((name, paths, flops))
@@ -174,10 +217,13 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[di
         ours = paths[0]
         t_ours = statistics.median(ours.times)
         for other in paths[1:]:
+            if other.label == UNIFORM:
+                rows.append(_routing_row(name, ours, other))
+                continue
             ratios = [b / a for a, b in zip(ours.times, other.times)]
             t_other = statistics.median(other.times)
             rows.append({
-                "case": name, "other": other.label, "ratio_median": statistics.median(ratios),
+                "kind": "compare", "case": name, "other": other.label, "ratio_median": statistics.median(ratios),
                 "ratio_min": min(ratios), "ratio_max": max(ratios),
                 "archlab_ms": 1e3 * t_ours, "other_ms": 1e3 * t_other,
                 "archlab_gflops": flops / t_ours / 1e9, "other_gflops": flops / t_other / 1e9,
@@ -188,7 +234,19 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[di
     return rows
 
 
+def _routing_row(case: str, learned: Timed, uniform: Timed) -> dict:
+    """Learned against forced uniform routing of the same archlab path: step times, their paired
+    ratio learned / uniform over rounds, and both MaxVio."""
+    ratios = [a / b for a, b in zip(learned.times, uniform.times)]
+    return {"kind": "routing", "case": case, "learned_ms": 1e3 * statistics.median(learned.times),
+            "uniform_ms": 1e3 * statistics.median(uniform.times), "ratio_median": statistics.median(ratios),
+            "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "learned_maxvio": _maxvio(learned.moe), "uniform_maxvio": _maxvio(uniform.moe)}
+
+
 def format_table(rows: list[dict], opt: argparse.Namespace) -> str:
+    routing = [r for r in rows if r["kind"] == "routing"]
+    rows = [r for r in rows if r["kind"] == "compare"]
     head = (f"{'case':<18} {'vs':<26} {'archlab ms':>10} {'other ms':>9} {'speedup (min-max)':>20} "
             f"{'archlab GF/s':>12} {'other GF/s':>10}")
     lines = [f"MoE suite: batch {opt.batch}, seq {opt.seq_len}, d_model {opt.d_model} (layer cases), "
@@ -200,6 +258,22 @@ def format_table(rows: list[dict], opt: argparse.Namespace) -> str:
     if rows:
         lines.append(f"fp32 GEMM peak (2048^3, best round): {rows[0]['gemm_peak_gflops']:.1f} GFLOP/s; "
                      "speedup = other time / archlab time, median of paired rounds")
+    if routing:
+        lines.append(format_routing_table(routing))
+    return "\n".join(lines)
+
+
+def format_routing_table(rows: list[dict]) -> str:
+    head = (f"{'case':<18} {'learned ms':>10} {'uniform ms':>10} {'learned/uniform (min-max)':>26} "
+            f"{'MaxVio learned / uniform':>25}")
+    lines = ["", "archlab routing: learned (the router's top-k) against forced uniform (round-robin, N*K/E "
+             "slots per expert)", head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['case']:<18} {r['learned_ms']:>10.1f} {r['uniform_ms']:>10.1f} "
+                     f"{r['ratio_median']:>13.2f}x ({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) "
+                     f"{r['learned_maxvio']:>17.2f} / {r['uniform_maxvio']:.2f}")
+    lines.append("learned/uniform = median of paired rounds of learned step time / uniform step time: "
+                 "> 1 is what the learned routing's imbalance costs beyond the dispatch itself")
     return "\n".join(lines)
 
 
@@ -212,6 +286,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--d-model", type=int, default=256, help="layer cases' model width")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--routing", choices=ROUTINGS, default="learned",
+                   help="learned: every path routes with its own router; uniform: also time archlab with its "
+                        "routers forced to uniform round-robin routing and report learned / uniform step time")
     return p.parse_args(argv)
 
 

@@ -14,11 +14,17 @@ def _run(root, *args):
 
 @pytest.mark.slow
 def test_bench_moe_runs_every_path_on_tiny_shapes(root):
-    r = _run(root, "--rounds", "1", "--steps", "1", "--batch", "1", "--seq-len", "16", "--d-model", "64")
+    r = _run(root, "--rounds", "1", "--steps", "1", "--batch", "1", "--seq-len", "16", "--d-model", "64",
+             "--routing", "uniform")
     assert r.returncode == 0, r.stderr[-2000:]
     for label in ("mixtral-layer", "deepseek-layer", "mixtral-tiny-step", "HF MixtralSparseMoeBlock",
-                  "DeepSpeed MoE", "MixtralForCausalLM", "GEMM peak"):
+                  "DeepSpeed MoE", "MixtralForCausalLM", "GEMM peak", "learned/uniform"):
         assert label in r.stdout, r.stdout
+    routing = r.stdout.split("archlab routing:")[1].splitlines()
+    for case in ("mixtral-layer", "deepseek-layer", "mixtral-tiny-step"):
+        (row,) = [line for line in routing if line.startswith(case)]
+        if case != "deepseek-layer":  # 16 x 6 slots over 64 experts cannot be exactly equal
+            assert row.endswith("/ 0.00"), row
 
 
 def test_bench_moe_rejects_unknown_case_and_bad_rounds(root):

@@ -14,11 +14,23 @@ into ``n_groups`` groups, only the best ``topk_groups`` groups per token are eli
 auxiliary-loss-free selection bias: a per-expert bias (a buffer, not a parameter) is added to the
 scores only to choose the experts; the gate weights use the unbiased scores (Wang et al. 2024).
 Routing math runs in fp32 whatever the model dtype.
+
+Benchmark-only switch (not a recipe key): ``router.force_uniform = True``, or ``with
+uniform_routing(model):`` for every router of a model, replaces the top-k choice by a fixed
+round-robin assignment, token n to experts (n*K + k) mod E for k < K, so every expert gets N*K/E
+slots (within one when E does not divide N*K); groups and the selection bias are then ignored.
+The gate weights stay the router's own scores at those experts (renormalised and scaled as
+usual), so the gate, the balancing terms and the experts run the same operations (only the
+small N x E top-k is skipped) and the assignment alone changes: ``tools.bench_moe --routing
+uniform`` times expert dispatch apart from load imbalance (Megatron-Core's
+``--moe-router-force-load-balancing`` serves the same purpose).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +72,7 @@ class Router(nn.Module):
             self.register_buffer("expert_bias", torch.zeros(moe.num_experts, dtype=torch.float32))
         else:
             self.expert_bias = None
+        self.force_uniform = False  # benchmark-only round-robin assignment: see uniform_routing()
 
     def _apply(self, fn, recurse: bool = True):
         """Keep the selection bias in fp32 through ``model.to(bfloat16)``: its sign steps of
@@ -87,10 +100,13 @@ class Router(nn.Module):
             x_ND = x_ND * torch.empty_like(x_ND).uniform_(1.0 - self.jitter, 1.0 + self.jitter)
         logits_NE = F.linear(x_ND.float(), self.gate.weight.float())
         scores_NE = self.scores(logits_NE)
-        choice_NE = scores_NE if self.expert_bias is None else scores_NE + self.expert_bias
-        if self.n_groups > 1:
-            choice_NE = self._limit_to_best_groups(choice_NE)
-        experts_NK = torch.topk(choice_NE, self.top_k, dim=-1).indices
+        if self.force_uniform:
+            experts_NK = uniform_assignment(x_ND.shape[0], self.num_experts, self.top_k, x_ND.device)
+        else:
+            choice_NE = scores_NE if self.expert_bias is None else scores_NE + self.expert_bias
+            if self.n_groups > 1:
+                choice_NE = self._limit_to_best_groups(choice_NE)
+            experts_NK = torch.topk(choice_NE, self.top_k, dim=-1).indices
         weights_NK = scores_NE.gather(1, experts_NK)
         if self.renormalize:
             weights_NK = weights_NK / (weights_NK.sum(dim=-1, keepdim=True) + 1e-20)
@@ -134,6 +150,28 @@ class SigmoidTopKRouter(Router):
 
     def group_score(self, scores_NGX: Tensor) -> Tensor:
         return scores_NGX.topk(min(2, scores_NGX.shape[-1]), dim=-1).values.sum(dim=-1)
+
+
+def uniform_assignment(n_tokens: int, num_experts: int, top_k: int, device=None) -> Tensor:
+    """(N, K) expert ids with token n on experts (n*K + k) mod E: slot s on expert s mod E, so
+    the counts differ by at most one (none when E divides N*K); a token's K experts are distinct
+    for K <= E."""
+    return (torch.arange(n_tokens * top_k, device=device) % num_experts).view(n_tokens, top_k)
+
+
+@contextmanager
+def uniform_routing(model: nn.Module) -> Iterator[None]:
+    """Benchmark-only: every router inside ``model`` routes round-robin (``force_uniform``)
+    until the block exits, then returns to its previous setting."""
+    routers = [m for m in model.modules() if isinstance(m, Router)]
+    before = [r.force_uniform for r in routers]
+    for r in routers:
+        r.force_uniform = True
+    try:
+        yield
+    finally:
+        for r, b in zip(routers, before):
+            r.force_uniform = b
 
 
 def build_router(d_model: int, moe: MoEConfig) -> Router:

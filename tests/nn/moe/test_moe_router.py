@@ -1,11 +1,14 @@
-"""Routers: softmax/sigmoid top-k, renormalisation, route scale, groups, selection bias, jitter."""
+"""Routers: softmax/sigmoid top-k, renormalisation, route scale, groups, selection bias, jitter;
+the benchmark-only forced uniform routing."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from archlab.config import RecipeError, load_recipe
-from archlab.config.schema import BalanceConfig, MoEConfig, RouterConfig
-from archlab.nn.moe.router import ROUTERS, build_router
+from archlab.config.schema import BalanceConfig, FFNConfig, ModelConfig, MoEConfig, RouterConfig
+from archlab.nn.moe import MoELayer, routing_stats
+from archlab.nn.moe.router import ROUTERS, build_router, uniform_assignment, uniform_routing
 
 
 def router(d=16, **kw):
@@ -97,3 +100,79 @@ def test_moe_jitter_only_in_training():
 def test_moe_unknown_router_type_lists_valid_names(root):
     with pytest.raises(RecipeError, match="sigmoid_topk, softmax_topk"):
         load_recipe(root / "recipes/mixtral/tiny.yaml", ["model.moe.router.type=bogus"])
+
+
+# ----------------------------------------------------------------------------- forced uniform routing
+
+
+def moe_layer(num_experts=8, top_k=2, **router_kw) -> MoELayer:
+    balance = BalanceConfig(**router_kw.pop("balance", {"aux_loss_coeff": 0.01}))
+    moe = MoEConfig(num_experts=num_experts, top_k=top_k, expert_hidden=24, router=RouterConfig(**router_kw),
+                    balance=balance)
+    return MoELayer(ModelConfig(d_model=32, ffn=FFNConfig(type="swiglu", bias=False), moe=moe)).train()
+
+
+def test_moe_uniform_assignment_is_round_robin_over_slots():
+    a = uniform_assignment(5, 4, 2)
+    assert a.tolist() == [[0, 1], [2, 3], [0, 1], [2, 3], [0, 1]]
+    b = uniform_assignment(7, 64, 6)
+    assert all(len(set(row)) == 6 for row in b.tolist())  # distinct experts per token
+    counts = torch.bincount(b.flatten(), minlength=64)
+    assert int(counts.max() - counts.min()) <= 1
+
+
+@pytest.mark.parametrize("kw", [
+    dict(num_experts=8, top_k=2),
+    dict(num_experts=16, top_k=4, type="sigmoid_topk", n_groups=4, topk_groups=2,
+         balance=dict(bias_update_rate=1e-3)),
+])
+def test_moe_uniform_routing_gives_every_expert_exactly_equal_counts(kw):
+    layer = moe_layer(**kw)
+    if layer.router.expert_bias is not None:
+        layer.router.expert_bias[3] = 100.0  # would send every token to expert 3: ignored when forced
+    x = torch.randn(4, 16, 32)  # N*K divisible by E in both cases
+    with uniform_routing(layer):
+        assert layer.router.force_uniform
+        layer(x)
+    assert not layer.router.force_uniform  # restored on exit
+    s = routing_stats(layer, lambda t: t)
+    E, K = kw["num_experts"], kw["top_k"]
+    assert s["moe/layer0/tokens_per_expert"] == [64 * K // E] * E
+    assert s["moe/maxvio"] == 0.0 and s["moe/cv"] == 0.0
+    layer(x)  # learned routing again: the large bias (or the learned gate) is back in charge
+    assert routing_stats(layer, lambda t: t)["moe/maxvio"] > 0
+
+
+@pytest.mark.parametrize("mode", ["grouped", "padded"])
+def test_moe_uniform_routing_output_equals_reference_with_the_forced_assignment(mode):
+    """Output and gradients are a real MoE computation: for each token, the router's renormalised
+    softmax weights at its forced experts times those experts' SwiGLU outputs, computed by hand."""
+    layer = moe_layer()
+    layer.experts.mode = mode
+    x = torch.randn(2, 12, 32)
+    with uniform_routing(layer):
+        y, aux = layer(x)
+    x_ND = x.reshape(-1, 32)
+    N, K = x_ND.shape[0], 2
+    experts_NK = (torch.arange(N * K) % 8).view(N, K)
+    p_NE = torch.softmax(x_ND @ layer.router.gate.weight.T, dim=-1)
+    w_NK = p_NE.gather(1, experts_NK)
+    w_NK = w_NK / w_NK.sum(-1, keepdim=True)
+    w_up, w_down = layer.experts.w_up, layer.experts.w_down
+    ref = torch.stack([
+        sum(w_NK[n, k] * (_swiglu(x_ND[n] @ w_up[experts_NK[n, k]]) @ w_down[experts_NK[n, k]]) for k in range(K))
+        for n in range(N)])
+    torch.testing.assert_close(y.reshape(N, 32), ref)
+    g = torch.randn_like(ref)
+    grads = torch.autograd.grad((y.reshape(N, 32) * g).sum() + aux, [layer.router.gate.weight, w_up, w_down])
+    ref_aux = 0.01 * 8 * torch.dot(torch.full((8,), 1 / 8), p_NE.mean(0))  # Switch loss with f_i = 1/E
+    ref_grads = torch.autograd.grad((ref * g).sum() + ref_aux, [layer.router.gate.weight, w_up, w_down])
+    torch.testing.assert_close(aux, ref_aux)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b)
+    assert grads[0].abs().sum() > 0  # the router still learns through its gate weights
+
+
+def _swiglu(h):
+    gate, up = h.chunk(2)
+    return F.silu(gate) * up
