@@ -132,6 +132,7 @@ class Decoder(nn.Module):
         :func:`archlab.nn.loss.linear_cross_entropy` without materialising the (B, S, V) logits."""
         B, S = input_ids.shape
         past = kv_cache.length if kv_cache is not None else 0
+        self.positions.check_length(past + S)  # on Python ints: no host read of a tensor value
         pos = torch.arange(past, past + S, device=input_ids.device)  # (S,)
         x = self.positions.embed(self.embed(input_ids), pos)  # (B, S, D)
         x = self.drop(x)

@@ -92,9 +92,11 @@ class CausalSelfAttention(nn.Module):
             past = cache.length
             k, v = cache.update(k, v)  # (B, G, T, Dh)
         mask = self._mask(S, past, ctx, x_BSD)
-        # enable_gqa: query head h reads K/V head h // (H/G) without materialising repeated K/V
+        # enable_gqa: query head h reads K/V head h // (H/G) without materialising repeated K/V.
+        # is_causal reads no S: one query on one key is causal either way, and under dynamic
+        # shapes torch.compile would pass S > 1 as a symbolic bool, which SDPA refuses
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None and past == 0 and S > 1,
+            q, k, v, attn_mask=mask, is_causal=mask is None and past == 0,
             dropout_p=self.dropout if self.training else 0.0, scale=self.scale, enable_gqa=G != H)  # (B, H, S, Dh)
         return self.wo(y.transpose(1, 2).reshape(B, S, H * Dh))
 

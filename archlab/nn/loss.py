@@ -37,8 +37,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_w = torch.zeros_like(w) if need_w else None
             valid_N = targets_N != IGNORE_INDEX
             total = h.new_zeros((), dtype=torch.float32)
-            for start in range(0, h.shape[0], chunk):
-                stop = start + chunk
+            # the chunk count, not N, sets the loop: under dynamic shapes torch.compile then guards on
+            # ceil(N / chunk) instead of specialising on N
+            for i in range(-(-h.shape[0] // chunk)):
+                start, stop = i * chunk, (i + 1) * chunk
                 h_CD, t_C, ok_C = h[start:stop], targets_N[start:stop].clamp_min(0), valid_N[start:stop]
                 logp_CV = torch.log_softmax((h_CD @ w.T).float(), dim=-1)
                 total -= (logp_CV.gather(1, t_C[:, None]).squeeze(1) * ok_C).sum()
@@ -46,22 +48,24 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     continue
                 dlogits_CV = logp_CV.exp_()  # softmax, in place
                 dlogits_CV[torch.arange(len(t_C), device=t_C.device), t_C] -= 1.0  # - onehot
-                if not bool(ok_C.all()):
-                    dlogits_CV.mul_(ok_C[:, None])
                 dlogits_CV = dlogits_CV.to(dtype)
+                # ignored tokens: their rows of dlogits count nothing. Masked on the (C, D) side
+                # (h rows for grad_w, grad_h rows), C x D multiplies instead of C x V, and without
+                # asking on the host whether any token is ignored (a graph break under torch.compile)
+                keep_C1 = ok_C[:, None].to(dtype)
                 if need_h:
-                    torch.mm(dlogits_CV, w, out=grad_h[start:stop])
+                    torch.mm(dlogits_CV, w, out=grad_h[start:stop]).mul_(keep_C1)
                 if need_w:
-                    grad_w.addmm_(dlogits_CV.T, h_CD)
+                    grad_w.addmm_(dlogits_CV.T, h_CD * keep_C1)
+        denom = valid_N.sum().clamp_min(1)  # a tensor: the count stays on the device
         ctx.save_for_backward(None if grad_h is None else grad_h.to(h_ND.dtype),
-                              None if grad_w is None else grad_w.to(weight_VD.dtype))
-        ctx.denom = max(int(valid_N.sum()), 1)
-        return total / ctx.denom
+                              None if grad_w is None else grad_w.to(weight_VD.dtype), denom)
+        return total / denom
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor):
-        grad_h, grad_w = ctx.saved_tensors
-        scale = grad_loss / ctx.denom
+        grad_h, grad_w, denom = ctx.saved_tensors
+        scale = grad_loss / denom
         return (None if grad_h is None else grad_h * scale.to(grad_h.dtype),
                 None if grad_w is None else grad_w * scale.to(grad_w.dtype), None, None)
 

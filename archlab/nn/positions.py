@@ -2,7 +2,10 @@
 
 Shape legend: B batch, S query positions, T key positions, D model dim, H heads, Dh head dim.
 
-A position encoding may act in three places, and each class overrides only the ones it uses:
+A position encoding has four hooks, and each class overrides only the ones it uses:
+- ``check_length(end)``: refuse positions it cannot encode (learned: past its table), from the
+  Python ints the decoder knows (cache length + S), so that no tensor value is read on the host
+  and ``torch.compile`` traces the forward in one graph;
 - ``embed(x_BSD, pos_S)``: absolute encodings added to the token embeddings (learned, sinusoidal);
 - ``context(q_pos_S, k_pos_T)``: what attention needs, computed once per forward and shared by all
   layers: RoPE's cos/sin tables or ALiBi's additive bias;
@@ -40,6 +43,9 @@ class PositionEncoding(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
 
+    def check_length(self, end: int) -> None:
+        """Raise ValueError when positions 0 ... end - 1 cannot all be encoded."""
+
     def embed(self, x_BSD: Tensor, pos_S: Tensor) -> Tensor:
         return x_BSD
 
@@ -65,12 +71,14 @@ class LearnedPositions(PositionEncoding):
         self.max_seq_len = cfg.max_seq_len
         self.table = nn.Embedding(cfg.max_seq_len, cfg.d_model)
 
-    def embed(self, x_BSD: Tensor, pos_S: Tensor) -> Tensor:
-        if int(pos_S[-1]) >= self.max_seq_len:
+    def check_length(self, end: int) -> None:
+        if end > self.max_seq_len:
             raise ValueError(
-                f"position {int(pos_S[-1])} is beyond the learned table (model.max_seq_len="
+                f"position {end - 1} is beyond the learned table (model.max_seq_len="
                 f"{self.max_seq_len}); learned positions cannot extrapolate")
-        return x_BSD + self.table(pos_S)
+
+    def embed(self, x_BSD: Tensor, pos_S: Tensor) -> Tensor:
+        return x_BSD + self.table(pos_S)  # positions checked by check_length
 
     @staticmethod
     def num_params(cfg: ModelConfig) -> int:

@@ -22,12 +22,21 @@ import torch
 from torch import Tensor
 
 
+def expert_counts(experts: Tensor, num_experts: int) -> Tensor:
+    """int64 (E,): how many entries of ``experts`` (expert ids, any shape) name each expert.
+    ``torch.bincount(experts, minlength=E)`` in value, but of a length fixed by E: bincount's
+    length depends on the largest id, a data-dependent shape torch.compile cannot trace."""
+    ids = experts.reshape(-1)
+    return torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(
+        0, ids, torch.ones_like(ids, dtype=torch.int64))
+
+
 def switch_aux_loss(probs_NE: Tensor, experts_NK: Tensor) -> Tensor:
     """E * sum_i f_i P_i over all N tokens (without the coefficient)."""
     N, E = probs_NE.shape
     K = experts_NK.shape[1]
     with torch.no_grad():
-        f_E = torch.bincount(experts_NK.reshape(-1), minlength=E).to(probs_NE.dtype) / (K * N)
+        f_E = expert_counts(experts_NK, E).to(probs_NE.dtype) / (K * N)
     return E * torch.dot(f_E, probs_NE.mean(dim=0))
 
 

@@ -17,6 +17,18 @@ scatter-add anywhere. Two batched forms of the GEMMs:
   multi-threaded CPU (where grouped_mm is a loop of mm, one parallel region each) it is the
   faster one while padding stays moderate, and it serves every dtype and width grouped_mm has
   no kernel for.
+
+Under ``torch.compile`` no shape may depend on the routing (reading a load on the host is a
+graph break, and a shape it sets is data-dependent). Every index tensor here is sized by N, K, E
+and C alone (dropped slots and padding rows are kept as rows that are computed and never read),
+so only two choices read the loads, and both become static while compiling
+(``GroupedExperts.layout``): grouped-vs-padded is decided without the padding ratio (grouped_mm
+wherever it has a kernel), and the padded grid's C is the capacity, or for dropless routing N,
+the largest load possible (a token visits an expert at most once). Dropless routing is fully
+static with grouped_mm (R = N*K rows, per-expert offsets are a tensor; outside bf16 through
+``archlab::grouped_mm``, see ``grouped_linear``); only where grouped_mm has no kernel (odd
+widths; CUDA outside bf16) does a compiled dropless layer pay the worst-case grid, E/K times the
+packed rows.
 """
 
 from __future__ import annotations
@@ -28,6 +40,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from archlab.nn.moe.balance import expert_counts
 
 
 def _swiglu(h: Tensor) -> Tensor:
@@ -50,12 +64,15 @@ def expert_params(kind: str, d_model: int, hidden: int) -> int:
 
 @dataclass
 class Dispatch:
-    """The router's choices as slots sorted by expert, after capacity dropping."""
+    """The router's choices as slots sorted by expert, after capacity dropping. Shapes depend on
+    N, K and E only, never on the routing."""
 
-    slot_S: Tensor  # the kept slots (n*K + k), grouped by expert (expert 0's first), token order inside
-    counts_E: Tensor  # kept slots per expert (sums to len(slot_S))
+    slot_S: Tensor  # all N*K slots (n*K + k): the kept ones grouped by expert (expert 0's first, token
+    #                 order inside), then the dropped ones
+    counts_E: Tensor  # kept slots per expert (sums to N*K - dropped)
     dropped: Tensor  # scalar int64: slots dropped over capacity
     weights_NK: Tensor  # gate weights; a dropped slot contributes nothing
+    capacity: Optional[int] = None  # C: kept slots per expert at most; None when dropless
 
     @property
     def top_k(self) -> int:
@@ -67,18 +84,20 @@ def dispatch(experts_NK: Tensor, weights_NK: Tensor, num_experts: int, capacity:
 
     Priority when dropping is token order: slot n*K + k comes before slot m*K + j when n < m (the
     stable sort keeps that order inside each expert), so later tokens of the batch drop first.
+    The dropped slots are moved behind the kept ones rather than cut off, so that no length
+    depends on how many drop.
     """
     expert_S = experts_NK.reshape(-1)
     slot_S = torch.argsort(expert_S, stable=True)
-    counts_E = torch.bincount(expert_S, minlength=num_experts)
+    counts_E = expert_counts(expert_S, num_experts)
     dropped = counts_E.new_zeros(())
     if capacity is not None:
         rank_S = torch.arange(slot_S.numel(), device=slot_S.device) - _starts(counts_E)[expert_S[slot_S]]
-        slot_S = slot_S[rank_S < capacity]
+        slot_S = slot_S[torch.argsort((rank_S >= capacity).to(torch.int8), stable=True)]  # kept first, same order
         kept_E = counts_E.clamp(max=capacity)
         dropped = counts_E.sum() - kept_E.sum()
         counts_E = kept_E
-    return Dispatch(slot_S, counts_E, dropped, weights_NK)
+    return Dispatch(slot_S, counts_E, dropped, weights_NK, capacity)
 
 
 def _starts(counts_E: Tensor) -> Tensor:
@@ -117,10 +136,46 @@ def _grouped_mm_ok(x: Tensor, w: Tensor) -> bool:
     return x.device.type == "cuda" and x.dtype == torch.bfloat16
 
 
+@torch.library.custom_op("archlab::grouped_mm", mutates_args=())
+def compilable_grouped_mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
+    """``F.grouped_mm(a, b, offs=offs)`` as an op torch.compile treats as opaque: torch's own fake
+    (meta) grouped_mm accepts bf16 only, as its CUDA kernel does, so an fp32 or fp16 grouped_mm
+    (which has CPU kernels) cannot be traced. Forms: (R, X) x (E, X, Y) -> (R, Y), differentiable;
+    (X, R) x (R, Y) -> (E, X, Y), the weight gradient."""
+    return F.grouped_mm(a, b, offs=offs)
+
+
+@compilable_grouped_mm.register_fake
+def _(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
+    if b.dim() == 3:
+        return a.new_empty(a.shape[0], b.shape[-1])
+    return a.new_empty(offs.shape[0], a.shape[0], b.shape[-1])
+
+
+def _grouped_mm_setup(ctx, inputs, output) -> None:
+    a, b, offs = inputs
+    ctx.save_for_backward(a, b, offs)
+
+
+def _grouped_mm_backward(ctx, g_RY: Tensor):
+    """The gradients torch's own grouped_mm backward computes (bit-for-bit on CPU), as grouped_mms."""
+    a_RX, b_EXY, offs = ctx.saved_tensors
+    g_RY = g_RY.contiguous()
+    ga = compilable_grouped_mm(g_RY, b_EXY.transpose(-2, -1), offs) if ctx.needs_input_grad[0] else None
+    gb = compilable_grouped_mm(a_RX.t(), g_RY, offs) if ctx.needs_input_grad[1] else None
+    return ga, gb, None
+
+
+compilable_grouped_mm.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup)
+
+
 def grouped_linear(x_SX: Tensor, w_EXY: Tensor, counts_E: Tensor) -> Tensor:
     """Rows of ``x_SX`` grouped by expert (``counts_E`` rows each, in order) times their expert's
-    (X, Y) matrix -> (S, Y), with one ``grouped_mm``."""
+    (X, Y) matrix -> (S, Y), with one ``grouped_mm``. Compiled outside bf16 it runs as
+    :func:`compilable_grouped_mm` (the same kernel, traceable); eager keeps torch's op."""
     offs_E = torch.cumsum(counts_E, 0).to(torch.int32)
+    if torch.compiler.is_compiling() and x_SX.dtype != torch.bfloat16:
+        return compilable_grouped_mm(x_SX, w_EXY, offs_E)
     return _ContiguousGrad.apply(F.grouped_mm(x_SX, w_EXY, offs=offs_E))
 
 
@@ -129,57 +184,71 @@ class RowLayout:
     """Where slots sit among the experts' rows, and back.
 
     ``slot_R``: the slot each row holds (N*K for a padding row); ``row_S``: the row each slot
-    went to (R for a dropped slot). Packed: R = kept slots. Padded: R = E*C, expert e's rows are
-    e*C ... e*C + C - 1."""
+    went to (R for a dropped slot). Packed: R = N*K, the kept slots then one padding row per
+    dropped slot. Padded: R = E*C, expert e's rows are e*C ... e*C + C - 1."""
 
     slot_R: Tensor
     row_S: Tensor
     capacity: Optional[int]  # C of the padded grid; None when packed
+    rows_E: Optional[Tensor] = None  # packed: rows per expert for grouped_mm, the padding rows in the last
+    # known from the configuration, not read from the data: whether row_S may hold R (slots can drop)
+    # and slot_R may hold N*K (a grid, or the rows of dropped slots)
+    may_drop: bool = False
+    has_padding: bool = False
 
 
 def row_layout(d: Dispatch, padded: bool, capacity: Optional[int] = None) -> RowLayout:
     """Packed or padded rows; a padded grid has ``capacity`` rows per expert (default: the
-    largest expert load), which must hold every kept slot."""
-    n_slots = d.weights_NK.numel()
+    largest expert load, read on the host: eager only), which must hold every kept slot."""
+    n_slots = d.slot_S.numel()
     dev = d.slot_S.device
+    pos_P = torch.arange(n_slots, device=dev)  # position in slot_S order
+    rows_E = None
     if padded:
         E = d.counts_E.numel()
         C = capacity if capacity is not None else max(int(d.counts_E.max()), 1)
-        expert_S = torch.repeat_interleave(torch.arange(E, device=dev), d.counts_E)  # of each kept slot
-        row_kept = expert_S * C + torch.arange(d.slot_S.numel(), device=dev) - _starts(d.counts_E)[expert_S]
-        slot_R = torch.full((E * C,), n_slots, dtype=d.slot_S.dtype, device=dev)
-        slot_R[row_kept] = d.slot_S
+        ends_E = torch.cumsum(d.counts_E, 0)
+        expert_P = torch.searchsorted(ends_E, pos_P, right=True)  # expert of each kept slot, E for a dropped one
+        rank_P = pos_P - (ends_E - d.counts_E)[expert_P.clamp(max=E - 1)]  # place in its expert's queue
+        R = E * C
+        row_P = torch.where(expert_P < E, expert_P * C + rank_P, R)
     else:
-        C, slot_R = None, d.slot_S
-        row_kept = torch.arange(d.slot_S.numel(), device=dev)
-    row_S = torch.full((n_slots,), slot_R.numel(), dtype=d.slot_S.dtype, device=dev)
-    row_S[d.slot_S] = row_kept
-    return RowLayout(slot_R, row_S, C)
+        C, R = None, n_slots
+        row_P = torch.where(pos_P < n_slots - d.dropped, pos_P, R)  # a dropped slot gets no row...
+        rows_E = torch.cat([d.counts_E[:-1], d.counts_E[-1:] + d.dropped])  # ...and its row pads the last expert
+    slot_R = torch.full((R + 1,), n_slots, dtype=d.slot_S.dtype, device=dev)
+    slot_R[row_P] = d.slot_S  # dropped slots all land on row R, cut off next
+    row_S = torch.full((n_slots,), R, dtype=d.slot_S.dtype, device=dev)
+    row_S[d.slot_S] = row_P
+    may_drop = d.capacity is not None
+    return RowLayout(slot_R[:R], row_S, C, rows_E, may_drop=may_drop, has_padding=padded or may_drop)
 
 
 class _GatherRows(torch.autograd.Function):
     """out = [x; 0][index]: rows of ``x`` (index = len(x) picks a zero row). Its backward is the
     gather ``[g; 0][inverse]`` summed over groups of ``fold`` consecutive rows, exact when each
-    row of x is picked by at most ``fold`` outputs whose positions ``inverse`` lists."""
+    row of x is picked by at most ``fold`` outputs whose positions ``inverse`` lists. The zero row
+    is there when ``zero_in`` (forward) or ``zero_back`` (backward) says an index may need it."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, index: Tensor, inverse: Tensor, fold: int) -> Tensor:
+    def forward(ctx, x: Tensor, index: Tensor, inverse: Tensor, fold: int, zero_in: bool, zero_back: bool) -> Tensor:
         ctx.save_for_backward(inverse)
-        ctx.fold = fold
-        return _take_rows(x, index)
+        ctx.fold, ctx.zero_back = fold, zero_back
+        return _take_rows(x, index, zero_in)
 
     @staticmethod
     def backward(ctx, g: Tensor):
         (inverse,) = ctx.saved_tensors
-        gx = _take_rows(g.contiguous(), inverse)
+        gx = _take_rows(g.contiguous(), inverse, ctx.zero_back)
         if ctx.fold > 1:
             gx = gx.view(-1, ctx.fold, gx.shape[-1]).sum(dim=1)
-        return gx, None, None, None
+        return gx, None, None, None, None, None
 
 
-def _take_rows(x: Tensor, index: Tensor) -> Tensor:
-    """x[index] where index == len(x) means a zero row (appended only when some index needs it)."""
-    if index.numel() and int(index.max()) >= x.shape[0]:
+def _take_rows(x: Tensor, index: Tensor, zero_row: bool) -> Tensor:
+    """x[index] where index == len(x) means a zero row (appended when ``zero_row``: known from
+    the layout, since asking the index on the host would break a compiled graph)."""
+    if zero_row:
         x = torch.cat([x, x.new_zeros(1, x.shape[-1])])
     return torch.index_select(x, 0, index)
 
@@ -188,13 +257,13 @@ def to_rows(x_ND: Tensor, layout: RowLayout, top_k: int) -> Tensor:
     """Token features -> expert-major rows (R, D). A padding row copies token 0: its output is
     never read and its gradient is zero (``from_rows``), so it adds nothing to any gradient."""
     token_R = torch.where(layout.slot_R < layout.row_S.numel(), layout.slot_R // top_k, 0)
-    return _GatherRows.apply(x_ND, token_R, layout.row_S, top_k)
+    return _GatherRows.apply(x_ND, token_R, layout.row_S, top_k, False, layout.may_drop)
 
 
 def from_rows(y_RD: Tensor, layout: RowLayout, weights_NK: Tensor) -> Tensor:
     """Expert-major rows -> per token, the gate-weighted sum of its K slots' outputs (N, D)."""
     N, K = weights_NK.shape
-    y_NKD = _GatherRows.apply(y_RD, layout.row_S, layout.slot_R, 1).view(N, K, -1)
+    y_NKD = _GatherRows.apply(y_RD, layout.row_S, layout.slot_R, 1, layout.may_drop, layout.has_padding).view(N, K, -1)
     return (y_NKD * weights_NK.unsqueeze(-1).to(y_NKD.dtype)).sum(dim=1)
 
 
@@ -220,9 +289,18 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x_ND: Tensor, d: Dispatch) -> Tensor:
         """Each kept slot's expert output times its gate weight, summed per token -> (N, D)."""
-        layout = row_layout(d, padded=not self._use_grouped_mm(x_ND, d))
+        layout = self.layout(x_ND, d)
         x_RD = to_rows(x_ND, layout, d.top_k)
-        return from_rows(self.rows_forward(x_RD, d.counts_E, layout.capacity), layout, d.weights_NK)
+        return from_rows(self.rows_forward(x_RD, layout.rows_E, layout.capacity), layout, d.weights_NK)
+
+    def layout(self, x_ND: Tensor, d: Dispatch) -> RowLayout:
+        """Packed rows for grouped_mm, or the padded grid: of the largest load in eager, of a
+        static C while compiling (the capacity; dropless: N, every token on one expert)."""
+        if self._use_grouped_mm(x_ND, d):
+            return row_layout(d, padded=False)
+        if not torch.compiler.is_compiling():
+            return row_layout(d, padded=True)
+        return row_layout(d, padded=True, capacity=d.capacity if d.capacity is not None else d.weights_NK.shape[0])
 
     def rows_forward(self, x_RD: Tensor, counts_E: Tensor, capacity: Optional[int]) -> Tensor:
         """The experts on expert-major rows: packed (grouped_mm with ``counts_E`` rows each) or an
@@ -236,9 +314,13 @@ class GroupedExperts(nn.Module):
     def _use_grouped_mm(self, x_ND: Tensor, d: Dispatch) -> bool:
         """Which batched form runs. Measured on a 2-core CPU, fwd+bwd of one layer (B*S = 2048):
         one thread: grouped 10-25% faster (no padding work); two threads: the padded bmm
-        1.3-3x faster (one parallel region instead of one per expert), while padding is small."""
+        1.3-3x faster (one parallel region instead of one per expert), while padding is small.
+        While compiling, grouped wherever it has a kernel: the padding ratio is data, and the
+        static grid would be E/K times the packed rows."""
         if self.mode == "padded" or not (_grouped_mm_ok(x_ND, self.w_up) and _grouped_mm_ok(x_ND, self.w_down)):
             return False
-        if self.mode == "grouped" or x_ND.device.type != "cpu" or torch.get_num_threads() == 1:
+        if (self.mode == "grouped" or x_ND.device.type != "cpu" or torch.compiler.is_compiling()
+                or torch.get_num_threads() == 1):
             return True
-        return self.num_experts * int(d.counts_E.max()) > self.max_padding * max(d.slot_S.numel(), 1)
+        kept = int(d.counts_E.sum())
+        return self.num_experts * int(d.counts_E.max()) > self.max_padding * max(kept, 1)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from archlab.config.schema import ModelConfig
 from archlab.nn.ffn import build_ffn, ffn_params
-from archlab.nn.moe.balance import balance_losses
+from archlab.nn.moe.balance import balance_losses, expert_counts
 from archlab.nn.moe.experts import GroupedExperts, capacity_for, dispatch, expert_params
 from archlab.nn.moe.router import Router, build_router
 from archlab.nn.moe.stats import RoutingStats
@@ -79,7 +79,7 @@ class MoELayer(nn.Module):
             y_ND = y_ND + self.shared(x_ND)
         terms = balance_losses(self.moe.balance, r.probs_NE, r.logits_NE, r.experts_NK, B)
         if self.training:
-            chosen_E = torch.bincount(r.experts_NK.reshape(-1), minlength=self.moe.num_experts)
+            chosen_E = expert_counts(r.experts_NK, self.moe.num_experts)
             self.stats.record(chosen_E, d.counts_E, d.dropped, r.probs_NE, terms)
         aux = sum(terms.values()) if terms else x_BSD.new_zeros(())
         return y_ND.view(B, S, D), aux
