@@ -189,7 +189,7 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
             if p.coef is not None and p.coef[0] > 0:
                 grid = np.geomspace(min(p.N) / 1.3, max(p.N) * 1.3, 80)
                 ax.plot(grid, p.curve(grid), color=color, lw=1.2)
-            if p.N_opt is not None:
+            if p.N_opt is not None and p.status == OK:  # a minimum outside the sizes trained is not drawn
                 ci = p.ci.get("N_opt")
                 xerr = None if not ci else [[p.N_opt - ci[0]], [ci[1] - p.N_opt]]
                 ax.errorbar([p.N_opt], [p.L_opt], xerr=xerr, fmt="*", ms=13, color=color, mec="black", capsize=3,
@@ -197,9 +197,9 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
         _log_x(ax, [n for p in profs for n in p.N])
         if not profs:
             _note(ax, "no finite points")
-        style_axes(ax, f"{fam}: IsoFLOP profiles (approach 2)\nparabola in ln N per budget, ★ = minimum N* "
-                   "with 95% interval", f"{n_label} N (count)", "final validation loss (nats/token)",
-                   legend_title="budget")
+        style_axes(ax, f"{fam}: IsoFLOP profiles (approach 2)\nparabola in ln N per budget, "
+                   "★ = minimum N* (inside the sizes trained) with 95% interval", f"{n_label} N (count)",
+                   "final validation loss (nats/token)", legend_title="budget")
         used = [p for p in profs if p.status == OK]
         if used:
             C = np.array([p.budget for p in used])
