@@ -2,7 +2,8 @@
 
 Layout of one checkpoint (``<run>/checkpoints/step_00000100/``)::
 
-    model.safetensors   consolidated model weights (safetensors: tensors only, no code)
+    model.safetensors   consolidated model weights (safetensors: tensors only, no code; under ZeRO-3
+                        gathered from every rank's partition)
     optimizer.pt        AdamW state (tensors and numbers; loaded with torch.load(weights_only=True))
     zero/               DeepSpeed only: the engine's sharded optimizer state, one file per rank
     optimizer_rank<r>.pt  expert parallelism: rank r's AdamW state (its own experts), instead of zero/

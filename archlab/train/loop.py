@@ -41,12 +41,15 @@ from archlab.train.faults import NonFiniteError, StopSignal
 from archlab.train.optim import build_optimizer, lr_at, set_lr
 from archlab.train.parallel import (
     check_data_parallel,
+    check_zero_stage,
     deepspeed_engine,
     fill_deepspeed_config,
     make_accelerator,
     resolve_precision,
     safe_deepspeed_load,
     uses_deepspeed,
+    zero3_consolidated_state_dict,
+    zero3_traceable_outputs,
 )
 from archlab.train.run_folder import (
     METRICS,
@@ -149,6 +152,7 @@ class Trainer:
         if self.deepspeed and t.on_nonfinite == "skip":
             raise RecipeError("train.on_nonfinite='skip' is not supported under DeepSpeed (the engine updates inside "
                               "backward); use train.on_nonfinite=stop or launch without DeepSpeed")
+        check_zero_stage(self._zero_stage(), cfg)  # e.g. MoE at ZeRO-3: refused before anything is built
         self.device = self.accelerator.device
         from archlab.data import TokenBatches, prepare_data
 
@@ -169,9 +173,11 @@ class Trainer:
             restore_optimizer = self._load_checkpoint(resume_from)
         self.optimizer = self._shard_and_build_optimizer(resume_from if restore_optimizer else None)
         if self.deepspeed:
-            conf = fill_deepspeed_config(self.accelerator, t, self.info.world_size)
+            conf = fill_deepspeed_config(self.accelerator, t, self.info.world_size, d_model=cfg.model.d_model)
             if self.ep_size > 1 and self.zero_stage == 0:
                 conf["gradient_clipping"] = 0.0  # clipped by ExpertParallelClipping (true global norm)
+            if self.zero_stage == 3:
+                zero3_traceable_outputs(self.model)  # ZeRO-3 re-gathers the LM head for the fused loss's backward
         module = torch.compile(self.model) if t.compile else self.model
         self.model_t, self.optimizer_t = self.accelerator.prepare(module, self.optimizer)
         self.ep_clip = self._attach_expert_parallel()
@@ -277,6 +283,10 @@ class Trainer:
         elif not self.deepspeed and not (ckpt_dir / ckpt.OPTIMIZER).is_file():
             raise ckpt.CheckpointError(f"{ckpt_dir / ckpt.OPTIMIZER}: missing (was this checkpoint written under "
                                        "DeepSpeed? resume it with the same launcher)")
+        elif self.deepspeed and state.get("deepspeed") and (state.get("zero_stage", 0) == 3) != (self.zero_stage == 3):
+            raise ckpt.CheckpointError(f"{ckpt_dir}: written at DeepSpeed ZeRO stage {state.get('zero_stage', '0-2')}, "
+                                       f"this launch uses stage {self.zero_stage} (ZeRO-3 partitions the parameters, "
+                                       "stages 0-2 do not): resume with the ZeRO stage the checkpoint was trained with")
         self.step, self.tokens = int(state["step"]), int(state["tokens"])
         self.elapsed_before = float(state.get("elapsed_s", 0.0))
         starts_branch = self._starts_branch(ckpt_dir)
@@ -427,14 +437,17 @@ class Trainer:
             return {**row, "skipped": str(e)}
         sums = torch.zeros(2, dtype=torch.float64)
         windows = list(windows)
-        # expert parallelism: every forward exchanges tokens with the other ranks, so every rank runs
-        # as many forwards as the busiest one; the extra ones (a window of zeros) count nothing
-        n_forwards = int(all_reduce_max(torch.tensor(float(len(windows))))) if self.ep_size > 1 else len(windows)
+        # expert parallelism (every forward exchanges tokens with the other ranks) and ZeRO-3 (every
+        # forward gathers the partitioned parameters from all ranks): every rank runs as many forwards
+        # as the busiest one; the extra ones (a window of zeros) count nothing
+        collective = self.ep_size > 1 or self.zero_stage == 3
+        n_forwards = int(all_reduce_max(torch.tensor(float(len(windows))))) if collective else len(windows)
+        net = self.model_t if self.zero_stage == 3 else self.model  # ZeRO-3: the engine's forward gathers
         self.model.eval()
         for i in range(n_forwards):
             x_BS1 = (windows[i] if i < len(windows) else torch.zeros(1, S + 1, dtype=torch.long)).to(self.device)
             with self.accelerator.autocast():
-                logits = self.model(x_BS1[:, :-1]).logits
+                logits = net(x_BS1[:, :-1]).logits
             if i < len(windows):
                 sums[0] += float(lm_loss(logits, x_BS1[:, 1:], reduction="sum"))
                 sums[1] += x_BS1[:, 1:].numel()
@@ -462,6 +475,8 @@ class Trainer:
             torch.save(opt.state_dict(), tmp / ckpt.rank_optimizer_name(self.info.rank))  # ZeRO-1/2: its partition
         elif self.deepspeed:
             deepspeed_engine(self.accelerator).save_checkpoint(str(tmp / "zero"), tag="state", save_latest=False)
+            if self.zero_stage == 3:  # the parameters are partitioned: gathered, onto rank 0 (collective)
+                weights = zero3_consolidated_state_dict(deepspeed_engine(self.accelerator))
         if self.info.is_main:
             ckpt.save_model_weights(weights, tmp / ckpt.WEIGHTS)
             if not self.deepspeed:
@@ -470,7 +485,8 @@ class Trainer:
             ckpt.write_json_atomic(tmp / ckpt.STATE, {
                 "step": self.step, "tokens": self.tokens, "elapsed_s": elapsed, "world_size": self.info.world_size,
                 "global_batch": t.micro_batch_size * t.grad_accum * self.info.world_size,
-                "deepspeed": self.deepspeed, "ep_size": self.ep_size, "archlab_version": archlab.__version__,
+                "deepspeed": self.deepspeed, "zero_stage": self.zero_stage, "ep_size": self.ep_size,
+                "archlab_version": archlab.__version__,
                 "branch": self.branch})
             ckpt.save_recipe(self.cfg, tmp / ckpt.RECIPE)
         barrier()

@@ -8,11 +8,15 @@ and refuses a config that contradicts the recipe.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import os
+from typing import Optional
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, parse_flag_from_env
+from torch import nn
 
 from archlab.config.validate import RecipeError
 
@@ -60,12 +64,17 @@ def uses_deepspeed(accelerator: Accelerator) -> bool:
     return accelerator.distributed_type == DistributedType.DEEPSPEED
 
 
-def fill_deepspeed_config(accelerator: Accelerator, train_cfg, world_size: int) -> dict:
+def fill_deepspeed_config(accelerator: Accelerator, train_cfg, world_size: int, d_model: Optional[int] = None) -> dict:
     """Write the recipe's batch geometry and clipping into the DeepSpeed config before ``prepare``.
 
     ``"auto"`` (or absent) entries are filled; an explicit value that differs from the recipe is
     an error naming both. ``train_batch_size`` uses the torch.distributed world size, which is
     right even where accelerate reports one process (DeepSpeed on a machine without GPUs).
+    ``"auto"`` bucket sizes and the ZeRO-3 persistence threshold are filled from the model width
+    ``d_model`` with accelerate's formulas (accelerate would look for an HF ``model.config``):
+    ``reduce_bucket_size`` D^2, ``stage3_prefetch_bucket_size`` 0.9 D^2,
+    ``stage3_param_persistence_threshold`` 10 D (DeepSpeed keeps parameters up to that size, e.g. norm
+    gains, whole on every rank instead of gathering them for each use).
     """
     conf = accelerator.state.deepspeed_plugin.deepspeed_config
     wanted = {
@@ -88,11 +97,71 @@ def fill_deepspeed_config(accelerator: Accelerator, train_cfg, world_size: int) 
     if conf.get("scheduler") is not None:
         raise RecipeError("the DeepSpeed config names a scheduler; archlab sets the lr from the recipe: "
                           "remove the 'scheduler' section")
-    stage = conf.get("zero_optimization", {}).get("stage", 0)
-    if stage not in (0, 1, 2):
-        raise RecipeError(f"DeepSpeed zero_optimization.stage={stage}: archlab trains with stages 0-2 "
-                          "(stage 3 shards the parameters, which the checkpoint and eval code do not gather)")
+    zero = conf.get("zero_optimization", {})
+    stage = zero.get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise RecipeError(f"DeepSpeed zero_optimization.stage={stage!r}: ZeRO stages are 0, 1, 2 and 3")
+    if d_model is not None:
+        by_width = {"reduce_bucket_size": d_model * d_model, "stage3_prefetch_bucket_size": int(0.9 * d_model ** 2),
+                    "stage3_param_persistence_threshold": 10 * d_model}
+        for key, value in by_width.items():
+            if zero.get(key) == "auto":
+                zero[key] = value
     return conf
+
+
+def check_zero_stage(stage: int, cfg) -> None:
+    """Refuse (RecipeError) what archlab does not train at this ZeRO stage. Stage 3: MoE models
+    (expert parallelism included) and ``train.compile``. Called before anything is built."""
+    if stage != 3:
+        return
+    moe = cfg.model.get("moe")
+    if moe is not None:
+        ep = int(moe.get("ep_size", 1))
+        what = f"model.moe (with model.moe.ep_size={ep})" if ep > 1 else "model.moe"
+        raise RecipeError(
+            f"{what} under DeepSpeed ZeRO stage 3: archlab trains MoE models, and expert parallelism, at ZeRO stages "
+            "0-2 only (DeepSpeed's MoE support ends at stage 2, and stage 3 would partition the experts that "
+            "routing and checkpoints read whole); launch with recipes/launch/zero2.yaml (optimizer states and "
+            "gradients sharded; zero0.yaml or zero1.yaml also work with ep_size > 1), or use zero3.yaml with a "
+            "dense recipe")
+    if cfg.train.compile:
+        raise RecipeError("train.compile=true under DeepSpeed ZeRO stage 3: DeepSpeed's ZeRO-3 forward hooks fail on "
+                          "a torch.compile'd module (seen with DeepSpeed 0.19.8); set train.compile=false, or launch "
+                          "with recipes/launch/zero2.yaml to compile")
+
+
+def zero3_traceable_outputs(model: nn.Module) -> torch.utils.hooks.RemovableHandle:
+    """ZeRO-3: let DeepSpeed see the tensors of ``model``'s output. Call before ``prepare``.
+
+    ZeRO-3 gathers a module's parameters again for its backward through hooks on the tensors of its
+    output, which it finds in tensors, tuples, lists and dicts only. The decoder returns a dataclass
+    and its fused loss reads ``lm_head.weight`` inside the decoder's own forward (DeepSpeed then
+    registers it as an external parameter of the decoder), so without this hook the weight stays
+    partitioned in backward. The hook, run before DeepSpeed's, hands on the output as a named tuple
+    with the same fields (read by attribute as before); model code stays free of DeepSpeed.
+    """
+    def as_named_tuple(module: nn.Module, args, out):
+        if not dataclasses.is_dataclass(out):
+            return None
+        cls = _OUTPUT_TUPLES.get(type(out))
+        if cls is None:
+            names = [f.name for f in dataclasses.fields(out)]
+            cls = _OUTPUT_TUPLES[type(out)] = collections.namedtuple(type(out).__name__, names)
+        return cls(**{name: getattr(out, name) for name in cls._fields})
+
+    return model.register_forward_hook(as_named_tuple)
+
+
+_OUTPUT_TUPLES: dict = {}
+
+
+def zero3_consolidated_state_dict(engine) -> Optional[dict]:
+    """ZeRO-3: the full state dict of the engine's module, gathered one module at a time (every rank
+    holds only its partition of each parameter). Collective: every rank calls it; rank 0 gets the
+    tensors on the CPU, in the parameters' dtype (fp32 here, bf16 under bf16 training, as the weights
+    of stages 0-2), tied parameters as one shared tensor; the other ranks get None."""
+    return engine._zero3_consolidated_16bit_state_dict()
 
 
 def deepspeed_engine(accelerator: Accelerator):
@@ -119,9 +188,8 @@ def safe_deepspeed_load(engine) -> None:
 
 
 def _deepspeed_safe_globals() -> list:
-    """Plain-data classes that DeepSpeed ZeRO 1/2 checkpoints contain."""
-    import collections
-
+    """Plain-data classes that DeepSpeed ZeRO 1-3 checkpoints contain (stage 3's optimizer files hold
+    the same loss scaler and stage enum as stages 1-2; its model files only tensors and containers)."""
     names = []
     try:
         from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler

@@ -1,8 +1,9 @@
-"""Real multi-process runs: ``accelerate launch`` with 2 processes over gloo (DDP and DeepSpeed
-ZeRO-2), and a real signal sent to a training process."""
+"""Real multi-process runs: ``accelerate launch`` with 2 processes over gloo (DDP, DeepSpeed ZeRO-2
+and ZeRO-3), and a real signal sent to a training process."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,11 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import archlab
 from archlab.data import TokenBatches, prepare_data
 from archlab.train import checkpoint as ckpt
 from archlab.train import train
+from archlab.train.parallel import _deepspeed_safe_globals
 
 pytestmark = pytest.mark.slow
 
@@ -44,9 +47,20 @@ def _check_clean_exit(probe: Path) -> None:
         assert left == {"initialized": False, "deepspeed_groups": 0}, f"rank {rank}: {left}"
 
 
-def _losses(run_dir) -> list[float]:
+def _losses(run_dir, kind: str = "train") -> list[float]:
     rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if r["kind"] == "train"]
+    return [r["loss"] for r in rows if r["kind"] == kind]
+
+
+def _launch_refused(args: list[str], recipe: Path, overrides: list[str]) -> str:
+    """``accelerate launch ... -m archlab.train`` that must be refused: the stderr of the launch. The
+    launcher itself exits 1 whenever a rank fails; the ranks' own exit statuses are in its report
+    (the rank that fails second may be stopped by the launcher first, SIGTERM: -15)."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *args, "-m", "archlab.train", str(recipe), *overrides]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=240)
+    statuses = [int(s) for s in re.findall(r"exitcode\s*:\s*(-?\d+)", p.stderr)]
+    assert p.returncode != 0 and 2 in statuses and set(statuses) <= {2, -15}, p.stderr[-3000:]
+    return p.stderr
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +113,62 @@ def test_deepspeed_zero2_matches_and_resumes(setup, tmp_path):
     step4 = run / "checkpoints" / "step_00000004"
     _launch(args, tmp_path / "probe2.json", [*setup["base"], f"train.resume={step4}"], timeout=400)
     assert _losses(run) == full
+
+
+def test_deepspeed_zero3_matches_resumes_and_consolidates(setup, tmp_path):
+    """ZeRO-3 (parameters partitioned too): the 1-process losses at the same global batch, an exact
+    resume, and a consolidated model.safetensors that gives the engine's logits in one process."""
+    probe = tmp_path / "probe.json"
+    args = ["--config_file", str(ROOT / "recipes/launch/zero3.yaml")]
+    _launch(args, probe, [*setup["base"], "train.run_name=zero3"], timeout=400)
+    _check_shards(probe, setup["cfg"])
+    run, ref = setup["out"] / "zero3", setup["out"] / "ref"
+    env = json.loads((run / "env.json").read_text())
+    assert env["world_size"] == 2 and env["accelerate_distributed_type"].endswith("DEEPSPEED")
+    zero = env["deepspeed_config"]["zero_optimization"]
+    assert zero["stage"] == 3 and zero["stage3_param_persistence_threshold"] == 10 * 32  # "auto": 10 * d_model
+    full = _losses(run)
+    np.testing.assert_allclose(full, setup["ref"], rtol=2e-5)
+    np.testing.assert_allclose(_losses(run, "val"), _losses(ref, "val"), rtol=2e-5)  # eval through the engine
+    # really partitioned: the engine's module state holds no weights, each rank's fp32 partition about half
+    step4 = run / "checkpoints" / "step_00000004"
+    assert ckpt.load_state(step4)["zero_stage"] == 3
+    n = archlab.num_params(setup["cfg"])
+    parts = []
+    for rank in (0, 1):
+        states = step4 / "zero" / "state" / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt"
+        assert all(t.numel() == 0 for t in torch.load(states, weights_only=True)["module"].values())
+        with torch.serialization.safe_globals(_deepspeed_safe_globals()):
+            optim = torch.load(states.with_name(states.name.replace("model", "optim")), weights_only=True)
+        parts.append(sum(t.numel() for t in optim["optimizer_state_dict"]["fp32_flat_groups"]))
+    assert sum(parts) >= n and max(parts) < 0.6 * n, (parts, n)
+    # the consolidated weights, loaded in this process: the engine's logits, and the 1-process run's
+    model, _ = ckpt.load_model(run)
+    ref_model, _ = ckpt.load_model(ref)
+    engine = torch.load(f"{probe}.logits.pt", weights_only=True)
+    with torch.no_grad():
+        logits = model(engine["input_ids"]).logits
+        torch.testing.assert_close(logits, engine["logits"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(logits, ref_model(engine["input_ids"]).logits, rtol=1e-4, atol=1e-5)
+    # resumed at ZeRO-3 from the step-4 checkpoint (optimizer partitions loaded with weights_only=True)
+    _launch(args, tmp_path / "probe2.json", [*setup["base"], f"train.resume={step4}"], timeout=400)
+    assert _losses(run) == full
+    # at ZeRO-2 the same checkpoint is refused, naming both stages
+    err = _launch_refused(["--config_file", str(ROOT / "recipes/launch/zero2.yaml")], RECIPE,
+                          [*setup["base"], f"train.resume={step4}"])
+    assert "written at DeepSpeed ZeRO stage 3, this launch uses stage 2" in err, err[-3000:]
+
+
+def test_moe_under_zero3_refused(setup):
+    """MoE (here with expert parallelism) at ZeRO-3: exit status 2 with the reason and what to use
+    instead, before anything is built (no run folder, no data cache)."""
+    cache = setup["out"] / "moe3-cache"
+    overrides = [*setup["base"], f"data.cache_dir={cache}", "train.run_name=moe3", "model.moe.ep_size=2"]
+    err = _launch_refused(["--config_file", str(ROOT / "recipes/launch/zero3.yaml")],
+                          ROOT / "recipes/mixtral/tiny.yaml", overrides)
+    assert "error: model.moe (with model.moe.ep_size=2) under DeepSpeed ZeRO stage 3" in err, err[-3000:]
+    assert "recipes/launch/zero2.yaml" in err
+    assert not (setup["out"] / "moe3").exists() and not cache.exists()
 
 
 def test_real_sigterm_then_resume(setup):

@@ -213,6 +213,35 @@ def test_deepspeed_config_must_agree_with_recipe(tiny_cfg):
         fill_deepspeed_config(acc({"optimizer": {"type": "Adam"}}), t, 1)
 
 
+def test_zero3_config_filled_and_refusals(tiny_cfg):
+    """ZeRO-3: "auto" bucket sizes and persistence threshold from model.d_model; MoE (expert
+    parallelism included) and train.compile refused at stage 3 only; stage 4 refused."""
+    from types import SimpleNamespace
+
+    from archlab.train.parallel import check_zero_stage, fill_deepspeed_config
+
+    def acc(conf):
+        return SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(deepspeed_config=conf)))
+
+    cfg = tiny_cfg()
+    zero = {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+            "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 7}
+    conf = fill_deepspeed_config(acc({"zero_optimization": zero}), cfg.train, 2, d_model=32)
+    assert conf["zero_optimization"] == {"stage": 3, "reduce_bucket_size": 1024, "stage3_prefetch_bucket_size": 921,
+                                         "stage3_param_persistence_threshold": 320, "stage3_max_live_parameters": 7}
+    with pytest.raises(RecipeError, match="stage=4"):
+        fill_deepspeed_config(acc({"zero_optimization": {"stage": 4}}), cfg.train, 1)
+    check_zero_stage(3, cfg)  # dense: trained at stage 3
+    moe = tiny_cfg(recipe="mixtral/tiny")
+    check_zero_stage(2, moe)
+    with pytest.raises(RecipeError, match=r"^model\.moe under DeepSpeed ZeRO stage 3: .*zero2\.yaml"):
+        check_zero_stage(3, moe)
+    with pytest.raises(RecipeError, match=r"^model\.moe \(with model\.moe\.ep_size=2\) under DeepSpeed ZeRO stage 3"):
+        check_zero_stage(3, tiny_cfg("model.moe.ep_size=2", recipe="mixtral/tiny"))
+    with pytest.raises(RecipeError, match="train.compile=true under DeepSpeed ZeRO stage 3"):
+        check_zero_stage(3, tiny_cfg("train.compile=true"))
+
+
 def test_cli_prints_one_line_and_exits_2(tmp_path, root, capsys):
     from archlab.train.__main__ import main
 

@@ -1,5 +1,6 @@
 """Launched by test_train_distributed.py under ``accelerate launch``: records which training
-windows each rank reads (through the Trainer, so through its rank/world-size plumbing), then trains.
+windows each rank reads (through the Trainer, so through its rank/world-size plumbing), then trains;
+under ZeRO-3 it then saves the engine's logits on fixed ids to ``<probe.json>.logits.pt``.
 
     accelerate launch ... tests/train/train_shard_probe.py <probe.json> <recipe.yaml> [key=value ...]
 """
@@ -7,6 +8,7 @@ windows each rank reads (through the Trainer, so through its rank/world-size plu
 import json
 import sys
 
+import torch
 import torch.distributed as dist
 
 import archlab
@@ -26,6 +28,13 @@ def main() -> int:
         with open(out, "w") as f:
             json.dump({"world_size": trainer.info.world_size, "ranks": everyone}, f)
     trainer.run()
+    if trainer.zero_stage == 3:  # logits of the trained, partitioned model through the engine (collective)
+        x_BS = torch.arange(2 * trainer.cfg.train.seq_len).reshape(2, -1) % trainer.cfg.model.vocab_size
+        trainer.model_t.eval()
+        with torch.no_grad():
+            logits = trainer.model_t(x_BS).logits
+        if trainer.info.is_main:
+            torch.save({"input_ids": x_BS, "logits": logits}, f"{out}.logits.pt")
     trainer.close()  # as archlab.train.train does: the engine lets go of the process groups
     return trainer.info.rank
 
