@@ -99,22 +99,31 @@ def plot_loss_vs_flops(points, fits, curves, path: Path) -> Path:
 
 
 def plot_loss_vs_tokens(runs_by_family: dict[str, list], path: Path) -> Path:
-    """One panel per family: validation loss against tokens seen, one line per run (by size)."""
+    """One panel per family: validation loss against tokens seen, one line per run, one colour and
+    one legend entry per model size (runs of a size, e.g. a WSD trunk and its branches or several
+    seeds, share them)."""
     plt = pyplot()
     fams = sorted(runs_by_family)
     fig, axes = plt.subplots(1, len(fams), figsize=(5 * len(fams), 4.2), squeeze=False, sharey=True)
+    cmap = plt.get_cmap("viridis")
     for ax, fam in zip(axes[0], fams):
         runs = sorted(runs_by_family[fam], key=lambda r: r.params["active"])
-        cmap = plt.get_cmap("viridis")
-        for i, r in enumerate(runs):
+        sizes = sorted({r.params["active"] for r in runs})
+        labelled: set = set()
+        for r in runs:
             rows = [v for v in r.val_rows if v.get("tokens")]
             if not rows:
                 continue
-            color = cmap(i / max(1, len(runs) - 1) * 0.9)
-            ax.plot([v["tokens"] for v in rows], [v["loss"] for v in rows], "o-", ms=3, color=color,
-                    label=f"{r.name} ({r.params['active'] / 1e6:.2f}M active)")
+            size = r.params["active"]
+            color = cmap(sizes.index(size) / max(1, len(sizes) - 1) * 0.9)
+            n_runs = sum(q.params["active"] == size for q in runs)
+            label = None if size in labelled else f"{size / 1e6:.2f}M active ({n_runs} runs)"
+            labelled.add(size)
+            ax.plot([v["tokens"] for v in rows], [v["loss"] for v in rows], "o-", ms=2.5, lw=1, color=color,
+                    alpha=0.8, label=label)
         ax.set_xscale("log")
-        style_axes(ax, f"{fam}: validation loss vs tokens", "tokens seen", "validation loss (nats/token)")
+        style_axes(ax, f"{fam}: validation loss vs tokens", "tokens seen (count)", "validation loss (nats/token)",
+                   legend_title="model size")
     fig.tight_layout()
     return save_figure(fig, path)
 
