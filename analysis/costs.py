@@ -43,7 +43,7 @@ MEMORY_LABELS = {"weights": "weights", "grads": "gradients", "optimizer": "AdamW
 ACTIVATION_LABELS = {"embedding": "token ids, embedding", "positions": "RoPE tables", "norms": "norms",
                      "attention": "attention", "ffn": "dense MLP", "moe": "MoE (router + experts)",
                      "dropout": "dropout masks", "checkpoint": "checkpointed layer inputs",
-                     "head": "final norm + LM-head input", "loss": "loss (log-softmax of logits)",
+                     "head": "final norm", "loss": "LM head + loss (fused: grads of h, W; logits: h, log-softmax)",
                      "recompute_peak": "one block recomputed (backward peak)"}
 FLOP_UNITS = [(1.0, "FLOP"), (1e3, "kFLOP"), (1e6, "MFLOP"), (1e9, "GFLOP"), (1e12, "TFLOP")]
 BYTE_UNITS = [(1.0, "B"), (2.0**10, "KiB"), (2.0**20, "MiB"), (2.0**30, "GiB"), (2.0**40, "TiB")]
@@ -67,7 +67,7 @@ def expand(inputs: Sequence[str]) -> list[Path]:
 
 
 def recipe_costs(path: Path, seq_len: Optional[int], batch: Optional[int], precision: str, zero_stage: int,
-                 dp: int, device: str, checkpointing: bool, ep: Optional[int] = None) -> dict:
+                 dp: int, device: str, checkpointing="none", ep: Optional[int] = None, loss: str = "fused") -> dict:
     """All the numbers of one recipe (raw units: parameters, FLOPs, bytes)."""
     try:
         recipe = archlab.load_recipe(path)
@@ -84,10 +84,10 @@ def recipe_costs(path: Path, seq_len: Optional[int], batch: Optional[int], preci
     ep = ep if cfg.moe is not None else None  # dense recipes have no experts to shard
     try:
         mem = training_memory(cfg, B, S, precision=precision, zero_stage=zero_stage, dp=dp, ep=ep, device=device,
-                              checkpointing=checkpointing)
+                              checkpointing=checkpointing, loss=loss)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
-    acts = activation_memory(cfg, B, S, dtype=precision, device=device, checkpointing=checkpointing)
+    acts = activation_memory(cfg, B, S, dtype=precision, device=device, checkpointing=checkpointing, loss=loss)
     return {
         "recipe": recipe.name, "path": str(path), "family": recipe.family, "seq_len": S, "batch": B,
         "params_total": params.total, "params_embedding": params.embedding,
@@ -235,7 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="expert-parallel ranks for MoE recipes (default: the recipe's moe.ep_size); must divide --dp")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                     help="device the activation estimate is for (kernels differ; default cuda)")
-    ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every block")
+    ap.add_argument("--checkpointing", nargs="?", const="full", default="none", choices=["none", "full", "selective"],
+                    help="activation checkpointing of the blocks, as train.activation_checkpointing (bare: full)")
+    ap.add_argument("--loss", choices=["fused", "logits"], default="fused",
+                    help="LM head + loss: the trainer's fused one (default) or cross-entropy on fp32 logits")
     ap.add_argument("--out", type=Path, help="folder for flops_breakdown.png, memory_breakdown.png, costs.<format>")
     return ap
 
@@ -244,7 +247,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         rows = [recipe_costs(p, args.seq_len, args.batch, args.precision, args.zero_stage, args.dp,
-                             args.device, args.checkpointing, args.ep) for p in expand(args.recipes)]
+                             args.device, args.checkpointing, args.ep, args.loss) for p in expand(args.recipes)]
     except (RecipeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

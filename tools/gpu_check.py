@@ -26,11 +26,12 @@ Columns:
   (``aten::_grouped_mm`` in the profile) or fell back to the padded ``bmm``;
 - states: bytes allocated between steps (bf16 weights, fp32 masters and moments; no gradients)
   against the predicted weights + optimizer states;
-- peak: ``torch.cuda.max_memory_allocated`` over one step with the plain logits loss (fp32
-  cross-entropy over (B, S, V) logits: what ``archlab.costs.training_memory`` models, its
-  ``loss`` term being the N x V fp32 log-probabilities) against ``training_memory(precision=
-  "bf16", device="cuda")`` for the same batch, and with the fused loss that was timed. The cost
-  model counts bytes kept for backward; the peak adds the transients of the moment it is reached.
+- peak: ``torch.cuda.max_memory_allocated`` over one step with the fused loss that was timed,
+  against ``archlab.costs.training_memory(precision="bf16", device="cuda")`` for the same batch,
+  and over one step with the reference loss on (B, S, V) logits (``archlab.nn.loss.lm_loss``:
+  fp32 cross-entropy) against ``training_memory(..., loss="logits")``, whose ``loss`` term holds
+  the N x V fp32 log-probabilities. The cost model counts bytes kept for backward; the peak adds
+  the transients of the moment it is reached.
 
 Exit status: 0 every recipe ran; 1 some recipe failed (its row says why, the others still run);
 2 no CUDA device, or bad input.
@@ -50,7 +51,6 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,7 +149,8 @@ def compare_memory(measured: Optional[float], predicted: float, tolerance: float
 
 
 COLUMNS = ("recipe", "params", "B x S", "step ms", "tokens/s", "MFU", "SDPA kernel", "flash / efficient alone",
-           "grouped_mm", "states GiB (meas / pred)", "peak GiB, logits loss (meas / pred)", "peak GiB, fused loss")
+           "grouped_mm", "states GiB (meas / pred)", "peak GiB, logits loss (meas / pred)",
+           "peak GiB, fused loss (meas / pred)")
 
 
 def format_table(rows: Sequence[dict], title: str, notes: Sequence[str] = ()) -> str:
@@ -166,8 +167,7 @@ def format_table(rows: Sequence[dict], title: str, notes: Sequence[str] = ()) ->
                 " + ".join(r["sdpa"]) or "none seen",
                 " / ".join("yes" if r["sdpa_alone"][k] is None else "no" for k in ("flash", "efficient")),
                 r["grouped_mm"],
-                _mem_cell(r["states"]), _mem_cell(r["peak_logits"]),
-                "n/a" if r["peak_fused"] is None else f"{r['peak_fused'] / GIB:.2f}",
+                _mem_cell(r["states"]), _mem_cell(r["peak_logits"]), _mem_cell(r["peak_fused"]),
             ]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     if notes:
@@ -214,9 +214,11 @@ def fused_loss(model: nn.Module, ids_BS1: Tensor) -> Tensor:
 
 
 def logits_loss(model: nn.Module, ids_BS1: Tensor) -> Tensor:
-    """cross-entropy over fp32 (B, S, V) logits: the loss archlab.costs' memory model describes."""
+    """The reference cross-entropy over fp32 (B, S, V) logits (``archlab.nn.loss.lm_loss``)."""
+    from archlab.nn.loss import lm_loss
+
     out = model(ids_BS1[:, :-1])
-    return F.cross_entropy(out.logits.float().flatten(0, 1), ids_BS1[:, 1:].flatten()) + out.aux_loss.float()
+    return lm_loss(out.logits, ids_BS1[:, 1:]) + out.aux_loss.float()
 
 
 @dataclass
@@ -328,9 +330,10 @@ def check_case(recipe: str, args: argparse.Namespace, device: torch.device, peak
         if why is not None:
             notes.append(f"{case.name}: SDPA restricted to {name} fails: {why}")
     predicted = training_memory(model_cfg, b, s, precision="bf16", device="cuda")
-    acts = activation_memory(model_cfg, b, s, dtype="bf16", device="cuda")
-    notes.append(f"{case.name}: {acts.model['loss'] / GIB:.3g} GiB of the predicted peak is the cost model's loss "
-                 "term (N x V fp32 log-probabilities), which the fused loss never holds")
+    predicted_logits = training_memory(model_cfg, b, s, precision="bf16", device="cuda", loss="logits")
+    acts = activation_memory(model_cfg, b, s, dtype="bf16", device="cuda", loss="logits")
+    notes.append(f"{case.name}: {acts.model['loss'] / GIB:.3g} GiB of the logits loss's prediction is its loss "
+                 "term (LM-head input, N x V fp32 log-probabilities), which the fused loss never holds")
     step_s = statistics.median(times)
     tokens_per_s = b * s / step_s
     flops = training_flops_per_token(model_cfg, s)
@@ -344,8 +347,8 @@ def check_case(recipe: str, args: argparse.Namespace, device: torch.device, peak
         "step_ms": 1e3 * step_s, "tokens_per_s": tokens_per_s, "mfu": mfu(tokens_per_s, flops, peak),
         "flops_per_token": flops, "sdpa": sdpa_kernels(list(ops)), "sdpa_alone": alone, "grouped_mm": grouped,
         "states": compare_memory(states_now, predicted["weights"] + predicted["optimizer"], args.mem_tolerance),
-        "peak_logits": compare_memory(peak_logits, predicted["total"], args.mem_tolerance),
-        "peak_fused": peak_fused,
+        "peak_logits": compare_memory(peak_logits, predicted_logits["total"], args.mem_tolerance),
+        "peak_fused": compare_memory(peak_fused, predicted["total"], args.mem_tolerance),
     }
     return row, notes
 

@@ -170,6 +170,10 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     precision: str = "auto"  # auto (bf16 where supported, else fp32) | fp32 | bf16
     compile: bool = False  # torch.compile the model
+    # recompute activations in backward to save memory (archlab/model/checkpointing.py): none | full (a block
+    # keeps only its input; backward runs its forward again) | selective (a block also keeps its matmul and
+    # attention outputs; backward recomputes only norms, activations, RoPE, softmax...). Same gradients
+    activation_checkpointing: str = "none"
     seed: int = 0
     log_every: int = 10
     eval_every: int = 100

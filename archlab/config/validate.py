@@ -184,6 +184,7 @@ def validate_train(t, model) -> None:
         _fail("train.grad_clip", t.grad_clip, "must be >= 0 (0 = no clipping)")
     _one_of("train.precision", t.precision, ["auto", "fp32", "bf16"])
     _one_of("train.on_nonfinite", t.on_nonfinite, ["stop", "skip"])
+    _one_of("train.activation_checkpointing", t.activation_checkpointing, ["none", "full", "selective"])
     if any(mult <= 0 for mult in t.eval_context_multipliers):
         _fail("train.eval_context_multipliers", list(t.eval_context_multipliers), "must be positive integers")
     if t.peak_flops is not None and t.peak_flops <= 0:

@@ -5,7 +5,8 @@
     cfg = archlab.model_config(archlab.load_recipe("recipes/llama/tiny.yaml"))
     training_flops_per_token(cfg, seq_len=128)   # matmul FLOPs of one training token
     param_counts(cfg).active                     # parameters one token uses
-    activation_memory(cfg, batch=8, seq_len=128).total  # bytes kept for backward
+    activation_memory(cfg, batch=8, seq_len=128).total  # bytes the trainer's step keeps for backward
+    activation_memory(cfg, 8, 128, checkpointing="selective").total  # with train.activation_checkpointing
 
 ``archlab.costs.measure`` takes the same quantities on a built model (FlopCounterMode,
 saved-tensor hooks): the reference the estimates are tested against.

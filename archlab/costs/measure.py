@@ -7,26 +7,37 @@ against.
   square (the convention of :mod:`archlab.costs.flops`).
   ``aten._grouped_mm`` (MoE experts' grouped GEMM) has no formula in torch either; importing
   this module registers one (:func:`grouped_mm_flop`), so the count covers exactly the rows the
-  router sent to each expert.
+  router sent to each expert; nor does the in-place ``aten.addmm_`` of the fused loss
+  (:func:`addmm_inplace_flop`).
 - :func:`saved_activation_bytes`: the bytes autograd keeps for backward, seen through
   ``torch.autograd.graph.saved_tensors_hooks``. Tensors that share a storage count once (q, k, v
   are views of one fused projection), parameters and buffers count zero (they are weights, not
-  activations).
+  activations). Under activation checkpointing the hooks see what a checkpointed block keeps
+  (its input) but not the op outputs selective checkpointing caches itself: those are read from
+  its cache.
+
+Both run :func:`training_loss`, the trainer's forward + loss on a (B, S+1) token window: by
+default the fused LM-head cross-entropy, or (``loss="logits"``) the reference
+:func:`archlab.nn.loss.lm_loss` on the model's logits.
 
 Shape legend: B batch, S sequence, V vocabulary.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_flop_formula
+
+from archlab.nn.loss import lm_loss
+
+LOSSES = ("fused", "logits")
 
 
 def grouped_mm_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
@@ -48,15 +59,27 @@ if hasattr(torch.ops.aten, "_grouped_mm") and torch.ops.aten._grouped_mm not in 
     register_flop_formula(torch.ops.aten._grouped_mm)(grouped_mm_flop)
 
 
-def lm_loss(logits_BSV: Tensor, targets_BS: Tensor) -> Tensor:
-    """Next-token cross-entropy as archlab.train computes it: on fp32 logits, mean over B*S."""
-    return F.cross_entropy(logits_BSV.float().flatten(0, 1), targets_BS.flatten())
+def addmm_inplace_flop(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """``c.addmm_(a, b)``, (M, K) x (K, N): 2*M*K*N, as addmm. The fused loss accumulates the LM
+    head's weight gradient so; torch's counter has no formula for the in-place op."""
+    return 2 * a_shape[0] * a_shape[1] * b_shape[1]
 
 
-def _forward_loss(model: nn.Module, ids_BS: Tensor) -> Tensor:
-    """Model + loss on next-token targets (a separate tensor, as a data loader yields)."""
-    out = model(ids_BS)
-    return lm_loss(out.logits, ids_BS.roll(-1, dims=1)) + out.aux_loss
+if torch.ops.aten.addmm_ not in flop_registry:
+    register_flop_formula(torch.ops.aten.addmm_)(addmm_inplace_flop)
+
+
+def training_loss(model: nn.Module, x_BS1: Tensor, loss: str = "fused") -> Tensor:
+    """LM loss + MoE balancing terms of one (B, S+1) window, inputs ``x[:, :-1]``, targets
+    ``x[:, 1:]``: ``fused`` is the trainer's call (``Trainer._forward_loss``: no logits),
+    ``logits`` the reference loss on the (B, S, V) logits."""
+    if loss == "fused":
+        out = model(x_BS1[:, :-1], targets=x_BS1[:, 1:])
+        return out.loss.float() + out.aux_loss.float()
+    if loss == "logits":
+        out = model(x_BS1[:, :-1])
+        return lm_loss(out.logits, x_BS1[:, 1:]) + out.aux_loss.float()
+    raise ValueError(f"loss={loss!r}: must be one of {', '.join(LOSSES)}")
 
 
 @contextmanager
@@ -79,14 +102,16 @@ def real_routed_rows(model: nn.Module) -> Iterator[None]:
             m.mode = mode
 
 
-def measured_flops(model: nn.Module, ids_BS: Tensor, backward: bool = True) -> dict[str, float]:
-    """FLOPs counted by FlopCounterMode for one forward (and backward) on ``ids_BS``.
+def measured_flops(model: nn.Module, x_BS1: Tensor, backward: bool = True, loss: str = "fused") -> dict[str, float]:
+    """FLOPs counted by FlopCounterMode for one forward (and backward) on the window ``x_BS1``.
 
     Returns ``{"total": ..., <module path>: ...}`` with the counter's own per-module table
-    (every module, parents included, e.g. ``Decoder.blocks.0.attn.wqkv``).
+    (every module, parents included, e.g. ``Decoder.blocks.0.attn.wqkv``). The fused loss runs
+    the LM head's backward matmuls in the forward, outside the ``lm_head`` module: a forward-only
+    table by component wants ``loss="logits"``; totals with backward are the same for both.
     """
     with real_routed_rows(model), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        loss = _forward_loss(model, ids_BS)
+        loss = training_loss(model, x_BS1, loss)
         if backward:
             loss.backward()
     out = {"total": float(counter.get_total_flops())}
@@ -151,31 +176,87 @@ def _attribute_to_modules(model: nn.Module) -> Iterator[Callable[[], str]]:
             h.remove()
 
 
+@contextmanager
+def _selective_caches() -> Iterator[list[dict]]:
+    """While active, collects the cache of every selective checkpoint region opened
+    (``archlab.model.checkpointing.selective_contexts``): the op outputs it keeps for backward."""
+    from archlab.model import checkpointing
+
+    caches: list[dict] = []
+    original = checkpointing.selective_contexts
+
+    def observed():
+        forward_mode, recompute_mode = original()
+        caches.append(forward_mode.storage)  # {op: {call index: kept outputs, or a recompute marker}}
+        return forward_mode, recompute_mode
+
+    checkpointing.selective_contexts = observed
+    try:
+        yield caches
+    finally:
+        checkpointing.selective_contexts = original
+
+
+def _cached_tensors(cache: dict) -> Iterator[Tensor]:
+    from torch.utils._pytree import tree_leaves
+
+    for calls in cache.values():
+        for entry in calls.values():
+            for leaf in tree_leaves(entry):
+                if isinstance(getattr(leaf, "val", None), Tensor):  # a _VersionWrapper around a kept output
+                    yield leaf.val
+
+
+class _Saved:
+    """A tensor as a saved-tensors pack hook hands it to autograd: alive while its node is.
+    Detached (same storage): an op's own output held with its grad_fn would make a reference
+    cycle with that node, which would then outlive its branch of the graph."""
+
+    __slots__ = ("t", "__weakref__")
+
+    def __init__(self, t: Tensor):
+        self.t = t.detach()
+
+    def unpack(self) -> Tensor:
+        return self.t
+
+
 def saved_activation_bytes(
     model: nn.Module,
-    ids_BS: Tensor,
+    x_BS1: Tensor,
     loss_fn: Optional[Callable[[nn.Module, Tensor], Tensor]] = None,
+    loss: str = "fused",
 ) -> dict[str, int]:
-    """Bytes saved for backward by one training forward (model + loss) on ``ids_BS``.
+    """Bytes saved for backward by one training forward (model + loss) on the window ``x_BS1``
+    (B, S+1): :func:`training_loss` with ``loss``, or ``loss_fn(model, x_BS1)``.
 
     Returns ``{"total": ..., <module path>: ...}``: each distinct storage is counted once, under
-    the module that saved it first ("" = outside any module, e.g. the loss).
+    the module that saved it first ("" = outside any module, e.g. the loss or the checkpointed
+    blocks' inputs; "<selective checkpoint>" = the op outputs selective checkpointing keeps).
     """
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     weights |= {b.untyped_storage().data_ptr() for b in model.buffers()}
+    packed: list[tuple[weakref.ref, str]] = []  # every saved tensor, as the autograd node holds it
+    with _attribute_to_modules(model) as current, real_routed_rows(model), _selective_caches() as caches:
+
+        def pack(t: Tensor) -> _Saved:
+            saved = _Saved(t)
+            packed.append((weakref.ref(saved), current()))
+            return saved
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, _Saved.unpack):
+            out = loss_fn(model, x_BS1) if loss_fn is not None else training_loss(model, x_BS1, loss)
+    # what backward will find: tensors of nodes still in the graph (a branch whose output died,
+    # e.g. a top-k only its indices were taken from, freed its saved tensors already), then the
+    # outputs selective checkpointing cached
+    kept = [(ref().t, where) for ref, where in packed if ref() is not None]
+    kept += [(t, "<selective checkpoint>") for cache in caches for t in _cached_tensors(cache)]
     seen: set[tuple[int, int]] = set()
     per_module: dict[str, int] = defaultdict(int)
-    loss_fn = loss_fn or _forward_loss
-    with _attribute_to_modules(model) as current, real_routed_rows(model):
-
-        def pack(t: Tensor) -> Tensor:
-            key = _storage_key(t)
-            if key[0] not in weights and key not in seen:
-                seen.add(key)
-                per_module[current()] += key[1]
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = loss_fn(model, ids_BS)
-    del loss
+    for t, where in kept:
+        key = _storage_key(t)
+        if key[0] not in weights and key not in seen:
+            seen.add(key)
+            per_module[where] += key[1]
+    del out, kept
     return {"total": sum(per_module.values()), **dict(per_module)}

@@ -11,7 +11,9 @@ experts are first split over the ``ep`` expert-parallel ranks (E/ep experts each
 states shard over the expert-data-parallel group of ``dp/ep`` ranks.
 
 Activations: the bytes autograd keeps between forward and backward, derived tensor by tensor
-from archlab's own modules (what each op saves; views of one storage count once):
+from archlab's own modules (what each op saves; views of one storage count once; a branch of the
+graph whose output dies in the forward, e.g. a top-k only its indices are taken from, frees what
+it saved and counts nothing):
 
 - norm: LayerNorm keeps its input + mean, rstd per token; RMSNorm keeps an fp32 copy of its
   input, rstd and the normalised x*rstd on CPU (composite), input + rstd on CUDA (fused);
@@ -25,14 +27,19 @@ from archlab's own modules (what each op saves; views of one storage count once)
 - FFN: the up-projection input and the hidden activations: GELU keeps 2F per token (its input
   and output), ReLU F (its output serves both), SwiGLU 4F ([gate; up], silu(gate), product);
 - MoE: the router's fp32 input copy, scores, chosen ids and gates (+ what the balancing terms
-  and group-limited routing keep), the tokens' rows in expert-major order, the experts' hidden
-  activations and outputs per routed slot, the shared experts. This is the packed (grouped
-  GEMM) layout, N*K rows; the padded (E, C) grid the experts may choose on CPU keeps E*C rows
-  (C = the largest expert load);
+  keep; group-limited routing keeps nothing), the tokens' rows in expert-major order, the
+  experts' hidden activations and outputs per routed slot, the shared experts. This is the
+  packed (grouped GEMM) layout, N*K rows; the padded (E, C) grid the experts may choose on CPU
+  keeps E*C rows (C = the largest expert load);
 - dropout (p > 0): one mask per dropout, in the activation dtype on CPU, bool on CUDA;
-- model level: token ids and targets (int64), learned position ids, RoPE cos/sin tables (fp32,
-  shared by all layers), the final norm and LM-head input, and the loss's log-softmax (N x V,
-  fp32: the trainer upcasts the logits).
+- model level: the token window (int64; the trainer reads (B, S+1) ids, the inputs and targets
+  are views of it and the embedding keeps the whole window), learned position ids, RoPE cos/sin
+  tables (fp32, shared by all layers), the final norm, and the LM head + loss by ``loss``:
+  ``fused`` (default: what the trainer runs, ``archlab.nn.loss.linear_cross_entropy``) keeps the
+  gradients wrt its input h (N x D) and the head's weight (V x D), computed in the forward, and
+  the count of counted tokens; ``logits`` (the reference ``archlab.nn.loss.lm_loss`` on the
+  model's (B, S, V) logits) keeps the head's input h, the N x V fp32 log-softmax (the logits are
+  upcast), a copy of the targets and the loss's total weight.
 
 Dtypes: ``bf16`` describes a model held in bf16 (DeepSpeed's bf16 mode, the 2 + 2 + 12 split
 above); torch.autocast over fp32 weights (accelerate's native mixed precision) keeps more: a bf16
@@ -40,8 +47,19 @@ copy of every weight, fp32 norm outputs and residual stream, bf16 copies of the 
 (measured 1.35-1.5x the ``bf16`` estimate for the tiny recipes at batch 2 x 64 on CPU); it is
 not modelled here.
 
-With activation checkpointing (each block recomputed in backward) a layer keeps only its input
-(N x D); the backward then holds one layer's full activations at a time (``recompute_peak``).
+Activation checkpointing (``checkpointing``, the trainer's ``train.activation_checkpointing``;
+``archlab.model.checkpointing`` implements it):
+
+- ``full``: a block keeps only its input (N x D); RoPE tables then live only inside the
+  recomputed blocks (nothing saves them);
+- ``selective``: a block keeps its input and the outputs of its matmuls and attention kernels:
+  the fused QKV projection, SDPA's output and log-sum-exp (the CPU math kernel: its two bmm
+  outputs, the (B*H, S, S) scores and the weighted values, fp32), the output projection, the FFN's
+  up and down projections; MoE: the router's gate logits (fp32), the experts' up and down
+  grouped GEMMs over their slots, the shared experts' projections.
+
+Either way backward recomputes one block at a time, which then holds its full activations again:
+``recompute_peak`` = the largest layer's activations beyond what it kept.
 """
 
 from __future__ import annotations
@@ -60,6 +78,10 @@ ID_BYTES = 8  # int64 token ids
 
 # hidden activations an FFN of each type keeps, per token, in units of F
 FFN_HIDDEN_SAVED = {"gelu": 2, "relu": 1, "swiglu": 4}
+# width of an FFN's up-projection output in units of F (SwiGLU: [gate; up] in one GEMM)
+FFN_UP_WIDTH = {"gelu": 1, "relu": 1, "swiglu": 2}
+CHECKPOINTING = ("none", "full", "selective")  # archlab.model.checkpointing.MODES
+LOSSES = ("fused", "logits")
 
 
 def _check_choice(name: str, value, valid) -> None:
@@ -237,17 +259,12 @@ def _router_bytes(s: _Shape) -> float:
         total += cfg.d_model * E * f
     if m.router.renormalize:
         total += n * K * f + n * f  # gathered weights and their sum
-    if m.router.type == "sigmoid_topk":
-        total += n * f  # the normaliser of the balancing probabilities
+    if m.router.type == "sigmoid_topk" and (m.balance.aux_loss_coeff > 0 or m.balance.seq_aux_loss_coeff > 0):
+        total += n * f  # the normaliser of the balancing probabilities (freed when no term reads them)
     if m.router.jitter > 0:  # the noise; the gate then keeps the jittered copy instead of x
         total += n * cfg.d_model * s.act
-    G, kept = m.router.n_groups, m.router.topk_groups
-    if G > 1:  # group ranking, the best groups' ids, the mask of the other experts
-        if m.router.type == "sigmoid_topk":  # ids of each group's two best scores
-            rank = n * G * 2 * ID_BYTES
-        else:  # each group's best score (amax keeps it, and its input when biased)
-            rank = n * G * f + (n * E * f if m.balance.bias_update_rate > 0 else 0)
-        total += rank + n * kept * ID_BYTES + n * E
+    # group-limited routing (n_groups > 1) keeps nothing: its ranking only picks ids, and the graph
+    # behind them is freed as soon as the top-k indices are taken
     b = m.balance
     if b.z_loss_coeff > 0:
         total += n * E * f + n * f  # logits, logsumexp
@@ -275,7 +292,8 @@ def _moe_bytes(s: _Shape) -> float:
     # the layer input: the router reads an fp32 copy, the shared experts the input itself
     total = n * D * STATS_BYTES + (n * D * a if shared and a != STATS_BYTES else 0)
     total += _router_bytes(s)
-    total += slots * (2 * ID_BYTES + a) + 2 * E * 4  # row <-> slot indices, gates; group offsets (int32)
+    # row <-> slot indices (slot_R a view of R + 1 ids), gates; group offsets (int32)
+    total += slots * (2 * ID_BYTES + a) + ID_BYTES + 2 * E * 4
     total += _ffn_bytes(s, cfg.ffn.type, m.expert_hidden, slots)  # tokens' rows + expert hidden
     total += slots * D * a  # expert outputs, read by the gate-weighted sum
     if shared:
@@ -296,14 +314,42 @@ def _layer_bytes(s: _Shape, layer: int) -> dict[str, float]:
     return out
 
 
+def _selective_layer_bytes(s: _Shape, layer: int) -> dict[str, float]:
+    """Bytes one layer keeps under selective checkpointing: its input, and the outputs of its
+    matmuls and attention kernels (``archlab.model.checkpointing.SAVED_OPS``), by component."""
+    cfg, n, a, f = s.cfg, s.n, s.act, STATS_BYTES
+    H, G, Dh, D = cfg.n_heads, cfg.kv_heads, cfg.d_head, cfg.d_model
+    attention = n * (H + 2 * G) * Dh * a + n * D * a  # QKV and output projections
+    if _uses_math_sdpa(s):  # decomposed: the scores (B*H, S, S) and weighted values, both fp32
+        attention += n * H * s.seq_len * f + n * H * Dh * f
+    else:  # the fused kernel's output and log-sum-exp
+        attention += n * H * Dh * a + n * H * f
+    out = {"checkpoint": float(n * D * a), "attention": float(attention)}
+    up = FFN_UP_WIDTH[cfg.ffn.type]
+    if cfg.is_moe_layer(layer):
+        from archlab.nn.moe.experts import capacity_for
+
+        m = cfg.moe
+        cap = capacity_for(n, m)
+        slots = n * m.top_k if cap is None else min(n * m.top_k, m.num_experts * cap)
+        shared = m.n_shared_experts * (m.shared_hidden if m.shared_hidden is not None else m.expert_hidden)
+        moe = n * m.num_experts * f + slots * (up * m.expert_hidden + D) * a  # gate logits (fp32), experts
+        if shared:
+            moe += n * (up * shared + D) * a
+        out["moe"] = float(moe)
+    else:
+        out["ffn"] = float(n * (up * ffn_hidden(cfg.ffn, D) + D) * a)
+    return out
+
+
 @dataclass(frozen=True)
 class ActivationMemory:
     """Bytes saved for backward by one training micro-batch (B sequences of S tokens)."""
 
     layers: tuple  # per layer: {component: bytes}
     model: dict = field(default_factory=dict)  # embedding, positions, head, loss
-    checkpointing: bool = False
-    recompute_peak: float = 0.0  # checkpointing: one layer's full activations during backward
+    checkpointing: str = "none"  # none | full | selective
+    recompute_peak: float = 0.0  # checkpointing: one layer's activations recomputed in backward, beyond what it kept
 
     @property
     def total(self) -> float:
@@ -322,12 +368,41 @@ class ActivationMemory:
         return out
 
 
+def checkpoint_mode(checkpointing) -> str:
+    """``none | full | selective``; ``True``/``False`` (the older flag) mean full / none."""
+    if isinstance(checkpointing, bool):
+        return "full" if checkpointing else "none"
+    _check_choice("checkpointing", checkpointing, CHECKPOINTING)
+    return checkpointing
+
+
+def _model_bytes(s: _Shape, loss: str, checkpointing: str) -> dict[str, float]:
+    """The parts outside the blocks: token window, positions, final norm, LM head + loss."""
+    cfg, n, a = s.cfg, s.n, s.act
+    D, V = cfg.d_model, cfg.vocab_size
+    if loss == "fused":  # gradients wrt h and the head's weight (the model's dtype), the token count
+        head_loss = n * D * a + V * D * a + ID_BYTES
+    else:  # the head's input, fp32 log-softmax, a copy of the (strided) targets, the total weight
+        head_loss = n * D * a + n * V * STATS_BYTES + n * ID_BYTES + STATS_BYTES
+    rope = cfg.position.type == "rope" and checkpointing == "none"  # else inside the recomputed blocks
+    return {
+        # the (B, S+1) window, position ids, dropout mask
+        "embedding": s.batch * (s.seq_len + 1) * ID_BYTES
+        + (s.seq_len * ID_BYTES if cfg.position.type == "learned" else 0) + (n * D * s.mask if cfg.dropout > 0 else 0),
+        "positions": 2 * s.seq_len * cfg.d_head * STATS_BYTES if rope else 0.0,  # RoPE cos/sin, all layers
+        "head": n * _norm_bytes(s, D) if cfg.norm.placement == "pre" else 0.0,  # the final norm
+        "loss": float(head_loss),
+    }
+
+
 def activation_memory(model_cfg, batch: int, seq_len: int, dtype: str = "bf16", device: str = "cuda",
-                      checkpointing: bool = False) -> ActivationMemory:
-    """Activations kept for backward by one micro-batch, by layer and component.
+                      checkpointing="none", loss: str = "fused") -> ActivationMemory:
+    """Activations kept for backward by one micro-batch of the trainer's step, by layer and component.
 
     dtype: activation dtype (``bf16`` or ``fp32``); device: ``cuda`` or ``cpu`` (kernels and
-    dropout masks differ, see the module docstring); checkpointing: each block recomputed.
+    dropout masks differ, see the module docstring); checkpointing: ``none | full | selective``
+    (the trainer's ``train.activation_checkpointing``); loss: ``fused`` (the trainer's LM-head
+    cross-entropy) or ``logits`` (cross-entropy on materialised fp32 logits).
     """
     from archlab.config.load import model_config
 
@@ -335,32 +410,29 @@ def activation_memory(model_cfg, batch: int, seq_len: int, dtype: str = "bf16", 
     _check_positive(batch=batch, seq_len=seq_len)
     _check_choice("dtype", dtype, list(DTYPE_BYTES))
     _check_choice("device", device, list(DEVICES))
+    _check_choice("loss", loss, LOSSES)
+    mode = checkpoint_mode(checkpointing)
     act = DTYPE_BYTES[dtype]
     s = _Shape(cfg, batch, seq_len, act, act if device == "cpu" else 1, device)
-    n, D, rope = s.n, cfg.d_model, cfg.position.type == "rope"
     full = [_layer_bytes(s, i) for i in range(cfg.n_layers)]
-    model = {
-        "embedding": 2 * n * ID_BYTES + (seq_len * ID_BYTES if cfg.position.type == "learned" else 0)
-        + (n * D * s.mask if cfg.dropout > 0 else 0),  # ids + targets, position ids, dropout mask
-        # RoPE cos/sin, shared by all layers (inside the recomputed blocks when checkpointing)
-        "positions": 2 * seq_len * cfg.d_head * STATS_BYTES if rope and not checkpointing else 0.0,
-        "head": (n * _norm_bytes(s, D) if cfg.norm.placement == "pre" else 0) + n * D * act,
-        "loss": n * cfg.vocab_size * STATS_BYTES,  # the trainer takes the loss on fp32 logits
-    }
-    if not checkpointing:
+    model = _model_bytes(s, loss, mode)
+    if mode == "none":
         return ActivationMemory(layers=tuple(full), model=model)
-    kept = tuple({"checkpoint": float(n * D * act)} for _ in range(cfg.n_layers))
-    return ActivationMemory(layers=kept, model=model, checkpointing=True,
-                            recompute_peak=max(sum(layer.values()) for layer in full))
+    if mode == "full":
+        kept = tuple({"checkpoint": float(s.n * cfg.d_model * act)} for _ in range(cfg.n_layers))
+    else:
+        kept = tuple(_selective_layer_bytes(s, i) for i in range(cfg.n_layers))
+    peak = max(sum(f.values()) - sum(k.values()) for f, k in zip(full, kept))
+    return ActivationMemory(layers=kept, model=model, checkpointing=mode, recompute_peak=peak)
 
 
 def training_memory(model_cfg, batch: int, seq_len: int, precision: str = "bf16", zero_stage: int = 0,
-                    dp: int = 1, ep: int | None = None, device: str = "cuda",
-                    checkpointing: bool = False) -> dict[str, float]:
+                    dp: int = 1, ep: int | None = None, device: str = "cuda", checkpointing="none",
+                    loss: str = "fused") -> dict[str, float]:
     """Per-rank bytes of one training step: model states + activations of one micro-batch."""
     states = model_state_memory(model_cfg, precision, zero_stage, dp, ep)
     acts = activation_memory(model_cfg, batch, seq_len, dtype=precision, device=device,
-                             checkpointing=checkpointing)
+                             checkpointing=checkpointing, loss=loss)
     out = states.as_dict()
     out["activations"] = acts.total + acts.recompute_peak
     out["total"] = states.total + out["activations"]

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from archlab.config.schema import ModelConfig
+from archlab.model.checkpointing import check_mode, checkpointed_block
 from archlab.nn.attention import CausalSelfAttention, KVCache, LayerKVCache
 from archlab.nn.ffn import build_ffn, ffn_params
 from archlab.nn.loss import linear_cross_entropy
@@ -78,11 +79,17 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Token embedding (+ absolute positions) -> blocks -> final norm (pre-LN) -> LM head."""
+    """Token embedding (+ absolute positions) -> blocks -> final norm (pre-LN) -> LM head.
 
-    def __init__(self, cfg: ModelConfig):
+    ``checkpointing``: ``none | full | selective``, how the blocks keep activations for backward
+    in training forwards (:mod:`archlab.model.checkpointing`); the trainer sets it from
+    ``train.activation_checkpointing``. Outputs and gradients are the same in every mode.
+    """
+
+    def __init__(self, cfg: ModelConfig, checkpointing: str = "none"):
         super().__init__()
         self.cfg = cfg
+        self.checkpointing = checkpointing
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.positions = build_positions(cfg)
         self.drop = nn.Dropout(cfg.dropout)
@@ -94,6 +101,14 @@ class Decoder(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.readout_mult = readout_mult(cfg)  # muP: logits * 1/m (tied or not); 1 under standard
         self.init_weights()
+
+    @property
+    def checkpointing(self) -> str:
+        return self._checkpointing
+
+    @checkpointing.setter
+    def checkpointing(self, mode: str) -> None:
+        self._checkpointing = check_mode(mode)
 
     @staticmethod
     def num_params(cfg: ModelConfig) -> int:
@@ -138,8 +153,12 @@ class Decoder(nn.Module):
         x = self.drop(x)
         ctx = self.positions.context(pos, torch.arange(past + S, device=input_ids.device))
         aux_total = x.new_zeros(())
+        recompute = self.checkpointing != "none" and kv_cache is None and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
-            x, aux = block(x, ctx, kv_cache.layers[i] if kv_cache is not None else None)
+            if recompute:
+                x, aux = checkpointed_block(block, self.checkpointing, x, ctx)
+            else:
+                x, aux = block(x, ctx, kv_cache.layers[i] if kv_cache is not None else None)
             if aux is not None:
                 aux_total = aux_total + aux
         h = self.final_norm(x)  # (B, S, D)

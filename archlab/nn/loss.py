@@ -10,6 +10,9 @@ small enough for the cache, and the gradient of the loss with respect to them,
 ``softmax - onehot``, is known in the forward already, so it is consumed immediately by the two
 backward matmuls (grad wrt h and wrt W). Backward then only scales the stored gradients.
 The same idea as Liger-Kernel's fused linear cross-entropy, in plain torch ops.
+
+:func:`lm_loss` is that plain path, on logits the model returned: the reference the fused loss
+is tested against, and what evaluation (which has the logits anyway) uses.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 IGNORE_INDEX = -100  # targets with this id do not count (torch's cross_entropy default)
@@ -79,3 +83,10 @@ def linear_cross_entropy(h_ND: Tensor, weight_VD: Tensor, targets_N: Tensor, chu
     if chunk is None:
         chunk = max(1, CHUNK_BYTES // (4 * weight_VD.shape[0]))
     return _LinearCrossEntropy.apply(h_ND, weight_VD, targets_N, chunk)
+
+
+def lm_loss(logits_BSV: Tensor, targets_BS: Tensor, reduction: str = "mean") -> Tensor:
+    """Next-token cross-entropy in nats on (B, S, V) logits (any leading dims: (N, V) too), upcast
+    to fp32: the unfused reference of :func:`linear_cross_entropy`. Targets equal to -100 are
+    ignored."""
+    return F.cross_entropy(logits_BSV.float().flatten(0, -2), targets_BS.flatten(), reduction=reduction)

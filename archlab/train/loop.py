@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 import archlab
 from archlab.config.validate import RecipeError
 from archlab.model.build import build_model
+from archlab.model.checkpointing import allow_compiled_recomputation
+from archlab.nn.loss import lm_loss
 from archlab.train import checkpoint as ckpt
 from archlab.train.dist import (
     DistInfo,
@@ -69,11 +70,6 @@ from archlab.train.run_folder import (
 # is recorded in env.json ("peak_flops", "peak_flops_source").
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12}
 CPU_PEAK_FLOPS = 1e12
-
-
-def lm_loss(logits_BSV: Tensor, targets_BS: Tensor, reduction: str = "mean") -> Tensor:
-    """Next-token cross-entropy in nats, computed in fp32."""
-    return F.cross_entropy(logits_BSV.float().flatten(0, 1), targets_BS.flatten(), reduction=reduction)
 
 
 def flops_per_token(cfg: DictConfig) -> tuple[float, str]:
@@ -166,6 +162,7 @@ class Trainer:
         self.ep_size = self._check_expert_parallel()
         torch.manual_seed(t.seed)  # identical initial weights on every rank
         self.model = build_model(cfg)  # the plain module; the wrapped one is self.model_t
+        self.model.checkpointing = t.activation_checkpointing  # how its blocks keep activations for backward
         self.step, self.tokens, self.elapsed_before = 0, 0, 0.0
         self.branch: Optional[dict] = None  # train.branch_from: {"from": parent checkpoint, "step": branch step}
         restore_optimizer = False
@@ -178,6 +175,8 @@ class Trainer:
                 conf["gradient_clipping"] = 0.0  # clipped by ExpertParallelClipping (true global norm)
             if self.zero_stage == 3:
                 zero3_traceable_outputs(self.model)  # ZeRO-3 re-gathers the LM head for the fused loss's backward
+        if t.compile and t.activation_checkpointing != "none":
+            allow_compiled_recomputation()  # routing statistics recorded once, as in eager
         module = torch.compile(self.model) if t.compile else self.model
         self.model_t, self.optimizer_t = self.accelerator.prepare(module, self.optimizer)
         self.ep_clip = self._attach_expert_parallel()

@@ -20,10 +20,11 @@ def test_flops_match_flop_counter_for_every_recipe(path):
     """Training total within 1%, and each forward component within 1%."""
     cfg = archlab.load_recipe(path, shrink(path))
     model = archlab.build_model(cfg).train()
-    ids = torch.randint(0, cfg.model.vocab_size, (B, S))
-    measured = measured_flops(model, ids)["total"] / (B * S)
+    ids = torch.randint(0, cfg.model.vocab_size, (B, S + 1))  # the trainer's window: S inputs, S targets
+    measured = measured_flops(model, ids)["total"] / (B * S)  # the fused LM-head loss, as the trainer
     assert training_flops_per_token(archlab.model_config(cfg), S) == pytest.approx(measured, rel=0.01)
-    parts = flops_by_component(measured_flops(model, ids, backward=False))
+    # per component on the logits path: the fused loss runs the head's backward matmuls in its forward
+    parts = flops_by_component(measured_flops(model, ids, backward=False, loss="logits"))
     est = forward_flops(cfg, S)
     for name, value in parts.items():
         expected = est.attention if name == "attention" else getattr(est, name)
@@ -35,10 +36,10 @@ def test_random_configs_match_flop_counter(seed):
     """Random dense and MoE models (routers, groups, shared experts, dense-first layers...)."""
     cfg = archlab.load_recipe(None, random_overrides(seed, moe=seed % 2 == 1))
     model = archlab.build_model(cfg).train()
-    ids = torch.randint(0, cfg.model.vocab_size, (B, S))
+    ids = torch.randint(0, cfg.model.vocab_size, (B, S + 1))
     total = measured_flops(model, ids)["total"] / (B * S)
     assert training_flops_per_token(cfg, S) == pytest.approx(total, rel=0.01)
-    parts = flops_by_component(measured_flops(model, ids, backward=False))
+    parts = flops_by_component(measured_flops(model, ids, backward=False, loss="logits"))
     est = forward_flops(cfg, S)
     assert est.experts == pytest.approx(parts["experts"] / (B * S), rel=0.01, abs=1e-9)
     assert est.attention == pytest.approx(parts["attention"] / (B * S), rel=0.01)
@@ -49,7 +50,7 @@ def test_capacity_dropping_removes_exactly_the_dropped_slots():
     expert FLOPs (read from the layers' routing statistics)."""
     cfg = archlab.load_recipe("recipes/mixtral/tiny.yaml", ["model.moe.capacity_factor=0.5", "model.n_layers=2"])
     model = archlab.build_model(cfg).train()
-    ids = torch.randint(0, cfg.model.vocab_size, (2, 32))
+    ids = torch.randint(0, cfg.model.vocab_size, (2, 33))
     measured = measured_flops(model, ids)["total"]
     dropped = sum(b.ffn.stats.read(lambda t: t, [])["dropped_slots"] for b in model.blocks)
     assert dropped > 0

@@ -184,8 +184,9 @@ class RowLayout:
     """Where slots sit among the experts' rows, and back.
 
     ``slot_R``: the slot each row holds (N*K for a padding row); ``row_S``: the row each slot
-    went to (R for a dropped slot). Packed: R = N*K, the kept slots then one padding row per
-    dropped slot. Padded: R = E*C, expert e's rows are e*C ... e*C + C - 1."""
+    went to (R for a dropped slot). Packed: the kept slots, then (compiled only, for a static
+    R = N*K) one padding row per dropped slot; in eager R = the kept slots. Padded: R = E*C,
+    expert e's rows are e*C ... e*C + C - 1."""
 
     slot_R: Tensor
     row_S: Tensor
@@ -212,7 +213,12 @@ def row_layout(d: Dispatch, padded: bool, capacity: Optional[int] = None) -> Row
         rank_P = pos_P - (ends_E - d.counts_E)[expert_P.clamp(max=E - 1)]  # place in its expert's queue
         R = E * C
         row_P = torch.where(expert_P < E, expert_P * C + rank_P, R)
-    else:
+    elif d.capacity is not None and not torch.compiler.is_compiling():
+        # eager: the dropped slots get no row at all, so no expert compute is spent on them
+        C, R = None, n_slots - int(d.dropped)
+        row_P = torch.where(pos_P < R, pos_P, R)
+        rows_E = d.counts_E
+    else:  # compiled (static N*K rows) or dropless
         C, R = None, n_slots
         row_P = torch.where(pos_P < n_slots - d.dropped, pos_P, R)  # a dropped slot gets no row...
         rows_E = torch.cat([d.counts_E[:-1], d.counts_E[-1:] + d.dropped])  # ...and its row pads the last expert

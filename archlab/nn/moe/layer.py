@@ -42,6 +42,9 @@ class MoELayer(nn.Module):
         shared = _shared_hidden(cfg)
         self.shared = build_ffn(cfg.ffn.type, cfg.d_model, shared, bias=False) if shared else None
         self.stats = RoutingStats(m.num_experts, m.top_k)
+        # off while activation checkpointing runs a block's forward again in backward
+        # (archlab.model.checkpointing): each training forward is recorded once
+        self.record_stats = True
         self.dispatcher: Optional[Callable] = None
         self.init_weights(cfg.init_std, cfg.init_std)
 
@@ -78,7 +81,7 @@ class MoELayer(nn.Module):
         if self.shared is not None:
             y_ND = y_ND + self.shared(x_ND)
         terms = balance_losses(self.moe.balance, r.probs_NE, r.logits_NE, r.experts_NK, B)
-        if self.training:
+        if self.training and self.record_stats:
             chosen_E = expert_counts(r.experts_NK, self.moe.num_experts)
             self.stats.record(chosen_E, d.counts_E, d.dropped, r.probs_NE, terms)
         aux = sum(terms.values()) if terms else x_BSD.new_zeros(())

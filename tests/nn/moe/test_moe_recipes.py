@@ -6,6 +6,7 @@ import torch
 
 from archlab import build_model, load_recipe, model_config
 from archlab.model.build import num_params
+from archlab.nn.loss import lm_loss
 from archlab.nn.moe import MoELayer, moe_layers
 
 
@@ -72,7 +73,7 @@ def test_moe_tiny_recipes_train_one_step(root, name):
     assert num_params(cfg) == sum(p.numel() for p in model.parameters())
     ids = torch.randint(0, cfg.model.vocab_size, (2, 32))
     out = model(ids)
-    loss = torch.nn.functional.cross_entropy(out.logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()) + out.aux_loss
+    loss = lm_loss(out.logits[:, :-1], ids[:, 1:]) + out.aux_loss
     loss.backward()
     n_moe = sum(model.cfg.is_moe_layer(i) for i in range(model.cfg.n_layers))
     assert out.aux_loss > 0 and len(moe_layers(model)) == n_moe
