@@ -29,12 +29,8 @@ from analysis.plotting import style_axes as _style_axes
 from archlab.io import read_jsonl as _read_jsonl
 from archlab.io import write_json_atomic as _write_json_atomic
 from archlab.io import write_text_atomic  # noqa: F401  (re-exported for scaling, routing)
+from archlab.train.run_folder import METRICS, RECIPE, ROUTING, RUN_MARKER, SUMMARY  # noqa: F401  (the run's files)
 
-RUN_MARKER = "run.json"
-RECIPE = "recipe.yaml"
-METRICS = "metrics.jsonl"
-ROUTING = "routing.jsonl"
-SUMMARY = "summary.json"
 SWEEP_MANIFEST = "manifest.json"
 
 

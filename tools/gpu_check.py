@@ -18,7 +18,7 @@ Columns:
 - step ms, tokens/s: median over ``--steps`` timed steps after ``--warmup`` steps, synchronised;
 - MFU: tokens/s x ``archlab.costs.training_flops_per_token`` / the device's peak bf16 FLOP/s:
   ``--peak-flops``, else ``$ARCHLAB_PEAK_FLOPS``, else the trainer's table by device name
-  (``archlab.train.loop.PEAK_FLOPS``, vendor dense tensor-core figures);
+  (``archlab.costs.peak.PEAK_FLOPS``, vendor dense tensor-core figures);
 - SDPA: the attention kernel one step dispatched to (flash / efficient / cudnn / math, from the
   profiler's op names), and which of flash and efficient run a whole step when SDPA is
   restricted to that backend alone (``torch.nn.attention.sdpa_kernel``); reasons below the table;
@@ -79,7 +79,7 @@ def lookup_peak_flops(device_name: str, override: Optional[float] = None,
     """(peak bf16 FLOP/s, where it comes from): ``override`` (the CLI), else ``$ARCHLAB_PEAK_FLOPS``,
     else the trainer's per-device table (first key contained in the device name). None for a
     device the table does not know: MFU is then not reported."""
-    from archlab.train.loop import PEAK_FLOPS
+    from archlab.costs.peak import PEAK_FLOPS
 
     env = os.environ if env is None else env
     if override is not None:
@@ -92,7 +92,7 @@ def lookup_peak_flops(device_name: str, override: Optional[float] = None,
         return _positive_flops(value, PEAK_ENV), f"${PEAK_ENV}"
     for key, value in PEAK_FLOPS.items():
         if key in device_name:
-            return value, f"archlab.train.loop.PEAK_FLOPS[{key!r}] (bf16 dense)"
+            return value, f"archlab.costs.peak.PEAK_FLOPS[{key!r}] (bf16 dense)"
     return None, f"no peak known for {device_name!r}: pass --peak-flops or set {PEAK_ENV}"
 
 

@@ -33,6 +33,7 @@ from typing import Optional, Sequence
 
 from archlab.config import RecipeError, load_recipe
 from archlab.io import write_json_atomic
+from archlab.train.run_folder import SUMMARY
 
 PARAMETRIZATIONS = ("standard", "mup")
 DEFAULT_WIDTHS = [64, 128, 256]
@@ -88,7 +89,7 @@ def run_point(recipe: str, point: dict, out: Path) -> dict:
     """Train one point (or read its finished summary) -> the point with status and losses."""
     from archlab.train import NonFiniteError, train
 
-    summary_file = out / point["name"] / "summary.json"
+    summary_file = out / point["name"] / SUMMARY
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
     if summary is None or summary.get("status") not in FINISHED:
         try:

@@ -88,10 +88,10 @@ from archlab.costs import training_flops_per_token
 from archlab.io import write_json_atomic
 from archlab.train.checkpoint import CKPT_DIR, checkpoints, step_dir_name
 from archlab.train.checkpoint import MANIFEST as CKPT_MANIFEST
+from archlab.train.run_folder import SUMMARY  # written by the trainer when a run ends: its presence = finished
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = "manifest.json"
-SUMMARY = "summary.json"  # written by the trainer when a run ends: its presence = finished
 
 
 @dataclass

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import Tensor
 
 import archlab
 from archlab.config.validate import RecipeError
+from archlab.costs.peak import peak_flops
 from archlab.model.build import build_model
 from archlab.model.checkpointing import allow_compiled_recomputation
 from archlab.nn.loss import lm_loss
@@ -55,21 +56,16 @@ from archlab.train.parallel import (
 from archlab.train.run_folder import (
     METRICS,
     ROUTING,
+    SUMMARY,
+    TOKENIZER,
     MetricsLog,
     copy_jsonl_rows,
-    default_run_name,
     mark_run,
     plot_losses,
+    resolve_run,
     truncate_jsonl,
     write_env,
 )
-
-# Peak dense FLOP/s per device that MFU is measured against when train.peak_flops is not set.
-# GPUs: vendor bf16 dense tensor-core figures. CPU: a nominal 1 TFLOP/s, the order of a recent
-# many-core AVX-512 socket in fp32; it is a stated convention, not a measurement. The value used
-# is recorded in env.json ("peak_flops", "peak_flops_source").
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12}
-CPU_PEAK_FLOPS = 1e12
 
 
 def flops_per_token(cfg: DictConfig) -> tuple[float, str]:
@@ -82,19 +78,6 @@ def flops_per_token(cfg: DictConfig) -> tuple[float, str]:
         return 6.0 * n + 6.0 * m.n_layers * cfg.train.seq_len * m.d_model, "fallback 6N + 6*L*S*D"
     return float(training_flops_per_token(archlab.model_config(cfg), cfg.train.seq_len)), \
         "archlab.costs.training_flops_per_token"
-
-
-def peak_flops(cfg: DictConfig, device: torch.device) -> tuple[float, str]:
-    """Peak FLOP/s of one device for MFU: the recipe's train.peak_flops, else the table above."""
-    if cfg.train.peak_flops is not None:
-        return float(cfg.train.peak_flops), "train.peak_flops"
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, value in PEAK_FLOPS.items():
-            if key in name:
-                return value, f"archlab default for {name} (bf16 dense)"
-        return 312e12, f"archlab default for an unknown GPU ({name}): A100 bf16 dense"
-    return CPU_PEAK_FLOPS, "archlab nominal CPU peak (1 TFLOP/s); set train.peak_flops for your machine"
 
 
 class _Window:
@@ -332,7 +315,7 @@ class Trainer:
         run = self.run_dir
         mark_run(run, self.cfg.name)
         ckpt.save_recipe(self.cfg, run / ckpt.RECIPE)
-        self.data.tokenizer.save(run / "tokenizer.json")
+        self.data.tokenizer.save(run / TOKENIZER)
         if self._starts_branch(resume_from):  # the branch's logs start with its parent's, up to the branch step
             for name in (METRICS, ROUTING):
                 copy_jsonl_rows(resume_from.parent.parent / name, run / name, self.step)
@@ -643,7 +626,7 @@ class Trainer:
             "training_flops": self.flops_per_token * self.tokens,
             "n_params": archlab.num_params(self.cfg),
         })
-        ckpt.write_json_atomic(self.run_dir / "summary.json", summary)
+        ckpt.write_json_atomic(self.run_dir / SUMMARY, summary)
         if train:
             plot_losses(self.run_dir, self.cfg.name)
         if self.metrics is not None:
@@ -662,156 +645,6 @@ def check_local_routing(model, rank: int) -> None:
         if round(counts) != round(tokens * K - dropped):
             raise RuntimeError(f"routing bookkeeping broken on rank {rank}, MoE layer {i}: sum(counts)={counts} "
                                f"but tokens*K - dropped = {tokens * K - dropped}")
-
-
-def resolve_run(cfg: DictConfig) -> tuple[Path, Optional[Path], list[str]]:
-    """Where this run writes, and which checkpoint (if any) it continues from.
-
-    - ``resume: none``: a new folder ``out_dir/run_name`` (default ``<recipe name>-<timestamp>``);
-      an existing run there is an error (it would be overwritten).
-    - ``resume: auto``: the folder ``out_dir/run_name``, or without run_name the newest run of this
-      recipe under out_dir; continue from its newest complete checkpoint, falling back past
-      corrupt ones (and saying so); start fresh when there is none.
-    - ``resume: <path>``: a checkpoint folder (must be complete) or a run folder (as auto);
-      the run continues in that checkpoint's run folder.
-    - ``branch_from: <checkpoint>`` (with resume none or auto): see :func:`resolve_branch`.
-    """
-    t = cfg.train
-    if t.branch_from is not None:
-        return resolve_branch(cfg)
-    out = Path(t.out_dir)
-    notes: list[str] = []
-    if t.resume == "none":
-        run = out / (t.run_name or default_run_name(cfg.name))
-        if ckpt.is_run_dir(run) and (ckpt.checkpoints(run) or (run / METRICS).is_file()):
-            raise RecipeError(f"train.run_name={run.name!r}: {run} already holds a run; continue it with "
-                              "train.resume=auto or choose another train.run_name")
-        return run, None, notes
-    if t.resume == "auto":
-        run = out / t.run_name if t.run_name else _newest_run(out, cfg.name)
-        if run is None or not ckpt.is_run_dir(run):
-            run = run or out / default_run_name(cfg.name)
-            return run, None, notes + [f"resume=auto: no earlier run found, starting {run}"]
-        found, problems = ckpt.latest_valid(run)
-        notes += [f"resume=auto: skipping a corrupt checkpoint: {p}; falling back to the previous one"
-                  for p in problems]
-        if found is None:
-            return run, None, notes + [f"resume=auto: {run} holds no complete checkpoint, starting from step 0"]
-        return run, found, notes
-    path = Path(t.resume)
-    if not path.exists():
-        raise RecipeError(f"train.resume={t.resume!r}: no such checkpoint or run folder (use none, auto or a path)")
-    if ckpt.is_run_dir(path):
-        found, problems = ckpt.latest_valid(path)
-        notes += [f"resume: skipping a corrupt checkpoint: {p}; falling back to the previous one" for p in problems]
-        if found is None:
-            raise ckpt.CheckpointError(f"train.resume={t.resume!r}: the run holds no complete checkpoint")
-        return path, found, notes
-    if not ckpt.is_checkpoint_dir(path) or not ckpt.is_run_dir(path.parent.parent):
-        raise ckpt.CheckpointError(f"train.resume={t.resume!r}: not an archlab run folder ({ckpt.RUN_MARKER} missing) "
-                                   "nor a checkpoint folder of one (<run>/checkpoints/step_XXXXXXXX)")
-    ckpt.verify(path)
-    return path.parent.parent, path, notes
-
-
-def resolve_branch(cfg: DictConfig) -> tuple[Path, Path, list[str]]:
-    """``train.branch_from``: a NEW run folder ``out_dir/run_name`` that starts from another run's
-    checkpoint (weights, optimizer state, step, tokens, RNG), so that it continues that run's data
-    stream and, where the schedules agree before the branch step, its exact trajectory: the
-    cooldown branches of a WSD trunk (Hägele et al. 2024).
-
-    - ``resume: none``: the folder must not hold a run yet;
-    - ``resume: auto`` (needs ``run_name``): the folder's newest complete checkpoint when it has one
-      (a branch that was interrupted continues), else the branch starts from ``branch_from``.
-
-    Refused: a checkpoint that is not complete or not an archlab run's (CheckpointError), a model
-    recipe that differs from the checkpoint's, a folder branched from another checkpoint
-    (RecipeError). A different data stream or learning rate before the branch step is a warning.
-    """
-    t = cfg.train
-    if t.resume == "auto" and not t.run_name:
-        raise RecipeError(f"train.branch_from={t.branch_from!r} with train.resume=auto needs train.run_name "
-                          "(the branch's own run folder; the newest run of the recipe may be its parent)")
-    run = Path(t.out_dir) / (t.run_name or default_run_name(cfg.name))
-    notes: list[str] = []
-    if ckpt.is_run_dir(run) and t.resume == "auto":
-        _check_same_parent(run, t.branch_from)
-        found, problems = ckpt.latest_valid(run)
-        notes += [f"resume=auto: skipping a corrupt checkpoint: {p}; falling back to the previous one"
-                  for p in problems]
-        if found is not None:
-            return run, found, notes
-        notes.append(f"resume=auto: {run} holds no complete checkpoint; branching from train.branch_from")
-    elif ckpt.is_run_dir(run) and (ckpt.checkpoints(run) or (run / METRICS).is_file()):
-        raise RecipeError(f"train.run_name={run.name!r}: {run} already holds a run; continue the branch with "
-                          "train.resume=auto or choose another train.run_name")
-    source = Path(t.branch_from)
-    if not source.is_dir():
-        raise ckpt.CheckpointError(f"train.branch_from={t.branch_from!r}: no such checkpoint folder (list the "
-                                   "branch steps in the parent's train.ckpt_steps so that keep_last spares them)")
-    if not ckpt.is_checkpoint_dir(source) or not ckpt.is_run_dir(source.parent.parent):
-        raise ckpt.CheckpointError(f"train.branch_from={t.branch_from!r}: not a checkpoint folder of an archlab run "
-                                   "(<run>/checkpoints/step_XXXXXXXX)")
-    ckpt.verify(source)
-    return run, source, notes + _check_branch_source(cfg, source)
-
-
-def _check_same_parent(run: Path, branch_from: str) -> None:
-    """A branch folder continued with resume=auto must have been branched from the same checkpoint."""
-    recipe = run / ckpt.RECIPE
-    if not recipe.is_file():
-        return
-    before = OmegaConf.load(recipe).get("train", {}).get("branch_from")
-    if before is None or Path(before).resolve() != Path(branch_from).resolve():
-        raise RecipeError(f"train.branch_from={branch_from!r}: {run} was started "
-                          + (f"from {before!r}" if before else "as a run of its own, not a branch")
-                          + "; use another train.run_name")
-
-
-def _check_branch_source(cfg: DictConfig, source: Path) -> list[str]:
-    """RecipeError when the checkpoint's model differs (``moe.ep_size`` aside: a launch setting the
-    loader handles); warnings when the data stream or the learning rate before the branch step
-    differ (the branch then does not continue its parent)."""
-    parent = ckpt.load_recipe_of(source)
-    diffs = [d for d in _differences(OmegaConf.to_container(parent.model), OmegaConf.to_container(cfg.model), "model")
-             if not d.startswith("model.moe.ep_size:")]
-    if diffs:
-        raise RecipeError(f"train.branch_from={cfg.train.branch_from!r}: the checkpoint's model recipe differs from "
-                          f"this run's ({'; '.join(diffs[:5])}); a branch continues the same model")
-    notes = []
-    keys = ("seed", "seq_len", "micro_batch_size", "grad_accum")
-    # where the caches live changes no token
-    data_a, data_b = ({k: v for k, v in OmegaConf.to_container(c.data).items() if k != "cache_dir"}
-                      for c in (parent, cfg))
-    diffs = _differences(data_a, data_b, "data")
-    diffs += [f"train.{k}: checkpoint {parent.train[k]!r}, branch {cfg.train[k]!r}" for k in keys
-              if parent.train[k] != cfg.train[k]]
-    if diffs:
-        notes.append(f"warning: train.branch_from: {'; '.join(diffs[:5])}: the branch does not continue the "
-                     "checkpoint's data stream")
-    step = int(ckpt.load_state(source)["step"])
-    differ = next((k for k in range(step) if not math.isclose(lr_at(k, parent.train), lr_at(k, cfg.train),
-                                                              rel_tol=1e-9)), None)
-    if differ is not None:
-        notes.append(f"warning: train.branch_from: the branch's learning rate differs from the checkpoint's run at "
-                     f"step {differ} < {step} (branch {lr_at(differ, cfg.train):.4g}, parent "
-                     f"{lr_at(differ, parent.train):.4g}): the branch is not a cooldown of that run")
-    return notes
-
-
-def _differences(a: Any, b: Any, prefix: str) -> list[str]:
-    """``key: checkpoint X, branch Y`` for every leaf where two nested containers differ."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b), key=str)
-                for d in _differences(a.get(k), b.get(k), f"{prefix}.{k}")]
-    return [] if a == b else [f"{prefix}: checkpoint {a!r}, branch {b!r}"]
-
-
-def _newest_run(out: Path, name: str) -> Optional[Path]:
-    if not out.is_dir():
-        return None
-    runs = sorted(p for p in out.glob(f"{name}-*") if ckpt.is_run_dir(p))
-    return runs[-1] if runs else None
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:

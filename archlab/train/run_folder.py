@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import subprocess
@@ -23,11 +24,21 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from archlab.io import read_jsonl, write_json_atomic, write_text_atomic  # noqa: F401  (read_jsonl re-exported)
-from archlab.train.checkpoint import RUN_MARKER
+from omegaconf import DictConfig, OmegaConf
 
+from archlab.config.validate import RecipeError
+from archlab.io import read_jsonl, write_json_atomic, write_text_atomic  # noqa: F401  (read_jsonl re-exported)
+from archlab.train import checkpoint as ckpt
+from archlab.train.checkpoint import RECIPE, RUN_MARKER  # noqa: F401  (the run's names, all here)
+from archlab.train.optim import lr_at
+
+# the files of a run folder, named once (analysis/ and tools/ import them from here)
 METRICS = "metrics.jsonl"
 ROUTING = "routing.jsonl"
+SUMMARY = "summary.json"
+ENV = "env.json"
+TOKENIZER = "tokenizer.json"
+LOSS_PLOT = "loss.png"
 
 
 def default_run_name(recipe_name: str) -> str:
@@ -71,7 +82,7 @@ def write_env(run_dir: Path, env: dict[str, Any]) -> None:
 
     full = {"archlab_version": archlab.__version__, "git_commit": git_commit(), "python": platform.python_version(),
             "platform": platform.platform(), "versions": library_versions(), **env}
-    write_json_atomic(run_dir / "env.json", full)
+    write_json_atomic(run_dir / ENV, full)
 
 
 def truncate_jsonl(path: Path, max_step: int) -> None:
@@ -160,9 +171,164 @@ def plot_losses(run_dir: Path, title: str) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    out = run_dir / "loss.png"
+    out = run_dir / LOSS_PLOT
     tmp = run_dir / "loss.tmp.png"
     fig.savefig(tmp, dpi=100)
     plt.close(fig)
     os.replace(tmp, out)
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# where a run writes, and what it continues from
+# --------------------------------------------------------------------------------------------
+
+
+def resolve_run(cfg: DictConfig) -> tuple[Path, Optional[Path], list[str]]:
+    """Where this run writes, and which checkpoint (if any) it continues from.
+
+    - ``resume: none``: a new folder ``out_dir/run_name`` (default ``<recipe name>-<timestamp>``);
+      an existing run there is an error (it would be overwritten).
+    - ``resume: auto``: the folder ``out_dir/run_name``, or without run_name the newest run of this
+      recipe under out_dir; continue from its newest complete checkpoint, falling back past
+      corrupt ones (and saying so); start fresh when there is none.
+    - ``resume: <path>``: a checkpoint folder (must be complete) or a run folder (as auto);
+      the run continues in that checkpoint's run folder.
+    - ``branch_from: <checkpoint>`` (with resume none or auto): see :func:`resolve_branch`.
+    """
+    t = cfg.train
+    if t.branch_from is not None:
+        return resolve_branch(cfg)
+    out = Path(t.out_dir)
+    notes: list[str] = []
+    if t.resume == "none":
+        run = out / (t.run_name or default_run_name(cfg.name))
+        if ckpt.is_run_dir(run) and (ckpt.checkpoints(run) or (run / METRICS).is_file()):
+            raise RecipeError(f"train.run_name={run.name!r}: {run} already holds a run; continue it with "
+                              "train.resume=auto or choose another train.run_name")
+        return run, None, notes
+    if t.resume == "auto":
+        run = out / t.run_name if t.run_name else _newest_run(out, cfg.name)
+        if run is None or not ckpt.is_run_dir(run):
+            run = run or out / default_run_name(cfg.name)
+            return run, None, notes + [f"resume=auto: no earlier run found, starting {run}"]
+        found, problems = ckpt.latest_valid(run)
+        notes += [f"resume=auto: skipping a corrupt checkpoint: {p}; falling back to the previous one"
+                  for p in problems]
+        if found is None:
+            return run, None, notes + [f"resume=auto: {run} holds no complete checkpoint, starting from step 0"]
+        return run, found, notes
+    path = Path(t.resume)
+    if not path.exists():
+        raise RecipeError(f"train.resume={t.resume!r}: no such checkpoint or run folder (use none, auto or a path)")
+    if ckpt.is_run_dir(path):
+        found, problems = ckpt.latest_valid(path)
+        notes += [f"resume: skipping a corrupt checkpoint: {p}; falling back to the previous one" for p in problems]
+        if found is None:
+            raise ckpt.CheckpointError(f"train.resume={t.resume!r}: the run holds no complete checkpoint")
+        return path, found, notes
+    if not ckpt.is_checkpoint_dir(path) or not ckpt.is_run_dir(path.parent.parent):
+        raise ckpt.CheckpointError(f"train.resume={t.resume!r}: not an archlab run folder ({ckpt.RUN_MARKER} missing) "
+                                   "nor a checkpoint folder of one (<run>/checkpoints/step_XXXXXXXX)")
+    ckpt.verify(path)
+    return path.parent.parent, path, notes
+
+
+def resolve_branch(cfg: DictConfig) -> tuple[Path, Path, list[str]]:
+    """``train.branch_from``: a NEW run folder ``out_dir/run_name`` that starts from another run's
+    checkpoint (weights, optimizer state, step, tokens, RNG), so that it continues that run's data
+    stream and, where the schedules agree before the branch step, its exact trajectory: the
+    cooldown branches of a WSD trunk (Hägele et al. 2024).
+
+    - ``resume: none``: the folder must not hold a run yet;
+    - ``resume: auto`` (needs ``run_name``): the folder's newest complete checkpoint when it has one
+      (a branch that was interrupted continues), else the branch starts from ``branch_from``.
+
+    Refused: a checkpoint that is not complete or not an archlab run's (CheckpointError), a model
+    recipe that differs from the checkpoint's, a folder branched from another checkpoint
+    (RecipeError). A different data stream or learning rate before the branch step is a warning.
+    """
+    t = cfg.train
+    if t.resume == "auto" and not t.run_name:
+        raise RecipeError(f"train.branch_from={t.branch_from!r} with train.resume=auto needs train.run_name "
+                          "(the branch's own run folder; the newest run of the recipe may be its parent)")
+    run = Path(t.out_dir) / (t.run_name or default_run_name(cfg.name))
+    notes: list[str] = []
+    if ckpt.is_run_dir(run) and t.resume == "auto":
+        _check_same_parent(run, t.branch_from)
+        found, problems = ckpt.latest_valid(run)
+        notes += [f"resume=auto: skipping a corrupt checkpoint: {p}; falling back to the previous one"
+                  for p in problems]
+        if found is not None:
+            return run, found, notes
+        notes.append(f"resume=auto: {run} holds no complete checkpoint; branching from train.branch_from")
+    elif ckpt.is_run_dir(run) and (ckpt.checkpoints(run) or (run / METRICS).is_file()):
+        raise RecipeError(f"train.run_name={run.name!r}: {run} already holds a run; continue the branch with "
+                          "train.resume=auto or choose another train.run_name")
+    source = Path(t.branch_from)
+    if not source.is_dir():
+        raise ckpt.CheckpointError(f"train.branch_from={t.branch_from!r}: no such checkpoint folder (list the "
+                                   "branch steps in the parent's train.ckpt_steps so that keep_last spares them)")
+    if not ckpt.is_checkpoint_dir(source) or not ckpt.is_run_dir(source.parent.parent):
+        raise ckpt.CheckpointError(f"train.branch_from={t.branch_from!r}: not a checkpoint folder of an archlab run "
+                                   "(<run>/checkpoints/step_XXXXXXXX)")
+    ckpt.verify(source)
+    return run, source, notes + _check_branch_source(cfg, source)
+
+
+def _check_same_parent(run: Path, branch_from: str) -> None:
+    """A branch folder continued with resume=auto must have been branched from the same checkpoint."""
+    recipe = run / ckpt.RECIPE
+    if not recipe.is_file():
+        return
+    before = OmegaConf.load(recipe).get("train", {}).get("branch_from")
+    if before is None or Path(before).resolve() != Path(branch_from).resolve():
+        raise RecipeError(f"train.branch_from={branch_from!r}: {run} was started "
+                          + (f"from {before!r}" if before else "as a run of its own, not a branch")
+                          + "; use another train.run_name")
+
+
+def _check_branch_source(cfg: DictConfig, source: Path) -> list[str]:
+    """RecipeError when the checkpoint's model differs (``moe.ep_size`` aside: a launch setting the
+    loader handles); warnings when the data stream or the learning rate before the branch step
+    differ (the branch then does not continue its parent)."""
+    parent = ckpt.load_recipe_of(source)
+    diffs = [d for d in _differences(OmegaConf.to_container(parent.model), OmegaConf.to_container(cfg.model), "model")
+             if not d.startswith("model.moe.ep_size:")]
+    if diffs:
+        raise RecipeError(f"train.branch_from={cfg.train.branch_from!r}: the checkpoint's model recipe differs from "
+                          f"this run's ({'; '.join(diffs[:5])}); a branch continues the same model")
+    notes = []
+    keys = ("seed", "seq_len", "micro_batch_size", "grad_accum")
+    # where the caches live changes no token
+    data_a, data_b = ({k: v for k, v in OmegaConf.to_container(c.data).items() if k != "cache_dir"}
+                      for c in (parent, cfg))
+    diffs = _differences(data_a, data_b, "data")
+    diffs += [f"train.{k}: checkpoint {parent.train[k]!r}, branch {cfg.train[k]!r}" for k in keys
+              if parent.train[k] != cfg.train[k]]
+    if diffs:
+        notes.append(f"warning: train.branch_from: {'; '.join(diffs[:5])}: the branch does not continue the "
+                     "checkpoint's data stream")
+    step = int(ckpt.load_state(source)["step"])
+    differ = next((k for k in range(step) if not math.isclose(lr_at(k, parent.train), lr_at(k, cfg.train),
+                                                              rel_tol=1e-9)), None)
+    if differ is not None:
+        notes.append(f"warning: train.branch_from: the branch's learning rate differs from the checkpoint's run at "
+                     f"step {differ} < {step} (branch {lr_at(differ, cfg.train):.4g}, parent "
+                     f"{lr_at(differ, parent.train):.4g}): the branch is not a cooldown of that run")
+    return notes
+
+
+def _differences(a: Any, b: Any, prefix: str) -> list[str]:
+    """``key: checkpoint X, branch Y`` for every leaf where two nested containers differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str)
+                for d in _differences(a.get(k), b.get(k), f"{prefix}.{k}")]
+    return [] if a == b else [f"{prefix}: checkpoint {a!r}, branch {b!r}"]
+
+
+def _newest_run(out: Path, name: str) -> Optional[Path]:
+    if not out.is_dir():
+        return None
+    runs = sorted(p for p in out.glob(f"{name}-*") if ckpt.is_run_dir(p))
+    return runs[-1] if runs else None

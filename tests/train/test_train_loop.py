@@ -292,7 +292,7 @@ def test_cooldown_branch_continues_its_stable_trunk_exactly(tiny_cfg, rows, monk
 
 
 def test_branch_refusals_and_warnings(tiny_cfg, capsys):
-    from archlab.train.loop import resolve_run
+    from archlab.train.run_folder import resolve_run
 
     common = ("train.max_steps=4", "train.ckpt_every=100", "train.eval_context_multipliers=[1]")
     trunk = train(tiny_cfg(*common, "train.schedule=constant", "train.run_name=trunk"))
