@@ -206,7 +206,6 @@ def test_lr_scales_survive_an_optimizer_state_roundtrip():
 
 
 def test_expert_parallel_groups_inherit_the_lr_scale():
-    pytest.importorskip("deepspeed")
     from archlab.nn.moe import moe_layers
     from archlab.parallel.expert import shard_experts
 
