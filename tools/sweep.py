@@ -88,7 +88,7 @@ from archlab.costs import training_flops_per_token
 from archlab.io import write_json_atomic
 from archlab.train.checkpoint import CKPT_DIR, checkpoints, step_dir_name
 from archlab.train.checkpoint import MANIFEST as CKPT_MANIFEST
-from archlab.train.run_folder import SUMMARY  # written by the trainer when a run ends: its presence = finished
+from archlab.train.run_folder import SUMMARY, run_role  # SUMMARY: written when a run ends (= finished)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = "manifest.json"
@@ -349,7 +349,7 @@ def plan_point(p: Point, out_dir: Path, processes: int, evals: int) -> Point:
     else:
         p.max_steps = max(1, math.ceil(p.budget / (p.flops_per_token * p.tokens_per_step)))
     if not p.cooldown:
-        p.role = "stable" if t.schedule == "constant" else "full"  # as the trainer's summary.json says
+        p.role = run_role(t, branched=False)  # as the trainer's summary.json will say
     p.planned_tokens = p.max_steps * p.tokens_per_step
     p.planned_flops = p.planned_tokens * p.flops_per_token
     if p.role == "stable" and p.cooldown:

@@ -63,6 +63,7 @@ from archlab.train.run_folder import (
     mark_run,
     plot_losses,
     resolve_run,
+    run_role,
     truncate_jsonl,
     write_env,
 )
@@ -600,7 +601,7 @@ class Trainer:
         decaying run branched from another run's checkpoint: it stands for a run of ``tokens`` tokens,
         the parent's included) or ``full`` (a whole schedule from step 0)."""
         t = self.cfg.train
-        role = "stable" if t.schedule == "constant" else "cooldown" if self.branch else "full"
+        role = run_role(t, branched=bool(self.branch))
         return {"role": role, "branch_from": self.branch["from"] if self.branch else None,
                 "branch_step": self.branch["step"] if self.branch else None}
 

@@ -41,6 +41,15 @@ TOKENIZER = "tokenizer.json"
 LOSS_PLOT = "loss.png"
 
 
+def run_role(train_cfg, branched: bool) -> str:
+    """What kind of scaling point a run is (``role`` in summary.json and the sweep manifest):
+    ``stable`` (constant lr to the end, e.g. a WSD trunk: not a scaling point), ``cooldown`` (a
+    decaying branch of another run's checkpoint) or ``full`` (a whole schedule from step 0)."""
+    if train_cfg.schedule == "constant":
+        return "stable"
+    return "cooldown" if branched else "full"
+
+
 def default_run_name(recipe_name: str) -> str:
     return f"{recipe_name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
