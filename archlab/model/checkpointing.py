@@ -24,12 +24,13 @@ off. (The ops skipped that way include no saved op, so the selective cache stays
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from archlab.nn.flags import flag_set
 
 MODES = ("none", "full", "selective")
 
@@ -73,17 +74,9 @@ def selective_contexts():
     return create_selective_checkpoint_contexts(save_matmuls)
 
 
-@contextmanager
-def _recomputing(block: nn.Module) -> Iterator[None]:
-    layers = [m for m in block.modules() if hasattr(m, "record_stats")]
-    before = [m.record_stats for m in layers]
-    for m in layers:
-        m.record_stats = False
-    try:
-        yield
-    finally:
-        for m, b in zip(layers, before):
-            m.record_stats = b
+def _recomputing(block: nn.Module):
+    """While a block is recomputed, its MoE layers do not record routing statistics again."""
+    return flag_set((m for m in block.modules() if hasattr(m, "record_stats")), "record_stats", False)
 
 
 def checkpointed_block(block: nn.Module, mode: str, x_BSD: Tensor, ctx) -> tuple[Tensor, Optional[Tensor]]:

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from archlab.config.schema import MoEConfig
+from archlab.nn.flags import flag_set
 from archlab.registry import Registry
 
 ROUTERS: Registry = Registry("router")
@@ -163,15 +164,8 @@ def uniform_assignment(n_tokens: int, num_experts: int, top_k: int, device=None)
 def uniform_routing(model: nn.Module) -> Iterator[None]:
     """Benchmark-only: every router inside ``model`` routes round-robin (``force_uniform``)
     until the block exits, then returns to its previous setting."""
-    routers = [m for m in model.modules() if isinstance(m, Router)]
-    before = [r.force_uniform for r in routers]
-    for r in routers:
-        r.force_uniform = True
-    try:
+    with flag_set((m for m in model.modules() if isinstance(m, Router)), "force_uniform", True):
         yield
-    finally:
-        for r, b in zip(routers, before):
-            r.force_uniform = b
 
 
 def build_router(d_model: int, moe: MoEConfig) -> Router:
