@@ -31,6 +31,7 @@ from archlab.config import RecipeError
 from archlab.costs import activation_memory, kv_cache_bytes, param_counts, training_flops, training_memory
 from archlab.costs.flops import forward_flops
 from archlab.io import write_text_atomic
+from archlab.nn.positions import position_class
 
 FLOPS_LABELS = {
     "qkv_proj": "QKV projection", "out_proj": "attention output projection",
@@ -76,9 +77,10 @@ def recipe_costs(path: Path, seq_len: Optional[int], batch: Optional[int], preci
     cfg = archlab.model_config(recipe)
     S = seq_len or recipe.train.seq_len
     B = batch or recipe.train.micro_batch_size
-    if cfg.position.type == "learned" and S > cfg.max_seq_len:
-        raise RecipeError(f"{path}: --seq-len {S} is beyond its learned positions (model.max_seq_len="
-                          f"{cfg.max_seq_len}); pass a smaller --seq-len")
+    limit = position_class(cfg).max_length(cfg)
+    if limit is not None and S > limit:
+        raise RecipeError(f"{path}: --seq-len {S} is beyond its {cfg.position.type} positions (up to {limit}, "
+                          f"model.max_seq_len={cfg.max_seq_len}); pass a smaller --seq-len")
     params = param_counts(cfg)
     fwd, train = forward_flops(cfg, S), training_flops(cfg, S)
     ep = ep if cfg.moe is not None else None  # dense recipes have no experts to shard

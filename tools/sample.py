@@ -20,6 +20,7 @@ import torch
 
 import archlab
 from archlab.config import RecipeError
+from archlab.nn.positions import position_class
 
 
 class TextCodec(Protocol):
@@ -136,10 +137,11 @@ def sample(args: argparse.Namespace) -> list[str]:
     too_big = [i for i in prompt if i >= cfg.model.vocab_size]
     if too_big:
         raise ValueError(f"prompt token ids {too_big[:5]} are outside model.vocab_size={cfg.model.vocab_size}")
-    limit = cfg.model.max_seq_len if cfg.model.position.type == "learned" else None
+    limit = position_class(cfg.model).max_length(cfg.model)  # learned positions: the table size
     if limit is not None and len(prompt) + args.max_new_tokens - 1 > limit:  # the last token is never fed back
         raise ValueError(f"prompt ({len(prompt)} tokens) + --max-new-tokens={args.max_new_tokens} exceeds the "
-                         f"learned positions (model.max_seq_len={limit}); lower --max-new-tokens")
+                         f"{cfg.model.position.type} positions (up to model.max_seq_len={limit}); "
+                         "lower --max-new-tokens")
     ids = torch.tensor([prompt] * args.num_samples)  # (B, S)
     gen = torch.Generator().manual_seed(args.seed)
     out = archlab.generate(model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,

@@ -1,8 +1,12 @@
 """The recipe schema: typed OmegaConf structured configs.
 
 A recipe is YAML merged onto these dataclasses, so an unknown key or a wrong type fails at load
-time. Each field says what it is and why it exists. ``type:`` fields name an entry of a component
-registry (see ``archlab.nn``); their validity is checked in ``archlab.config.validate``.
+time. Each field says what it is and why it exists. A component's config lives beside the
+component (``archlab.nn``: ``NormConfig`` in norms.py, ``PositionConfig`` in positions.py,
+``AttentionConfig`` in attention/, ``FFNConfig`` in ffn.py, ``MoEConfig`` in moe/layer.py with
+``RouterConfig`` in moe/router.py and ``BalanceConfig`` in moe/balance.py); this module composes them. ``type:``
+fields name an entry of a component registry; each component states its own rules, which
+``archlab.config.validate`` asks for.
 """
 
 from __future__ import annotations
@@ -10,80 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
+from archlab.nn.attention import AttentionConfig, attention_class
+from archlab.nn.ffn import FFNConfig, ffn_class
+from archlab.nn.moe.balance import BalanceConfig
+from archlab.nn.moe.layer import MoEConfig
+from archlab.nn.moe.router import RouterConfig
+from archlab.nn.norms import NormConfig
+from archlab.nn.positions import PositionConfig, RopeScalingConfig
 
-@dataclass
-class NormConfig:
-    type: str = "layernorm"  # layernorm | rmsnorm
-    placement: str = "pre"  # pre (GPT-2, LLaMA: stable at depth) | post (2017 Transformer)
-    eps: float = 1e-5
-    bias: bool = True  # LayerNorm bias; rmsnorm has none
-
-
-@dataclass
-class RopeScalingConfig:
-    type: str = "none"  # none | linear (position interpolation) | ntk | yarn
-    factor: float = 1.0  # context extension factor s
-    original_max_seq_len: Optional[int] = None  # context trained at; default model.max_seq_len
-    beta_fast: float = 32.0  # yarn ramp: wavelengths with more rotations than this extrapolate
-    beta_slow: float = 1.0  # yarn ramp: fewer rotations than this interpolate
-
-
-@dataclass
-class PositionConfig:
-    type: str = "learned"  # learned | sinusoidal | rope | alibi | none (NoPE)
-    rope_base: float = 10000.0
-    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
-
-
-@dataclass
-class AttentionConfig:
-    bias: bool = True  # bias on Q/K/V/O projections (GPT-2 yes, LLaMA no)
-    dropout: float = 0.0  # on attention probabilities (training only)
-    qk_norm: bool = False  # normalise q and k per head before RoPE (OLMo-2, Qwen3)
-    scale: Optional[float] = None  # score scale; None = 1/sqrt(d_head). Ablation switch
-
-
-@dataclass
-class FFNConfig:
-    type: str = "gelu"  # gelu (GPT 4x MLP) | swiglu (LLaMA)
-    hidden: Optional[int] = None  # None: 4*d for gelu, LLaMA's 8/3*d rounded to multiple_of for swiglu
-    multiple_of: int = 32  # swiglu default hidden is rounded up to this
-    bias: bool = True
-    dropout: float = 0.0
-
-
-@dataclass
-class RouterConfig:
-    type: str = "softmax_topk"  # softmax_topk (Mixtral, Switch) | sigmoid_topk (DeepSeek-V3)
-    renormalize: bool = True  # renormalise the k selected weights to sum 1 (Mixtral: yes)
-    route_scale: float = 1.0  # multiply the gate weights (DeepSeek-V3: 2.5)
-    n_groups: int = 1  # group-limited routing: experts split into n_groups groups...
-    topk_groups: int = 1  # ...of which the best topk_groups are kept per token
-    jitter: float = 0.0  # multiplicative input jitter U(1-eps, 1+eps) in training (Switch)
-
-
-@dataclass
-class BalanceConfig:
-    aux_loss_coeff: float = 0.0  # Switch-style auxiliary loss over the batch
-    seq_aux_loss_coeff: float = 0.0  # DeepSeek-V3 sequence-wise auxiliary loss
-    z_loss_coeff: float = 0.0  # ST-MoE router z-loss
-    bias_update_rate: float = 0.0  # aux-loss-free balancing rate u (0 = off)
-
-
-@dataclass
-class MoEConfig:
-    num_experts: int = 8  # routed experts E
-    top_k: int = 2  # K experts per token
-    expert_hidden: int = 512  # hidden size of one routed expert (small = fine-grained)
-    n_shared_experts: int = 0  # always-active experts (DeepSeekMoE)
-    shared_hidden: Optional[int] = None  # hidden size of one shared expert; default expert_hidden
-    first_k_dense: int = 0  # the first k layers keep a dense FFN
-    every: int = 1  # after those, every n-th layer is MoE
-    router: RouterConfig = field(default_factory=RouterConfig)
-    balance: BalanceConfig = field(default_factory=BalanceConfig)
-    capacity_factor: Optional[float] = None  # None = dropless; else tokens beyond capacity drop
-    min_capacity: int = 4
-    ep_size: int = 1  # expert-parallel degree (DeepSpeed); experts sharded over ep_size ranks
+__all__ = ["AttentionConfig", "BalanceConfig", "DataConfig", "FFNConfig", "ModelConfig", "MoEConfig",
+           "NormConfig", "PositionConfig", "Recipe", "RopeScalingConfig", "RouterConfig", "TrainConfig"]
 
 
 @dataclass
@@ -118,22 +58,18 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
     @property
+    def rotary_dim(self) -> int:
+        """Channels per head that RoPE rotates (the attention variant says: head dim, MLA's rope dim)."""
+        return attention_class(self).rotary_dim(self)
+
+    @property
     def ffn_hidden(self) -> int:
-        return ffn_hidden(self.ffn, self.d_model)
+        """Hidden width of a dense FFN: explicit, else the FFN type's default (GPT's 4d, LLaMA's 8/3 d)."""
+        return self.ffn.hidden if self.ffn.hidden is not None else ffn_class(self).default_hidden(self)
 
     def is_moe_layer(self, layer: int) -> bool:
         m = self.moe
         return m is not None and layer >= m.first_k_dense and (layer - m.first_k_dense) % m.every == 0
-
-
-def ffn_hidden(ffn: FFNConfig, d_model: int) -> int:
-    """Hidden width of a dense FFN: explicit, else GPT's 4d or LLaMA's 2/3 * 4d rounded up."""
-    if ffn.hidden is not None:
-        return ffn.hidden
-    if ffn.type == "swiglu":
-        h = int(2 * 4 * d_model / 3)
-        return ffn.multiple_of * ((h + ffn.multiple_of - 1) // ffn.multiple_of)
-    return 4 * d_model
 
 
 @dataclass

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from archlab.errors import RecipeError, fail
+from archlab.nn.attention import ATTENTIONS, attention_class
+from archlab.nn.ffn import FFNS, ffn_class
+from archlab.nn.moe.balance import validate_balance
+from archlab.nn.moe.router import ROUTERS, router_class
+from archlab.nn.mup import PARAMETRIZATIONS
+from archlab.nn.norms import NORMS, norm_class
+from archlab.nn.positions import POSITIONS, ROPE_SCALINGS, position_class
 
-class RecipeError(ValueError):
-    """A recipe (or override) is invalid. The message names key, value and rule."""
-
-
-def _fail(key: str, value: Any, rule: str) -> None:
-    raise RecipeError(f"{key}={value!r}: {rule}")
+__all__ = ["RecipeError", "validate", "validate_data", "validate_model", "validate_train"]
+_fail = fail
 
 
 def _positive(cfg, prefix: str, *names: str) -> None:
@@ -35,54 +39,19 @@ def _fraction(key: str, value: float, hi_open: bool = True) -> None:
 
 
 def validate_model(m, prefix: str = "model") -> None:
-    """Model rules. ``m`` is the ``model`` node of a recipe (DictConfig or ModelConfig)."""
-    from archlab.nn.ffn import FFNS
-    from archlab.nn.moe.router import ROUTERS
-    from archlab.nn.norms import NORMS
-    from archlab.nn.positions import POSITIONS, ROPE_SCALINGS
-
+    """Model rules. ``m`` is the ``model`` node of a recipe (DictConfig or ModelConfig): the
+    shared sizes here, then each component's own rules, asked of the component itself."""
     _positive(m, prefix, "vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads")
-    if m.d_model % m.n_heads:
-        _fail(f"{prefix}.n_heads", m.n_heads, f"d_model ({m.d_model}) must be divisible by n_heads")
-    kv = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
-    if kv <= 0:
-        _fail(f"{prefix}.n_kv_heads", kv, "must be a positive number (1 = MQA, n_heads = MHA)")
-    if m.n_heads % kv:
-        _fail(f"{prefix}.n_kv_heads", kv, f"n_heads ({m.n_heads}) must be divisible by n_kv_heads")
-    d_head = m.d_model // m.n_heads
-
+    # every type name first, so that a component's rules may ask another component
+    _one_of(f"{prefix}.attention.type", m.attention.type, ATTENTIONS.names())
     _one_of(f"{prefix}.norm.type", m.norm.type, NORMS.names())
-    _one_of(f"{prefix}.norm.placement", m.norm.placement, ["pre", "post"])
-    _positive(m.norm, f"{prefix}.norm", "eps")
-
-    pos = m.position
-    _one_of(f"{prefix}.position.type", pos.type, POSITIONS.names())
-    if pos.type == "rope":
-        if d_head % 2:
-            _fail(f"{prefix}.n_heads", m.n_heads,
-                  f"rope rotates pairs of channels: head dim d_model/n_heads = {d_head} must be even")
-        _positive(pos, f"{prefix}.position", "rope_base")
-    sc = pos.rope_scaling
-    _one_of(f"{prefix}.position.rope_scaling.type", sc.type, ROPE_SCALINGS)
-    if sc.type != "none":
-        if pos.type != "rope":
-            _fail(f"{prefix}.position.rope_scaling.type", sc.type,
-                  f"rope scaling needs position.type=rope (got {pos.type})")
-        if sc.factor < 1.0:
-            _fail(f"{prefix}.position.rope_scaling.factor", sc.factor, "must be >= 1 (context extension factor)")
-        if sc.original_max_seq_len is not None and sc.original_max_seq_len <= 0:
-            _fail(f"{prefix}.position.rope_scaling.original_max_seq_len", sc.original_max_seq_len,
-                  "must be a positive number")
-
-    _fraction(f"{prefix}.attention.dropout", m.attention.dropout)
-    if m.attention.scale is not None and m.attention.scale <= 0:
-        _fail(f"{prefix}.attention.scale", m.attention.scale, "must be positive (or null for 1/sqrt(d_head))")
-
+    _one_of(f"{prefix}.position.type", m.position.type, POSITIONS.names())
+    _one_of(f"{prefix}.position.rope_scaling.type", m.position.rope_scaling.type, ROPE_SCALINGS.names())
     _one_of(f"{prefix}.ffn.type", m.ffn.type, FFNS.names())
-    if m.ffn.hidden is not None and m.ffn.hidden <= 0:
-        _fail(f"{prefix}.ffn.hidden", m.ffn.hidden, "must be a positive number (or null for the default)")
-    _positive(m.ffn, f"{prefix}.ffn", "multiple_of")
-    _fraction(f"{prefix}.ffn.dropout", m.ffn.dropout)
+    attention_class(m).validate(m, prefix)
+    norm_class(m).validate(m, prefix)
+    position_class(m).validate(m, prefix)
+    ffn_class(m).validate(m, prefix)
     _fraction(f"{prefix}.dropout", m.dropout)
     _positive(m, prefix, "init_std")
     validate_parametrization(m, prefix)
@@ -91,10 +60,15 @@ def validate_model(m, prefix: str = "model") -> None:
         validate_moe(m.moe, m.n_layers, f"{prefix}.moe", ROUTERS)
 
 
+class _ModelView:
+    """The ``model``-node view the MoE components' rules read (``m.moe``, ``m.n_layers``)."""
+
+    def __init__(self, moe, n_layers: int):
+        self.moe, self.n_layers = moe, n_layers
+
+
 def validate_parametrization(m, prefix: str = "model") -> None:
     """standard or mup; a muP base width, when given, is a positive d_model."""
-    from archlab.nn.mup import PARAMETRIZATIONS
-
     _one_of(f"{prefix}.parametrization", m.parametrization, PARAMETRIZATIONS)
     if m.mup_base_width is not None and m.mup_base_width <= 0:
         _fail(f"{prefix}.mup_base_width", m.mup_base_width,
@@ -112,21 +86,11 @@ def validate_moe(e, n_layers: int, prefix: str, routers) -> None:
     if not 0 <= e.first_k_dense < n_layers:
         _fail(f"{prefix}.first_k_dense", e.first_k_dense,
               f"must lie in [0, n_layers={n_layers}) so that at least one layer is MoE")
-    r = e.router
-    _one_of(f"{prefix}.router.type", r.type, routers.names())
-    _positive(r, f"{prefix}.router", "n_groups", "topk_groups", "route_scale")
-    if e.num_experts % r.n_groups:
-        _fail(f"{prefix}.router.n_groups", r.n_groups, f"must divide num_experts ({e.num_experts})")
-    if r.topk_groups > r.n_groups:
-        _fail(f"{prefix}.router.topk_groups", r.topk_groups, f"must be <= n_groups ({r.n_groups})")
-    if r.topk_groups * (e.num_experts // r.n_groups) < e.top_k:
-        _fail(f"{prefix}.router.topk_groups", r.topk_groups,
-              f"the kept groups hold {r.topk_groups * (e.num_experts // r.n_groups)} experts, "
-              f"fewer than top_k={e.top_k}")
-    _fraction(f"{prefix}.router.jitter", r.jitter)
-    for n in ("aux_loss_coeff", "seq_aux_loss_coeff", "z_loss_coeff", "bias_update_rate"):
-        if getattr(e.balance, n) < 0:
-            _fail(f"{prefix}.balance.{n}", getattr(e.balance, n), "must be >= 0")
+    _one_of(f"{prefix}.router.type", e.router.type, routers.names())
+    model_prefix = prefix.rsplit(".", 1)[0]
+    m = _ModelView(e, n_layers)
+    router_class(m).validate(m, model_prefix)  # groups, route scale, jitter: the router's own rules
+    validate_balance(m, model_prefix)  # each balancing term's rules
     if e.capacity_factor is not None and e.capacity_factor <= 0:
         _fail(f"{prefix}.capacity_factor", e.capacity_factor, "must be positive (or null for dropless routing)")
     if e.num_experts % e.ep_size:
@@ -154,9 +118,10 @@ def validate_data(d, model) -> None:
 def validate_train(t, model) -> None:
     _positive(t, "train", "seq_len", "micro_batch_size", "grad_accum", "max_steps", "lr",
               "log_every", "eval_every", "eval_batches", "ckpt_every", "keep_last")
-    if model.position.type == "learned" and t.seq_len > model.max_seq_len:
+    limit = position_class(model).max_length(model)
+    if limit is not None and t.seq_len > limit:
         _fail("train.seq_len", t.seq_len,
-              f"learned positions exist only up to model.max_seq_len={model.max_seq_len}; "
+              f"{model.position.type} positions exist only up to {limit} (model.max_seq_len={model.max_seq_len}); "
               "raise model.max_seq_len or lower train.seq_len")
     _one_of("train.schedule", t.schedule, ["cosine", "wsd", "constant"])
     if not 0 <= t.warmup_steps <= t.max_steps:

@@ -9,7 +9,8 @@ can be checked against a measured count):
 - Only matrix multiplications count, 2 FLOPs per multiply-accumulate. Biases, norms, RoPE,
   softmax, activations, the embedding lookup and the loss are elementwise and count zero
   (Chinchilla's Appendix F adds softmax and the embedding; they are < 1% at these shapes).
-- Attention counts the FULL S x S square: QK^T is 2*S*Dh FLOPs per token per head, and so is
+- Each attention variant counts its own work (``forward_flops`` of its class); full attention
+  counts the FULL S x S square: QK^T is 2*S*Dh FLOPs per token per head, and so is
   the weighted sum of V. Causal masking does not remove work from SDPA's math kernel, and the
   PaLM/Chinchilla/Kaplan formulas count the square too. The useful (unmasked) part is
   (S+1)/(2S) of it: ``FlopsBreakdown.attention_causal_useful`` reports it separately; it is
@@ -24,8 +25,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from archlab.config.schema import ModelConfig, ffn_hidden
-from archlab.nn.ffn import ffn_params
+from archlab.config.schema import ModelConfig
+from archlab.nn.attention import attention_class
+from archlab.nn.ffn import ffn_class
 
 BACKWARD_TO_FORWARD = 2.0  # backward = grad wrt input + grad wrt weight, each one forward matmul
 
@@ -34,7 +36,7 @@ BACKWARD_TO_FORWARD = 2.0  # backward = grad wrt input + grad wrt weight, each o
 class FlopsBreakdown:
     """Forward matmul FLOPs per token, by component, summed over all layers."""
 
-    qkv_proj: float  # fused Q, K, V projection
+    qkv_proj: float  # the input projections (fused Q, K, V; MLA: its low-rank down/up projections)
     out_proj: float  # attention output projection
     attn_scores: float  # Q K^T, full S x S square
     attn_values: float  # softmax(.) V, full S x S square
@@ -69,23 +71,9 @@ class FlopsBreakdown:
         return FlopsBreakdown(**{k: v * factor for k, v in self.components().items()}, seq_len=self.seq_len)
 
 
-def ffn_flops(kind: str, d_model: int, hidden: int) -> float:
-    """Forward FLOPs per token of one FFN: 2 x its weight matrices (bias-free parameter count)."""
-    return 2.0 * ffn_params(kind, d_model, hidden, bias=False)
-
-
-def attention_proj_flops(cfg: ModelConfig) -> tuple[float, float]:
-    """(qkv, out) projection FLOPs per token of one layer: 2*D*(H+2G)*Dh and 2*H*Dh*D."""
-    d, h, g, dh = cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.d_head
-    return 2.0 * d * (h + 2 * g) * dh, 2.0 * h * dh * d
-
-
-def attention_core_flops(cfg: ModelConfig, seq_len: int) -> float:
-    """Q K^T (or P V) FLOPs per token of one layer over the full square: 2 * S * H * Dh.
-
-    K and V heads shared by GQA are expanded to H before the product, so H (not G) counts.
-    """
-    return 2.0 * seq_len * cfg.n_heads * cfg.d_head
+def ffn_flops(cfg: ModelConfig, hidden: int) -> float:
+    """Forward FLOPs per token of one FFN of ``ffn.type`` and width ``hidden`` (the FFN class says)."""
+    return ffn_class(cfg).forward_flops(cfg, hidden=hidden)
 
 
 def moe_layer_flops(cfg: ModelConfig) -> tuple[float, float]:
@@ -96,8 +84,8 @@ def moe_layer_flops(cfg: ModelConfig) -> tuple[float, float]:
     """
     m = cfg.moe
     shared_hidden = m.shared_hidden if m.shared_hidden is not None else m.expert_hidden
-    experts = m.top_k * ffn_flops(cfg.ffn.type, cfg.d_model, m.expert_hidden)
-    experts += m.n_shared_experts * ffn_flops(cfg.ffn.type, cfg.d_model, shared_hidden)
+    experts = m.top_k * ffn_flops(cfg, m.expert_hidden)
+    experts += m.n_shared_experts * ffn_flops(cfg, shared_hidden)
     return experts, 2.0 * cfg.d_model * m.num_experts
 
 
@@ -112,17 +100,14 @@ def forward_flops(model_cfg, seq_len: int) -> FlopsBreakdown:
     if seq_len <= 0:
         raise ValueError(f"seq_len={seq_len}: must be a positive number of tokens")
     L = cfg.n_layers
-    qkv, out = attention_proj_flops(cfg)
-    core = attention_core_flops(cfg, seq_len)
+    attention = attention_class(cfg)
+    per_layer = [attention.forward_flops(cfg, seq_len, layer=i) for i in range(L)]  # the variant's own count
+    attn = {k: sum(f[k] for f in per_layer) for k in ("qkv_proj", "out_proj", "attn_scores", "attn_values")}
     n_moe = sum(cfg.is_moe_layer(i) for i in range(L))
     experts, router = moe_layer_flops(cfg) if n_moe else (0.0, 0.0)
-    dense_ffn = ffn_flops(cfg.ffn.type, cfg.d_model, ffn_hidden(cfg.ffn, cfg.d_model))
     return FlopsBreakdown(
-        qkv_proj=L * qkv,
-        out_proj=L * out,
-        attn_scores=L * core,
-        attn_values=L * core,
-        mlp=(L - n_moe) * dense_ffn,
+        **attn,
+        mlp=(L - n_moe) * ffn_flops(cfg, cfg.ffn_hidden),
         experts=n_moe * experts,
         router=n_moe * router,
         lm_head=2.0 * cfg.d_model * cfg.vocab_size,

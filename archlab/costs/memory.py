@@ -10,8 +10,11 @@ over the data-parallel ranks, stage 2 also the gradients, stage 3 also the weigh
 experts are first split over the ``ep`` expert-parallel ranks (E/ep experts each), and their
 states shard over the expert-data-parallel group of ``dp/ep`` ranks.
 
-Activations: the bytes autograd keeps between forward and backward, derived tensor by tensor
-from archlab's own modules (what each op saves; views of one storage count once; a branch of the
+Activations: the bytes autograd keeps between forward and backward. Each component states its
+own (``saved_bytes`` of the norm, attention variant, FFN, position encoding, router and balancing
+term classes in ``archlab.nn``; a component without a memory model raises); this module adds them
+up by layer and adds the model-level parts. They are derived tensor by tensor from archlab's own
+modules (what each op saves; views of one storage count once; a branch of the
 graph whose output dies in the forward, e.g. a top-k only its indices are taken from, frees what
 it saved and counts nothing):
 
@@ -66,22 +69,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from archlab.config.schema import ModelConfig, ffn_hidden
 from archlab.costs.params import param_counts
+from archlab.nn.attention import attention_class
+from archlab.nn.component import ID_BYTES, STATS_BYTES, ActShape
+from archlab.nn.ffn import ffn_class
+from archlab.nn.norms import norm_class
+from archlab.nn.positions import position_class
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 # AdamW bytes per parameter: (weights, gradients, optimizer states)
 PRECISIONS = {"fp32": (4, 4, 8), "bf16": (2, 2, 12)}
 DEVICES = ("cpu", "cuda")
-STATS_BYTES = 4  # norm statistics and attention log-sum-exp stay fp32
-ID_BYTES = 8  # int64 token ids
-
-# hidden activations an FFN of each type keeps, per token, in units of F
-FFN_HIDDEN_SAVED = {"gelu": 2, "relu": 1, "swiglu": 4}
-# width of an FFN's up-projection output in units of F (SwiGLU: [gate; up] in one GEMM)
-FFN_UP_WIDTH = {"gelu": 1, "relu": 1, "swiglu": 2}
 CHECKPOINTING = ("none", "full", "selective")  # archlab.model.checkpointing.MODES
 LOSSES = ("fused", "logits")
+_Shape = ActShape  # the per-component formulas take an archlab.nn.component.ActShape
 
 
 def _check_choice(name: str, value, valid) -> None:
@@ -151,128 +152,41 @@ def model_state_memory(model_cfg, precision: str = "bf16", zero_stage: int = 0, 
 
 
 def kv_cache_bytes(model_cfg, batch: int, context: int, dtype: str = "bf16") -> float:
-    """Inference KV cache: 2 (K and V) * L * G * Dh * context * batch * bytes per element."""
+    """Inference cache of ``batch`` sequences at ``context`` positions, summed over the layers as
+    each attention variant keeps it (MHA/GQA/MQA: 2 * G * Dh per position; a sliding window: at
+    most W - 1 positions; MLA: the latent and the RoPE key)."""
     from archlab.config.load import model_config
 
     cfg = model_config(model_cfg)
     _check_choice("dtype", dtype, list(DTYPE_BYTES))
     _check_positive(batch=batch, context=context)
-    return 2.0 * cfg.n_layers * cfg.kv_heads * cfg.d_head * context * batch * DTYPE_BYTES[dtype]
+    attention = attention_class(cfg)
+    return batch * sum(attention.kv_cache_bytes(cfg, context, layer=i, dtype_bytes=DTYPE_BYTES[dtype])
+                       for i in range(cfg.n_layers))
 
 
 # ----------------------------------------------------------------------------- activations
 
 
-@dataclass(frozen=True)
-class _Shape:
-    """What the per-component formulas need: the config and the run's shape and dtypes."""
-
-    cfg: ModelConfig
-    batch: int
-    seq_len: int
-    act: int  # bytes per activation element
-    mask: int  # bytes per dropout-mask element
-    device: str
-
-    @property
-    def n(self) -> int:
-        return self.batch * self.seq_len
+def _norm_bytes(s: ActShape, dim: int) -> float:
+    """Per row: everything one norm keeps, its input included (the norm class says)."""
+    return norm_class(s.cfg).saved_bytes(s, dim=dim)
 
 
-def _norm_saved(s: _Shape, dim: int) -> tuple[bool, float]:
-    """What one norm over ``dim`` channels keeps per row: (whether it keeps its input tensor
-    itself, bytes of everything else).
-
-    LayerNorm keeps its input, mean and rstd (in the activation dtype on CPU, fp32 on CUDA).
-    RMSNorm on CPU is torch's composite, which upcasts: the fp32 input (a copy unless it is
-    fp32 already), rstd and the fp32 normalised x*rstd; on CUDA the fused kernel keeps the
-    input and an fp32 rstd.
-    """
-    if s.cfg.norm.type == "layernorm":
-        return True, 2 * (s.act if s.device == "cpu" else STATS_BYTES)
-    if s.cfg.norm.type == "rmsnorm":
-        if s.device == "cuda":
-            return True, STATS_BYTES
-        upcast_copy = dim * STATS_BYTES if s.act != STATS_BYTES else 0
-        return s.act == STATS_BYTES, upcast_copy + STATS_BYTES + dim * STATS_BYTES
-    raise ValueError(f"norm.type={s.cfg.norm.type!r}: no activation model; add one to archlab/costs/memory.py")
-
-
-def _norm_bytes(s: _Shape, dim: int) -> float:
-    """Per row: everything one norm keeps, its input included."""
-    keeps_input, extra = _norm_saved(s, dim)
-    return keeps_input * dim * s.act + extra
-
-
-def _uses_math_sdpa(s: _Shape) -> bool:
-    """CPU SDPA runs the math kernel when an additive mask (ALiBi) or attention dropout is on."""
-    return s.device == "cpu" and (s.cfg.position.type == "alibi" or s.cfg.attention.dropout > 0)
-
-
-def _attention_bytes(s: _Shape) -> float:
-    """One attention layer, all N tokens: QKV input, q/k norms, what SDPA keeps, output copy."""
-    cfg, n, a = s.cfg, s.n, s.act
-    H, G, Dh, S = cfg.n_heads, cfg.kv_heads, cfg.d_head, s.seq_len
-    rope, qk_norm = cfg.position.type == "rope", cfg.attention.qk_norm
-    total = n * cfg.d_model * a  # input of wqkv
-    qkv_kept = not _uses_math_sdpa(s)  # the fused kernels keep v, a view of the qkv output
-    if qk_norm:  # per head and token; the norms read views of the qkv output
-        keeps_input, extra = _norm_saved(s, Dh)
-        total += n * (H + G) * extra
-        qkv_kept = qkv_kept or keeps_input
-    if qkv_kept:
-        total += n * (H + 2 * G) * Dh * a
-    if _uses_math_sdpa(s):  # the CPU math kernel computes in fp32 whatever the input dtype
-        f = STATS_BYTES
-        total += 3 * n * H * Dh * f  # q (scaled), k^T, v copies
-        total += n * H * S * f  # softmax probabilities
-        if cfg.attention.dropout > 0:
-            total += 2 * n * H * S * f  # mask and dropped probabilities
-        return total + n * H * Dh * a  # output, copied to (B, S, H*Dh) for wo
-    # q and k handed to SDPA are new tensors after RoPE or the q/k norms (G key/value heads:
-    # SDPA's enable_gqa reads them without repeated copies)
-    if rope or qk_norm:
-        total += n * (H + G) * Dh * a
-    total += n * H * Dh * a + n * H * STATS_BYTES  # output + log-sum-exp
-    if qk_norm and s.device == "cpu":  # normed q is (B, H, S, Dh)-contiguous: wo's input is a copy
-        total += n * H * Dh * a
-    if s.device == "cuda" and cfg.position.type == "alibi":
-        total += H * S * S * a  # the additive bias, one per layer
-    return total
-
-
-def _ffn_bytes(s: _Shape, kind: str, hidden: int, n_tokens: float) -> float:
-    """A dense FFN applied to ``n_tokens`` rows: its input + hidden activations."""
-    if kind not in FFN_HIDDEN_SAVED:
-        raise ValueError(f"ffn.type={kind!r}: no activation model; "
-                         "add it to FFN_HIDDEN_SAVED in archlab/costs/memory.py")
-    return n_tokens * (s.cfg.d_model + FFN_HIDDEN_SAVED[kind] * hidden) * s.act
+def _ffn_bytes(s: ActShape, hidden: int, n_tokens: float) -> float:
+    """A dense FFN of ``ffn.type`` applied to ``n_tokens`` rows: its input + hidden activations."""
+    return ffn_class(s.cfg).saved_bytes(s, hidden=hidden, n_tokens=n_tokens)
 
 
 def _router_bytes(s: _Shape) -> float:
-    """The router (fp32 math): scores, chosen ids, gate weights, and what the balancing terms keep."""
-    cfg, n = s.cfg, s.n
-    m = cfg.moe
-    E, K, f = m.num_experts, m.top_k, STATS_BYTES
-    total = n * E * f + n * K * ID_BYTES  # softmax/sigmoid scores, chosen expert ids
-    if s.act != f:  # the gate runs in fp32 on an fp32 copy of its (D, E) weight
-        total += cfg.d_model * E * f
-    if m.router.renormalize:
-        total += n * K * f + n * f  # gathered weights and their sum
-    if m.router.type == "sigmoid_topk" and (m.balance.aux_loss_coeff > 0 or m.balance.seq_aux_loss_coeff > 0):
-        total += n * f  # the normaliser of the balancing probabilities (freed when no term reads them)
-    if m.router.jitter > 0:  # the noise; the gate then keeps the jittered copy instead of x
-        total += n * cfg.d_model * s.act
-    # group-limited routing (n_groups > 1) keeps nothing: its ranking only picks ids, and the graph
-    # behind them is freed as soon as the top-k indices are taken
-    b = m.balance
-    if b.z_loss_coeff > 0:
-        total += n * E * f + n * f  # logits, logsumexp
-    if b.aux_loss_coeff > 0:
-        total += E * f  # routed fractions f_i
-    if b.seq_aux_loss_coeff > 0:
-        total += s.batch * E * f
-    return total
+    """The router (fp32 math) and the enabled balancing terms: the bytes each of their classes says
+    it keeps (``Router.saved_bytes``, ``BalanceTerm.saved_bytes``; one without a model raises)."""
+    from archlab.nn.moe.balance import enabled_term_classes
+    from archlab.nn.moe.router import router_class
+
+    terms = enabled_term_classes(s.cfg.moe.balance)
+    router = router_class(s.cfg)
+    return router.saved_bytes(s, probs_read=any(t.reads_probs for t in terms)) + sum(t.saved_bytes(s) for t in terms)
 
 
 def _moe_bytes(s: _Shape) -> float:
@@ -294,21 +208,22 @@ def _moe_bytes(s: _Shape) -> float:
     total += _router_bytes(s)
     # row <-> slot indices (slot_R a view of R + 1 ids), gates; group offsets (int32)
     total += slots * (2 * ID_BYTES + a) + ID_BYTES + 2 * E * 4
-    total += _ffn_bytes(s, cfg.ffn.type, m.expert_hidden, slots)  # tokens' rows + expert hidden
+    total += _ffn_bytes(s, m.expert_hidden, slots)  # tokens' rows + expert hidden
     total += slots * D * a  # expert outputs, read by the gate-weighted sum
     if shared:
-        total += _ffn_bytes(s, cfg.ffn.type, shared, n) - n * D * a  # its input is counted above
+        total += _ffn_bytes(s, shared, n) - n * D * a  # its input is counted above
     return total
 
 
 def _layer_bytes(s: _Shape, layer: int) -> dict[str, float]:
     """Bytes one layer keeps for backward, by component, without checkpointing."""
     cfg, n = s.cfg, s.n
-    out = {"norms": 2 * n * _norm_bytes(s, cfg.d_model), "attention": _attention_bytes(s)}
+    out = {"norms": 2 * n * _norm_bytes(s, cfg.d_model),
+           "attention": attention_class(cfg).saved_bytes(s, layer=layer)}
     if cfg.is_moe_layer(layer):
         out["moe"] = _moe_bytes(s)
     else:
-        out["ffn"] = _ffn_bytes(s, cfg.ffn.type, ffn_hidden(cfg.ffn, cfg.d_model), n)
+        out["ffn"] = _ffn_bytes(s, cfg.ffn_hidden, n)
     drops = 2 * (cfg.dropout > 0) + (cfg.ffn.dropout > 0 and not cfg.is_moe_layer(layer))
     out["dropout"] = drops * n * cfg.d_model * s.mask
     return out
@@ -318,14 +233,10 @@ def _selective_layer_bytes(s: _Shape, layer: int) -> dict[str, float]:
     """Bytes one layer keeps under selective checkpointing: its input, and the outputs of its
     matmuls and attention kernels (``archlab.model.checkpointing.SAVED_OPS``), by component."""
     cfg, n, a, f = s.cfg, s.n, s.act, STATS_BYTES
-    H, G, Dh, D = cfg.n_heads, cfg.kv_heads, cfg.d_head, cfg.d_model
-    attention = n * (H + 2 * G) * Dh * a + n * D * a  # QKV and output projections
-    if _uses_math_sdpa(s):  # decomposed: the scores (B*H, S, S) and weighted values, both fp32
-        attention += n * H * s.seq_len * f + n * H * Dh * f
-    else:  # the fused kernel's output and log-sum-exp
-        attention += n * H * Dh * a + n * H * f
+    D = cfg.d_model
+    attention = attention_class(cfg).selective_saved_bytes(s, layer=layer)
     out = {"checkpoint": float(n * D * a), "attention": float(attention)}
-    up = FFN_UP_WIDTH[cfg.ffn.type]
+    ffn = ffn_class(cfg)
     if cfg.is_moe_layer(layer):
         from archlab.nn.moe.experts import capacity_for
 
@@ -333,12 +244,12 @@ def _selective_layer_bytes(s: _Shape, layer: int) -> dict[str, float]:
         cap = capacity_for(n, m)
         slots = n * m.top_k if cap is None else min(n * m.top_k, m.num_experts * cap)
         shared = m.n_shared_experts * (m.shared_hidden if m.shared_hidden is not None else m.expert_hidden)
-        moe = n * m.num_experts * f + slots * (up * m.expert_hidden + D) * a  # gate logits (fp32), experts
-        if shared:
-            moe += n * (up * shared + D) * a
+        moe = n * m.num_experts * f + ffn.selective_saved_bytes(s, hidden=m.expert_hidden, n_tokens=slots)
+        if shared:  # gate logits (fp32), the experts' and shared experts' projections
+            moe += ffn.selective_saved_bytes(s, hidden=shared, n_tokens=n)
         out["moe"] = float(moe)
     else:
-        out["ffn"] = float(n * (up * ffn_hidden(cfg.ffn, D) + D) * a)
+        out["ffn"] = float(ffn.selective_saved_bytes(s, hidden=cfg.ffn_hidden, n_tokens=n))
     return out
 
 
@@ -384,12 +295,13 @@ def _model_bytes(s: _Shape, loss: str, checkpointing: str) -> dict[str, float]:
         head_loss = n * D * a + V * D * a + ID_BYTES
     else:  # the head's input, fp32 log-softmax, a copy of the (strided) targets, the total weight
         head_loss = n * D * a + n * V * STATS_BYTES + n * ID_BYTES + STATS_BYTES
-    rope = cfg.position.type == "rope" and checkpointing == "none"  # else inside the recomputed blocks
+    positions = position_class(cfg)
     return {
         # the (B, S+1) window, position ids, dropout mask
         "embedding": s.batch * (s.seq_len + 1) * ID_BYTES
-        + (s.seq_len * ID_BYTES if cfg.position.type == "learned" else 0) + (n * D * s.mask if cfg.dropout > 0 else 0),
-        "positions": 2 * s.seq_len * cfg.d_head * STATS_BYTES if rope else 0.0,  # RoPE cos/sin, all layers
+        + (n * D * s.mask if cfg.dropout > 0 else 0),
+        # learned: the position ids; RoPE: cos/sin, shared by all layers (checkpointing: inside the blocks)
+        "positions": float(positions.saved_bytes(s, checkpointing)),
         "head": n * _norm_bytes(s, D) if cfg.norm.placement == "pre" else 0.0,  # the final norm
         "loss": float(head_loss),
     }

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from archlab.config.schema import ModelConfig
 from archlab.model.decoder import Decoder, _moe_layer_cls
-from archlab.nn.positions import POSITIONS
+from archlab.nn.positions import position_class
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def param_counts(model_cfg) -> ParamCounts:
 
     cfg = model_config(model_cfg)
     total = Decoder.num_params(cfg)
-    embedding = cfg.vocab_size * cfg.d_model + POSITIONS.get(cfg.position.type).num_params(cfg)
+    embedding = cfg.vocab_size * cfg.d_model + position_class(cfg).num_params(cfg)
     lm_head = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.d_model
     routed = inactive = 0
     n_moe = n_moe_layers(cfg)

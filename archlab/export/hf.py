@@ -31,7 +31,11 @@ from torch import Tensor
 
 from archlab.config.schema import ModelConfig
 from archlab.model.decoder import Decoder
+from archlab.nn.attention import attention_class
+from archlab.nn.ffn import ffn_class
 from archlab.nn.mup import width_mult
+from archlab.nn.norms import norm_class
+from archlab.nn.positions import ROPE_SCALINGS, position_class
 from archlab.registry import Registry
 
 EXPORTERS: Registry = Registry("hf exporter")
@@ -148,6 +152,23 @@ def _save_tokenizer(tokenizer_file: Path, folder: Path, eos_id: Optional[int]) -
 # ----------------------------------------------------------------------------- shared checks
 
 
+def component_reasons(cfg: ModelConfig, family: str) -> Optional[str]:
+    """None when every component of ``cfg`` says the HF ``family`` expresses it (their
+    ``hf_export``), else the first component's reason (``archlab.nn.component.Exportable``)."""
+    parts = [(f"attention.type={cfg.attention.type}", attention_class(cfg)),
+             (f"norm.type={cfg.norm.type}", norm_class(cfg)),
+             (f"position.type={cfg.position.type}", position_class(cfg)),
+             (f"ffn.type={cfg.ffn.type}", ffn_class(cfg))]
+    if position_class(cfg).rotates_qk:
+        sc = cfg.position.rope_scaling.type
+        parts.append((f"position.rope_scaling.type={sc}", ROPE_SCALINGS.get(sc)))
+    for what, component in parts:
+        why = component.export_reason(family, what)
+        if why is not None:
+            return why
+    return None
+
+
 def _common_reasons(cfg: ModelConfig) -> Optional[str]:
     if cfg.moe is not None:
         return "it has MoE layers (dense families only)"
@@ -189,16 +210,9 @@ class GPT2Exporter(HFExporter):
     """
 
     hf_class_name = "GPT2LMHeadModel"
-    ACTIVATIONS = {"gelu": "gelu_new", "relu": "relu"}  # archlab ffn.type -> HF ACT2FN name
 
     def matches(self, cfg: ModelConfig) -> Optional[str]:
-        if cfg.norm.type != "layernorm":
-            return f"norm.type={cfg.norm.type}: GPT-2 uses LayerNorm"
-        if cfg.position.type != "learned":
-            return f"position.type={cfg.position.type}: GPT-2 has learned absolute positions only"
-        if cfg.ffn.type not in self.ACTIVATIONS:
-            return f"ffn.type={cfg.ffn.type}: GPT-2's MLP is up-activation-down (gelu or relu), not gated"
-        return _common_reasons(cfg)
+        return component_reasons(cfg, "gpt2") or _common_reasons(cfg)
 
     def hf_config(self, cfg: ModelConfig):
         from transformers import GPT2Config
@@ -206,7 +220,7 @@ class GPT2Exporter(HFExporter):
         return GPT2Config(
             vocab_size=cfg.vocab_size, n_positions=cfg.max_seq_len, n_embd=cfg.d_model,
             n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.ffn_hidden,
-            activation_function=self.ACTIVATIONS[cfg.ffn.type], layer_norm_epsilon=cfg.norm.eps,
+            activation_function=ffn_class(cfg).hf_export["gpt2"], layer_norm_epsilon=cfg.norm.eps,
             resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.attention.dropout,
             initializer_range=cfg.init_std, tie_word_embeddings=cfg.tie_embeddings, use_cache=True,
             bos_token_id=None, eos_token_id=None,  # GPT-2's 50256 may lie outside this vocabulary
@@ -263,20 +277,10 @@ class LlamaExporter(HFExporter):
     """
 
     hf_class_name = "LlamaForCausalLM"
-    ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}  # archlab -> HF rope_type
+    family = "llama"
 
     def matches(self, cfg: ModelConfig) -> Optional[str]:
-        if cfg.norm.type != "rmsnorm":
-            return f"norm.type={cfg.norm.type}: LLaMA uses RMSNorm"
-        if cfg.position.type != "rope":
-            return f"position.type={cfg.position.type}: LLaMA uses RoPE"
-        scaling = cfg.position.rope_scaling.type
-        if scaling not in self.ROPE_TYPES:
-            return (f"position.rope_scaling.type={scaling}: HF has no static NTK-aware RoPE "
-                    "(its 'dynamic' NTK changes the base with the sequence length, a different function)")
-        if cfg.ffn.type != "swiglu":
-            return f"ffn.type={cfg.ffn.type}: LLaMA's MLP is SwiGLU"
-        return _common_reasons(cfg)
+        return component_reasons(cfg, self.family) or _common_reasons(cfg)
 
     def hf_config(self, cfg: ModelConfig):
         from transformers import LlamaConfig
@@ -292,14 +296,11 @@ class LlamaExporter(HFExporter):
         )
 
     def rope_parameters(self, cfg: ModelConfig) -> dict:
+        """HF ``rope_parameters``: the scaling class names its rope_type and extra entries."""
         pos, sc = cfg.position, cfg.position.rope_scaling
-        params = {"rope_type": self.ROPE_TYPES[sc.type], "rope_theta": pos.rope_base}
-        if sc.type in ("linear", "yarn"):
-            params["factor"] = sc.factor
-        if sc.type == "yarn":
-            params.update(original_max_position_embeddings=sc.original_max_seq_len or cfg.max_seq_len,
-                          beta_fast=sc.beta_fast, beta_slow=sc.beta_slow)
-        return params
+        scaling = ROPE_SCALINGS.get(sc.type)
+        return {"rope_type": scaling.hf_export[self.family], "rope_theta": pos.rope_base,
+                **scaling.hf_parameters(sc, cfg.max_seq_len)}
 
     def state_dict(self, model: Decoder) -> dict[str, Tensor]:
         cfg = model.cfg

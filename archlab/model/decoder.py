@@ -14,12 +14,12 @@ from torch import Tensor, nn
 
 from archlab.config.schema import ModelConfig
 from archlab.model.checkpointing import check_mode, checkpointed_block
-from archlab.nn.attention import CausalSelfAttention, KVCache, LayerKVCache
-from archlab.nn.ffn import build_ffn, ffn_params
+from archlab.nn.attention import KVCache, LayerKVCache, attention_class, build_attention
+from archlab.nn.ffn import build_ffn, ffn_class
 from archlab.nn.loss import linear_cross_entropy
 from archlab.nn.mup import readout_mult, rescale_init
 from archlab.nn.norms import build_norm, norm_params
-from archlab.nn.positions import POSITIONS, PosContext, build_positions
+from archlab.nn.positions import PosContext, build_positions, position_class
 
 
 @dataclass
@@ -46,22 +46,22 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.pre = cfg.norm.placement == "pre"
-        self.attn_norm = build_norm(cfg.d_model, cfg.norm)
-        self.attn = CausalSelfAttention(cfg)
-        self.ffn_norm = build_norm(cfg.d_model, cfg.norm)
+        self.attn_norm = build_norm(cfg, dim=cfg.d_model)
+        self.attn = build_attention(cfg, layer=layer)
+        self.ffn_norm = build_norm(cfg, dim=cfg.d_model)
         self.is_moe = cfg.is_moe_layer(layer)
         if self.is_moe:
             self.ffn = _moe_layer_cls()(cfg)
         else:
-            self.ffn = build_ffn(cfg.ffn.type, cfg.d_model, cfg.ffn_hidden, cfg.ffn.bias, cfg.ffn.dropout)
+            self.ffn = build_ffn(cfg, hidden=cfg.ffn_hidden)
         self.drop = nn.Dropout(cfg.dropout)
 
     @staticmethod
     def num_params(cfg: ModelConfig, layer: int) -> int:
-        n = 2 * norm_params(cfg.d_model, cfg.norm) + CausalSelfAttention.num_params(cfg)
+        n = 2 * norm_params(cfg, dim=cfg.d_model) + attention_class(cfg).num_params(cfg, layer=layer)
         if cfg.is_moe_layer(layer):
             return n + _moe_layer_cls().num_params(cfg)
-        return n + ffn_params(cfg.ffn.type, cfg.d_model, cfg.ffn_hidden, cfg.ffn.bias)
+        return n + ffn_class(cfg).num_params(cfg, hidden=cfg.ffn_hidden)
 
     def _ffn(self, x: Tensor) -> tuple[Tensor, Optional[Tensor]]:
         if self.is_moe:
@@ -95,7 +95,7 @@ class Decoder(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         # post-LN already normalises each block's output; pre-LN needs a last norm
-        self.final_norm = build_norm(cfg.d_model, cfg.norm) if cfg.norm.placement == "pre" else nn.Identity()
+        self.final_norm = build_norm(cfg, dim=cfg.d_model) if cfg.norm.placement == "pre" else nn.Identity()
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
@@ -113,10 +113,10 @@ class Decoder(nn.Module):
     @staticmethod
     def num_params(cfg: ModelConfig) -> int:
         """Parameter count from the config alone (tied weights counted once)."""
-        n = cfg.vocab_size * cfg.d_model + POSITIONS.get(cfg.position.type).num_params(cfg)
+        n = cfg.vocab_size * cfg.d_model + position_class(cfg).num_params(cfg)
         n += sum(Block.num_params(cfg, i) for i in range(cfg.n_layers))
         if cfg.norm.placement == "pre":
-            n += norm_params(cfg.d_model, cfg.norm)
+            n += norm_params(cfg, dim=cfg.d_model)
         if not cfg.tie_embeddings:
             n += cfg.vocab_size * cfg.d_model
         return n
@@ -170,4 +170,5 @@ class Decoder(nn.Module):
         return ModelOutput(logits=self.lm_head(h), aux_loss=aux_total, kv_cache=kv_cache)  # (B, S, V)
 
     def new_kv_cache(self) -> KVCache:
-        return KVCache(self.cfg.n_layers)
+        """An empty cache, each layer's as its attention variant keeps it (e.g. a rolling window)."""
+        return KVCache(block.attn.new_cache() for block in self.blocks)

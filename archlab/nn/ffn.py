@@ -1,70 +1,157 @@
-"""Dense feed-forward blocks, by ``ffn.type``: ``gelu`` (GPT MLP) and ``swiglu`` (LLaMA).
+"""Feed-forward blocks, by ``ffn.type``: ``gelu`` (GPT MLP), ``relu`` (2017) and ``swiglu`` (LLaMA).
 
 Shape legend: N tokens (any leading dims), D model dim, F hidden dim.
-The same classes are the routed and shared experts' reference math in ``archlab.nn.moe``.
+
+Each class also states the facts the rest of archlab needs (``archlab.nn.component``): its
+default hidden width, parameter count, matmul FLOPs, the hidden activations it keeps for
+backward, the width of its up-projection and its activation (the routed experts of
+``archlab.nn.moe`` run the same math on stacked weights), and its HF activation name.
+Site arguments: ``hidden`` (F), and ``expert=True`` for an MoE expert (no bias, no dropout).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Optional
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from archlab.errors import fail
+from archlab.nn.component import ActShape, Exportable
 from archlab.registry import Registry
+
+if TYPE_CHECKING:
+    from archlab.config.schema import ModelConfig
 
 FFNS: Registry = Registry("ffn")
 
 
-@FFNS.register("gelu")
-class GeluMLP(nn.Module):
-    """down(gelu(up(x))): GPT-2/3's MLP, tanh-approximated GELU as in GPT-2."""
+@dataclass
+class FFNConfig:
+    type: str = "gelu"  # gelu (GPT 4x MLP) | relu (2017) | swiglu (LLaMA)
+    hidden: Optional[int] = None  # None: 4*d for gelu/relu, LLaMA's 8/3*d rounded to multiple_of for swiglu
+    multiple_of: int = 32  # swiglu default hidden is rounded up to this
+    bias: bool = True
+    dropout: float = 0.0
 
-    def __init__(self, d_model: int, hidden: int, bias: bool = True, dropout: float = 0.0):
+
+class FFN(Exportable, nn.Module):
+    """up -> activation -> down. Subclasses set the facts below and ``activate``."""
+
+    up_name: ClassVar[str] = "up"  # the up-projection's attribute (its parameter names in checkpoints)
+    up_width: ClassVar[int] = 1  # up-projection output width in units of F ([gate; up] = 2)
+    hidden_saved: ClassVar[int] = 2  # hidden activations kept for backward per token, in units of F
+
+    def __init__(self, cfg: "ModelConfig", *, hidden: int, expert: bool = False):
         super().__init__()
-        self.up = nn.Linear(d_model, hidden, bias=bias)
-        self.down = nn.Linear(hidden, d_model, bias=bias)
-        self.down.is_residual_proj = True
-        self.drop = nn.Dropout(dropout)
-
-    @staticmethod
-    def num_params(d_model: int, hidden: int, bias: bool) -> int:
-        return 2 * d_model * hidden + ((hidden + d_model) if bias else 0)
-
-    def forward(self, x_ND: Tensor) -> Tensor:
-        return self.drop(self.down(F.gelu(self.up(x_ND), approximate="tanh")))
-
-
-@FFNS.register("swiglu")
-class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x)) (Shazeer 2020; LLaMA). Gate and up share one GEMM."""
-
-    def __init__(self, d_model: int, hidden: int, bias: bool = False, dropout: float = 0.0):
-        super().__init__()
+        bias = cfg.ffn.bias and not expert
         self.hidden = hidden
-        self.gate_up = nn.Linear(d_model, 2 * hidden, bias=bias)  # [gate; up]
-        self.down = nn.Linear(hidden, d_model, bias=bias)
-        self.down.is_residual_proj = True
-        self.drop = nn.Dropout(dropout)
+        setattr(self, self.up_name, nn.Linear(cfg.d_model, self.up_width * hidden, bias=bias))
+        self.down = nn.Linear(hidden, cfg.d_model, bias=bias)
+        self.down.is_residual_proj = True  # GPT-2 scaled init
+        self.drop = nn.Dropout(0.0 if expert else cfg.ffn.dropout)
 
     @staticmethod
-    def num_params(d_model: int, hidden: int, bias: bool) -> int:
-        return 3 * d_model * hidden + ((2 * hidden + d_model) if bias else 0)
+    def activate(h: Tensor) -> Tensor:
+        """The activation on the up-projection's output (N, up_width * F) -> (N, F)."""
+        raise NotImplementedError
+
+    @property
+    def up_proj(self) -> nn.Linear:
+        return getattr(self, self.up_name)
 
     def forward(self, x_ND: Tensor) -> Tensor:
-        gate, up = self.gate_up(x_ND).chunk(2, dim=-1)
-        return self.drop(self.down(F.silu(gate) * up))
+        return self.drop(self.down(self.activate(self.up_proj(x_ND))))
+
+    @staticmethod
+    def default_hidden(cfg: "ModelConfig") -> int:
+        return 4 * cfg.d_model
+
+    @classmethod
+    def num_params(cls, cfg: "ModelConfig", *, hidden: int, expert: bool = False) -> int:
+        n = (cls.up_width + 1) * cfg.d_model * hidden
+        if cfg.ffn.bias and not expert:
+            n += cls.up_width * hidden + cfg.d_model
+        return n
+
+    @classmethod
+    def forward_flops(cls, cfg: "ModelConfig", *, hidden: int) -> float:
+        """Matmul FLOPs per token: 2 x its weight matrices."""
+        return 2.0 * (cls.up_width + 1) * cfg.d_model * hidden
+
+    @classmethod
+    def saved_bytes(cls, s: ActShape, *, hidden: int, n_tokens: float) -> float:
+        """Applied to ``n_tokens`` rows: its input + hidden activations."""
+        return n_tokens * (s.cfg.d_model + cls.hidden_saved * hidden) * s.act
+
+    @classmethod
+    def selective_saved_bytes(cls, s: ActShape, *, hidden: int, n_tokens: float) -> float:
+        """Selective checkpointing keeps its two matmuls' outputs."""
+        return n_tokens * (cls.up_width * hidden + s.cfg.d_model) * s.act
+
+    @classmethod
+    def validate(cls, m, prefix: str = "model") -> None:
+        if m.ffn.hidden is not None and m.ffn.hidden <= 0:
+            fail(f"{prefix}.ffn.hidden", m.ffn.hidden, "must be a positive number (or null for the default)")
+        if m.ffn.multiple_of is None or m.ffn.multiple_of <= 0:
+            fail(f"{prefix}.ffn.multiple_of", m.ffn.multiple_of, "must be a positive number")
+        if not 0.0 <= m.ffn.dropout < 1.0:
+            fail(f"{prefix}.ffn.dropout", m.ffn.dropout, "must lie in [0, 1)")
 
 
-def build_ffn(kind: str, d_model: int, hidden: int, bias: bool, dropout: float = 0.0) -> nn.Module:
-    return FFNS.get(kind)(d_model, hidden, bias, dropout)
+@FFNS.register("gelu")
+class GeluMLP(FFN):
+    """down(gelu(up(x))): GPT-2/3's MLP, tanh-approximated GELU as in GPT-2. Keeps its input and
+    output (2F per token)."""
 
+    hf_export = {"gpt2": "gelu_new"}
+    hf_unsupported = "a GELU MLP: this family's MLP is SwiGLU"
 
-def ffn_params(kind: str, d_model: int, hidden: int, bias: bool) -> int:
-    return FFNS.get(kind).num_params(d_model, hidden, bias)
+    @staticmethod
+    def activate(h: Tensor) -> Tensor:
+        return F.gelu(h, approximate="tanh")
 
 
 @FFNS.register("relu")
-class ReluMLP(GeluMLP):
-    """down(relu(up(x))): the 2017 Transformer's position-wise FFN."""
+class ReluMLP(FFN):
+    """down(relu(up(x))): the 2017 Transformer's position-wise FFN. Its output serves as the
+    saved tensor of both the relu and the down projection (F per token)."""
 
-    def forward(self, x_ND: Tensor) -> Tensor:
-        return self.drop(self.down(F.relu(self.up(x_ND))))
+    hidden_saved = 1
+    hf_export = {"gpt2": "relu"}
+    hf_unsupported = "a ReLU MLP: this family's MLP is SwiGLU"
+
+    @staticmethod
+    def activate(h: Tensor) -> Tensor:
+        return F.relu(h)
+
+
+@FFNS.register("swiglu")
+class SwiGLU(FFN):
+    """down(silu(gate(x)) * up(x)) (Shazeer 2020; LLaMA). Gate and up share one GEMM ([gate; up]
+    rows of ``up``); keeps [gate; up], silu(gate) and the product (4F per token)."""
+
+    up_name = "gate_up"  # [gate; up] rows
+    up_width = 2
+    hidden_saved = 4
+    hf_export = {"llama": "silu", "mistral": "silu", "mixtral": "silu", "qwen3_moe": "silu", "deepseek_v3": "silu"}
+    hf_unsupported = "SwiGLU: GPT-2's MLP is up-activation-down (gelu or relu), not gated"
+
+    @staticmethod
+    def activate(h: Tensor) -> Tensor:
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def default_hidden(cfg: "ModelConfig") -> int:
+        h, mult = int(2 * 4 * cfg.d_model / 3), cfg.ffn.multiple_of
+        return mult * ((h + mult - 1) // mult)
+
+
+def ffn_class(cfg: "ModelConfig") -> type[FFN]:
+    return FFNS.get(cfg.ffn.type)
+
+
+def build_ffn(cfg: "ModelConfig", *, hidden: int, expert: bool = False) -> FFN:
+    return ffn_class(cfg)(cfg, hidden=hidden, expert=expert)

@@ -45,12 +45,14 @@ Parameter counts and FLOPs do not change.
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 from torch import nn
 
-from archlab.config.schema import ModelConfig
+if TYPE_CHECKING:
+    from archlab.config.schema import ModelConfig
+
 
 PARAMETRIZATIONS = ("standard", "mup")
 
@@ -92,7 +94,7 @@ def hidden_matrices(model: nn.Module) -> set[int]:
     """ids of the parameters muP trains at lr/m (hidden and output-like block matrices);
     empty for a model that is not muP-parametrised (or not an archlab decoder)."""
     cfg = getattr(model, "cfg", None)
-    if not isinstance(cfg, ModelConfig) or not is_mup(cfg) or not hasattr(model, "blocks"):
+    if cfg is None or not hasattr(cfg, "parametrization") or not is_mup(cfg) or not hasattr(model, "blocks"):
         return set()
     return {id(p) for p, _ in _block_matrices(model)}
 

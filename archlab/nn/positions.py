@@ -1,6 +1,7 @@
-"""Position encodings, by ``position.type``.
+"""Position encodings, by ``position.type``, and RoPE scalings, by ``position.rope_scaling.type``.
 
-Shape legend: B batch, S query positions, T key positions, D model dim, H heads, Dh head dim.
+Shape legend: B batch, S query positions, T key positions, D model dim, H heads, Dh head dim,
+R rotary dims (the head dim, or MLA's ``qk_rope_head_dim``: ``ModelConfig.rotary_dim``).
 
 A position encoding has four hooks, and each class overrides only the ones it uses:
 - ``check_length(end)``: refuse positions it cannot encode (learned: past its table), from the
@@ -9,7 +10,9 @@ A position encoding has four hooks, and each class overrides only the ones it us
 - ``embed(x_BSD, pos_S)``: absolute encodings added to the token embeddings (learned, sinusoidal);
 - ``context(q_pos_S, k_pos_T)``: what attention needs, computed once per forward and shared by all
   layers: RoPE's cos/sin tables or ALiBi's additive bias;
-- ``num_params(cfg)``: parameters owned (only the learned table has any).
+and states its facts (``archlab.nn.component``): ``max_length`` (None: any length),
+``rotates_qk`` / ``score_bias`` (what attention receives), ``num_params``, ``saved_bytes``,
+``validate``, HF families.
 
 Formulas: ``../shared/REFERENCES.md`` (Positions) and the seeds on extrapolation.
 """
@@ -17,31 +20,60 @@ Formulas: ``../shared/REFERENCES.md`` (Positions) and the seeds on extrapolation
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Optional
 
 import torch
 from torch import Tensor, nn
 
-from archlab.config.schema import ModelConfig
+from archlab.errors import fail
+from archlab.nn.component import ID_BYTES, STATS_BYTES, ActShape, Exportable
 from archlab.registry import Registry
 
+if TYPE_CHECKING:
+    from archlab.config.schema import ModelConfig
+
+
+@dataclass
+class RopeScalingConfig:
+    type: str = "none"  # none | linear (position interpolation) | ntk | yarn
+    factor: float = 1.0  # context extension factor s
+    original_max_seq_len: Optional[int] = None  # context trained at; default model.max_seq_len
+    beta_fast: float = 32.0  # yarn ramp: wavelengths with more rotations than this extrapolate
+    beta_slow: float = 1.0  # yarn ramp: fewer rotations than this interpolate
+
+
+@dataclass
+class PositionConfig:
+    type: str = "learned"  # learned | sinusoidal | rope | alibi | none (NoPE)
+    rope_base: float = 10000.0
+    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+
+
 POSITIONS: Registry = Registry("position")
-ROPE_SCALINGS = ["none", "linear", "ntk", "yarn"]
+ROPE_SCALINGS: Registry = Registry("rope scaling")
 
 
 @dataclass
 class PosContext:
     """Per-forward position data handed to every attention layer."""
 
-    cos: Optional[Tensor] = None  # (S, Dh) RoPE, already scaled by the YaRN temperature
-    sin: Optional[Tensor] = None  # (S, Dh)
+    cos: Optional[Tensor] = None  # (S, R) RoPE, already scaled by the YaRN temperature
+    sin: Optional[Tensor] = None  # (S, R)
     bias: Optional[Tensor] = None  # (H, S, T) additive score bias (ALiBi), causal part excluded
 
 
-class PositionEncoding(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+class PositionEncoding(Exportable, nn.Module):
+    rotates_qk: ClassVar[bool] = False  # attention rotates q and k by ctx.cos / ctx.sin
+    score_bias: ClassVar[bool] = False  # attention adds ctx.bias to its scores (an explicit mask)
+
+    def __init__(self, cfg: "ModelConfig"):
         super().__init__()
+
+    @staticmethod
+    def max_length(cfg: "ModelConfig") -> Optional[int]:
+        """The most positions it can encode; None: any number."""
+        return None
 
     def check_length(self, end: int) -> None:
         """Raise ValueError when positions 0 ... end - 1 cannot all be encoded."""
@@ -53,23 +85,43 @@ class PositionEncoding(nn.Module):
         return PosContext()
 
     @staticmethod
-    def num_params(cfg: ModelConfig) -> int:
+    def num_params(cfg: "ModelConfig") -> int:
         return 0
+
+    @staticmethod
+    def saved_bytes(s: ActShape, checkpointing: str) -> float:
+        """Bytes kept for backward outside the blocks (position ids, shared tables)."""
+        return 0.0
+
+    @classmethod
+    def validate(cls, m, prefix: str = "model") -> None:
+        if m.position.rope_scaling.type != "none":
+            fail(f"{prefix}.position.rope_scaling.type", m.position.rope_scaling.type,
+                 f"rope scaling needs position.type=rope (got {m.position.type})")
 
 
 @POSITIONS.register("none")
 class NoPE(PositionEncoding):
     """No position information (NoPE): the causal mask alone breaks permutation symmetry."""
 
+    hf_unsupported = "no position encoding (NoPE): no Hugging Face class of this family has that"
+
 
 @POSITIONS.register("learned")
 class LearnedPositions(PositionEncoding):
     """A trained table of max_seq_len vectors added to the embeddings (GPT-2/3)."""
 
-    def __init__(self, cfg: ModelConfig):
+    hf_export = {"gpt2": "wpe"}
+    hf_unsupported = "learned absolute positions: this family uses RoPE"
+
+    def __init__(self, cfg: "ModelConfig"):
         super().__init__(cfg)
         self.max_seq_len = cfg.max_seq_len
         self.table = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+
+    @staticmethod
+    def max_length(cfg: "ModelConfig") -> Optional[int]:
+        return cfg.max_seq_len
 
     def check_length(self, end: int) -> None:
         if end > self.max_seq_len:
@@ -81,8 +133,12 @@ class LearnedPositions(PositionEncoding):
         return x_BSD + self.table(pos_S)  # positions checked by check_length
 
     @staticmethod
-    def num_params(cfg: ModelConfig) -> int:
+    def num_params(cfg: "ModelConfig") -> int:
         return cfg.max_seq_len * cfg.d_model
+
+    @staticmethod
+    def saved_bytes(s: ActShape, checkpointing: str) -> float:
+        return s.seq_len * ID_BYTES  # the position ids the table lookup keeps
 
 
 @POSITIONS.register("sinusoidal")
@@ -93,7 +149,9 @@ class SinusoidalPositions(PositionEncoding):
     question the extrapolation evals ask).
     """
 
-    def __init__(self, cfg: ModelConfig):
+    hf_unsupported = "sinusoidal positions: no Hugging Face decoder class of this family has them"
+
+    def __init__(self, cfg: "ModelConfig"):
         super().__init__(cfg)
         d = cfg.d_model
         inv = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
@@ -106,50 +164,148 @@ class SinusoidalPositions(PositionEncoding):
         return x_BSD + pe.to(x_BSD.dtype)
 
 
-def rope_inv_freq(d_head: int, base: float, scaling, max_seq_len: int) -> tuple[Tensor, float]:
-    """Inverse frequencies theta_k = base^(-2k/Dh) after the chosen scaling, and the attention
-    temperature (1.0 except YaRN). Matches HF ``modeling_rope_utils`` for linear and yarn."""
-    idx = torch.arange(0, d_head, 2, dtype=torch.float32) / d_head  # 2k/Dh
-    s = scaling.factor
-    if scaling.type == "ntk":  # NTK-aware: stretch the base instead of the positions
-        base = base * s ** (d_head / (d_head - 2))
-    inv_freq = 1.0 / base**idx
-    if scaling.type == "linear":  # position interpolation: pos / s
-        return inv_freq / s, 1.0
-    if scaling.type != "yarn":
-        return inv_freq, 1.0
-    orig = scaling.original_max_seq_len or max_seq_len
+# ----------------------------------------------------------------------------- RoPE scalings
 
-    def correction_dim(n_rot: float) -> float:  # dim index whose wavelength fits n_rot times in orig
-        return d_head * math.log(orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
 
-    low = max(math.floor(correction_dim(scaling.beta_fast)), 0)
-    high = min(math.ceil(correction_dim(scaling.beta_slow)), d_head - 1)
-    if low == high:
-        high += 0.001
-    ramp = ((torch.arange(d_head // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    extrapolate = 1.0 - ramp  # 1: keep original frequency (high-frequency dims)
-    inv_freq = (inv_freq / s) * (1 - extrapolate) + inv_freq * extrapolate
-    temperature = 0.1 * math.log(s) + 1.0 if s > 1 else 1.0
-    return inv_freq, temperature
+class RopeScaling(Exportable):
+    """Turns RoPE's inverse frequencies theta_k = base^(-2k/R) into the scaled ones, with an
+    attention temperature (1.0 except YaRN). ``hf_export``: the HF ``rope_type`` per family."""
+
+    @staticmethod
+    def inv_freq(idx: Tensor, base: float, rot_dim: int, sc: RopeScalingConfig,
+                 max_seq_len: int) -> tuple[Tensor, float]:
+        raise NotImplementedError
+
+    @staticmethod
+    def hf_parameters(sc: RopeScalingConfig, max_seq_len: int) -> dict:
+        """HF ``rope_parameters`` entries beyond rope_type and rope_theta."""
+        return {}
+
+    @classmethod
+    def validate(cls, m, prefix: str = "model") -> None:
+        sc, key = m.position.rope_scaling, f"{prefix}.position.rope_scaling"
+        if sc.factor < 1.0:
+            fail(f"{key}.factor", sc.factor, "must be >= 1 (context extension factor)")
+        if sc.original_max_seq_len is not None and sc.original_max_seq_len <= 0:
+            fail(f"{key}.original_max_seq_len", sc.original_max_seq_len, "must be a positive number")
+
+
+_ROPE_FAMILIES = ("llama", "mistral", "mixtral", "qwen3_moe", "deepseek_v3")
+
+
+@ROPE_SCALINGS.register("none")
+class NoRopeScaling(RopeScaling):
+    hf_export = {f: "default" for f in _ROPE_FAMILIES}
+
+    @staticmethod
+    def inv_freq(idx, base, rot_dim, sc, max_seq_len):
+        return 1.0 / base**idx, 1.0
+
+
+@ROPE_SCALINGS.register("linear")
+class LinearRopeScaling(RopeScaling):
+    """Position interpolation (Chen et al. 2023): pos / s, i.e. every frequency divided by s."""
+
+    hf_export = {f: "linear" for f in _ROPE_FAMILIES}
+
+    @staticmethod
+    def inv_freq(idx, base, rot_dim, sc, max_seq_len):
+        return 1.0 / base**idx / sc.factor, 1.0
+
+    @staticmethod
+    def hf_parameters(sc, max_seq_len):
+        return {"factor": sc.factor}
+
+
+@ROPE_SCALINGS.register("ntk")
+class NTKRopeScaling(RopeScaling):
+    """NTK-aware scaling: stretch the base instead of the positions, base * s^(R/(R-2))."""
+
+    hf_unsupported = ("HF has no static NTK-aware RoPE (its 'dynamic' NTK changes the base with the "
+                      "sequence length, a different function)")
+
+    @staticmethod
+    def inv_freq(idx, base, rot_dim, sc, max_seq_len):
+        return 1.0 / (base * sc.factor ** (rot_dim / (rot_dim - 2)))**idx, 1.0
+
+
+@ROPE_SCALINGS.register("yarn")
+class YarnRopeScaling(RopeScaling):
+    """YaRN (Peng et al. 2023): interpolate the low frequencies, keep the high ones, with a ramp
+    between, and scale attention by the temperature 0.1 ln s + 1. Matches HF ``modeling_rope_utils``."""
+
+    hf_export = {f: "yarn" for f in _ROPE_FAMILIES}
+
+    @staticmethod
+    def inv_freq(idx, base, rot_dim, sc, max_seq_len):
+        s = sc.factor
+        inv_freq = 1.0 / base**idx
+        orig = sc.original_max_seq_len or max_seq_len
+
+        def correction_dim(n_rot: float) -> float:  # dim index whose wavelength fits n_rot times in orig
+            return rot_dim * math.log(orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+
+        low = max(math.floor(correction_dim(sc.beta_fast)), 0)
+        high = min(math.ceil(correction_dim(sc.beta_slow)), rot_dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(rot_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        extrapolate = 1.0 - ramp  # 1: keep original frequency (high-frequency dims)
+        inv_freq = (inv_freq / s) * (1 - extrapolate) + inv_freq * extrapolate
+        temperature = 0.1 * math.log(s) + 1.0 if s > 1 else 1.0
+        return inv_freq, temperature
+
+    @staticmethod
+    def hf_parameters(sc, max_seq_len):
+        return {"factor": sc.factor, "original_max_position_embeddings": sc.original_max_seq_len or max_seq_len,
+                "beta_fast": sc.beta_fast, "beta_slow": sc.beta_slow}
+
+
+def rope_inv_freq(rot_dim: int, base: float, scaling: RopeScalingConfig, max_seq_len: int) -> tuple[Tensor, float]:
+    """Inverse frequencies theta_k = base^(-2k/R) after the chosen scaling, and the attention
+    temperature (1.0 except YaRN)."""
+    idx = torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim  # 2k/R
+    return ROPE_SCALINGS.get(scaling.type).inv_freq(idx, base, rot_dim, scaling, max_seq_len)
 
 
 @POSITIONS.register("rope")
 class RotaryPositions(PositionEncoding):
     """RoPE (Su et al. 2021): rotate channel pairs of q and k by pos * theta_k, so that q.k depends
-    on the offset only. Pairs are (i, i + Dh/2), the "rotate half" layout HF LLaMA uses."""
+    on the offset only. Pairs are (i, i + R/2), the "rotate half" layout HF LLaMA uses; R is the
+    attention's rotary width (``ModelConfig.rotary_dim``: the head dim, MLA's ``qk_rope_head_dim``)."""
 
-    def __init__(self, cfg: ModelConfig):
+    rotates_qk = True
+    hf_export = {f: "rope" for f in _ROPE_FAMILIES}
+    hf_unsupported = "RoPE: GPT-2 has learned absolute positions only"
+
+    def __init__(self, cfg: "ModelConfig"):
         super().__init__(cfg)
-        inv_freq, temp = rope_inv_freq(cfg.d_head, cfg.position.rope_base, cfg.position.rope_scaling,
+        inv_freq, temp = rope_inv_freq(cfg.rotary_dim, cfg.position.rope_base, cfg.position.rope_scaling,
                                        cfg.max_seq_len)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.temperature = temp
 
     def context(self, q_pos_S: Tensor, k_pos_T: Tensor) -> PosContext:
-        angle = q_pos_S.float()[:, None] * self.inv_freq[None, :]  # (S, Dh/2)
-        angle = torch.cat([angle, angle], dim=-1)  # (S, Dh)
+        angle = q_pos_S.float()[:, None] * self.inv_freq[None, :]  # (S, R/2)
+        angle = torch.cat([angle, angle], dim=-1)  # (S, R)
         return PosContext(cos=angle.cos() * self.temperature, sin=angle.sin() * self.temperature)
+
+    @staticmethod
+    def saved_bytes(s: ActShape, checkpointing: str) -> float:
+        # cos/sin tables (fp32) shared by all layers; under checkpointing only inside the recomputed blocks
+        return 2 * s.seq_len * s.cfg.rotary_dim * STATS_BYTES if checkpointing == "none" else 0.0
+
+    @classmethod
+    def validate(cls, m, prefix: str = "model") -> None:
+        from archlab.nn.attention import attention_class  # attention imports positions: resolved here
+
+        rot = attention_class(m).rotary_dim(m)
+        if rot % 2:
+            fail(f"{prefix}.n_heads", m.n_heads,
+                 f"rope rotates pairs of channels: the rotated head dim = {rot} must be even")
+        if m.position.rope_base is None or m.position.rope_base <= 0:
+            fail(f"{prefix}.position.rope_base", m.position.rope_base, "must be a positive number")
+        ROPE_SCALINGS.get(m.position.rope_scaling.type).validate(m, prefix)
 
 
 def apply_rotary(x_BHSD: Tensor, cos_SD: Tensor, sin_SD: Tensor) -> Tensor:
@@ -178,7 +334,10 @@ def alibi_slopes(n_heads: int) -> Tensor:
 class ALiBi(PositionEncoding):
     """Attention with Linear Biases: score(i, j) -= m_h * (i - j). No parameters, no embedding."""
 
-    def __init__(self, cfg: ModelConfig):
+    score_bias = True
+    hf_unsupported = "ALiBi: no Hugging Face class of this family has linear attention biases"
+
+    def __init__(self, cfg: "ModelConfig"):
         super().__init__(cfg)
         self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
 
@@ -187,5 +346,9 @@ class ALiBi(PositionEncoding):
         return PosContext(bias=-self.slopes[:, None, None] * dist)  # (H, S, T)
 
 
-def build_positions(cfg: ModelConfig) -> PositionEncoding:
-    return POSITIONS.get(cfg.position.type)(cfg)
+def position_class(cfg: "ModelConfig") -> type[PositionEncoding]:
+    return POSITIONS.get(cfg.position.type)
+
+
+def build_positions(cfg: "ModelConfig") -> PositionEncoding:
+    return position_class(cfg)(cfg)

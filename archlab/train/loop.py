@@ -40,6 +40,8 @@ from archlab.train.dist import (
     teardown_at_exit,
 )
 from archlab.train.faults import NonFiniteError, StopSignal
+from archlab.nn.moe import start_step
+from archlab.nn.positions import position_class
 from archlab.train.optim import build_optimizer, lr_at, set_lr
 from archlab.train.parallel import (
     check_data_parallel,
@@ -379,6 +381,7 @@ class Trainer:
         A = self.cfg.train.grad_accum
         lm_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         aux_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        start_step(self.model)  # every rank, before the first micro-batch: global-batch balancing restarts its counts
         for micro in range(A):
             x_BS1 = self.batches.get(self.step, micro).to(self.device)
             with self.accelerator.accumulate(self.model_t):
@@ -411,8 +414,9 @@ class Trainer:
         S = t.seq_len * multiplier
         row: dict[str, Any] = {"kind": "val", "step": self.step, "tokens": self.tokens, "context_len": S,
                                "context_multiplier": multiplier}
-        if m.position.type == "learned" and S > m.max_seq_len:
-            return {**row, "skipped": f"learned positions end at model.max_seq_len={m.max_seq_len}"}
+        limit = position_class(m).max_length(m)
+        if limit is not None and S > limit:
+            return {**row, "skipped": f"{m.position.type} positions end at {limit} (model.max_seq_len={m.max_seq_len})"}
         B = max(1, t.micro_batch_size // multiplier)  # about the same tokens per batch at every length
         try:
             windows = eval_windows(self.data.val, S, B, t.eval_batches, self.info.rank, self.info.world_size)

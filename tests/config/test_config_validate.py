@@ -34,7 +34,7 @@ INVALID = [
     (DENSE, ["model.position.rope_scaling.type=linear"], ["rope_scaling.type='linear'", "needs position.type=rope"]),
     (LLAMA, ["model.position.rope_scaling.type=ntk", "model.position.rope_scaling.factor=0.5"],
      ["rope_scaling.factor=0.5", ">= 1"]),
-    (LLAMA, ["model.position.rope_scaling.type=dynamic"], ["rope_scaling.type='dynamic'", "none, linear, ntk, yarn"]),
+    (LLAMA, ["model.position.rope_scaling.type=dynamic"], ["rope_scaling.type='dynamic'", "linear, none, ntk, yarn"]),
     (DENSE, ["train.seq_len=4096"], ["train.seq_len=4096", "model.max_seq_len=1024"]),
     (DENSE, ["train.betas=[0.9]"], ["train.betas=[0.9]", "two numbers"]),
     (DENSE, ["train.schedule=linear"], ["train.schedule='linear'", "cosine, wsd, constant"]),

@@ -55,7 +55,7 @@ def test_capacity_dropping_removes_exactly_the_dropped_slots():
     dropped = sum(b.ffn.stats.read(lambda t: t, [])["dropped_slots"] for b in model.blocks)
     assert dropped > 0
     m = cfg.model
-    slot = 3 * ffn_flops(m.ffn.type, m.d_model, m.moe.expert_hidden)
+    slot = 3 * ffn_flops(m, m.moe.expert_hidden)
     assert measured == pytest.approx(training_flops_per_token(cfg, 32) * 64 - dropped * slot, rel=1e-6)
 
 

@@ -116,7 +116,7 @@ REFUSED = [
     (llama(attention=AttentionConfig(bias=False, scale=1.0)), ["attention.scale=1.0"]),
     (gpt(ffn=FFNConfig(type="swiglu")), ["gpt2", "ffn.type=swiglu", "not gated"]),
     (llama(ffn=FFNConfig(type="gelu")), ["llama", "ffn.type=gelu", "SwiGLU"]),
-    (llama(position=PositionConfig(type="sinusoidal")), ["position.type=sinusoidal", "LLaMA uses RoPE"]),
+    (llama(position=PositionConfig(type="sinusoidal")), ["position.type=sinusoidal", "no Hugging Face decoder"]),
     (llama(parametrization="mup", mup_base_width=24), ["parametrization=mup at width multiplier 2", "readout"]),
     (gpt(parametrization="mup", mup_base_width=96), ["gpt2", "width multiplier 0.5", "attention scale"]),
 ]

@@ -56,7 +56,7 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_attention_matches_reference(name):
     c = CASES[name]
-    attn = CausalSelfAttention(c).eval()
+    attn = CausalSelfAttention(c, layer=0).eval()
     if attn.q_norm is not None:
         with torch.no_grad():
             attn.q_norm.weight.uniform_(0.5, 1.5), attn.k_norm.weight.uniform_(0.5, 1.5)
@@ -68,8 +68,8 @@ def test_attention_matches_reference(name):
 
 def test_scale_switch_changes_output():
     torch.manual_seed(0)
-    a = CausalSelfAttention(cfg()).eval()
-    b = CausalSelfAttention(cfg(scale=1.0)).eval()
+    a = CausalSelfAttention(cfg(), layer=0).eval()
+    b = CausalSelfAttention(cfg(scale=1.0), layer=0).eval()
     b.load_state_dict(a.state_dict())
     x = torch.randn(1, 6, 32) * 3
     ctx = build_positions(cfg()).context(torch.arange(6), torch.arange(6))
@@ -79,7 +79,7 @@ def test_scale_switch_changes_output():
 @pytest.mark.parametrize("name", ["gqa", "rope-gqa", "alibi-mqa"])
 def test_kv_cache_in_chunks_equals_full_pass(name):
     c = CASES[name]
-    attn = CausalSelfAttention(c).eval()
+    attn = CausalSelfAttention(c, layer=0).eval()
     pos = build_positions(c)
     x = torch.randn(2, 10, 32)
     full = attn(x, pos.context(torch.arange(10), torch.arange(10)))
@@ -96,7 +96,7 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
     """GQA is MHA whose K/V heads are shared: copying each KV head into its query heads' slots
     gives an MHA layer with the same output."""
     gqa_cfg, mha_cfg = cfg(n_kv_heads=2), cfg()
-    gqa, mha = CausalSelfAttention(gqa_cfg).eval(), CausalSelfAttention(mha_cfg).eval()
+    gqa, mha = CausalSelfAttention(gqa_cfg, layer=0).eval(), CausalSelfAttention(mha_cfg, layer=0).eval()
     Dh = 8
     q, k, v = gqa.wqkv.weight.split([32, 16, 16])
     rep = lambda t: t.view(2, Dh, 32).repeat_interleave(2, dim=0).reshape(32, 32)  # noqa: E731
@@ -113,14 +113,14 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
 
 def test_param_count_and_bias_switch():
     for c in (cfg(), cfg(n_kv_heads=1, bias=False), cfg(qk_norm=True)):
-        attn = CausalSelfAttention(c)
-        assert CausalSelfAttention.num_params(c) == sum(p.numel() for p in attn.parameters())
-    assert CausalSelfAttention(cfg(bias=False)).wqkv.bias is None
+        attn = CausalSelfAttention(c, layer=0)
+        assert CausalSelfAttention.num_params(c, layer=0) == sum(p.numel() for p in attn.parameters())
+    assert CausalSelfAttention(cfg(bias=False), layer=0).wqkv.bias is None
 
 
 def test_attention_dropout_only_in_training():
     c = cfg(dropout=0.5)
-    attn = CausalSelfAttention(c)
+    attn = CausalSelfAttention(c, layer=0)
     x = torch.randn(1, 8, 32)
     ctx = build_positions(c).context(torch.arange(8), torch.arange(8))
     attn.train()

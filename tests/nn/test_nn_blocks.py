@@ -4,24 +4,32 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from archlab.config.schema import NormConfig
-from archlab.nn.ffn import FFNS, build_ffn, ffn_params
+from archlab.config.schema import FFNConfig, ModelConfig, NormConfig
+from archlab.nn.ffn import FFNS, build_ffn, ffn_class
 from archlab.nn.norms import NORMS, build_norm, norm_params
 
 
+def _norm_cfg(**norm) -> ModelConfig:
+    return ModelConfig(norm=NormConfig(**norm))
+
+
+def _ffn_cfg(kind: str, d_model: int, bias: bool) -> ModelConfig:
+    return ModelConfig(d_model=d_model, n_heads=2, ffn=FFNConfig(type=kind, bias=bias))
+
+
 def test_layernorm_formula_and_bias_switch():
-    norm = build_norm(16, NormConfig(type="layernorm", eps=1e-5))
+    norm = build_norm(_norm_cfg(type="layernorm", eps=1e-5), dim=16)
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5), norm.bias.uniform_(-1, 1)
     x = torch.randn(3, 5, 16)
     mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
     torch.testing.assert_close(norm(x), (x - mean) / torch.sqrt(var + 1e-5) * norm.weight + norm.bias)
-    no_bias = build_norm(16, NormConfig(type="layernorm", bias=False))
-    assert no_bias.bias is None and norm_params(16, NormConfig(type="layernorm", bias=False)) == 16
+    no_bias = build_norm(_norm_cfg(type="layernorm", bias=False), dim=16)
+    assert no_bias.bias is None and norm_params(_norm_cfg(type="layernorm", bias=False), dim=16) == 16
 
 
 def test_rmsnorm_formula():
-    norm = build_norm(16, NormConfig(type="rmsnorm", eps=1e-6))
+    norm = build_norm(_norm_cfg(type="rmsnorm", eps=1e-6), dim=16)
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
     x = torch.randn(3, 5, 16)
@@ -31,12 +39,12 @@ def test_rmsnorm_formula():
 @pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
 @pytest.mark.parametrize("bias", [True, False])
 def test_norm_param_count(kind, bias):
-    c = NormConfig(type=kind, bias=bias)
-    assert norm_params(24, c) == sum(p.numel() for p in build_norm(24, c).parameters())
+    c = _norm_cfg(type=kind, bias=bias)
+    assert norm_params(c, dim=24) == sum(p.numel() for p in build_norm(c, dim=24).parameters())
 
 
 def test_gelu_mlp_is_tanh_gelu():
-    mlp = build_ffn("gelu", 8, 32, bias=True)
+    mlp = build_ffn(_ffn_cfg("gelu", 8, True), hidden=32)
     x = torch.randn(4, 8)
     h = mlp.up(x)
     tanh_gelu = 0.5 * h * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (h + 0.044715 * h**3)))
@@ -44,7 +52,7 @@ def test_gelu_mlp_is_tanh_gelu():
 
 
 def test_swiglu_is_gated():
-    ffn = build_ffn("swiglu", 8, 24, bias=False)
+    ffn = build_ffn(_ffn_cfg("swiglu", 8, False), hidden=24)
     gate_w, up_w = ffn.gate_up.weight.chunk(2)  # [gate; up] rows
     x = torch.randn(4, 8)
     torch.testing.assert_close(ffn(x), ffn.down(F.silu(x @ gate_w.T) * (x @ up_w.T)))
@@ -53,8 +61,12 @@ def test_swiglu_is_gated():
 @pytest.mark.parametrize("kind", ["gelu", "relu", "swiglu"])
 @pytest.mark.parametrize("bias", [True, False])
 def test_ffn_param_count_and_bias_switch(kind, bias):
-    ffn = build_ffn(kind, 12, 40, bias)
-    assert ffn_params(kind, 12, 40, bias) == sum(p.numel() for p in ffn.parameters())
+    cfg = _ffn_cfg(kind, 12, bias)
+    ffn = build_ffn(cfg, hidden=40)
+    assert ffn_class(cfg).num_params(cfg, hidden=40) == sum(p.numel() for p in ffn.parameters())
+    expert = build_ffn(cfg, hidden=40, expert=True)  # an MoE expert: never a bias
+    assert all(m.bias is None for m in expert.modules() if isinstance(m, torch.nn.Linear))
+    assert ffn_class(cfg).num_params(cfg, hidden=40, expert=True) == sum(p.numel() for p in expert.parameters())
     assert all((m.bias is not None) == bias for m in ffn.modules() if isinstance(m, torch.nn.Linear))
 
 

@@ -2,7 +2,8 @@
 
 - ``router``: ROUTERS registry (softmax_topk, sigmoid_topk), group-limited routing, selection bias
 - ``experts``: stacked expert weights and the sort-by-expert grouped-GEMM dispatch
-- ``balance``: Switch / sequence-wise auxiliary losses, z-loss, aux-loss-free bias update
+- ``balance``: BALANCE_TERMS registry (micro-batch and global-batch Switch auxiliary losses,
+  sequence-wise auxiliary loss, z-loss, aux-loss-free selection bias)
 - ``stats``: per-layer routing statistics
 - ``layer``: ``MoELayer``, what the decoder builds
 
@@ -10,7 +11,8 @@ Model-level helpers used by the trainer (they take an ``all_reduce_sum`` callabl
 tensor over data-parallel ranks, identity on one process, so this package needs no distributed
 library):
 
-- ``moe_layers(model)``, ``balance_step(model, all_reduce_sum)``, ``routing_stats(model, all_reduce_sum)``
+- ``moe_layers(model)``, ``start_step(model)`` (before the first micro-batch of every optimizer
+  step), ``balance_step(model, all_reduce_sum)`` (after it), ``routing_stats(model, all_reduce_sum)``
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from typing import Callable
 
 from torch import Tensor, nn
 
-from archlab.nn.moe.balance import update_bias
 from archlab.nn.moe.layer import MoELayer
 
 AllReduce = Callable[[Tensor], Tensor]
@@ -40,15 +41,23 @@ def moe_layers(model: nn.Module) -> list[MoELayer]:
     return [m for _, m in _named_moe_layers(model)]
 
 
+def start_step(model: nn.Module) -> None:
+    """Before the first micro-batch of an optimizer step: every balancing term starts the step
+    (the global-batch auxiliary loss sets its running expert counts to zero). A no-op for a
+    model without MoE layers or without such a term."""
+    for layer in moe_layers(model):
+        for term in layer.balance_terms:
+            term.start_step()
+
+
 def balance_step(model: nn.Module, all_reduce_sum: AllReduce) -> None:
-    """After an optimizer step: aux-loss-free bias update from the step's global router choices
-    (summed over ranks), then reset the per-step counters. With bias_update_rate == 0 only resets."""
+    """After an optimizer step: each enabled term's step update from the step's router choices
+    (the aux-loss-free bias, from the counts summed over ranks), then reset the per-step
+    counters. Without such a term only resets."""
     for layer in moe_layers(model):
         counts_E = layer.stats.take_step_counts()
-        rate = layer.moe.balance.bias_update_rate
-        if rate > 0 and layer.router.expert_bias is not None:
-            counts_E = all_reduce_sum(counts_E.to(layer.router.expert_bias.device))
-            update_bias(layer.router.expert_bias, counts_E, rate)
+        for term in layer.balance_terms:
+            term.after_step(layer.router, counts_E, all_reduce_sum)
 
 
 def routing_stats(model: nn.Module, all_reduce_sum: AllReduce) -> dict[str, float | list]:
@@ -79,4 +88,4 @@ def routing_stats(model: nn.Module, all_reduce_sum: AllReduce) -> dict[str, floa
     return out
 
 
-__all__ = ["MoELayer", "balance_step", "moe_layers", "routing_stats"]
+__all__ = ["MoELayer", "balance_step", "moe_layers", "routing_stats", "start_step"]

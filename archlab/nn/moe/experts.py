@@ -35,31 +35,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from archlab.nn.ffn import FFNS
 from archlab.nn.moe.balance import expert_counts
 
 
-def _swiglu(h: Tensor) -> Tensor:
-    gate, up = h.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
-# expert activation by ffn.type: (width of the up-projection in units of F, activation)
-EXPERT_ACTIVATIONS: dict[str, tuple[int, Callable[[Tensor], Tensor]]] = {
-    "swiglu": (2, _swiglu),  # up-projection is [gate; up], as archlab.nn.ffn.SwiGLU
-    "gelu": (1, lambda h: F.gelu(h, approximate="tanh")),
-    "relu": (1, F.relu),
-}
-
-
 def expert_params(kind: str, d_model: int, hidden: int) -> int:
-    """Parameters of one expert (no biases)."""
-    return (EXPERT_ACTIVATIONS[kind][0] + 1) * d_model * hidden
+    """Parameters of one expert of ``ffn.type`` ``kind`` (no biases): its FFN class says the width."""
+    return (FFNS.get(kind).up_width + 1) * d_model * hidden
 
 
 @dataclass
@@ -279,9 +267,8 @@ class GroupedExperts(nn.Module):
 
     def __init__(self, kind: str, num_experts: int, d_model: int, hidden: int):
         super().__init__()
-        if kind not in EXPERT_ACTIVATIONS:
-            raise ValueError(f"expert activation {kind!r} unknown; valid: {', '.join(sorted(EXPERT_ACTIVATIONS))}")
-        width, self.act = EXPERT_ACTIVATIONS[kind]
+        ffn = FFNS.get(kind)  # the expert math is the dense FFN's: its up-projection width and activation
+        width, self.act = ffn.up_width, ffn.activate
         self.kind, self.num_experts, self.hidden = kind, num_experts, hidden
         self.w_up = nn.Parameter(torch.empty(num_experts, d_model, width * hidden))
         self.w_down = nn.Parameter(torch.empty(num_experts, hidden, d_model))

@@ -5,22 +5,42 @@ token, F expert hidden dim.
 
     y = sum_{i in topK(x)} g_i(x) * expert_i(x)  +  shared(x)
 
-with the balancing terms of ``archlab.nn.moe.balance`` returned next to y as one scalar.
+with the enabled balancing terms of ``archlab.nn.moe.balance`` (``BALANCE_TERMS``) returned next
+to y as one scalar.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 from torch import Tensor, nn
 
-from archlab.config.schema import ModelConfig
-from archlab.nn.ffn import build_ffn, ffn_params
-from archlab.nn.moe.balance import balance_losses, expert_counts
+from archlab.nn.ffn import build_ffn, ffn_class
+from archlab.nn.moe.balance import BalanceConfig, BalanceTerm, build_terms, expert_counts
 from archlab.nn.moe.experts import GroupedExperts, capacity_for, dispatch, expert_params
-from archlab.nn.moe.router import Router, build_router
+from archlab.nn.moe.router import Router, RouterConfig, build_router, router_class
 from archlab.nn.moe.stats import RoutingStats
+
+if TYPE_CHECKING:
+    from archlab.config.schema import ModelConfig
+
+
+@dataclass
+class MoEConfig:
+    num_experts: int = 8  # routed experts E
+    top_k: int = 2  # K experts per token
+    expert_hidden: int = 512  # hidden size of one routed expert (small = fine-grained)
+    n_shared_experts: int = 0  # always-active experts (DeepSeekMoE)
+    shared_hidden: Optional[int] = None  # hidden size of one shared expert; default expert_hidden
+    first_k_dense: int = 0  # the first k layers keep a dense FFN
+    every: int = 1  # after those, every n-th layer is MoE
+    router: RouterConfig = field(default_factory=RouterConfig)
+    balance: BalanceConfig = field(default_factory=BalanceConfig)
+    capacity_factor: Optional[float] = None  # None = dropless; else tokens beyond capacity drop
+    min_capacity: int = 4
+    ep_size: int = 1  # expert-parallel degree (DeepSpeed); experts sharded over ep_size ranks
 
 
 class MoELayer(nn.Module):
@@ -37,10 +57,11 @@ class MoELayer(nn.Module):
         super().__init__()
         m = cfg.moe
         self.moe = m
-        self.router: Router = build_router(cfg.d_model, m)
+        self.router: Router = build_router(cfg)
         self.experts = GroupedExperts(cfg.ffn.type, m.num_experts, cfg.d_model, m.expert_hidden)
         shared = _shared_hidden(cfg)
-        self.shared = build_ffn(cfg.ffn.type, cfg.d_model, shared, bias=False) if shared else None
+        self.shared = build_ffn(cfg, hidden=shared, expert=True) if shared else None
+        self.balance_terms: list[BalanceTerm] = build_terms(cfg)
         self.stats = RoutingStats(m.num_experts, m.top_k)
         # off while activation checkpointing runs a block's forward again in backward
         # (archlab.model.checkpointing): each training forward is recorded once
@@ -53,14 +74,14 @@ class MoELayer(nn.Module):
         """All routed experts + shared experts + router (the selection bias is a buffer)."""
         m = cfg.moe
         return (m.num_experts * expert_params(cfg.ffn.type, cfg.d_model, m.expert_hidden)
-                + _shared_params(cfg) + Router.num_params(cfg.d_model, m))
+                + _shared_params(cfg) + router_class(cfg).num_params(cfg))
 
     @staticmethod
     def active_params(cfg: ModelConfig) -> int:
         """Parameters one token uses: K routed experts + shared experts + router."""
         m = cfg.moe
         return (m.top_k * expert_params(cfg.ffn.type, cfg.d_model, m.expert_hidden)
-                + _shared_params(cfg) + Router.num_params(cfg.d_model, m))
+                + _shared_params(cfg) + router_class(cfg).num_params(cfg))
 
     @torch.no_grad()
     def init_weights(self, std: float, residual_std: float) -> None:
@@ -80,7 +101,9 @@ class MoELayer(nn.Module):
         y_ND = self.experts(x_ND, d) if self.dispatcher is None else self.dispatcher(self, x_ND, d)
         if self.shared is not None:
             y_ND = y_ND + self.shared(x_ND)
-        terms = balance_losses(self.moe.balance, r.probs_NE, r.logits_NE, r.experts_NK, B)
+        recomputing = self.training and not self.record_stats
+        terms = {t.name: v for t in self.balance_terms
+                 if (v := t.loss(r, B, training=self.training, recomputing=recomputing)) is not None}
         if self.training and self.record_stats:
             chosen_E = expert_counts(r.experts_NK, self.moe.num_experts)
             self.stats.record(chosen_E, d.counts_E, d.dropped, r.probs_NE, terms)
@@ -88,9 +111,8 @@ class MoELayer(nn.Module):
         return y_ND.view(B, S, D), aux
 
     def enabled_terms(self) -> list[str]:
-        b = self.moe.balance
-        return [t for t, c in (("aux_loss", b.aux_loss_coeff), ("seq_aux_loss", b.seq_aux_loss_coeff),
-                               ("z_loss", b.z_loss_coeff)) if c > 0]
+        """The names of the enabled balancing terms that add a loss."""
+        return [t.name for t in self.balance_terms if t.adds_loss]
 
 
 def _shared_hidden(cfg: ModelConfig) -> int:
@@ -100,4 +122,4 @@ def _shared_hidden(cfg: ModelConfig) -> int:
 
 def _shared_params(cfg: ModelConfig) -> int:
     h = _shared_hidden(cfg)
-    return ffn_params(cfg.ffn.type, cfg.d_model, h, False) if h else 0
+    return ffn_class(cfg).num_params(cfg, hidden=h, expert=True) if h else 0

@@ -24,23 +24,53 @@ usual), so the gate, the balancing terms and the experts run the same operations
 small N x E top-k is skipped) and the assignment alone changes: ``tools.bench_moe --routing
 uniform`` times expert dispatch apart from load imbalance (Megatron-Core's
 ``--moe-router-force-load-balancing`` serves the same purpose).
+
+Each router class also states the bytes it keeps for backward (``saved_bytes``, read by
+``archlab.costs.memory``); a router without that model raises there instead of being guessed.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from archlab.config.schema import MoEConfig
+from archlab.errors import fail
 from archlab.nn.flags import flag_set
 from archlab.registry import Registry
 
+if TYPE_CHECKING:
+    from archlab.config.schema import ModelConfig
+    from archlab.nn.component import ActShape
+
+@dataclass
+class RouterConfig:
+    type: str = "softmax_topk"  # softmax_topk (Mixtral, Switch) | sigmoid_topk (DeepSeek-V3)
+    renormalize: bool = True  # renormalise the k selected weights to sum 1 (Mixtral: yes)
+    route_scale: float = 1.0  # multiply the gate weights (DeepSeek-V3: 2.5)
+    n_groups: int = 1  # group-limited routing: experts split into n_groups groups...
+    topk_groups: int = 1  # ...of which the best topk_groups are kept per token
+    jitter: float = 0.0  # multiplicative input jitter U(1-eps, 1+eps) in training (Switch)
+
+
 ROUTERS: Registry = Registry("router")
+
+FP32_BYTES = 4  # routing math runs in fp32
+ID_BYTES = 8  # int64 expert ids
+
+
+def _register(name: str):
+    """Register a router class under ``name`` and give it that name."""
+
+    def deco(cls):
+        cls.name = name
+        return ROUTERS.register(name)(cls)
+
+    return deco
 
 
 @dataclass
@@ -56,18 +86,23 @@ class Routing:
 class Router(nn.Module):
     """Shared part of the routers: the gate projection, the selection bias, jitter and groups.
 
-    Subclasses define ``scores(logits_NE)`` (the values the top-k runs over and the gate weights
-    come from), ``probs(scores_NE)`` (a distribution over experts for the balancing losses) and
-    ``group_score(scores_NGX)`` (how a group of experts is ranked in group-limited routing).
+    Built as ``Router(cfg)`` (cfg the ``ModelConfig`` of an MoE model). Subclasses define
+    ``scores(logits_NE)`` (the values the top-k runs over and the gate weights come from),
+    ``probs(scores_NE)`` (a distribution over experts for the balancing losses),
+    ``group_score(scores_NGX)`` (how a group of experts is ranked in group-limited routing) and
+    ``saved_bytes`` (what they keep for backward).
     """
 
-    def __init__(self, d_model: int, moe: MoEConfig):
+    name = "router"  # the registry name, set by the registration
+
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
+        moe = cfg.moe
         r = moe.router
         self.num_experts, self.top_k = moe.num_experts, moe.top_k
         self.renormalize, self.route_scale = r.renormalize, r.route_scale
         self.n_groups, self.topk_groups, self.jitter = r.n_groups, r.topk_groups, r.jitter
-        self.gate = nn.Linear(d_model, moe.num_experts, bias=False)
+        self.gate = nn.Linear(cfg.d_model, moe.num_experts, bias=False)
         # aux-loss-free balancing: selection bias, updated by archlab.nn.moe.balance_step
         if moe.balance.bias_update_rate > 0:
             self.register_buffer("expert_bias", torch.zeros(moe.num_experts, dtype=torch.float32))
@@ -84,8 +119,55 @@ class Router(nn.Module):
         return self
 
     @staticmethod
-    def num_params(d_model: int, moe: MoEConfig) -> int:
-        return d_model * moe.num_experts  # the bias is a buffer, not a parameter
+    def num_params(cfg: ModelConfig) -> int:
+        return cfg.d_model * cfg.moe.num_experts  # the bias is a buffer, not a parameter
+
+    @classmethod
+    def validate(cls, m, prefix: str = "model") -> None:
+        """The router's rules on the ``model`` node ``m`` of an MoE recipe: groups that divide the
+        experts and hold at least top_k of them, a positive route scale, jitter in [0, 1)."""
+        e, key = m.moe, f"{prefix}.moe.router"
+        r = e.router
+        for name in ("n_groups", "topk_groups", "route_scale"):
+            v = getattr(r, name)
+            if v is None or v <= 0:
+                fail(f"{key}.{name}", v, "must be a positive number")
+        if e.num_experts % r.n_groups:
+            fail(f"{key}.n_groups", r.n_groups, f"must divide num_experts ({e.num_experts})")
+        if r.topk_groups > r.n_groups:
+            fail(f"{key}.topk_groups", r.topk_groups, f"must be <= n_groups ({r.n_groups})")
+        if r.topk_groups * (e.num_experts // r.n_groups) < e.top_k:
+            fail(f"{key}.topk_groups", r.topk_groups,
+                 f"the kept groups hold {r.topk_groups * (e.num_experts // r.n_groups)} experts, "
+                 f"fewer than top_k={e.top_k}")
+        if not 0.0 <= r.jitter < 1.0:
+            fail(f"{key}.jitter", r.jitter, "must lie in [0, 1)")
+
+    @classmethod
+    def saved_bytes(cls, s: ActShape, *, probs_read: bool) -> float:
+        """Bytes this router keeps for backward in one MoE layer for the micro-batch ``s`` (N =
+        s.n tokens, s.act bytes per activation). ``probs_read``: whether an enabled balancing
+        term reads ``Routing.probs_NE`` (else the graph behind it is freed in the forward)."""
+        raise NotImplementedError(f"model.moe.router.type={cls.name!r}: no activation memory model; "
+                                  f"define saved_bytes() on {cls.__name__} in archlab/nn/moe/router.py")
+
+    @staticmethod
+    def _shared_saved_bytes(s: ActShape) -> float:
+        """What every top-k router of this module keeps besides its score function's own tensors:
+        the chosen ids, the fp32 copy of the gate weight (for a non-fp32 model), the renormalised
+        weights and their sum, the jitter noise. Group-limited routing (n_groups > 1) keeps
+        nothing: its ranking only picks ids, and the graph behind them is freed as soon as the
+        top-k indices are taken; so does the selection bias."""
+        n, D, moe = s.n, s.cfg.d_model, s.cfg.moe
+        E, K, f, r = moe.num_experts, moe.top_k, FP32_BYTES, moe.router
+        total = n * K * ID_BYTES  # chosen expert ids
+        if s.act != f:  # the gate runs in fp32 on an fp32 copy of its (D, E) weight
+            total += D * E * f
+        if r.renormalize:
+            total += n * K * f + n * f  # gathered weights and their sum
+        if r.jitter > 0:  # the noise; the gate then keeps the jittered copy instead of x
+            total += n * D * s.act
+        return total
 
     def scores(self, logits_NE: Tensor) -> Tensor:
         raise NotImplementedError
@@ -123,10 +205,15 @@ class Router(nn.Module):
         return choice_NE.masked_fill(~keep_NE, float("-inf"))
 
 
-@ROUTERS.register("softmax_topk")
+@_register("softmax_topk")
 class SoftmaxTopKRouter(Router):
     """p = softmax(logits) over all E experts; top-K of p (Switch, Mixtral). A group is ranked by
     its best expert (DeepSeek-V2's group-limited greedy routing)."""
+
+    @classmethod
+    def saved_bytes(cls, s, *, probs_read):
+        # the softmax output (the scores, and the balancing probabilities themselves)
+        return s.n * s.cfg.moe.num_experts * FP32_BYTES + cls._shared_saved_bytes(s)
 
     def scores(self, logits_NE: Tensor) -> Tensor:
         return torch.softmax(logits_NE, dim=-1)
@@ -138,10 +225,17 @@ class SoftmaxTopKRouter(Router):
         return scores_NGX.amax(dim=-1)
 
 
-@ROUTERS.register("sigmoid_topk")
+@_register("sigmoid_topk")
 class SigmoidTopKRouter(Router):
     """s = sigmoid(logits), independent per expert; top-K of s (DeepSeek-V3). A group is ranked by
     the sum of its two best (biased) scores; the balancing losses use s normalised over experts."""
+
+    @classmethod
+    def saved_bytes(cls, s, *, probs_read):
+        total = s.n * s.cfg.moe.num_experts * FP32_BYTES  # the sigmoid output
+        if probs_read:  # the normaliser of the balancing probabilities (freed when no term reads them)
+            total += s.n * FP32_BYTES
+        return total + cls._shared_saved_bytes(s)
 
     def scores(self, logits_NE: Tensor) -> Tensor:
         return torch.sigmoid(logits_NE)
@@ -168,5 +262,10 @@ def uniform_routing(model: nn.Module) -> Iterator[None]:
         yield
 
 
-def build_router(d_model: int, moe: MoEConfig) -> Router:
-    return ROUTERS.get(moe.router.type)(d_model, moe)
+def router_class(cfg: ModelConfig) -> type[Router]:
+    """The router class ``cfg.moe.router.type`` names."""
+    return ROUTERS.get(cfg.moe.router.type)
+
+
+def build_router(cfg: ModelConfig) -> Router:
+    return router_class(cfg)(cfg)

@@ -13,7 +13,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-TERMS = ("aux_loss", "seq_aux_loss", "z_loss")
+from archlab.nn.moe.balance import loss_term_names
+
+TERMS = loss_term_names()  # every registered balancing term that adds a loss
 
 
 class RoutingStats:

@@ -7,19 +7,21 @@ import torch.nn.functional as F
 
 from archlab.config import RecipeError, load_recipe
 from archlab.config.schema import BalanceConfig, FFNConfig, ModelConfig, MoEConfig, RouterConfig
+from archlab.nn.component import ActShape
 from archlab.nn.moe import MoELayer, routing_stats
-from archlab.nn.moe.router import ROUTERS, build_router, uniform_assignment, uniform_routing
+from archlab.nn.moe.router import ROUTERS, Router, build_router, uniform_assignment, uniform_routing
 
 
 def router(d=16, **kw):
     balance = BalanceConfig(**kw.pop("balance", {}))
     moe = MoEConfig(**{"num_experts": 8, "top_k": 2, **{k: kw.pop(k) for k in ("num_experts", "top_k") if k in kw}},
                     router=RouterConfig(**kw), balance=balance)
-    return build_router(d, moe)
+    return build_router(ModelConfig(d_model=d, moe=moe))
 
 
 def test_moe_router_registry_names():
     assert ROUTERS.names() == ["sigmoid_topk", "softmax_topk"]
+    assert all(ROUTERS.get(n).name == n for n in ROUTERS.names())
 
 
 def test_moe_softmax_renormalised_equals_mixtral_softmax_over_selected_logits():
@@ -95,6 +97,59 @@ def test_moe_jitter_only_in_training():
     torch.testing.assert_close(r(x).logits_NE, r(x).logits_NE)
     r.train()
     assert not torch.allclose(r(x).logits_NE, r(x).logits_NE)
+
+
+# ----------------------------------------------------------------------------- what a router states
+
+
+def _shape(router_type, act=4, **balance) -> ActShape:
+    moe = MoEConfig(num_experts=8, top_k=2, router=RouterConfig(type=router_type), balance=BalanceConfig(**balance))
+    return ActShape(ModelConfig(d_model=16, moe=moe), batch=2, seq_len=8, act=act, mask=act, device="cpu")
+
+
+def test_moe_router_saved_bytes_by_class():
+    """The sigmoid router keeps the normaliser of its balancing probabilities (N fp32 values) only
+    when a term reads them; softmax's probabilities are its scores. A bf16 model adds the fp32
+    copy of the gate weight (D x E)."""
+    n = 16
+    soft, sig = ROUTERS.get("softmax_topk"), ROUTERS.get("sigmoid_topk")
+    s = _shape("softmax_topk")
+    assert soft.saved_bytes(s, probs_read=True) == soft.saved_bytes(s, probs_read=False)
+    assert sig.saved_bytes(s, probs_read=True) - sig.saved_bytes(s, probs_read=False) == n * 4
+    assert sig.saved_bytes(s, probs_read=False) == soft.saved_bytes(s, probs_read=False)
+    # scores (N, E) fp32, ids (N, K) int64, renormalised weights (N, K) and their sum (N,) fp32
+    assert soft.saved_bytes(s, probs_read=False) == n * 8 * 4 + n * 2 * 8 + n * 2 * 4 + n * 4
+    bf16 = _shape("softmax_topk", act=2)
+    assert soft.saved_bytes(bf16, probs_read=False) - soft.saved_bytes(s, probs_read=False) == 16 * 8 * 4
+
+
+def test_moe_router_without_a_memory_model_makes_the_cost_model_raise(monkeypatch):
+    from archlab.costs import activation_memory
+
+    class NoMemoryModel(Router):  # a new router that states no saved bytes (the cost model builds nothing)
+        name = "softmax_topk"
+
+    monkeypatch.setitem(ROUTERS._entries, "softmax_topk", NoMemoryModel)
+    cfg = load_recipe("recipes/mixtral/tiny.yaml", ["model.n_layers=1"])
+    with pytest.raises(NotImplementedError, match="model.moe.router.type='softmax_topk': no activation memory model"):
+        activation_memory(cfg, 2, 16, dtype="fp32", device="cpu")
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(n_groups=3), r"model.moe.router.n_groups=3: must divide num_experts \(8\)"),
+    (dict(n_groups=2, topk_groups=3), r"model.moe.router.topk_groups=3: must be <= n_groups \(2\)"),
+    (dict(n_groups=8, topk_groups=1), r"model.moe.router.topk_groups=1: the kept groups hold 1 experts"),
+    (dict(route_scale=0.0), r"model.moe.router.route_scale=0.0: must be a positive number"),
+    (dict(jitter=1.0), r"model.moe.router.jitter=1.0: must lie in \[0, 1\)"),
+])
+def test_moe_router_validate_names_the_key(kw, message):
+    def model(**router_kw) -> ModelConfig:
+        return ModelConfig(d_model=16, moe=MoEConfig(num_experts=8, top_k=2, router=RouterConfig(**router_kw)))
+
+    Router.validate(model(n_groups=4, topk_groups=2))
+    bad = model(**kw)
+    with pytest.raises(RecipeError, match=message):
+        ROUTERS.get("softmax_topk").validate(bad)
 
 
 def test_moe_unknown_router_type_lists_valid_names(root):

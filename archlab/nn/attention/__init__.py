@@ -1,0 +1,31 @@
+"""Attention variants, by ``attention.type``: one module each, registered in ``ATTENTIONS``.
+
+- ``mha``: MHA / GQA / MQA by ``n_kv_heads`` (``mha.py``)
+
+The protocol every variant follows is in ``base.py``. A new variant is a module here, its import
+below (which registers it) and its options dataclass added to ``AttentionConfig``.
+"""
+
+from dataclasses import dataclass
+
+from archlab.nn.attention.base import (
+    ATTENTIONS,
+    Attention,
+    AttentionOptions,
+    KVCache,
+    LayerKVCache,
+    attention_class,
+    build_attention,
+)
+from archlab.nn.attention.mha import CausalSelfAttention
+
+
+@dataclass
+class AttentionConfig(AttentionOptions):
+    """``model.attention``: the options every variant reads, then each variant's own."""
+
+
+__all__ = [
+    "ATTENTIONS", "Attention", "AttentionConfig", "AttentionOptions", "CausalSelfAttention", "KVCache",
+    "LayerKVCache", "attention_class", "build_attention",
+]

@@ -1,0 +1,142 @@
+"""The attention protocol: what every ``attention.type`` variant provides, and the KV cache.
+
+Shape legend: B batch, S query length, T key length (cache + S), D model dim, H query heads,
+G key/value heads, Dh head dim.
+
+A variant is one class in one module of this package, registered in ``ATTENTIONS``; its
+options are a dataclass in the same module, composed into ``AttentionConfig`` by the package
+``__init__``. Besides ``forward(x_BSD, ctx, cache)`` it states (site argument: ``layer``, since
+a recipe may give layers different windows):
+
+- ``validate(m, prefix)``: its rules on the ``model`` node;
+- ``rotary_dim(cfg)``: the channels RoPE rotates per head;
+- ``num_params(cfg, layer=)``; ``forward_flops(cfg, seq_len, layer=)``: matmul FLOPs per token as
+  ``{"qkv_proj", "out_proj", "attn_scores", "attn_values"}`` (``archlab.costs.flops``: input
+  projections, output projection, Q K^T, P V, in FlopCounterMode's conventions);
+- ``saved_bytes(s, layer=)`` and ``selective_saved_bytes(s, layer=)``: what one layer keeps for
+  backward without checkpointing and under selective checkpointing (``archlab.costs.memory``);
+- ``kv_cache_bytes(cfg, context, layer=, dtype_bytes=)``: one sequence's inference cache;
+- ``new_cache(layer)``: the :class:`LayerKVCache` it fills in generation;
+- ``hf_export`` / ``hf_unsupported`` (``archlab.nn.component.Exportable``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import torch
+from torch import Tensor, nn
+
+from archlab.errors import fail
+from archlab.nn.component import ActShape, Exportable
+from archlab.registry import Registry
+
+if TYPE_CHECKING:
+    from archlab.config.schema import ModelConfig
+
+ATTENTIONS: Registry = Registry("attention")
+
+
+@dataclass
+class AttentionOptions:
+    """Options every attention variant reads."""
+
+    # mha (MHA / GQA / MQA by n_kv_heads) | sliding_window (Mistral; Gemma's local/global layers) | mla (DeepSeek)
+    type: str = "mha"
+    bias: bool = True  # bias on the Q/K/V/O projections (GPT-2 yes, LLaMA no)
+    dropout: float = 0.0  # on attention probabilities (training only)
+    qk_norm: bool = False  # normalise q and k per head before RoPE (OLMo-2, Qwen3)
+    scale: Optional[float] = None  # score scale; None = 1/sqrt(q/k head dim) (muP: archlab.nn.mup). Ablation switch
+
+
+class LayerKVCache:
+    """What one layer keeps of the positions seen so far, grown along the sequence dim.
+
+    ``k`` and ``v`` are whatever the variant caches (MHA: keys and values (B, G, T, Dh); MLA: the
+    compressed latent and the shared RoPE key). ``window``: keep only the last ``window - 1``
+    positions (a rolling buffer: a sliding-window layer never reads further back), so the cache
+    stays bounded however long generation goes on. ``length`` counts every position seen.
+    """
+
+    def __init__(self, window: Optional[int] = None, seq_dim: int = 2):
+        self.k: Optional[Tensor] = None
+        self.v: Optional[Tensor] = None
+        self.window, self.seq_dim = window, seq_dim
+        self.length = 0
+
+    @property
+    def stored(self) -> int:
+        """Positions held now (== length without a window)."""
+        return 0 if self.k is None else self.k.shape[self.seq_dim]
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append the new positions; return everything held before the trim (past + new)."""
+        d = self.seq_dim
+        if self.k is not None:
+            k, v = torch.cat([self.k, k], dim=d), torch.cat([self.v, v], dim=d)
+        self.length += k.shape[d] - self.stored
+        keep = k.shape[d] if self.window is None else min(k.shape[d], self.window - 1)
+        self.k, self.v = k.narrow(d, k.shape[d] - keep, keep), v.narrow(d, v.shape[d] - keep, keep)
+        return k, v
+
+
+class KVCache:
+    """One :class:`LayerKVCache` per layer; ``length`` is the number of positions seen."""
+
+    def __init__(self, layers):
+        self.layers = [LayerKVCache() for _ in range(layers)] if isinstance(layers, int) else list(layers)
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+
+class Attention(Exportable, nn.Module):
+    """Base of every variant; see the module docstring for the protocol."""
+
+    def __init__(self, cfg: "ModelConfig", *, layer: int):
+        super().__init__()
+
+    def new_cache(self) -> LayerKVCache:
+        return LayerKVCache()
+
+    @staticmethod
+    def rotary_dim(cfg: "ModelConfig") -> int:
+        raise NotImplementedError
+
+    @classmethod
+    def validate(cls, m, prefix: str = "model") -> None:
+        a = m.attention
+        if not 0.0 <= a.dropout < 1.0:
+            fail(f"{prefix}.attention.dropout", a.dropout, "must lie in [0, 1)")
+        if a.scale is not None and a.scale <= 0:
+            fail(f"{prefix}.attention.scale", a.scale, "must be positive (or null for 1/sqrt(head dim))")
+
+    @classmethod
+    def num_params(cls, cfg: "ModelConfig", *, layer: int) -> int:
+        raise NotImplementedError
+
+    @classmethod
+    def forward_flops(cls, cfg: "ModelConfig", seq_len: int, *, layer: int) -> dict[str, float]:
+        raise NotImplementedError
+
+    @classmethod
+    def saved_bytes(cls, s: ActShape, *, layer: int) -> float:
+        raise NotImplementedError(f"{cls.__name__} has no activation-memory model")
+
+    @classmethod
+    def selective_saved_bytes(cls, s: ActShape, *, layer: int) -> float:
+        raise NotImplementedError(f"{cls.__name__} has no selective-checkpointing memory model")
+
+    @classmethod
+    def kv_cache_bytes(cls, cfg: "ModelConfig", context: int, *, layer: int, dtype_bytes: int) -> float:
+        raise NotImplementedError
+
+
+def attention_class(cfg) -> type[Attention]:
+    return ATTENTIONS.get(cfg.attention.type)
+
+
+def build_attention(cfg: "ModelConfig", *, layer: int) -> Attention:
+    return attention_class(cfg)(cfg, layer=layer)

@@ -1,0 +1,199 @@
+"""``attention.type: mha``: causal multi-head attention with grouped key/value heads (MHA, GQA,
+MQA by ``n_kv_heads``) and a KV cache.
+
+Shape legend: B batch, S query length, T key length (cache + S), D model dim,
+H query heads, G key/value heads (H % G == 0), Dh head dim, N = B*S tokens.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from archlab.errors import fail
+from archlab.nn.attention.base import ATTENTIONS, Attention, LayerKVCache
+from archlab.nn.component import STATS_BYTES, ActShape
+from archlab.nn.mup import attention_scale
+from archlab.nn.norms import build_norm, norm_class, norm_params
+from archlab.nn.positions import PosContext, apply_rotary, position_class
+
+if TYPE_CHECKING:
+    from archlab.config.schema import ModelConfig
+
+
+def uses_math_sdpa(s: ActShape) -> bool:
+    """CPU SDPA runs the math kernel when an additive mask (ALiBi) or attention dropout is on."""
+    return s.device == "cpu" and (position_class(s.cfg).score_bias or s.cfg.attention.dropout > 0)
+
+
+@ATTENTIONS.register("mha")
+class CausalSelfAttention(Attention):
+    """softmax(q k^T * scale + bias + causal mask) v, then the output projection.
+
+    Q, K and V come from one fused projection (one GEMM); torch's SDPA does the attention, with
+    an additive float mask when ALiBi or a partly filled KV cache needs one.
+    """
+
+    hf_export = {"gpt2": "c_attn", "llama": "q/k/v_proj", "mixtral": "q/k/v_proj", "qwen3_moe": "q/k/v_proj"}
+    hf_unsupported = "full causal attention: this family's layers all use a sliding window or latent attention"
+
+    def __init__(self, cfg: "ModelConfig", *, layer: int):
+        super().__init__(cfg, layer=layer)
+        self.n_heads, self.n_kv_heads, self.d_head = cfg.n_heads, cfg.kv_heads, cfg.d_head
+        a = cfg.attention
+        self.wqkv = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv_heads) * self.d_head, bias=a.bias)
+        self.wo = nn.Linear(self.n_heads * self.d_head, cfg.d_model, bias=a.bias)
+        self.wo.is_residual_proj = True  # GPT-2 scaled init
+        self.q_norm = build_norm(cfg, dim=self.d_head) if a.qk_norm else None
+        self.k_norm = build_norm(cfg, dim=self.d_head) if a.qk_norm else None
+        self.dropout = a.dropout
+        self.scale = a.scale if a.scale is not None else attention_scale(cfg)  # 1/sqrt(Dh); muP: archlab.nn.mup
+
+    # ------------------------------------------------------------------ facts
+
+    @staticmethod
+    def rotary_dim(cfg) -> int:
+        return cfg.d_model // cfg.n_heads
+
+    @classmethod
+    def validate(cls, m, prefix: str = "model") -> None:
+        super().validate(m, prefix)
+        if m.d_model % m.n_heads:
+            fail(f"{prefix}.n_heads", m.n_heads, f"d_model ({m.d_model}) must be divisible by n_heads")
+        kv = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
+        if kv <= 0:
+            fail(f"{prefix}.n_kv_heads", kv, "must be a positive number (1 = MQA, n_heads = MHA)")
+        if m.n_heads % kv:
+            fail(f"{prefix}.n_kv_heads", kv, f"n_heads ({m.n_heads}) must be divisible by n_kv_heads")
+
+    @classmethod
+    def num_params(cls, cfg: "ModelConfig", *, layer: int) -> int:
+        d, dh, h, g = cfg.d_model, cfg.d_head, cfg.n_heads, cfg.kv_heads
+        n = d * (h + 2 * g) * dh + h * dh * d
+        if cfg.attention.bias:
+            n += (h + 2 * g) * dh + d
+        if cfg.attention.qk_norm:
+            n += 2 * norm_params(cfg, dim=dh)
+        return n
+
+    @classmethod
+    def core_keys(cls, cfg: "ModelConfig", seq_len: int, *, layer: int) -> float:
+        """Keys each query is multiplied with, on average: the full causal square counts S."""
+        return float(seq_len)
+
+    @classmethod
+    def forward_flops(cls, cfg: "ModelConfig", seq_len: int, *, layer: int) -> dict[str, float]:
+        """2*D*(H+2G)*Dh and 2*H*Dh*D for the projections; Q K^T and P V each 2 * keys * H * Dh
+        (K/V heads shared by GQA are read by every query head, so H, not G, counts)."""
+        d, h, g, dh = cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.d_head
+        core = 2.0 * cls.core_keys(cfg, seq_len, layer=layer) * h * dh
+        return {"qkv_proj": 2.0 * d * (h + 2 * g) * dh, "out_proj": 2.0 * h * dh * d,
+                "attn_scores": core, "attn_values": core}
+
+    @classmethod
+    def kv_cache_bytes(cls, cfg: "ModelConfig", context: int, *, layer: int, dtype_bytes: int) -> float:
+        """K and V: 2 * G * Dh per position."""
+        return 2.0 * cfg.kv_heads * cfg.d_head * context * dtype_bytes
+
+    @classmethod
+    def saved_bytes(cls, s: ActShape, *, layer: int) -> float:
+        """All N tokens of one layer: the QKV input, q/k norms, what SDPA keeps, an output copy.
+
+        The fused kernels (CPU flash; CUDA flash / memory-efficient) keep q, k, v (after RoPE; G
+        key/value heads, read through SDPA's ``enable_gqa`` without copies), the output and the
+        log-sum-exp (fp32 per head and token); CUDA also keeps an additive mask (ALiBi: one
+        (H, S, S) tensor per layer). CPU runs the math kernel, in fp32, for a mask (ALiBi) or
+        attention dropout: copies of q, k, v, the (B, H, S, S) probabilities (+ mask and dropped
+        probabilities with dropout) and a copy of the output for the projection.
+        """
+        cfg, n, a = s.cfg, s.n, s.act
+        H, G, Dh, S = cfg.n_heads, cfg.kv_heads, cfg.d_head, s.seq_len
+        rope, qk_norm = position_class(cfg).rotates_qk, cfg.attention.qk_norm
+        total = n * cfg.d_model * a  # input of wqkv
+        qkv_kept = not uses_math_sdpa(s)  # the fused kernels keep v, a view of the qkv output
+        if qk_norm:  # per head and token; the norms read views of the qkv output
+            keeps_input, extra = norm_class(cfg).saved(s, dim=Dh)
+            total += n * (H + G) * extra
+            qkv_kept = qkv_kept or keeps_input
+        if qkv_kept:
+            total += n * (H + 2 * G) * Dh * a
+        if uses_math_sdpa(s):  # the CPU math kernel computes in fp32 whatever the input dtype
+            f = STATS_BYTES
+            total += 3 * n * H * Dh * f  # q (scaled), k^T, v copies
+            total += n * H * S * f  # softmax probabilities
+            if cfg.attention.dropout > 0:
+                total += 2 * n * H * S * f  # mask and dropped probabilities
+            return total + n * H * Dh * a  # output, copied to (B, S, H*Dh) for wo
+        # q and k handed to SDPA are new tensors after RoPE or the q/k norms
+        if rope or qk_norm:
+            total += n * (H + G) * Dh * a
+        total += n * H * Dh * a + n * H * STATS_BYTES  # output + log-sum-exp
+        if qk_norm and s.device == "cpu":  # normed q is (B, H, S, Dh)-contiguous: wo's input is a copy
+            total += n * H * Dh * a
+        if s.device == "cuda" and position_class(cfg).score_bias:
+            total += H * S * S * a  # the additive bias, one per layer
+        return total
+
+    @classmethod
+    def selective_saved_bytes(cls, s: ActShape, *, layer: int) -> float:
+        """The QKV and output projections' outputs and SDPA's: the fused kernel's output and
+        log-sum-exp, or the CPU math kernel's two bmm outputs (the (B*H, S, S) scores and the
+        weighted values, fp32)."""
+        cfg, n, a, f = s.cfg, s.n, s.act, STATS_BYTES
+        H, G, Dh, D = cfg.n_heads, cfg.kv_heads, cfg.d_head, cfg.d_model
+        total = n * (H + 2 * G) * Dh * a + n * D * a
+        if uses_math_sdpa(s):
+            return total + n * H * s.seq_len * f + n * H * Dh * f
+        return total + n * H * Dh * a + n * H * f
+
+    # ------------------------------------------------------------------ forward
+
+    def qkv(self, x_BSD: Tensor, ctx: PosContext) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B, H, S, Dh), k and v (B, G, S, Dh): projected, q/k-normed, rotated."""
+        B, S, _ = x_BSD.shape
+        H, G, Dh = self.n_heads, self.n_kv_heads, self.d_head
+        qkv = self.wqkv(x_BSD).view(B, S, H + 2 * G, Dh).transpose(1, 2)  # (B, H+2G, S, Dh)
+        q, k, v = qkv.split([H, G, G], dim=1)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if ctx.cos is not None:
+            q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
+        return q, k, v
+
+    def out(self, y_BHSD: Tensor) -> Tensor:
+        B, H, S, Dh = y_BHSD.shape
+        return self.wo(y_BHSD.transpose(1, 2).reshape(B, S, H * Dh))
+
+    def forward(self, x_BSD: Tensor, ctx: PosContext, cache: Optional[LayerKVCache] = None) -> Tensor:
+        S = x_BSD.shape[1]
+        q, k, v = self.qkv(x_BSD, ctx)
+        past = 0
+        if cache is not None:
+            past = cache.length
+            k, v = cache.update(k, v)  # (B, G, T, Dh)
+        mask = self._mask(S, past, ctx, x_BSD)
+        # enable_gqa: query head h reads K/V head h // (H/G) without materialising repeated K/V.
+        # is_causal reads no S: one query on one key is causal either way, and under dynamic
+        # shapes torch.compile would pass S > 1 as a symbolic bool, which SDPA refuses
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None and past == 0,
+            dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
+            enable_gqa=self.n_kv_heads != self.n_heads)  # (B, H, S, Dh)
+        return self.out(y)
+
+    @staticmethod
+    def _mask(S: int, past: int, ctx: PosContext, x: Tensor) -> Optional[Tensor]:
+        """None when SDPA's own causal flag suffices; else an additive (H|1, S, T) float mask."""
+        if ctx.bias is None and (past == 0 or S == 1):
+            return None
+        T = past + S
+        q_pos = torch.arange(past, T, device=x.device)
+        k_pos = torch.arange(T, device=x.device)
+        blocked = k_pos[None, :] > q_pos[:, None]  # (S, T)
+        mask = torch.zeros(S, T, device=x.device, dtype=x.dtype).masked_fill(blocked, float("-inf"))
+        if ctx.bias is not None:
+            mask = ctx.bias.to(x.dtype) + mask  # (H, S, T)
+        return mask

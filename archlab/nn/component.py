@@ -1,0 +1,63 @@
+"""What every component states about itself, so that the rest of archlab asks it instead of
+switching on its ``type:`` name.
+
+A component kind (attention, position, rope scaling, norm, FFN, router, balancing term) is one
+:class:`archlab.registry.Registry`; a variant is one class registered there by name. Each class
+carries, next to its forward:
+
+- its config: a dataclass in the same module, composed into the recipe schema by
+  ``archlab.config.schema`` (which only composes; nothing in ``archlab.nn`` imports the config
+  package at run time);
+- ``validate(m, prefix)``: its rules on the ``model`` node, raising ``archlab.errors.RecipeError``
+  through ``archlab.errors.fail(key, value, rule)``;
+- ``num_params(...)``, its matmul FLOPs per token and its saved-for-backward bytes, in the
+  conventions of ``archlab.costs`` (FLOPs: the ones ``FlopCounterMode`` counts; bytes: what
+  autograd keeps, for a :class:`ActShape`);
+- ``hf_export``: the Hugging Face families (``archlab.export`` exporter names) that express it,
+  with what each needs, and ``hf_unsupported``: why the others cannot.
+
+Constructor convention, every kind: ``Variant(cfg, **site)`` with ``cfg`` the ``ModelConfig``
+and keyword-only site arguments where one recipe builds the component in several places
+(``dim=`` for a norm, ``hidden=`` for an FFN, ``layer=`` for attention). The static facts take
+the same arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
+
+if TYPE_CHECKING:
+    from archlab.config.schema import ModelConfig
+
+STATS_BYTES = 4  # norm statistics, log-sum-exp, router math: fp32
+ID_BYTES = 8  # int64 ids
+
+
+@dataclass(frozen=True)
+class ActShape:
+    """What the saved-bytes formulas need: the config and one micro-batch's shape and dtypes."""
+
+    cfg: "ModelConfig"
+    batch: int
+    seq_len: int
+    act: int  # bytes per activation element
+    mask: int  # bytes per dropout-mask element
+    device: str  # cpu | cuda: kernels differ
+
+    @property
+    def n(self) -> int:
+        return self.batch * self.seq_len
+
+
+class Exportable:
+    """Mixin: which HF exporters can express this component (``hf_export``: family -> what that
+    family needs of it, e.g. the activation name) and why the others cannot."""
+
+    hf_export: ClassVar[dict[str, Any]] = {}
+    hf_unsupported: ClassVar[str] = "no Hugging Face class of this family has it"
+
+    @classmethod
+    def export_reason(cls, family: str, what: str) -> Optional[str]:
+        """None when ``family`` expresses this component; else the reason, naming ``what``."""
+        return None if family in cls.hf_export else f"{what}: {cls.hf_unsupported}"
