@@ -1,6 +1,7 @@
 """Attention variants, by ``attention.type``: one module each, registered in ``ATTENTIONS``.
 
 - ``mha``: MHA / GQA / MQA by ``n_kv_heads`` (``mha.py``)
+- ``sliding_window``: Mistral's window, Gemma's local/global layer pattern (``sliding.py``)
 
 The protocol every variant follows is in ``base.py``. A new variant is a module here, its import
 below (which registers it) and its options dataclass added to ``AttentionConfig``.
@@ -18,14 +19,15 @@ from archlab.nn.attention.base import (
     build_attention,
 )
 from archlab.nn.attention.mha import CausalSelfAttention
+from archlab.nn.attention.sliding import SlidingWindowAttention, SlidingWindowOptions
 
 
 @dataclass
-class AttentionConfig(AttentionOptions):
+class AttentionConfig(SlidingWindowOptions, AttentionOptions):
     """``model.attention``: the options every variant reads, then each variant's own."""
 
 
 __all__ = [
     "ATTENTIONS", "Attention", "AttentionConfig", "AttentionOptions", "CausalSelfAttention", "KVCache",
-    "LayerKVCache", "attention_class", "build_attention",
+    "LayerKVCache", "SlidingWindowAttention", "attention_class", "build_attention",
 ]

@@ -1,0 +1,204 @@
+"""``attention.type: sliding_window``: each query sees only the last ``window`` positions, itself
+included (Mistral 7B; Gemma 2/3 interleave such local layers with global ones).
+
+Shape legend: B batch, S query length, T key length, D model dim, H query heads, G key/value
+heads, Dh head dim, W window, C = W query-block length, nb = ceil(S / C) blocks, N = B*S tokens.
+
+Query i attends to keys j with 0 <= i - j < W (HF Mistral's ``sliding_window``). Layer pattern:
+``global_every: 0`` makes every layer local; ``global_every: n`` makes every n-th layer (layers
+n-1, 2n-1, ...) a full causal layer, as Gemma 2 (n = 2) and Gemma 3 (n = 6) do.
+
+Banded training path: for S > W the queries are cut into blocks of C = W and block b attends to
+the keys of blocks b-1 and b (2W keys, the band masked inside), so the work per token is bounded
+by the window instead of growing with S: Q K^T and P V each cost 2 * keys * H * Dh FLOPs per token
+with keys = nb * 2W * W / S (the padded last block included), against S for full attention.
+For S <= W it is ordinary causal attention.
+
+KV cache: a rolling buffer of the last W - 1 positions per local layer
+(``LayerKVCache(window=W)``), so a local layer's cache stops growing at the window.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from archlab.errors import fail
+from archlab.nn.attention.base import ATTENTIONS, LayerKVCache
+from archlab.nn.attention.mha import CausalSelfAttention
+from archlab.nn.component import STATS_BYTES, ActShape
+from archlab.nn.norms import norm_class
+from archlab.nn.positions import PosContext, position_class
+
+if TYPE_CHECKING:
+    from archlab.config.schema import ModelConfig
+
+
+@dataclass
+class SlidingWindowOptions:
+    window: Optional[int] = None  # sliding_window: positions a query sees, itself included (Mistral: 4096)
+    global_every: int = 0  # sliding_window: 0 = every layer local; n = every n-th layer full (Gemma 2: 2, Gemma 3: 6)
+
+
+def layer_window(cfg, layer: int) -> Optional[int]:
+    """The window of ``layer``, or None for a full (global) layer."""
+    n = cfg.attention.global_every
+    return None if n and (layer + 1) % n == 0 else cfg.attention.window
+
+
+@ATTENTIONS.register("sliding_window")
+class SlidingWindowAttention(CausalSelfAttention):
+    """Grouped-query attention (same projections as ``mha``) restricted to a window."""
+
+    hf_export = {"mistral": "sliding_window"}
+    hf_unsupported = "sliding-window attention: only Mistral among the exported families has it"
+
+    def __init__(self, cfg: "ModelConfig", *, layer: int):
+        super().__init__(cfg, layer=layer)
+        self.window = layer_window(cfg, layer)
+
+    def new_cache(self) -> LayerKVCache:
+        return LayerKVCache(window=self.window)
+
+    # ------------------------------------------------------------------ facts
+
+    @classmethod
+    def validate(cls, m, prefix: str = "model") -> None:
+        super().validate(m, prefix)
+        a = m.attention
+        if a.window is None or a.window < 1:
+            fail(f"{prefix}.attention.window", a.window,
+                 "sliding_window needs a window of at least 1 position (it may exceed max_seq_len)")
+        if a.global_every < 0:
+            fail(f"{prefix}.attention.global_every", a.global_every, "must be >= 0 (0 = every layer local)")
+        if position_class(m).score_bias:
+            fail(f"{prefix}.position.type", m.position.type,
+                 "sliding_window attention takes no additive score bias (ALiBi); use rope or none")
+
+    @classmethod
+    def core_keys(cls, cfg: "ModelConfig", seq_len: int, *, layer: int) -> float:
+        W = layer_window(cfg, layer)
+        if W is None or seq_len <= W:
+            return float(seq_len)
+        return math.ceil(seq_len / W) * 2 * W * W / seq_len
+
+    @classmethod
+    def kv_cache_bytes(cls, cfg: "ModelConfig", context: int, *, layer: int, dtype_bytes: int) -> float:
+        """The rolling buffer: at most W - 1 positions kept between steps (none past the window)."""
+        W = layer_window(cfg, layer)
+        kept = context if W is None else min(context, W - 1)
+        return 2.0 * cfg.kv_heads * cfg.d_head * kept * dtype_bytes
+
+    @classmethod
+    def _band_shape(cls, s: ActShape, layer: int) -> Optional[tuple[int, int]]:
+        """(W, nb) when ``layer`` runs the banded path at this shape, else None (as ``mha``)."""
+        W = layer_window(s.cfg, layer)
+        if W is None or s.seq_len <= W:
+            return None
+        if s.device != "cpu":
+            raise NotImplementedError("sliding_window: the banded path's activation memory is modelled on CPU only")
+        return W, math.ceil(s.seq_len / W)
+
+    @classmethod
+    def saved_bytes(cls, s: ActShape, *, layer: int) -> float:
+        """Banded (S > W, CPU): the QKV input; the padded query blocks, the key and value blocks
+        (2W rows per block), then what SDPA keeps. The flash kernel (no dropout) keeps the
+        blocks, the band mask (converted to the activation dtype), the output and the log-sum-exp;
+        the math kernel (attention dropout) keeps fp32 copies of q and of k^T and v expanded to H
+        heads, the probabilities, the dropout mask and the dropped probabilities. q/k norms keep
+        what they keep in ``mha``. Full layers and S <= W: as ``mha``."""
+        banded = cls._band_shape(s, layer)
+        if banded is None:
+            return super().saved_bytes(s, layer=layer)
+        W, nb = banded
+        cfg, n, a, f = s.cfg, s.n, s.act, STATS_BYTES
+        H, G, Dh, D = cfg.n_heads, cfg.kv_heads, cfg.d_head, cfg.d_model
+        rows_q, rows_k = s.batch * nb * W, s.batch * nb * 2 * W  # padded query rows, blocked key rows
+        total = n * D * a  # input of wqkv
+        if cfg.attention.qk_norm:  # per head and token, on views of the qkv output
+            keeps_input, extra = norm_class(cfg).saved(s, dim=Dh)
+            total += n * (H + G) * extra + (n * (H + 2 * G) * Dh * a if keeps_input else 0)
+        if cfg.attention.dropout > 0:  # CPU math kernel, fp32
+            total += rows_q * H * Dh * f + 2 * rows_k * H * Dh * f  # q (scaled), k^T and v over H heads
+            total += 3 * rows_q * H * 2 * W * f  # probabilities, dropout mask, dropped probabilities
+            return total + n * H * Dh * a  # output, copied to (B, S, H*Dh) for wo
+        total += rows_q * H * Dh * a + 2 * rows_k * G * Dh * a  # query, key and value blocks
+        total += rows_q * 2 * W * a  # the band mask, one per block
+        total += rows_q * H * Dh * a + rows_q * H * f  # output + log-sum-exp
+        # wo reads the output through views unless the padded rows are cut off (or normed q changed its layout)
+        if cfg.attention.qk_norm or nb * W != s.seq_len:
+            total += n * H * Dh * a
+        return total
+
+    @classmethod
+    def selective_saved_bytes(cls, s: ActShape, *, layer: int) -> float:
+        """Banded: the QKV and output projections' outputs and SDPA's (flash: output and
+        log-sum-exp of the padded blocks; math: its fp32 scores and weighted values)."""
+        banded = cls._band_shape(s, layer)
+        if banded is None:
+            return super().selective_saved_bytes(s, layer=layer)
+        W, nb = banded
+        cfg, n, a, f = s.cfg, s.n, s.act, STATS_BYTES
+        H, G, Dh, D = cfg.n_heads, cfg.kv_heads, cfg.d_head, cfg.d_model
+        rows_q = s.batch * nb * W
+        total = n * (H + 2 * G) * Dh * a + n * D * a
+        if cfg.attention.dropout > 0:
+            return total + rows_q * H * 2 * W * f + rows_q * H * Dh * f
+        return total + rows_q * H * Dh * a + rows_q * H * f
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(self, x_BSD: Tensor, ctx: PosContext, cache: Optional[LayerKVCache] = None) -> Tensor:
+        W, S = self.window, x_BSD.shape[1]
+        if W is None:
+            return super().forward(x_BSD, ctx, cache)
+        q, k, v = self.qkv(x_BSD, ctx)
+        drop = self.dropout if self.training else 0.0
+        gqa = self.n_kv_heads != self.n_heads
+        if cache is None or cache.length == 0:
+            if cache is not None:
+                cache.update(k, v)  # keeps the last W - 1 positions
+            if S <= W:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop, scale=self.scale,
+                                                   enable_gqa=gqa)
+            else:
+                y = self._banded(q, k, v, drop)
+            return self.out(y)
+        past = cache.length
+        k, v = cache.update(k, v)  # (B, G, T, Dh): the kept past, then the new positions
+        T = k.shape[2]
+        q_pos = torch.arange(past, past + S, device=x_BSD.device)
+        k_pos = torch.arange(past + S - T, past + S, device=x_BSD.device)
+        offset = q_pos[:, None] - k_pos[None, :]  # (S, T)
+        mask = (offset >= 0) & (offset < W)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=self.scale,
+                                           enable_gqa=gqa)
+        return self.out(y)
+
+    def _banded(self, q: Tensor, k: Tensor, v: Tensor, drop: float) -> Tensor:
+        """Block b of C = W queries against the 2W keys of blocks b-1 and b."""
+        B, H, S, Dh = q.shape
+        G, C = k.shape[1], self.window
+        nb = -(-S // C)
+        pad = nb * C - S
+        q = F.pad(q, (0, 0, 0, pad)).view(B, H, nb, C, Dh).transpose(1, 2).reshape(B * nb, H, C, Dh)
+
+        def blocks(t: Tensor) -> Tensor:  # (B, G, S, Dh) -> (B*nb, G, 2C, Dh): [block b-1; block b]
+            t = F.pad(t, (0, 0, C, pad)).view(B, G, nb + 1, C, Dh)
+            return torch.cat([t[:, :, :-1], t[:, :, 1:]], dim=3).transpose(1, 2).reshape(B * nb, G, 2 * C, Dh)
+
+        k, v = blocks(k), blocks(v)
+        r = torch.arange(C, device=q.device)[:, None]  # query row in its block
+        j = torch.arange(2 * C, device=q.device)[None, :]  # key column: block b-1 then block b
+        band = (j > r) & (j <= r + C)  # 0 <= (C + r) - j < W with W = C
+        first = band & (j >= C)  # block 0 has no block before it
+        mask = torch.stack([first] + [band] * (nb - 1)).unsqueeze(1)  # (nb, 1, C, 2C)
+        mask = mask.unsqueeze(0).expand(B, nb, 1, C, 2 * C).reshape(B * nb, 1, C, 2 * C)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=self.scale,
+                                           enable_gqa=G != H)  # (B*nb, H, C, Dh)
+        return y.view(B, nb, H, C, Dh).transpose(1, 2).reshape(B, H, nb * C, Dh)[:, :, :S]
