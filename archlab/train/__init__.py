@@ -10,6 +10,7 @@
 - ``optim``: AdamW parameter groups and the lr schedules
 - ``checkpoint``: atomic, verified checkpoints; ``load_model``, ``latest``
 - ``run_folder``: what a run writes (env.json, metrics.jsonl, summary.json, loss.png...)
+- ``backends``: how each launch trains (plain/DDP, DeepSpeed ZeRO, expert parallelism), one module each
 - ``parallel``: accelerate / DeepSpeed wiring; ``dist``: rank, world size, reductions
 """
 

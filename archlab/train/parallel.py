@@ -110,25 +110,45 @@ def fill_deepspeed_config(accelerator: Accelerator, train_cfg, world_size: int, 
     return conf
 
 
-def check_zero_stage(stage: int, cfg) -> None:
-    """Refuse (RecipeError) what archlab does not train at this ZeRO stage. Stage 3: MoE models
-    (expert parallelism included) and ``train.compile``. Called before anything is built."""
+def zero_stage_refusal(stage: int, cfg) -> Optional[str]:
+    """Why archlab does not train ``cfg`` at this ZeRO stage (a message naming the recipe key and the
+    launch to use instead), or None. Stage 3: MoE models (expert parallelism included) and
+    ``train.compile``."""
     if stage != 3:
-        return
+        return None
     moe = cfg.model.get("moe")
     if moe is not None:
         ep = int(moe.get("ep_size", 1))
         what = f"model.moe (with model.moe.ep_size={ep})" if ep > 1 else "model.moe"
-        raise RecipeError(
-            f"{what} under DeepSpeed ZeRO stage 3: archlab trains MoE models, and expert parallelism, at ZeRO stages "
-            "0-2 only (DeepSpeed's MoE support ends at stage 2, and stage 3 would partition the experts that "
-            "routing and checkpoints read whole); launch with recipes/launch/zero2.yaml (optimizer states and "
-            "gradients sharded; zero0.yaml or zero1.yaml also work with ep_size > 1), or use zero3.yaml with a "
-            "dense recipe")
+        return (f"{what} under DeepSpeed ZeRO stage 3: archlab trains MoE models, and expert parallelism, at ZeRO "
+                "stages 0-2 only (DeepSpeed's MoE support ends at stage 2, and stage 3 would partition the experts "
+                "that routing and checkpoints read whole); launch with recipes/launch/zero2.yaml (optimizer states "
+                "and gradients sharded; zero0.yaml or zero1.yaml also work with ep_size > 1), or use zero3.yaml "
+                "with a dense recipe")
     if cfg.train.compile:
-        raise RecipeError("train.compile=true under DeepSpeed ZeRO stage 3: DeepSpeed's ZeRO-3 forward hooks fail on "
-                          "a torch.compile'd module (seen with DeepSpeed 0.19.8); set train.compile=false, or launch "
-                          "with recipes/launch/zero2.yaml to compile")
+        return ("train.compile=true under DeepSpeed ZeRO stage 3: DeepSpeed's ZeRO-3 forward hooks fail on a "
+                "torch.compile'd module (seen with DeepSpeed 0.19.8); set train.compile=false, or launch with "
+                "recipes/launch/zero2.yaml to compile")
+    return None
+
+
+def check_zero_stage(stage: int, cfg) -> None:
+    """Refuse (RecipeError, :func:`zero_stage_refusal`'s message) what archlab does not train at this
+    ZeRO stage. The trainer asks before anything is built (through its backend's refusal)."""
+    why = zero_stage_refusal(stage, cfg)
+    if why is not None:
+        raise RecipeError(why)
+
+
+def zero_stage_of(accelerator: Accelerator) -> int:
+    """The DeepSpeed config's ``zero_optimization.stage`` (0 without DeepSpeed); RecipeError unless
+    it is one of 0, 1, 2, 3."""
+    if not uses_deepspeed(accelerator):
+        return 0
+    stage = accelerator.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {}).get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise RecipeError(f"DeepSpeed zero_optimization.stage={stage!r}: ZeRO stages are 0, 1, 2 and 3")
+    return int(stage)
 
 
 def zero3_traceable_outputs(model: nn.Module) -> torch.utils.hooks.RemovableHandle:
