@@ -4,7 +4,7 @@ Importing this package registers every exporter: dense families in ``hf`` (GPT-2
 sliding-window attention in ``mistral``, MoE families in ``mixtral`` (Mixtral, Qwen3-MoE).
 """
 
-from archlab.export import mistral, mixtral  # noqa: F401  (register the sliding-window and MoE exporters)
+from archlab.export import deepseek, mistral, mixtral  # noqa: F401  (register the MLA, sliding-window and MoE exporters)
 from archlab.export.hf import EXPORTERS, HFExporter, export_hf, find_exporter, to_hf_model
 
 __all__ = ["EXPORTERS", "HFExporter", "export_hf", "find_exporter", "to_hf_model"]

@@ -19,11 +19,12 @@ from archlab.nn.attention.base import (
     build_attention,
 )
 from archlab.nn.attention.mha import CausalSelfAttention
+from archlab.nn.attention.mla import MLAOptions, MultiHeadLatentAttention  # noqa: F401  (registers mla)
 from archlab.nn.attention.sliding import SlidingWindowAttention, SlidingWindowOptions
 
 
 @dataclass
-class AttentionConfig(SlidingWindowOptions, AttentionOptions):
+class AttentionConfig(MLAOptions, SlidingWindowOptions, AttentionOptions):
     """``model.attention``: the options every variant reads, then each variant's own."""
 
 
