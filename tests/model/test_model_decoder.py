@@ -76,10 +76,43 @@ def tiny(position: str, **kw) -> ModelConfig:
     return ModelConfig(**base)
 
 
-@pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope", "alibi", "none"])
+ATTENTION_OPTIONS = {  # small settings of each attention variant (a window shorter than the 12-token test)
+    "mha": AttentionConfig(),
+    "sliding_window": AttentionConfig(type="sliding_window", window=4),
+    "mla": AttentionConfig(type="mla", q_lora_rank=12, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8,
+                           v_head_dim=8),
+}
+REFUSED_PAIRS = {("sliding_window", "alibi")} | {("mla", p) for p in ("learned", "sinusoidal", "alibi", "none")}
+
+
+def attention_tiny(attention: str, position: str, **kw) -> ModelConfig:
+    kv = None if attention == "mla" else 2
+    return tiny(position, attention=ATTENTION_OPTIONS[attention], n_kv_heads=kv, **kw)
+
+
+def _pairs() -> list[tuple[str, str]]:
+    from archlab.config import RecipeError
+    from archlab.config.validate import validate_model
+    from archlab.nn.attention import ATTENTIONS
+    from archlab.nn.positions import POSITIONS
+
+    valid, refused = [], set()
+    for a in ATTENTIONS.names():
+        for p in POSITIONS.names():
+            try:
+                validate_model(attention_tiny(a, p))
+                valid.append((a, p))
+            except RecipeError:
+                refused.add((a, p))
+    assert refused == REFUSED_PAIRS  # only the documented combinations are refused
+    return valid
+
+
+@pytest.mark.parametrize("attention, position", _pairs())
 @pytest.mark.parametrize("placement", ["pre", "post"])
-def test_changing_token_t_never_changes_earlier_logits(position, placement):
-    model = archlab.build_model(tiny(position, norm=NormConfig(placement=placement))).eval()
+def test_changing_token_t_never_changes_earlier_logits(attention, position, placement):
+    """Causality for every attention x position combination a recipe may use."""
+    model = archlab.build_model(attention_tiny(attention, position, norm=NormConfig(placement=placement))).eval()
     ids = torch.randint(0, 50, (2, 12))
     base = model(ids).logits
     for t in (0, 5, 11):

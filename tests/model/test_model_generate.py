@@ -7,22 +7,34 @@ import pytest
 import torch
 
 import archlab
-from archlab.config.schema import ModelConfig, PositionConfig, RopeScalingConfig
+from archlab.config.schema import AttentionConfig, ModelConfig, PositionConfig, RopeScalingConfig
 from archlab.model.generate import filter_logits
 
+ATTENTION = {
+    "mha": AttentionConfig(),
+    "sliding_window": AttentionConfig(type="sliding_window", window=5),  # the 14 tokens span several windows
+    "global_every_2": AttentionConfig(type="sliding_window", window=5, global_every=2),
+    "mla": AttentionConfig(type="mla", q_lora_rank=12, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8,
+                           v_head_dim=8),
+}
 
-def model_for(position: str, n_kv_heads: int = 2, scaling: str = "none"):
-    c = ModelConfig(vocab_size=40, max_seq_len=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
+
+def model_for(position: str, n_kv_heads: int = 2, scaling: str = "none", attention: str = "mha"):
+    c = ModelConfig(vocab_size=40, max_seq_len=32, d_model=32, n_layers=2, n_heads=4,
+                    n_kv_heads=None if attention == "mla" else n_kv_heads, attention=ATTENTION[attention],
                     position=PositionConfig(type=position, rope_scaling=RopeScalingConfig(type=scaling, factor=2.0)))
     return archlab.build_model(c).eval()
 
 
-@pytest.mark.parametrize("position,n_kv_heads,scaling", [
-    ("learned", 4, "none"), ("sinusoidal", 4, "none"), ("rope", 2, "none"), ("rope", 1, "yarn"),
-    ("alibi", 2, "none"), ("none", 1, "none"),
+@pytest.mark.parametrize("position,n_kv_heads,scaling,attention", [
+    ("learned", 4, "none", "mha"), ("sinusoidal", 4, "none", "mha"), ("rope", 2, "none", "mha"),
+    ("rope", 1, "yarn", "mha"), ("alibi", 2, "none", "mha"), ("none", 1, "none", "mha"),
+    ("rope", 2, "none", "sliding_window"), ("sinusoidal", 1, "none", "sliding_window"),
+    ("learned", 4, "none", "sliding_window"), ("none", 2, "none", "global_every_2"),
+    ("rope", 4, "none", "mla"), ("rope", 4, "yarn", "mla"),
 ])
-def test_kv_cache_logits_equal_full_forward(position, n_kv_heads, scaling):
-    model = model_for(position, n_kv_heads, scaling)
+def test_kv_cache_logits_equal_full_forward(position, n_kv_heads, scaling, attention):
+    model = model_for(position, n_kv_heads, scaling, attention)
     ids = torch.randint(0, 40, (3, 14))
     with torch.no_grad():
         full = model(ids).logits  # (B, S, V)
