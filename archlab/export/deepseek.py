@@ -47,8 +47,9 @@ from torch import Tensor
 from archlab.config.schema import ModelConfig
 from archlab.export.hf import EXPORTERS, HFExporter, _linear, component_reasons
 from archlab.model.decoder import Decoder
+from archlab.nn.moe.router import router_class
 from archlab.nn.mup import width_mult
-from archlab.nn.positions import ROPE_SCALINGS
+from archlab.nn.positions import ROPE_SCALINGS, YarnRopeScaling
 
 HF_LATENT_NORM_EPS = 1e-6  # DeepseekV3Attention builds q_a_layernorm / kv_a_layernorm with the default eps
 
@@ -58,8 +59,9 @@ def _moe_reasons(cfg: ModelConfig) -> Optional[str]:
     if m is None:
         return None
     r = m.router
-    if r.type != "sigmoid_topk":
-        return f"moe.router.type={r.type}: DeepSeek-V3's router is sigmoid top-k (sigmoid_topk)"
+    why = router_class(cfg).export_reason("deepseek_v3", f"moe.router.type={r.type}")
+    if why is not None:
+        return why
     if m.num_experts // r.n_groups < 2:
         return (f"moe.router.n_groups={r.n_groups}: HF ranks a group by the sum of its two best scores, "
                 f"which needs >= 2 experts per group (num_experts={m.num_experts})")
@@ -117,7 +119,7 @@ class DeepseekV3Exporter(HFExporter):
         scaling = ROPE_SCALINGS.get(sc.type)
         params = {"rope_type": scaling.hf_export[self.family], "rope_theta": pos.rope_base,
                   **scaling.hf_parameters(sc, cfg.max_seq_len)}
-        if sc.type == "yarn":  # the temperature on the whole score, none in the RoPE tables
+        if issubclass(scaling, YarnRopeScaling):  # the temperature on the whole score, none in the RoPE tables
             params.update(mscale=1.0, mscale_all_dim=1.0)
         return params
 

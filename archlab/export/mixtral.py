@@ -26,6 +26,7 @@ from torch import Tensor
 from archlab.config.schema import ModelConfig
 from archlab.export.hf import EXPORTERS, HFExporter, LlamaExporter, _linear, _split_qkv
 from archlab.model.decoder import Decoder
+from archlab.nn.moe.router import router_class
 
 
 def _moe_reasons(cfg: ModelConfig, allow_dense_layers: bool) -> Optional[str]:
@@ -33,8 +34,9 @@ def _moe_reasons(cfg: ModelConfig, allow_dense_layers: bool) -> Optional[str]:
     m = cfg.moe
     if m is None:
         return "it has no MoE layers"
-    if m.router.type != "softmax_topk":
-        return f"moe.router.type={m.router.type}: the HF router is softmax top-k"
+    why = router_class(cfg).export_reason("mixtral", f"moe.router.type={m.router.type}")
+    if why is not None:
+        return why
     if m.router.route_scale != 1.0:
         return f"moe.router.route_scale={m.router.route_scale}: the HF router has no route scale"
     if m.router.n_groups != 1:

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from archlab.errors import fail
+from archlab.nn.component import Exportable
 from archlab.nn.flags import flag_set
 from archlab.registry import Registry
 
@@ -83,7 +84,7 @@ class Routing:
     logits_NE: Tensor  # fp32 raw router logits: z-loss
 
 
-class Router(nn.Module):
+class Router(Exportable, nn.Module):
     """Shared part of the routers: the gate projection, the selection bias, jitter and groups.
 
     Built as ``Router(cfg)`` (cfg the ``ModelConfig`` of an MoE model). Subclasses define
@@ -210,6 +211,9 @@ class SoftmaxTopKRouter(Router):
     """p = softmax(logits) over all E experts; top-K of p (Switch, Mixtral). A group is ranked by
     its best expert (DeepSeek-V2's group-limited greedy routing)."""
 
+    hf_export = {"mixtral": "softmax top-k", "qwen3_moe": "softmax top-k"}
+    hf_unsupported = "DeepSeek-V3's router is sigmoid top-k (sigmoid_topk)"
+
     @classmethod
     def saved_bytes(cls, s, *, probs_read):
         # the softmax output (the scores, and the balancing probabilities themselves)
@@ -229,6 +233,9 @@ class SoftmaxTopKRouter(Router):
 class SigmoidTopKRouter(Router):
     """s = sigmoid(logits), independent per expert; top-K of s (DeepSeek-V3). A group is ranked by
     the sum of its two best (biased) scores; the balancing losses use s normalised over experts."""
+
+    hf_export = {"deepseek_v3": "sigmoid top-k with e_score_correction_bias"}
+    hf_unsupported = "the HF router is softmax top-k"
 
     @classmethod
     def saved_bytes(cls, s, *, probs_read):
