@@ -19,8 +19,9 @@ token from ``archlab.costs``. The sweep is resumable: a point whose run folder h
 rerunning it would diverge again; it is reported as diverged); a started but unfinished one
 continues from its last checkpoint (``train.resume=auto``). ``--jobs N`` trains N points at once.
 ``<out>/manifest.json`` records every point (recipe, overrides, budget, steps, status, exit code,
-log file, role) and is rewritten atomically after each change; ``<out>/logs/<point>.log`` holds each
-run's output.
+log file, role, and ``peak_rss_bytes``: the peak resident memory of the trainer process, from the
+kernel's accounting of the finished child) and is rewritten atomically after each change;
+``<out>/logs/<point>.log`` holds each run's output.
 
 WSD cooldown branches (Hägele et al. 2024; ``cooldown:`` in the spec): per ladder x size x grid
 combination, one stable trunk ``<point>-stable`` (warmup, then a constant lr) and one branch
@@ -46,6 +47,7 @@ Spec file keys (YAML; all but the recipes and one budget, tokens, flops or coold
     set: [data.max_bytes=1000000]  # overrides for every point
     ladders:                       # name -> recipe (+ overrides, + per-size overrides)
       dense: {recipe: recipes/dense/tiny.yaml}
+      dense-long: {recipe: recipes/dense/tiny.yaml, tokens: [4.0e6]}  # own budgets instead of the spec's
       mixtral: {recipe: recipes/mixtral/tiny.yaml, sizes: {s1: [model.moe.expert_hidden=64]}}
     sizes:                         # size name -> overrides, crossed with every ladder
       s1: [model.d_model=32, model.n_layers=2]
@@ -121,6 +123,7 @@ class Point:
     role: str = "full"
     parent: Optional[str] = None
     cooldown: dict = field(default_factory=dict)  # cooldown.* of the spec and the planned branch steps
+    peak_rss_bytes: Optional[int] = None  # peak resident memory of the trainer process (ru_maxrss of the child)
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,20 +173,34 @@ def _grid_items(grid: dict) -> list[list[str]]:
     return [[f"{k}={v}" for k, v in zip(keys, combo)] for combo in itertools.product(*values)]
 
 
-def build_points(spec: dict) -> list[Point]:
-    """Expand a sweep spec (ladders x sizes x grid x budgets) into named points."""
-    ladders = spec.get("ladders") or {}
-    if not ladders:
-        raise RecipeError("sweep: no recipes given (use --recipes FILE... or a spec with 'ladders:')")
-    budgets = [("tokens", float(v)) for v in spec.get("tokens") or []]
-    budgets += [("flops", float(v)) for v in spec.get("flops") or []]
-    cooldown = cooldown_spec(spec.get("cooldown"))
-    if not budgets and cooldown is None:
-        raise RecipeError("sweep: no budget given "
-                          "(use --tokens N... or --flops C..., or 'tokens:'/'flops:'/'cooldown:' in the spec)")
+def _budgets(entry: dict, where: str) -> list[tuple[str, float]]:
+    """``tokens: [...]`` and ``flops: [...]`` of a spec or of one ladder entry, as (kind, value)."""
+    budgets = []
+    for kind in ("tokens", "flops"):
+        values = entry.get(kind) or []
+        for v in values if isinstance(values, (list, tuple)) else [values]:
+            try:
+                budgets.append((kind, float(v)))
+            except (TypeError, ValueError):
+                raise RecipeError(f"{where}{kind}: {v!r} is not a number") from None
     for kind, v in budgets:
         if not v > 0:
             raise RecipeError(f"sweep: {kind} budget {v!r} must be positive")
+    return budgets
+
+
+def build_points(spec: dict) -> list[Point]:
+    """Expand a sweep spec (ladders x sizes x grid x budgets) into named points. A ladder entry
+    with its own ``tokens:``/``flops:`` trains at those budgets instead of the spec's."""
+    ladders = spec.get("ladders") or {}
+    if not ladders:
+        raise RecipeError("sweep: no recipes given (use --recipes FILE... or a spec with 'ladders:')")
+    budgets = _budgets(spec, "")
+    cooldown = cooldown_spec(spec.get("cooldown"))
+    own = {name: _budgets(e, f"ladders.{name}.") for name, e in ladders.items() if isinstance(e, dict)}
+    if not budgets and cooldown is None and not (own and all(own.get(name) for name in ladders)):
+        raise RecipeError("sweep: no budget given "
+                          "(use --tokens N... or --flops C..., or 'tokens:'/'flops:'/'cooldown:' in the spec)")
     common = _as_override_list(spec.get("set"), "set")
     sizes = spec.get("sizes") or {}
     points = []
@@ -201,7 +218,7 @@ def build_points(spec: dict) -> list[Point]:
                 tags = [ladder, size] + [_grid_tag(o) for o in grid_set]
                 point = dict(ladder=ladder, size=size, recipe=str(recipe), overrides=common + ladder_set + size_set
                              + grid_set)
-                for kind, value in budgets:
+                for kind, value in own.get(ladder) or budgets:
                     name = _safe("-".join(t for t in tags + [_budget_tag(kind, value)] if t))
                     points.append(Point(name=name, budget_kind=kind, budget=value, **point))
                 if cooldown is not None:
@@ -492,10 +509,11 @@ def finish_point(p: Point, rc: int, elapsed: float, interrupted: bool) -> Point:
 
 def run_sweep(spec: dict, *, launcher: str = "python", processes: int = 1, accelerate_args: Sequence[str] = (),
               evals: int = 8, dry_run: bool = False, stop_on_failure: bool = False, jobs: int = 1,
-              threads: Optional[int] = None, log=print) -> list[Point]:
+              threads: Optional[int] = None, log=print, progress=None) -> list[Point]:
     """Plan every point (all recipes validated before anything runs), then train the unfinished
     ones, ``jobs`` at a time. Ctrl-C (or SIGTERM to the sweep) stops the running trainers
-    cleanly (each writes a checkpoint); running the same command again resumes."""
+    cleanly (each writes a checkpoint); running the same command again resumes. ``progress``,
+    if given, is called with each point as it ends (e.g. to advance a progress bar)."""
     out_dir = Path(spec.get("out") or "runs/sweep").resolve()
     points = [plan_point(p, out_dir, processes, evals) for p in build_points(spec)]
     check_consistent(out_dir, points)
@@ -508,17 +526,37 @@ def run_sweep(spec: dict, *, launcher: str = "python", processes: int = 1, accel
     for p in points:
         if p.name in before:  # keep what earlier invocations recorded
             p.returncode, p.elapsed_s = before[p.name].get("returncode"), before[p.name].get("elapsed_s")
+            p.peak_rss_bytes = before[p.name].get("peak_rss_bytes")
         if is_done(p):
             p.status = run_state(p)
     write_manifest(out_dir, spec, points)
     todo = [p for p in points if p.status not in ("finished", "diverged")]
     log(f"sweep {out_dir}: {len(points)} points, {len(points) - len(todo)} already done")
     _schedule(todo, points, out_dir, spec, jobs, _child_env(threads), stop_on_failure, log,
-              lambda p: command(p, launcher, processes, accelerate_args))
+              lambda p: command(p, launcher, processes, accelerate_args), progress)
     return points
 
 
-def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make_cmd) -> None:
+def poll_with_peak_rss(proc: subprocess.Popen) -> tuple[Optional[int], Optional[int]]:
+    """(exit code or None while running, peak resident bytes of the ended child or None).
+
+    ``os.wait4`` reaps the child and returns its rusage: ``ru_maxrss`` is the largest resident set
+    of the child (or of a descendant it waited for; KiB on Linux, bytes on macOS). Where wait4
+    does not exist, plain ``poll`` and no memory figure."""
+    if not hasattr(os, "wait4") or proc.returncode is not None:
+        return proc.poll(), None
+    try:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+    except ChildProcessError:  # reaped elsewhere
+        return proc.poll(), None
+    if pid == 0:
+        return None, None
+    proc.returncode = os.waitstatus_to_exitcode(status)  # so that Popen never waits for it again
+    scale = 1 if sys.platform == "darwin" else 1024
+    return proc.returncode, int(usage.ru_maxrss) * scale
+
+
+def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make_cmd, progress=None) -> None:
     """Keep up to ``jobs`` trainers running until ``todo`` is done or the sweep is stopped. A point
     starts when it is ready (:func:`is_ready`: a branch waits for its trunk's checkpoint); when
     nothing runs and nothing left is ready, the rest is marked blocked."""
@@ -550,14 +588,18 @@ def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make
                     running[p.name] = (p, start_point(p, make_cmd(p), env), time.time())
                     write_manifest(out_dir, spec, points)
                 for name, (p, proc, t0) in list(running.items()):
-                    rc = proc.poll()
+                    rc, peak_rss = poll_with_peak_rss(proc)
                     if rc is None:
                         continue
                     del running[name]
                     finish_point(p, rc, time.time() - t0, stopping)
+                    if peak_rss is not None:  # a resumed run: the peak of all its invocations
+                        p.peak_rss_bytes = max(peak_rss, p.peak_rss_bytes or 0)
                     write_manifest(out_dir, spec, points)
                     log(f"    {p.name} -> {p.status} (exit {rc}, {p.elapsed_s:.0f} s)"
                         + ("" if p.status == "finished" else f"; see {p.log}"))
+                    if progress is not None:
+                        progress(p)
                     if p.status == "failed" and stop_on_failure:
                         stopping = True
                 if not running and not stopping and queue and not any(is_ready(q) for q in queue):

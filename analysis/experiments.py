@@ -1,0 +1,446 @@
+"""The report of an experiment (``python -m tools.experiment``): per arm the final validation loss
+over seeds with a 95% t-interval, the paired (same-seed) difference against the reference arm and
+against the arm it extends, and what the arm costs; then one section per measurement of the spec
+(``analysis.experiment_sections``). Writes ``report.md``, ``report.json`` (every number) and PNGs.
+
+Statistics. An arm's seeds give losses x_1..x_n: the table shows the mean and the 95% t-interval
+mean ± t_{0.975, n-1} * sd / sqrt(n) (none for n = 1). Against the reference arm (or the parent
+arm), runs are paired by seed (same initial-weight seed and data order): d_s = x_s(arm) - x_s(ref),
+with the same t-interval over the d_s; pairing removes the seed-to-seed variance the two arms
+share, so the paired interval is narrower than the two intervals side by side suggest.
+
+Costs, per arm: parameters total / active per token (``archlab.costs.param_counts``), training
+FLOPs per token (the run's, from the cost model), tokens/s measured on this machine (the
+interleaved benchmark of the measurement ``throughput``, every arm timed side by side under the
+same load, when the spec has it; and the runs': per run the median over its logged windows of
+``train.log_every`` steps, then the mean over seeds; on a shared machine the runs' figures carry
+whatever else ran beside them), peak resident
+memory of the trainer process (``peak_rss_bytes`` of the sweep manifest, the largest over seeds)
+and the KV-cache bytes per token of context at inference in bf16 (``archlab.costs.kv_cache_bytes``).
+
+A run whose final validation loss stays within :data:`LEARN_MARGIN` nats of the unigram entropy
+of its training split is marked "did not learn": it learned no more than token frequencies.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from analysis.plotting import COLORS, pyplot, save_figure, style_axes
+from analysis.runs import RunError, open_run, write_json_atomic, write_text_atomic
+
+LEVEL = 0.95
+LEARN_MARGIN = 0.1  # nats: a final loss above unigram entropy - this did not learn beyond unigram statistics
+
+
+# --------------------------------------------------------------------------------------------
+# statistics
+# --------------------------------------------------------------------------------------------
+
+
+def t_interval(values: Sequence[float], level: float = LEVEL) -> dict:
+    """{mean, low, high, sd, n} with the two-sided t-interval of the mean (low/high None for n < 2)."""
+    from scipy import stats
+
+    vals = [float(v) for v in values if v is not None and math.isfinite(v)]
+    n = len(vals)
+    if n == 0:
+        return {"mean": None, "low": None, "high": None, "sd": None, "n": 0}
+    mean = sum(vals) / n
+    if n < 2:
+        return {"mean": mean, "low": None, "high": None, "sd": None, "n": 1}
+    sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+    return {"mean": mean, "low": mean - half, "high": mean + half, "sd": sd, "n": n}
+
+
+def paired_difference(a: dict, b: dict, level: float = LEVEL) -> dict:
+    """t-interval of a[s] - b[s] over the seeds s present (and finite) in both; ``seeds`` lists them."""
+    seeds = sorted(s for s in a if s in b and _finite(a[s]) and _finite(b[s]))
+    return {**t_interval([a[s] - b[s] for s in seeds], level), "seeds": seeds}
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+# --------------------------------------------------------------------------------------------
+# collecting the runs
+# --------------------------------------------------------------------------------------------
+
+
+def cell_tag(cell: dict) -> str:
+    """``{train.lr: 1e-3, train.warmup_steps: 0}`` -> ``lr=1e-3, warmup_steps=0`` ('' without a grid)."""
+    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in cell.items())
+
+
+def _manifests(record: dict) -> dict[str, dict]:
+    out = {}
+    for folder in sorted({r["sweep"] for r in record["runs"]}):
+        path = Path(record["spec"]["out"]) / folder / "manifest.json"
+        if path.is_file():
+            for p in json.loads(path.read_text()).get("points", []):
+                out[p["name"]] = p
+    return out
+
+
+def run_row(run: dict, manifest: dict) -> dict:
+    """Everything the report uses of one run: status, losses, throughput, memory, time."""
+    row = {**run, "status": "missing", "reason": "", "val_loss": None, "final_val": {}, "tokens": None,
+           "training_flops": None, "flops_per_token": None, "tokens_per_s": None, "unigram_entropy": None,
+           "elapsed_s": manifest.get("elapsed_s"), "peak_rss_bytes": manifest.get("peak_rss_bytes"),
+           "learned": None}
+    try:
+        r = open_run(run["run_dir"])
+    except RunError as e:
+        return {**row, "reason": str(e)}
+    s = r.summary or {}
+    row.update(status=r.status, reason=r.reason, val_loss=r.final_val_loss, final_val=s.get("final_val_loss") or {},
+               tokens=s.get("tokens"), training_flops=s.get("training_flops"), flops_per_token=s.get("flops_per_token"),
+               tokens_per_s=run_tokens_per_s(run["run_dir"]), unigram_entropy=s.get("unigram_entropy_train"))
+    if r.status == "finished" and _finite(row["val_loss"]) and _finite(row["unigram_entropy"]):
+        row["learned"] = bool(row["val_loss"] < row["unigram_entropy"] - LEARN_MARGIN)
+    return row
+
+
+def run_tokens_per_s(run_dir) -> Optional[float]:
+    """Median training throughput of a run over its logged windows (metrics.jsonl ``kind: train``
+    rows; the first window, with the start-up, is left out when there are others)."""
+    from archlab.io import read_jsonl
+    from archlab.train.run_folder import METRICS
+
+    speeds = [r["tokens_per_s"] for r in read_jsonl(Path(run_dir) / METRICS)
+              if r.get("kind") == "train" and _finite(r.get("tokens_per_s"))]
+    if len(speeds) > 2:
+        speeds = speeds[1:]
+    if not speeds:
+        return None
+    speeds.sort()
+    mid = len(speeds) // 2
+    return speeds[mid] if len(speeds) % 2 else (speeds[mid - 1] + speeds[mid]) / 2
+
+
+def arm_costs(arm: dict) -> dict:
+    """Cost-model numbers of an arm from its recipe: parameters, FLOPs per token, KV-cache bytes."""
+    from archlab.config import load_recipe, model_config
+    from archlab.costs import kv_cache_bytes, param_counts, training_flops_per_token
+
+    cfg = load_recipe(arm["recipe"], arm["overrides"])
+    pc = param_counts(cfg).as_dict()
+    return {"params_total": pc["total"], "params_active": pc["active"], "params_non_embedding": pc["non_embedding"],
+            "flops_per_token": float(training_flops_per_token(model_config(cfg), int(cfg.train.seq_len))),
+            "kv_bytes_per_token": float(kv_cache_bytes(cfg, batch=1, context=1, dtype="bf16")),
+            "seq_len": int(cfg.train.seq_len), "family": str(cfg.family)}
+
+
+@dataclass
+class Group:
+    """The runs of one arm in one grid cell (all seeds), with their statistics."""
+
+    arm: str
+    label: str
+    cell: dict
+    runs: dict  # seed -> run row
+    costs: dict
+    loss: dict = field(default_factory=dict)
+    vs_reference: Optional[dict] = None
+    vs_parent: Optional[dict] = None
+    vs_compare: Optional[dict] = None  # against the arm's `compare:` arm
+    bench_tokens_per_s: Optional[float] = None  # the interleaved throughput benchmark (measurement `throughput`)
+
+    def speed(self) -> Optional[float]:
+        """Tokens/s to compare arms by: the benchmark's when measured, else the runs' mean."""
+        return self.bench_tokens_per_s or self.measured()["tokens_per_s"]["mean"]
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.arm, cell_tag(self.cell)
+
+    def losses(self) -> dict:
+        return {s: r["val_loss"] for s, r in self.runs.items() if r["status"] == "finished"}
+
+    def measured(self) -> dict:
+        speeds = [r["tokens_per_s"] for r in self.runs.values() if _finite(r["tokens_per_s"])]
+        rss = [r["peak_rss_bytes"] for r in self.runs.values() if r["peak_rss_bytes"]]
+        times = [r["elapsed_s"] for r in self.runs.values() if _finite(r["elapsed_s"])]
+        tokens = [r["tokens"] for r in self.runs.values() if _finite(r["tokens"])]
+        learned = [r["learned"] for r in self.runs.values() if r["learned"] is not None]
+        return {"tokens_per_s": t_interval(speeds), "peak_rss_bytes": max(rss) if rss else None,
+                "run_seconds": t_interval(times), "tokens": max(tokens) if tokens else None,
+                "did_not_learn": sum(1 for x in learned if not x), "statuses": sorted({r["status"] for r in
+                                                                                         self.runs.values()})}
+
+
+@dataclass
+class Context:
+    """What every report section reads: the record, the arms, the run rows, the groups and the
+    measurement results; sections add their figures under ``out``."""
+
+    record: dict
+    arms: dict  # name -> arm dict (as tools.experiment.Arm) + "costs"
+    rows: list
+    groups: dict  # (arm, cell tag) -> Group
+    measures: dict
+    out: Path
+
+    @property
+    def spec(self) -> dict:
+        return self.record["spec"]
+
+    @property
+    def reference(self) -> str:
+        return self.spec["reference"]
+
+    def group(self, arm: str, cell: str = "") -> Optional[Group]:
+        return self.groups.get((arm, cell))
+
+    def arm_groups(self, cell: str = "") -> list[Group]:
+        return [g for (a, c), g in self.groups.items() if c == cell]
+
+
+def build_context(record: dict, measures: dict, out: Path) -> Context:
+    manifests = _manifests(record)
+    rows = [run_row(r, manifests.get(r["point"], {})) for r in record["runs"]]
+    arms = {a["name"]: {**a, "costs": arm_costs(a)} for a in record["arms"]}
+    groups: dict = {}
+    for row in rows:
+        key = (row["arm"], cell_tag(row["cell"]))
+        if key not in groups:
+            groups[key] = Group(arm=row["arm"], label=arms[row["arm"]]["label"], cell=row["cell"], runs={},
+                                costs=arms[row["arm"]]["costs"])
+        groups[key].runs[row["seed"]] = row
+    bench = measures.get("throughput") or {}
+    for (arm, _), g in groups.items():
+        g.bench_tokens_per_s = (bench.get(arm) or {}).get("tokens_per_s")
+    order = {a: i for i, a in enumerate(arms)}
+    groups = dict(sorted(groups.items(), key=lambda kv: (kv[0][1], order[kv[0][0]])))
+    for (arm, tag), g in groups.items():
+        g.loss = t_interval(list(g.losses().values()))
+        ref = groups.get((record["spec"]["reference"], tag))
+        if ref is not None and arm != ref.arm:
+            g.vs_reference = paired_difference(g.losses(), ref.losses())
+        parent = groups.get((arms[arm]["parent"], tag)) if arms[arm]["parent"] else None
+        if parent is not None:
+            g.vs_parent = paired_difference(g.losses(), parent.losses())
+        other = groups.get((arms[arm].get("compare"), tag)) if arms[arm].get("compare") else None
+        if other is not None:
+            g.vs_compare = paired_difference(g.losses(), other.losses())
+    return Context(record=record, arms=arms, rows=rows, groups=groups, measures=measures, out=out)
+
+
+# --------------------------------------------------------------------------------------------
+# formatting
+# --------------------------------------------------------------------------------------------
+
+
+def fmt_ci(iv: Optional[dict], digits: int = 3, signed: bool = False) -> str:
+    """'4.512 [4.480, 4.544]', '+0.012 [-0.030, +0.054]', '4.512 (1 seed)', or '-'."""
+    if not iv or iv.get("mean") is None:
+        return "-"
+    f = f"{{:{'+' if signed else ''}.{digits}f}}"
+    if iv.get("low") is None:
+        return f.format(iv["mean"]) + " (1 seed)"
+    return f"{f.format(iv['mean'])} [{f.format(iv['low'])}, {f.format(iv['high'])}]"
+
+
+def fmt_count(n: Optional[float]) -> str:
+    if n is None:
+        return "-"
+    for factor, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= factor:
+            return f"{n / factor:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+def fmt_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "-"
+    if n >= 2**20:
+        return f"{n / 2**20:.0f} MiB"
+    return f"{n:.0f} B"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+COST_HEADER = ["params total / active", "train FLOPs/token", "tokens/s on this machine: benchmark; runs", "peak RSS",
+               "KV cache/token"]
+
+
+def cost_cells(g: Group) -> list[str]:
+    c, m = g.costs, g.measured()
+    speed = f"runs {fmt_count(m['tokens_per_s']['mean'])}"
+    if g.bench_tokens_per_s:
+        speed = f"{fmt_count(g.bench_tokens_per_s)}; {speed}"
+    return [f"{fmt_count(c['params_total'])} / {fmt_count(c['params_active'])}", fmt_count(c["flops_per_token"]),
+            speed, fmt_bytes(m["peak_rss_bytes"]), fmt_bytes(c["kv_bytes_per_token"])]
+
+
+def loss_note(g: Group, ctx: Optional["Context"] = None) -> str:
+    m = g.measured()
+    notes = []
+    if g.vs_compare is not None and ctx is not None:
+        notes.append(f"vs `{ctx.arms[g.arm]['compare']}` (paired): {fmt_ci(g.vs_compare, signed=True)}")
+    if m["did_not_learn"]:
+        notes.append(f"{m['did_not_learn']} of {len(g.runs)} did not learn (loss ~ unigram entropy)")
+    bad = [r for r in g.runs.values() if r["status"] != "finished"]
+    for r in bad:
+        notes.append(f"seed {r['seed']} {r['status']}" + (f": {r['reason']}" if r["reason"] else ""))
+    return "; ".join(notes)
+
+
+# --------------------------------------------------------------------------------------------
+# the main table and plot
+# --------------------------------------------------------------------------------------------
+
+
+def main_table(ctx: Context, cell: str = "") -> str:
+    header = ["arm", "final val loss (nats/token), mean [95% CI]", f"vs `{ctx.reference}` (paired)",
+              "vs parent (paired)", "tokens trained", *COST_HEADER, "notes"]
+    rows = []
+    for g in ctx.arm_groups(cell):
+        parent = ctx.arms[g.arm]["parent"]
+        vs_parent = f"{fmt_ci(g.vs_parent, signed=True)} vs {parent}" if g.vs_parent else "-"
+        rows.append([f"{g.label} (`{g.arm}`)", fmt_ci(g.loss), fmt_ci(g.vs_reference, signed=True) if g.vs_reference
+                     else ("reference" if g.arm == ctx.reference else "-"), vs_parent,
+                     fmt_count(g.measured()["tokens"]), *cost_cells(g), loss_note(g, ctx)])
+    return table(header, rows)
+
+
+def plot_losses(ctx: Context, path: Path, cell: str = "") -> Optional[Path]:
+    """One row per arm: each seed's final validation loss and the mean with its 95% interval."""
+    groups = [g for g in ctx.arm_groups(cell) if g.loss.get("mean") is not None]
+    if not groups:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(groups) + 1.6))
+    for i, g in enumerate(groups):
+        y = len(groups) - 1 - i
+        losses = list(g.losses().values())
+        ax.scatter(losses, [y] * len(losses), color=COLORS[0], s=14, alpha=0.5, zorder=3,
+                   label="one seed" if i == 0 else None)
+        lo, hi = g.loss["low"], g.loss["high"]
+        err = [[g.loss["mean"] - lo], [hi - g.loss["mean"]]] if lo is not None else None
+        ax.errorbar([g.loss["mean"]], [y], xerr=err, fmt="D", color=COLORS[3], capsize=4, zorder=4,
+                    label="mean, 95% t-interval" if i == 0 else None)
+    unigram = [r["unigram_entropy"] for g in groups for r in g.runs.values() if _finite(r["unigram_entropy"])]
+    if unigram:
+        ax.axvline(sum(unigram) / len(unigram), color="0.5", ls="--", lw=1, label="unigram entropy (no learning)")
+    ax.set_yticks(range(len(groups)), [g.label for g in reversed(groups)])
+    n = max(len(g.runs) for g in groups)
+    style_axes(ax, f"{ctx.spec['name']}: final validation loss ({n} seed{'s' if n > 1 else ''} per arm)",
+               "final validation loss (nats/token, lower is better)", "arm", grid="x")
+    return save_figure(fig, path)
+
+
+# --------------------------------------------------------------------------------------------
+# the report
+# --------------------------------------------------------------------------------------------
+
+
+def _wall_time(ctx: Context) -> str:
+    times = [r["elapsed_s"] for r in ctx.rows if _finite(r["elapsed_s"])]
+    measure = ctx.record.get("measure_wall_s")
+    return (f"{len(ctx.rows)} training runs, {sum(times) / 60:.1f} min of training wall time in total (the sum of the "
+            f"runs' times, from the sweep manifests); measurements after training {measure or 0:.0f} s.")
+
+
+def _setup(ctx: Context) -> str:
+    spec = ctx.spec
+    budget = spec["budget"]
+    kind, value = next(iter(budget.items()))
+    lines = [f"- Budget per run: {value:.3g} {'training FLOPs' if kind == 'flops' else 'tokens'}"
+             + (" (equal training FLOPs: tokens = budget / the arm's FLOPs per token)" if kind == "flops" else "")
+             + "; arms with their own budget say so below.",
+             f"- Seeds: {spec['seeds']} (`train.seed`: initial weights and data order; the corpus split is fixed)."
+             + (" Quick mode: tiny models, a few steps: the numbers only show that the pipeline works."
+                if spec.get("quick") else ""),
+             f"- Every arm: `{' '.join(spec['set'])}`" if spec["set"] else "- Every arm: the recipe as it is.",
+             f"- Reference arm: `{ctx.reference}`."]
+    if spec.get("grid"):
+        lines.append("- Grid (every arm, every seed): " + "; ".join(f"`{k}` in {v}" for k, v in spec["grid"].items()))
+    rows = []
+    for a in ctx.arms.values():
+        b = a["budget"]
+        budget_text = (f"time of `{b['match_time_of']}` at the speed of `{b['speed_of']}`" if "match_time_of" in b
+                       else f"{next(iter(b.values())):.3g} {next(iter(b))}")
+        rows.append([f"`{a['name']}`", a["label"], f"`{a['parent']}`" if a["parent"] else f"`{a['recipe']}`",
+                     " ".join(f"`{o}`" for o in a["own"]) or "-", budget_text, a.get("note") or ""])
+    return "\n".join(lines) + "\n\n" + table(["arm", "label", "recipe or parent", "its overrides", "budget", "note"],
+                                            rows)
+
+
+def runs_table(ctx: Context) -> str:
+    rows = []
+    for r in ctx.rows:
+        rows.append([r["point"], r["seed"], r["status"] + (f" ({r['reason']})" if r["reason"] else ""),
+                     f"{r['val_loss']:.4f}" if _finite(r["val_loss"]) else "-", fmt_count(r["tokens"]),
+                     f"{r['elapsed_s']:.0f}" if _finite(r["elapsed_s"]) else "-",
+                     fmt_count(r["tokens_per_s"]), fmt_bytes(r["peak_rss_bytes"])])
+    return table(["run", "seed", "status", "final val loss", "tokens", "wall s", "tokens/s", "peak RSS"], rows)
+
+
+def _json_group(g: Group) -> dict:
+    return {"arm": g.arm, "label": g.label, "cell": g.cell, "loss": g.loss, "vs_reference": g.vs_reference,
+            "vs_parent": g.vs_parent, "vs_compare": g.vs_compare, "costs": g.costs, "measured": g.measured(),
+            "bench_tokens_per_s": g.bench_tokens_per_s,
+            "seeds": {str(s): r["val_loss"] for s, r in g.runs.items()}}
+
+
+def _relative(path: str) -> str:
+    """A run folder relative to the working directory (the repository root) when it lies under it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
+    """Write report.md, report.json and the figures under ``out``; returns their paths."""
+    from analysis import experiment_sections
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = build_context(record, measures, out)
+    spec = ctx.spec
+    figures = []
+    md = [f"# {spec.get('title') or spec['name']}", ""]
+    if spec.get("description"):
+        md += [spec["description"].strip(), ""]
+    if spec.get("claim"):
+        md += [f"**Claim checked.** {spec['claim'].strip()}", ""]
+    md += ["## Regenerate", "", "From the repository root (runs go under "
+           f"`{spec['out']}`, git-ignored; finished runs are skipped, interrupted ones resumed):", "", "```sh",
+           command, "```", "", _wall_time(ctx), "", "## Setup", "", _setup(ctx), ""]
+    if spec.get("notes"):
+        md += [spec["notes"].strip(), ""]
+    sections_json = {}
+    if not spec.get("grid"):
+        md += ["## Results", "", main_table(ctx), ""]
+        fig = plot_losses(ctx, out / "val_loss.png")
+        if fig:
+            figures.append(fig.name)
+            md += [f"![final validation loss per arm]({fig.name})", ""]
+    names = list(spec.get("measurements") or {})
+    for name in [n for n in names if n != "throughput"] + [n for n in names if n == "throughput"]:
+        section = experiment_sections.SECTIONS[name](ctx)
+        md += [f"## {section.title}", "", section.markdown.strip(), ""]
+        figures += section.figures
+        sections_json[name] = section.data
+    md += ["## Every run", "", runs_table(ctx), ""]
+    data = {"experiment": spec["name"], "command": command, "spec": spec, "arms": list(ctx.arms.values()),
+            "runs": [{**r, "run_dir": _relative(r["run_dir"])} for r in ctx.rows],
+            "groups": [_json_group(g) for g in ctx.groups.values()], "sections": sections_json,
+            "timed_budgets": record.get("timed_budgets"), "measure_wall_s": record.get("measure_wall_s"),
+            "figures": figures}
+    md_path = write_text_atomic(out / "report.md", "\n".join(md))
+    json_path = write_json_atomic(out / "report.json", data)
+    return {"markdown": md_path, "json": json_path, "figures": [out / f for f in figures],
+            "unfinished": [r["point"] for r in ctx.rows if r["status"] not in ("finished", "diverged")]}

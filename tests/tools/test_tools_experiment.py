@@ -1,0 +1,266 @@
+"""tools.experiment: spec checks, arm resolution, time-matched budgets, and every committed
+experiment end to end in --quick mode (tiny models, a few steps, one seed): the report's
+structure, its numbers, and a second call that skips the finished runs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tools import experiment
+from tools.experiment import load_spec, main, match_time_budgets, resolve_arms
+from tools.sweep import build_points
+
+EXPERIMENTS = ["evolution", "extrapolation", "attention-kv", "norm-placement", "balancing", "moe-vs-dense"]
+# the report sections each measurement of a spec adds (their titles in report.md)
+SECTION_TITLES = {"ladder": "## Ladder", "extrapolation": "## Length extrapolation",
+                  "init_grad_norms": "## Gradient norms at initialisation", "stability": "## Stability",
+                  "routing": "## Load balancing", "wall_clock": "## Equal FLOPs against equal wall-clock time",
+                  "kv_cache": "## Validation loss against KV-cache size",
+                  "throughput": "## Throughput, measured side by side"}
+
+
+@pytest.fixture(autouse=True)
+def _in_repo_root(root, monkeypatch):
+    monkeypatch.chdir(root)  # specs name recipes relative to the repository root
+
+
+def _write_spec(tmp_path: Path, **spec) -> str:
+    base = {"name": "t", "budget": {"tokens": 4096}, "arms": [{"name": "a", "recipe": "recipes/llama/tiny.yaml"}]}
+    path = tmp_path / "spec.yaml"
+    path.write_text(json.dumps({**base, **spec}))
+    return str(path)
+
+
+# --------------------------------------------------------------------------------------------
+# specs and arms
+# --------------------------------------------------------------------------------------------
+
+
+def test_arms_inherit_their_parents_overrides_and_previous_skips_side_arms(tmp_path):
+    spec = load_spec(_write_spec(tmp_path, set=["model.n_layers=2"], arms=[
+        {"name": "base", "recipe": "recipes/vanilla/tiny.yaml", "set": ["train.lr=1e-3"]},
+        {"name": "pre", "extends": "previous", "set": ["model.norm.placement=pre"]},
+        {"name": "side", "extends": "base", "side": True, "set": ["model.position.type=learned"]},
+        {"name": "rope", "extends": "previous", "set": ["model.position.type=rope"]},
+    ]))
+    arms = {a.name: a for a in resolve_arms(spec)}
+    assert arms["pre"].overrides == ["model.n_layers=2", "train.lr=1e-3", "model.norm.placement=pre"]
+    assert arms["rope"].parent == "pre" and arms["side"].parent == "base"  # previous = the last non-side arm
+    assert arms["rope"].overrides[-2:] == ["model.norm.placement=pre", "model.position.type=rope"]
+    assert arms["rope"].own == ["model.position.type=rope"] and arms["rope"].recipe == "recipes/vanilla/tiny.yaml"
+    assert spec["reference"] == "base" and spec["seeds"] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("spec,message", [
+    ({"arms": [{"name": "a", "recipe": "recipes/nope.yaml"}]}, "arms[0].recipe='recipes/nope.yaml': file not found"),
+    ({"arms": [{"name": "a", "extends": "b"}]}, "extends 'b', which is not an arm listed before it"),
+    ({"arms": [{"name": "a", "extends": "previous"}]}, "'extends: previous' on the first arm"),
+    ({"arms": [{"name": "a b", "recipe": "recipes/llama/tiny.yaml"}]}, "arm name 'a b'"),
+    ({"arms": [{"name": "a", "recipe": "recipes/llama/tiny.yaml", "sett": []}]}, "unknown keys ['sett']"),
+    ({"budget": {"tokens": -1}}, "budget.tokens=-1: must be a positive number"),
+    ({"budget": {"steps": 10}}, "unknown budget kind 'steps'"),
+    ({"set": ["train.seed=3"]}, "train.seed is chosen by 'seeds:'"),
+    ({"seeds": [0, -1]}, "seeds=[0, -1]"),
+    ({"reference": "zzz"}, "reference='zzz': not an arm"),
+    ({"measurements": {"perplexity": {}}}, "measurements: unknown ['perplexity']"),
+    ({"colour": "red"}, "unknown keys ['colour']"),
+    ({"set": ["model.d_model=30"]}, "arm a (recipes/llama/tiny.yaml + its overrides)"),
+    ({"quick": {"arms": ["zzz"]}}, "quick.arms: ['zzz'] are not arms"),
+    ({"arms": [{"name": "a", "recipe": "recipes/llama/tiny.yaml"},
+               {"name": "b", "extends": "a", "budget": {"match_time_of": "c"}}]}, "budget.match_time_of='c'"),
+])
+def test_bad_specs_fail_clearly_before_anything_runs(tmp_path, capsys, spec, message):
+    path = _write_spec(tmp_path, **spec)
+    assert main(["plan", path, "--out", str(tmp_path / "out"), *(["--quick"] if "quick" in spec else [])]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_sweep_spec_has_one_ladder_per_arm_with_its_budget_and_seeds_last(tmp_path):
+    spec = load_spec(_write_spec(tmp_path, seeds=[0, 1], grid={"train.lr": [1e-3, 3e-3]}, arms=[
+        {"name": "a", "recipe": "recipes/llama/tiny.yaml"},
+        {"name": "b", "extends": "a", "budget": {"flops": 1e12}}]))
+    arms = resolve_arms(spec)
+    sspec = experiment.sweep_spec(spec, arms, "sweep", {a.name: a.budget for a in arms})
+    points = {p.name: p for p in build_points(sspec)}
+    assert len(points) == 2 * 2 * 2
+    assert "a-lr0.001-seed1-tok4096" in points and "b-lr0.003-seed0-flop1e12" in points
+    p = points["b-lr0.003-seed0-flop1e12"]
+    assert (p.budget_kind, p.budget) == ("flops", 1e12)
+    assert experiment.cell_of(p, experiment.grid_of(spec)) == {"train.lr": "0.003", "train.seed": "0"}
+
+
+def test_time_matched_budget_is_the_target_time_at_the_measured_speed(tmp_path):
+    runs = []
+    for arm, tokens, speed in (("moe", 1000, 100.0), ("moe", 1000, 50.0), ("dense", 1000, 200.0)):
+        d = tmp_path / f"{arm}-{speed}"
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps({"status": "completed", "tokens": tokens}))
+        # windows: a slow start-up (left out), then the speed twice and one outlier (the median ignores it)
+        rows = [{"kind": "train", "tokens_per_s": v} for v in (1.0, speed, speed, 100 * speed)]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs.append({"arm": arm, "run_dir": str(d)})
+    arm = experiment.Arm(name="dense-time", label="", recipe="", overrides=[], own=[],
+                         budget={"match_time_of": "moe", "speed_of": "dense"})
+    budget = match_time_budgets({}, [arm], runs)["dense-time"]
+    assert budget["seconds"] == pytest.approx((10 + 20) / 2)  # mean of 1000/100 and 1000/50
+    assert budget["tokens"] == pytest.approx(15 * 200)
+    arm.budget["match_time_of"] = "nothing"
+    with pytest.raises(ValueError, match="arm 'nothing' has no completed run"):
+        match_time_budgets({}, [arm], runs)
+
+
+# --------------------------------------------------------------------------------------------
+# every experiment end to end, quick
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("data-cache")  # one tokenised corpus for every quick run
+
+
+def quick_args(name: str, out: Path, cache: Path) -> list[str]:
+    return ["run", f"experiments/{name}.yaml", "--quick", "--out", str(out), "--set", f"data.cache_dir={cache}",
+            "--jobs", "2", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory, cache):
+    """Run an experiment spec in --quick mode once per module; returns (out folder, report folder)."""
+    done: dict[str, tuple[Path, Path]] = {}
+
+    def run(name: str) -> tuple[Path, Path]:
+        if name not in done:
+            out = tmp_path_factory.mktemp(name) / "runs"
+            assert main(quick_args(name, out, cache)) == 0, name
+            done[name] = (out, out / "report")
+        return done[name]
+
+    return run
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_quick_experiment_writes_a_complete_report(quick, root, name):
+    out, report = quick(name)
+    spec = load_spec(str(root / "experiments" / f"{name}.yaml"), quick=True)
+    md = (report / "report.md").read_text()
+    data = json.loads((report / "report.json").read_text())
+    # the command that regenerates it, the setup, one section per measurement, every run
+    assert f"python -m tools.experiment run experiments/{name}.yaml --quick --out {out}" in md
+    assert data["command"] in md
+    for title in ["## Regenerate", "## Setup", "## Every run"] + [SECTION_TITLES[m] for m in spec["measurements"]]:
+        assert title in md, title
+    if not spec.get("grid"):
+        assert "## Results" in md and "mean [95% CI]" in md
+    # figures: every one named in the markdown exists and is a PNG
+    assert data["figures"]
+    for fig in data["figures"]:
+        assert f"]({fig})" in md
+        assert (report / fig).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # numbers: a finite loss and the costs for every arm that was trained
+    trained = spec.get("only_arms") or [a["name"] for a in spec["arms"]]
+    assert sorted({g["arm"] for g in data["groups"]}) == sorted(trained)
+    for g in data["groups"]:
+        assert _finite(g["loss"]["mean"]) and g["loss"]["n"] == 1, g["arm"]
+        c, m = g["costs"], g["measured"]
+        assert c["params_total"] >= c["params_active"] > 0 and c["flops_per_token"] > 0
+        assert c["kv_bytes_per_token"] > 0
+        assert m["tokens_per_s"]["mean"] > 0 and m["peak_rss_bytes"] > 50 * 2**20  # python + torch at least
+        if g["arm"] != spec["reference"] and not g["cell"]:
+            assert _finite(g["vs_reference"]["mean"]) and g["vs_reference"]["seeds"] == [0]
+    for run in data["runs"]:
+        assert run["status"] == "finished" and run["peak_rss_bytes"] > 0 and run["elapsed_s"] > 0
+    manifest = json.loads((out / "sweep" / "manifest.json").read_text())
+    assert all(p["peak_rss_bytes"] > 0 for p in manifest["points"])
+    assert set(data["sections"]) == set(spec["measurements"])
+
+
+def test_quick_evolution_ladder_steps_pair_each_arm_with_its_parent(quick):
+    _, report = quick("evolution")
+    data = json.loads((report / "report.json").read_text())
+    steps = {s["arm"]: s for s in data["sections"]["ladder"]["steps"]}
+    groups = {g["arm"]: g for g in data["groups"]}
+    assert steps["vanilla"]["step"] is None  # the start of the ladder
+    pre = steps["pre-ln"]
+    assert pre["parent"] == "vanilla"
+    assert pre["step"]["mean"] == pytest.approx(groups["pre-ln"]["loss"]["mean"] - groups["vanilla"]["loss"]["mean"])
+    assert steps["deepseek"]["parent"] is None  # its parent (mixtral) is not trained in quick mode
+
+
+def test_quick_extrapolation_reports_learned_positions_not_applicable_past_their_table(quick):
+    _, report = quick("extrapolation")
+    data = json.loads((report / "report.json").read_text())
+    variants = {v["variant"]: v for v in data["sections"]["extrapolation"]["variants"]}
+    assert {"rope", "learned", "alibi", "rope-pi", "rope-ntk", "rope-yarn"} <= set(variants)
+    learned = variants["learned"]
+    assert sorted(learned["not_applicable"]) == ["2", "4", "8"]  # JSON keys
+    assert "model.max_seq_len=32" in learned["not_applicable"]["2"]
+    assert _finite(learned["per_multiplier"]["1"]["loss"]["mean"])
+    for name in ("alibi", "rope-yarn"):
+        per = variants[name]["per_multiplier"]
+        assert all(_finite(per[m]["loss"]["mean"]) for m in ("1", "2", "4", "8")), name
+        curve = variants[name]["per_position"]["8"]
+        assert len(curve["loss"]) * curve["bin_width"] == 8 * 32
+    # at L the scalings have factor 1: the same model as plain RoPE
+    rope, pi = variants["rope"]["per_multiplier"]["1"]["loss"]["mean"], variants["rope-pi"]["per_multiplier"]["1"]
+    assert pi["loss"]["mean"] == pytest.approx(rope, abs=1e-5)
+
+
+def test_quick_moe_vs_dense_trains_the_time_matched_arm_after_the_others(quick):
+    out, report = quick("moe-vs-dense")
+    data = json.loads((report / "report.json").read_text())
+    budget = data["timed_budgets"]["dense-time-mixtral"]
+    timed = next(g for g in data["groups"] if g["arm"] == "dense-time-mixtral")
+    assert timed["measured"]["tokens"] >= budget["tokens"] > 0
+    assert (out / "sweep-time" / "manifest.json").is_file()
+    comp = data["sections"]["wall_clock"]["comparisons"][0]
+    assert _finite(comp["equal_flops"]["mean"]) and _finite(comp["equal_time"]["mean"])
+    # the time-matched tokens: the MoE's tokens at the dense arm's benchmark speed over the MoE's
+    bench = {a["arm"]: a["tokens_per_s"] for a in data["sections"]["throughput"]["arms"]}
+    moe_tokens = next(g for g in data["groups"] if g["arm"] == "mixtral")["measured"]["tokens"]
+    assert budget["speeds_from"] == "throughput benchmark"
+    assert budget["tokens"] == pytest.approx(moe_tokens * bench["dense"] / bench["mixtral"], rel=5e-3)
+
+
+def test_quick_norm_placement_measures_every_depth_and_grid_cell(quick):
+    _, report = quick("norm-placement")
+    data = json.loads((report / "report.json").read_text())
+    groups = data["sections"]["init_grad_norms"]["groups"]
+    assert sorted((g["arm"], g["depth"]) for g in groups) == [("post-ln", 2), ("post-ln", 3), ("pre-ln", 2),
+                                                              ("pre-ln", 3)]
+    assert all(len(g["per_layer_mean"]) == g["depth"] and min(g["per_layer_mean"]) > 0 for g in groups)
+    cells = data["sections"]["stability"]["cells"]
+    assert len(cells) == 2 * 2 and all(c["outcomes"][0] in ("learned", "did not learn", "diverged") for c in cells)
+
+
+def test_quick_balancing_reports_maxvio_per_arm(quick):
+    _, report = quick("balancing")
+    data = json.loads((report / "report.json").read_text())
+    arms = data["sections"]["routing"]["arms"]
+    assert {a["arm"] for a in arms} == {"mixtral-none", "mixtral-bias"}
+    for a in arms:
+        assert a["maxvio_global"]["mean"] >= 0 and a["maxvio_batch"]["mean"] >= a["maxvio_global"]["mean"] - 1e-9
+    assert {"load_heatmap_mixtral-none.png", "load_heatmap_mixtral-bias.png"} <= set(data["figures"])
+
+
+def test_a_second_run_skips_the_finished_runs(quick, cache, capsys):
+    out, report = quick("evolution")
+    before = json.loads((out / "sweep" / "manifest.json").read_text())["points"]
+    mtime = {p["name"]: (Path(p["run_dir"]) / "summary.json").stat().st_mtime for p in before}
+    capsys.readouterr()
+    assert main(quick_args("evolution", out, cache)) == 0
+    after = json.loads((out / "sweep" / "manifest.json").read_text())["points"]
+    assert [p["elapsed_s"] for p in after] == [p["elapsed_s"] for p in before]
+    assert all((Path(p["run_dir"]) / "summary.json").stat().st_mtime == mtime[p["name"]] for p in after)
+    captured = capsys.readouterr()
+    assert f"{len(before)} points, {len(before)} already done" in captured.out + captured.err
+    assert (report / "report.md").is_file()
