@@ -20,6 +20,14 @@ def _seed():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Every test starts with torch.compile's caches empty: the suite compiles Decoder.forward for
+    many models, and a test must not fail on the recompile limit because of the tests before it."""
+    torch._dynamo.reset()
+    yield
+
+
 @pytest.fixture
 def root() -> Path:
     return ROOT

@@ -13,8 +13,9 @@ DeepSpeed; all paths with SwiGLU experts of the same shape and
 dropless routing (DeepSpeed with ``drop_tokens=False``, which pads every expert to the largest
 expert's load), so the useful FLOPs are the same. The step case is ``tools.bench``'s training
 step (forward, loss, backward, AdamW) on the Mixtral-tiny recipe and its HF export: archlab with
-a logits cross-entropy against HF with its own ``labels`` loss; archlab with its fused LM-head
-loss is timed too.
+a logits cross-entropy against HF with its own ``labels`` loss, both with their balancing loss;
+archlab with its fused LM-head loss is timed too (``tools.bench``'s mixtral-small case is the
+same comparison at d=256).
 
 Timings are interleaved round by round with alternating order (the machine is shared and noisy);
 the reported ratio is the median over rounds of (other path's time / archlab's time), so > 1
@@ -164,11 +165,11 @@ def build_step_paths(batch: int, seq_len: int, routing: str = "learned") -> tupl
     """tools.bench's runners on Mixtral-tiny: archlab with a logits cross-entropy first, then HF
     with its own ``labels`` loss and archlab with its fused LM-head loss (+ the first under forced
     uniform routing with ``routing="uniform"``)."""
-    from tools.bench import Case, Runner, build_runners
+    from tools.bench import ARCHLAB, LOGITS, Case, Runner, build_runners
 
     runners = {r.label: r for r in build_runners(Case("mixtral-tiny", "recipes/mixtral/tiny.yaml", (), batch, seq_len))}
-    ours = runners.pop("archlab")
-    fused = runners.pop("archlab-fused")
+    ours = runners.pop(LOGITS)
+    fused = runners.pop(ARCHLAB)
     (hf,) = runners.values()
     flops = training_flops_per_token(ours.model.cfg, seq_len) * batch * seq_len
     paths = [Timed("archlab", ours.step, moe=ours.model), Timed(hf.label, hf.step),

@@ -43,3 +43,40 @@ def test_decoder_targets_give_the_loss_of_its_logits_and_the_same_gradients():
     torch.testing.assert_close(out.loss, ref)
     for g, r in zip(torch.autograd.grad(out.loss, list(model.parameters())), ref_grads):
         torch.testing.assert_close(g, r)
+
+
+def test_loss_far_beyond_exp_underflow_is_exact():
+    """Targets 200 nats below the best logit: their probability underflows fp32 to 0, yet the
+    loss (read off the largest probability, not the target's) and the gradients are the reference."""
+    h = torch.tensor([[100.0, 0.0], [0.0, 3.0], [-100.0, 1.0]], requires_grad=True)
+    w = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]], requires_grad=True)
+    t = torch.tensor([1, 0, 0])
+    ref = lm_loss(h @ w.T, t)
+    ref_gh, ref_gw = torch.autograd.grad(ref, (h, w))
+    loss = linear_cross_entropy(h, w, t, chunk=2)
+    gh, gw = torch.autograd.grad(loss, (h, w))
+    assert loss.item() > 100
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(gh, ref_gh)
+    torch.testing.assert_close(gw, ref_gw)
+
+
+def test_bf16_inputs_keep_their_dtype_and_follow_the_fp32_reference():
+    h = (torch.randn(40, 16) * 2).bfloat16().requires_grad_()
+    w = torch.randn(30, 16).bfloat16().requires_grad_()
+    t = torch.randint(0, 30, (40,))
+    loss = linear_cross_entropy(h, w, t, chunk=16)
+    gh, gw = torch.autograd.grad(loss, (h, w))
+    assert loss.dtype == torch.float32 and gh.dtype == gw.dtype == torch.bfloat16
+    ref = lm_loss(h.float() @ w.float().T, t)
+    ref_gh, ref_gw = torch.autograd.grad(ref, (h, w))
+    torch.testing.assert_close(loss, ref, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(gh, ref_gh, rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(gw, ref_gw, rtol=2e-2, atol=2e-3)
+
+
+def test_no_tokens_give_zero_loss_and_zero_gradients():
+    h, w = torch.randn(0, 8, requires_grad=True), torch.randn(5, 8, requires_grad=True)
+    loss = linear_cross_entropy(h, w, torch.zeros(0, dtype=torch.long))
+    loss.backward()
+    assert loss.item() == 0 and w.grad.abs().sum() == 0 and h.grad.shape == (0, 8)
