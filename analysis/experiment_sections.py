@@ -259,36 +259,67 @@ def _unigram(ctx: Context) -> Optional[float]:
     return sum(vals) / len(vals) if vals else None
 
 
+def _growth_curve(v: dict, ms: list[int]) -> list[float]:
+    """Mean over seeds of loss(m L) - loss(L), paired by seed, at each multiplier m of ``ms``."""
+    base = v["per_multiplier"][ms[0]]["by_seed"]
+    out = []
+    for m in ms:
+        here = v["per_multiplier"][m]["by_seed"]
+        diffs = [here[s] - base[s] for s in here if s in base]
+        out.append(sum(diffs) / len(diffs) if diffs else float("nan"))
+    return out
+
+
 def plot_extrapolation(ctx: Context, rows_data: list[dict], multipliers: list[int], path):
+    """Left: the loss at each evaluated length with its interval. Right: the paired increase over
+    the loss at L, zoomed so that one encoding that blows up does not flatten the others."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, (ax, ax_g) = plt.subplots(1, 2, figsize=(14, 5.2))
     L = rows_data[0]["train_len"]
-    tops = []
+    tops, growth = [], {}
     for i, v in enumerate(rows_data):
         ms = [m for m in multipliers if m not in v["not_applicable"] and v["per_multiplier"][m]["loss"]["n"]]
         means = [v["per_multiplier"][m]["loss"]["mean"] for m in ms]
         low = [v["per_multiplier"][m]["loss"]["low"] for m in ms]
         high = [v["per_multiplier"][m]["loss"]["high"] for m in ms]
         style = "--" if v["variant"] != v["arm"] else "-"
-        ax.plot([m * L for m in ms], means, style, marker="o", color=COLORS[i % len(COLORS)],
+        color = COLORS[i % len(COLORS)]
+        ax.plot([m * L for m in ms], means, style, marker="o", color=color,
                 label=v["label"] + (" (n/a past " + f"{ms[-1] * L})" if v["not_applicable"] and ms else ""))
         if all(x is not None for x in low):
-            ax.fill_between([m * L for m in ms], low, high, color=COLORS[i % len(COLORS)], alpha=0.15)
+            ax.fill_between([m * L for m in ms], low, high, color=color, alpha=0.15)
         tops.append(means[0] if means else None)
+        if len(ms) > 1:
+            growth[v["label"]] = ([m * L for m in ms], _growth_curve(v, ms), style, color)
     unigram = _unigram(ctx)
     if unigram:
         ax.axhline(unigram, color="0.5", ls=":", lw=1, label="unigram entropy")
-    ax.axvline(L, color="0.3", ls="--", lw=0.8, label=f"training context L = {L}")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks([m * L for m in multipliers], [f"{m * L}" for m in multipliers])
+    for a in (ax, ax_g):
+        a.axvline(L, color="0.3", ls="--", lw=0.8, label=f"training context L = {L}")
+        a.set_xscale("log", base=2)
+        a.set_xticks([m * L for m in multipliers], [f"{m * L}" for m in multipliers])
     finite = [t for t in tops if t is not None]
     if finite and unigram:  # keep the trained-length losses readable when a variant blows up
-        lo = min(finite) - 0.15
-        hi = max(unigram + 0.6, max(finite) + 0.5)
-        ax.set_ylim(lo, hi)
-    style_axes(ax, "Validation loss against evaluation context (shaded: 95% CI over seeds)",
-               "evaluation context length (tokens, log scale)", "validation loss (nats/token)",
-               legend_outside=True)
+        ax.set_ylim(min(finite) - 0.15, max(unigram + 0.6, max(finite) + 0.5))
+    style_axes(ax, "Validation loss against evaluation context\n(shaded: 95% CI over seeds)",
+               "evaluation context length (tokens, log scale)", "validation loss (nats/token)", legend=False)
+    peaks = sorted(max(abs(g) for g in c[1]) for c in growth.values())
+    clip = peaks[-2] * 1.4 + 0.02 if len(peaks) > 1 and peaks[-1] > 2.5 * peaks[-2] else None
+    ax_g.axhline(0.0, color="0.3", lw=0.8)
+    for label, (x, y, style, color) in growth.items():
+        off = clip is not None and max(abs(g) for g in y) > clip
+        ax_g.plot(x, y, style, marker="o", color=color, label=label + (" (off scale)" if off else ""))
+    if clip is not None:
+        ax_g.set_ylim(-clip, clip)
+    style_axes(ax_g, "Increase over the loss at L (mean of the same-seed differences)",
+               "evaluation context length (tokens, log scale)", "loss(length) - loss(L) (nats/token)",
+               legend=False)
+    handles, labels = ax_g.get_legend_handles_labels()
+    for h, label in zip(*ax.get_legend_handles_labels()):  # one legend for both panels
+        if not any(x.split(" (")[0] == label.split(" (")[0] for x in labels):
+            handles.append(h)
+            labels.append(label)
+    ax_g.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_figure(fig, path)
 
 
@@ -416,15 +447,16 @@ def stability(ctx: Context) -> Section:
                     continue
                 outcomes = [_outcome(r) for r in g.runs.values()]
                 data.append({"arm": arm, "cell": g.cell, "loss": g.loss, "outcomes": outcomes})
-                text = fmt_ci(g.loss, 2) if g.loss.get("mean") is not None else ""
+                seeds = [f"{v:.2f}" for _, v in sorted(g.losses().items()) if _finite(v)]
+                text = f"{g.loss['mean']:.2f} ({', '.join(seeds)})" if g.loss.get("mean") is not None else ""
                 bad = [o for o in outcomes if o != "learned"]
                 if bad:
                     text += (" " if text else "") + "**" + ", ".join(f"{bad.count(o)} {o}" for o in sorted(set(bad))) \
                         + "**"
                 cells.append(text or "-")
             rows.append(cells)
-        md += [f"**{ctx.arms[arm]['label']}** (`{arm}`): final validation loss, mean [95% CI] over seeds; "
-               "runs that diverged or did not learn are counted in bold.", "", table(header, rows), ""]
+        md += [f"**{ctx.arms[arm]['label']}** (`{arm}`): final validation loss, mean over seeds (each seed's in "
+               "parentheses); runs that diverged or did not learn are counted in bold.", "", table(header, rows), ""]
     figures = []
     fig = plot_stability(ctx, arms, row_key, col_key, ctx.out / "stability.png")
     if fig:
@@ -740,8 +772,9 @@ def kv_cache(ctx: Context) -> Section:
         rows.append([f"{g.label} (`{g.arm}`)", f"{kv:.0f} B", f"{rel:.2f}" if rel else "-", fmt_ci(g.loss),
                      fmt_ci(g.vs_reference, signed=True) if g.vs_reference else "reference",
                      fmt_count(g.costs["params_total"]), fmt_count(g.speed())])
-    md = ("KV cache per token of context at inference, bf16: 2 (K and V) x layers x KV heads x head dim x 2 bytes "
-          "(`archlab.costs.kv_cache_bytes(cfg, batch=1, context=1)`).\n\n"
+    md = ("KV cache per token of context at inference, bf16: 2 (K and V) x layers x KV heads x head dim x 2 bytes; "
+          "MLA: layers x (latent + RoPE key width) x 2 bytes (`archlab.costs.kv_cache_bytes(cfg, batch=1, "
+          "context=1)`, which asks the attention class).\n\n"
           + table(["arm", "KV bytes/token", "relative to reference", "final val loss", "vs reference (paired)",
                    "params", "tokens/s"], rows))
     figures = []
@@ -753,21 +786,31 @@ def kv_cache(ctx: Context) -> Section:
 
 
 def plot_kv(ctx: Context, data: list[dict], path):
+    """Left: each arm's loss with its interval. Right: the paired difference to the reference arm
+    (same seeds), which removes the seed-to-seed spread the arms share."""
     pts = [d for d in data if d["loss"].get("mean") is not None]
     if not pts:
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig, (ax, ax_d) = plt.subplots(1, 2, figsize=(13, 5))
     for i, d in enumerate(pts):
+        color = COLORS[i % len(COLORS)]
         ax.errorbar([d["kv_bytes_per_token"]], [d["loss"]["mean"]], yerr=_errbar(d["loss"]), fmt="o",
-                    color=COLORS[i % len(COLORS)], capsize=4, label=d["label"])
-    ax.set_xscale("log", base=2)
+                    color=color, capsize=4, label=d["label"])
+        diff = d["vs_reference"] or {"mean": 0.0, "low": None}
+        ax_d.errorbar([d["kv_bytes_per_token"]], [diff["mean"]], yerr=_errbar(diff) if diff.get("low") is not None
+                      else None, fmt="o", color=color, capsize=4, label=d["label"])
+    ax_d.axhline(0.0, color="0.3", lw=0.8)
     xs = sorted({d["kv_bytes_per_token"] for d in pts})
-    ax.set_xticks(xs, [f"{x:.0f}" for x in xs])
-    ax.minorticks_off()
-    style_axes(ax, "Final validation loss against KV-cache size (95% CI over seeds)",
-               "KV cache per token of context (bytes, bf16, log scale)", "final validation loss (nats/token)",
+    for a in (ax, ax_d):
+        a.set_xscale("log", base=2)
+        a.set_xticks(xs, [f"{x:.0f}" for x in xs], rotation=45)  # near sizes (384, 432 B) stay apart
+        a.minorticks_off()
+    xlabel = "KV cache per token of context (bytes, bf16, log scale)"
+    style_axes(ax, "Final validation loss (95% CI over seeds)", xlabel, "final validation loss (nats/token)",
                grid="both")
+    style_axes(ax_d, f"Paired difference to {ctx.arms[ctx.reference]['label']} (95% CI)", xlabel,
+               "loss minus the reference's (nats/token, same seeds)", legend=False, grid="both")
     return save_figure(fig, path)
 
 
