@@ -40,6 +40,9 @@ class ModelConfig:
     ffn: FFNConfig = field(default_factory=FFNConfig)
     moe: Optional[MoEConfig] = None  # set to replace the FFN of (some) layers by routed experts
     tie_embeddings: bool = True  # share the token embedding with the LM head (GPT-2 yes, LLaMA no)
+    # multiply the token embedding by sqrt(d_model) (the 2017 Transformer, sec. 3.4; Gemma): with init_std 0.02
+    # the tokens would otherwise be ~3% of a sinusoidal position's amplitude
+    scale_embeddings: bool = False
     dropout: float = 0.0  # embedding and residual dropout
     init_std: float = 0.02
     scaled_residual_init: bool = True  # GPT-2: residual projections get std/sqrt(2*n_layers)

@@ -155,6 +155,8 @@ def _save_tokenizer(tokenizer_file: Path, folder: Path, eos_id: Optional[int]) -
 def component_reasons(cfg: ModelConfig, family: str) -> Optional[str]:
     """None when every component of ``cfg`` says the HF ``family`` expresses it (their
     ``hf_export``), else the first component's reason (``archlab.nn.component.Exportable``)."""
+    if cfg.scale_embeddings:  # a decoder-level fact every exported family shares
+        return "scale_embeddings=true: this class does not multiply the token embedding by sqrt(d_model)"
     parts = [(f"attention.type={cfg.attention.type}", attention_class(cfg)),
              (f"norm.type={cfg.norm.type}", norm_class(cfg)),
              (f"position.type={cfg.position.type}", position_class(cfg)),

@@ -99,6 +99,7 @@ class Decoder(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0  # the input side only
         self.readout_mult = readout_mult(cfg)  # muP: logits * 1/m (tied or not); 1 under standard
         self.init_weights()
 
@@ -149,7 +150,10 @@ class Decoder(nn.Module):
         past = kv_cache.length if kv_cache is not None else 0
         self.positions.check_length(past + S)  # on Python ints: no host read of a tensor value
         pos = torch.arange(past, past + S, device=input_ids.device)  # (S,)
-        x = self.positions.embed(self.embed(input_ids), pos)  # (B, S, D)
+        tok = self.embed(input_ids)  # (B, S, D)
+        if self.embed_scale != 1.0:
+            tok = tok * self.embed_scale
+        x = self.positions.embed(tok, pos)  # (B, S, D)
         x = self.drop(x)
         ctx = self.positions.context(pos, torch.arange(past + S, device=input_ids.device))
         aux_total = x.new_zeros(())

@@ -119,6 +119,8 @@ REFUSED = [
     (llama(position=PositionConfig(type="sinusoidal")), ["position.type=sinusoidal", "no Hugging Face decoder"]),
     (llama(parametrization="mup", mup_base_width=24), ["parametrization=mup at width multiplier 2", "readout"]),
     (gpt(parametrization="mup", mup_base_width=96), ["gpt2", "width multiplier 0.5", "attention scale"]),
+    (gpt(scale_embeddings=True), ["gpt2", "scale_embeddings=true", "sqrt(d_model)", "llama"]),
+    (llama(scale_embeddings=True), ["llama", "scale_embeddings=true", "MixtralForCausalLM"]),
 ]
 
 

@@ -131,6 +131,23 @@ def test_tied_and_untied_embeddings():
     assert archlab.num_params(untied.cfg) - archlab.num_params(tied.cfg) == 50 * 32
 
 
+@pytest.mark.parametrize("tie", [True, False])
+def test_scale_embeddings_multiplies_the_input_embedding_only(tie):
+    """scale_embeddings (the 2017 Transformer): the input side sees sqrt(d_model) x the table, the
+    LM head (tied or not) its weights as they are; the same as an untied model whose input table is
+    pre-multiplied, so the scaled model is exactly that and nothing else. No extra parameters."""
+    cfg = tiny("sinusoidal", tie_embeddings=tie, scale_embeddings=True)
+    scaled = archlab.build_model(cfg)
+    plain = archlab.build_model(tiny("sinusoidal", tie_embeddings=False))
+    plain.load_state_dict(scaled.state_dict(), strict=False)  # the head (tied: the same table)
+    with torch.no_grad():
+        plain.embed.weight.copy_(scaled.embed.weight * math.sqrt(32))
+        plain.lm_head.weight.copy_(scaled.lm_head.weight)
+    ids = torch.randint(0, 50, (2, 12))
+    torch.testing.assert_close(scaled(ids).logits, plain(ids).logits)
+    assert archlab.num_params(cfg) == archlab.num_params(tiny("sinusoidal", tie_embeddings=tie))
+
+
 def test_gpt2_scaled_residual_init():
     """Residual projections (attention out, FFN down) get std init_std / sqrt(2 n_layers)."""
     c = ModelConfig(vocab_size=64, d_model=256, n_layers=8, n_heads=4, init_std=0.02)
