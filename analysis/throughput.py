@@ -3,7 +3,8 @@
 The tokens/s a run logs depend on whatever else the machine was doing while it trained; on a
 shared machine two arms trained an hour apart are not comparable to better than a factor of two.
 Here every arm's model is built once and its training step (the fused-loss forward, backward,
-gradient clipping and AdamW step of ``archlab.train``, on the arm's own batch shape) is timed in
+gradient clipping and AdamW step of ``archlab.train``, with the MoE balancing bookkeeping before and
+after it, ``start_step`` and ``balance_step``, on the arm's own batch shape) is timed in
 rounds: round r times ``steps`` steps of arm 1, then of arm 2, ..., so that load changes hit every
 arm alike; the result per arm is the median over rounds.
 
@@ -25,6 +26,7 @@ import torch
 from archlab.config import load_recipe
 from archlab.data import TokenBatches, prepare_data
 from archlab.model.build import build_model
+from archlab.nn.moe import balance_step, start_step
 from archlab.train.optim import build_optimizer
 
 
@@ -41,6 +43,7 @@ def _stepper(recipe: str, overrides: list[str], seed: int = 0):
     state = {"step": 0}
 
     def step() -> int:
+        start_step(model)  # global-batch balancing: the step's counts start at zero (as the trainer)
         for micro in range(int(t.grad_accum)):
             x_BS1 = stream.get(state["step"], micro)
             out = model(x_BS1[:, :-1], targets=x_BS1[:, 1:])
@@ -49,9 +52,11 @@ def _stepper(recipe: str, overrides: list[str], seed: int = 0):
             torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        balance_step(model, lambda x: x)  # the aux-loss-free bias update (one process: nothing to sum)
         state["step"] += 1
         return int(t.seq_len) * int(t.micro_batch_size) * int(t.grad_accum)
 
+    step.model = model  # the model it trains, to inspect
     return step
 
 
