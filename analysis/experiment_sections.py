@@ -292,15 +292,17 @@ def plot_extrapolation(ctx: Context, rows_data: list[dict], multipliers: list[in
         if len(ms) > 1:
             growth[v["label"]] = ([m * L for m in ms], _growth_curve(v, ms), style, color)
     unigram = _unigram(ctx)
-    if unigram:
-        ax.axhline(unigram, color="0.5", ls=":", lw=1, label="unigram entropy")
     for a in (ax, ax_g):
         a.axvline(L, color="0.3", ls="--", lw=0.8, label=f"training context L = {L}")
         a.set_xscale("log", base=2)
         a.set_xticks([m * L for m in multipliers], [f"{m * L}" for m in multipliers])
     finite = [t for t in tops if t is not None]
-    if finite and unigram:  # keep the trained-length losses readable when a variant blows up
-        ax.set_ylim(min(finite) - 0.15, max(unigram + 0.6, max(finite) + 0.5))
+    top = max(finite) + 0.8 if finite else None  # the trained-length losses stay readable when a variant blows up
+    if unigram and (top is None or unigram < top + 0.6):  # the unigram line only when it is near the curves
+        ax.axhline(unigram, color="0.5", ls=":", lw=1, label="unigram entropy")
+        top = None if top is None else max(top, unigram + 0.1)
+    if finite:
+        ax.set_ylim(min(finite) - 0.15, top)
     style_axes(ax, "Validation loss against evaluation context\n(shaded: 95% CI over seeds)",
                "evaluation context length (tokens, log scale)", "validation loss (nats/token)", legend=False)
     peaks = sorted(max(abs(g) for g in c[1]) for c in growth.values())
