@@ -564,8 +564,8 @@ def routing(ctx: Context) -> Section:
         glob = t_interval([v["global"] for v in per_seed.values()])
         batch = t_interval([v["batch"] for v in per_seed.values()])
         data.append({"arm": g.arm, "label": g.label, "family": g.costs["family"], "loss": g.loss, "maxvio_global": glob,
-                     "maxvio_batch": batch, "vs_reference": g.vs_reference,
-                     "per_seed": {str(s): v for s, v in per_seed.items()}})
+                     "maxvio_batch": batch, "vs_reference": g.vs_reference, "parent": ctx.arms[g.arm]["parent"],
+                     "vs_parent": g.vs_parent, "per_seed": {str(s): v for s, v in per_seed.items()}})
         balance = ctx.arms[g.arm]["own"]
         rows.append([f"{g.label} (`{g.arm}`)", g.costs["family"], " ".join(f"`{o}`" for o in balance) or "-",
                      fmt_ci(g.loss), fmt_ci(g.vs_reference, signed=True) if g.vs_reference else "reference",
@@ -597,27 +597,31 @@ def routing(ctx: Context) -> Section:
 
 
 def plot_maxvio(data: list[dict], path):
-    if not data:
+    """One panel per model family: each arm's MaxVio against its loss minus the loss of the arm it
+    extends (the family's unbalanced arm; paired by seed, which removes the spread the arms share)."""
+    pts = [d for d in data if d["loss"].get("mean") is not None]
+    if not pts:
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8.5, 5.5))
-    families = list(dict.fromkeys(d["family"] for d in data))
-    markers = ["o", "s", "^", "D"]
-    for d in data:
-        if d["loss"].get("mean") is None:
-            continue
-        c = COLORS[families.index(d["family"]) % len(COLORS)]
-        ax.errorbar([d["maxvio_global"]["mean"]], [d["loss"]["mean"]], xerr=_errbar(d["maxvio_global"]),
-                    yerr=_errbar(d["loss"]), fmt=markers[families.index(d["family"]) % len(markers)], color=c,
-                    capsize=3, label=d["family"])
-        ax.annotate(d["label"], (d["maxvio_global"]["mean"], d["loss"]["mean"]), textcoords="offset points",
-                    xytext=(5, 4), fontsize=7)
-    handles, names = ax.get_legend_handles_labels()
-    keep = dict(zip(names, handles))
-    style_axes(ax, "Final validation loss against expert-load imbalance (95% CIs over seeds)",
-               "MaxVio over training (max load / mean load - 1; 0 = balanced)", "final validation loss (nats/token)",
-               legend=False, grid="both")
-    ax.legend(keep.values(), keep.keys(), fontsize=8, title="family", title_fontsize=8)
+    families = list(dict.fromkeys(d["family"] for d in pts))
+    fig, axes = plt.subplots(1, len(families), figsize=(6.5 * len(families), 5.2), squeeze=False, sharey=True)
+    markers = ["o", "s", "^", "D", "v", "P", "X", "*", "h"]
+    for ax, family in zip(axes[0], families):
+        here = [d for d in pts if d["family"] == family]
+        names = {d["arm"] for d in here}
+        roots = [d["label"] for d in here if d["parent"] not in names]
+        for i, d in enumerate(here):
+            diff = d["vs_parent"] if d["parent"] in names else None
+            y, yerr = (diff["mean"], _errbar(diff) if diff.get("low") is not None else None) if diff else (0.0, None)
+            label = d["label"].split(", ", 1)[-1] if ", " in d["label"] else d["label"]
+            ax.errorbar([d["maxvio_global"]["mean"]], [y], xerr=_errbar(d["maxvio_global"]), yerr=yerr,
+                        fmt=markers[i % len(markers)], color=COLORS[i % len(COLORS)], capsize=3, label=label)
+        ax.axhline(0.0, color="0.3", lw=0.8)
+        style_axes(ax, f"{family}: loss change against load imbalance",
+                   "MaxVio over training (max load / mean load - 1; 0 = balanced)",
+                   f"final val loss minus {', '.join(roots)}'s (nats/token, paired)", legend=False, grid="both")
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle("Balancing schemes: expert-load imbalance and what it costs in loss (95% CIs over seeds)")
     return save_figure(fig, path)
 
 
