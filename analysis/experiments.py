@@ -349,7 +349,8 @@ def _wall_time(ctx: Context) -> str:
     times = [r["elapsed_s"] for r in ctx.rows if _finite(r["elapsed_s"])]
     measure = ctx.record.get("measure_wall_s")
     return (f"{len(ctx.rows)} training runs, {sum(times) / 60:.1f} min of training wall time in total (the sum of the "
-            f"runs' times, from the sweep manifests); measurements after training {measure or 0:.0f} s.")
+            f"runs' times, from the sweep manifests); measurements after training {measure or 0:.0f} s in the "
+            "invocation that wrote this report (measurements cached in the runs folder are reused, not timed again).")
 
 
 def _setup(ctx: Context) -> str:

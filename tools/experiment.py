@@ -386,6 +386,21 @@ def read_record(out: Path) -> dict:
     return json.loads(path.read_text())
 
 
+WORDS = ("title", "description", "claim", "notes")  # spec fields that describe, never change, the runs
+
+
+def with_current_words(record: dict, spec: dict, arms: Sequence[Arm]) -> dict:
+    """The record of the runs with the current spec's descriptive text: its title, description,
+    claim, notes and the arms' labels and notes (what the runs are stays the record's)."""
+    record["spec"]["spec_path"] = spec["spec_path"]
+    record["spec"].update({k: spec[k] for k in WORDS if k in spec})
+    words = {a.name: a for a in arms}
+    for a in record["arms"]:
+        if a["name"] in words:
+            a["label"], a["note"] = words[a["name"]].label, words[a["name"]].note
+    return record
+
+
 def regenerate_command(spec: dict, args) -> str:
     """The command that rebuilds this report from scratch (finished runs are reused)."""
     cmd = ["python", "-m", "tools.experiment", "run", spec["spec_path"]]
@@ -527,9 +542,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             record = run_experiment(spec, jobs=args.jobs, threads=args.threads,
                                     command=regenerate_command(spec, args))
         else:
-            resolve_arms(spec)
-            record = read_record(Path(spec["out"]))
-            record["spec"]["spec_path"] = spec["spec_path"]
+            record = with_current_words(read_record(Path(spec["out"])), spec, resolve_arms(spec))
         t0 = time.time()
         measurements = measure(record)
         report_dir = Path(args.report or (spec.get("report") if not spec["quick"] else None)

@@ -264,3 +264,20 @@ def test_a_second_run_skips_the_finished_runs(quick, cache, capsys):
     captured = capsys.readouterr()
     assert f"{len(before)} points, {len(before)} already done" in captured.out + captured.err
     assert (report / "report.md").is_file()
+
+
+def test_report_takes_the_current_specs_words_but_the_records_runs(quick, root, tmp_path):
+    """`report` after a spec's title, claim or an arm's label changed: the report says the new
+    words; which runs it reports (arms, overrides, budgets) still comes from the record."""
+    out, _ = quick("attention-kv")
+    text = (root / "experiments" / "attention-kv.yaml").read_text()
+    assert text.count("label: MHA (8 KV heads)") == 1
+    edited = tmp_path / "attention-kv.yaml"
+    edited.write_text(text.replace('title: "MHA, GQA, MQA and MLA', 'title: "Renamed MHA, GQA, MQA and MLA')
+                      .replace("label: MHA (8 KV heads)", "label: full multi-head"))
+    report = tmp_path / "report"
+    assert main(["report", str(edited), "--quick", "--out", str(out), "--report", str(report)]) == 0
+    md = (report / "report.md").read_text()
+    assert md.startswith("# Renamed MHA, GQA, MQA and MLA") and "full multi-head (`mha`)" in md
+    record = json.loads((out / "experiment.json").read_text())
+    assert [a["name"] for a in record["arms"]] == ["mha", "mqa"]  # the record on disk is unchanged
