@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from archlab.config.schema import ModelConfig
-from archlab.export.hf import EXPORTERS, HFExporter, _linear, component_reasons
+from archlab.export.hf import EXPORTERS, HFExporter, _linear, component_reasons, llama_layout_sd, swiglu_mlp_sd
 from archlab.model.decoder import Decoder
 from archlab.nn.moe.router import router_class
 from archlab.nn.mup import width_mult
@@ -149,15 +149,9 @@ class DeepseekV3Exporter(HFExporter):
         )
 
     def state_dict(self, model: Decoder) -> dict[str, Tensor]:
-        sd = {"model.embed_tokens.weight": model.embed.weight, "model.norm.weight": model.final_norm.weight,
-              "lm_head.weight": model.lm_head.weight}
-        for i, blk in enumerate(model.blocks):
-            p = f"model.layers.{i}"
-            sd[f"{p}.input_layernorm.weight"] = blk.attn_norm.weight
-            sd[f"{p}.post_attention_layernorm.weight"] = blk.ffn_norm.weight
-            sd.update(self._attention_sd(f"{p}.self_attn", blk.attn))
-            sd.update(self._moe_sd(f"{p}.mlp", blk.ffn) if blk.is_moe else _mlp_sd(f"{p}.mlp", blk.ffn))
-        return sd
+        return llama_layout_sd(model, lambda p, blk: {
+            **self._attention_sd(f"{p}.self_attn", blk.attn),
+            **(self._moe_sd(f"{p}.mlp", blk.ffn) if blk.is_moe else swiglu_mlp_sd(f"{p}.mlp", blk.ffn))})
 
     @staticmethod
     def _attention_sd(prefix: str, attn) -> dict[str, Tensor]:
@@ -197,7 +191,7 @@ class DeepseekV3Exporter(HFExporter):
             f"{prefix}.experts.down_proj": moe.experts.w_down.transpose(1, 2),  # (E, D, F)
         }
         if moe.shared is not None:
-            sd.update(_mlp_sd(f"{prefix}.shared_experts", moe.shared))
+            sd.update(swiglu_mlp_sd(f"{prefix}.shared_experts", moe.shared))
         else:  # HF's shared MLP then has width 0: empty weights
             D = moe.router.gate.weight.shape[1]
             empty = moe.router.gate.weight.new_zeros(0, D)
@@ -205,10 +199,3 @@ class DeepseekV3Exporter(HFExporter):
                        f"{prefix}.shared_experts.up_proj.weight": empty,
                        f"{prefix}.shared_experts.down_proj.weight": empty.T})
         return sd
-
-
-def _mlp_sd(prefix: str, ffn) -> dict[str, Tensor]:
-    """A SwiGLU FFN (``gate_up`` rows [gate ; up]) -> HF gate_proj / up_proj / down_proj."""
-    gate, up = ffn.gate_up.weight.chunk(2, dim=0)
-    return {f"{prefix}.gate_proj.weight": gate, f"{prefix}.up_proj.weight": up,
-            f"{prefix}.down_proj.weight": ffn.down.weight}

@@ -270,6 +270,52 @@ def _conv1d(prefix: str, linear: torch.nn.Linear) -> dict[str, Tensor]:
 # ----------------------------------------------------------------------------- LLaMA
 
 
+def llama_config_kwargs(cfg: ModelConfig, rope_parameters: dict) -> dict:
+    """The config fields every LLaMA-layout HF class (Llama, Mistral, Mixtral, Qwen3-MoE) shares."""
+    return dict(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.d_head, hidden_act="silu",
+        max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm.eps, rope_parameters=rope_parameters,
+        attention_dropout=cfg.attention.dropout, initializer_range=cfg.init_std,
+        tie_word_embeddings=cfg.tie_embeddings, use_cache=True,
+    )
+
+
+def llama_layout_sd(model: Decoder, block_sd) -> dict[str, Tensor]:
+    """The LLaMA layout's tensors: embedding, final norm, head and each layer's two norms, plus
+    ``block_sd(prefix, block)`` for the layer's attention and MLP (``prefix`` = ``model.layers.i``)."""
+    sd = {"model.embed_tokens.weight": model.embed.weight, "model.norm.weight": model.final_norm.weight,
+          "lm_head.weight": model.lm_head.weight}
+    for i, blk in enumerate(model.blocks):
+        p = f"model.layers.{i}"
+        sd[f"{p}.input_layernorm.weight"] = blk.attn_norm.weight
+        sd[f"{p}.post_attention_layernorm.weight"] = blk.ffn_norm.weight
+        sd.update(block_sd(p, blk))
+    return sd
+
+
+def llama_attention_sd(prefix: str, blk, cfg: ModelConfig) -> dict[str, Tensor]:
+    """Fused ``wqkv`` rows (and bias entries) -> q/k/v_proj, ``wo`` -> o_proj."""
+    sd: dict[str, Tensor] = {}
+    for name, t in (("weight", blk.attn.wqkv.weight), ("bias", blk.attn.wqkv.bias)):
+        if t is not None:
+            q, k, v = _split_qkv(t, cfg)
+            sd.update({f"{prefix}.q_proj.{name}": q, f"{prefix}.k_proj.{name}": k, f"{prefix}.v_proj.{name}": v})
+    sd.update(_linear(f"{prefix}.o_proj", blk.attn.wo))
+    return sd
+
+
+def swiglu_mlp_sd(prefix: str, ffn) -> dict[str, Tensor]:
+    """A SwiGLU FFN (``gate_up`` rows [gate ; up], biases if any) -> gate_proj / up_proj / down_proj."""
+    sd: dict[str, Tensor] = {}
+    for name, t in (("weight", ffn.gate_up.weight), ("bias", ffn.gate_up.bias)):
+        if t is not None:
+            gate, up = t.chunk(2, dim=0)
+            sd.update({f"{prefix}.gate_proj.{name}": gate, f"{prefix}.up_proj.{name}": up})
+    sd.update(_linear(f"{prefix}.down_proj", ffn.down))
+    return sd
+
+
 @EXPORTERS.register("llama")
 class LlamaExporter(HFExporter):
     """LLaMA-style: pre-LN RMSNorm, RoPE (none|linear|yarn scaling), SwiGLU, GQA -> LlamaForCausalLM.
@@ -287,15 +333,8 @@ class LlamaExporter(HFExporter):
     def hf_config(self, cfg: ModelConfig):
         from transformers import LlamaConfig
 
-        return LlamaConfig(
-            vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_hidden,
-            num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-            num_key_value_heads=cfg.kv_heads, head_dim=cfg.d_head, hidden_act="silu",
-            max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm.eps,
-            rope_parameters=self.rope_parameters(cfg), attention_bias=cfg.attention.bias,
-            attention_dropout=cfg.attention.dropout, mlp_bias=cfg.ffn.bias,
-            initializer_range=cfg.init_std, tie_word_embeddings=cfg.tie_embeddings, use_cache=True,
-        )
+        return LlamaConfig(**llama_config_kwargs(cfg, self.rope_parameters(cfg)), intermediate_size=cfg.ffn_hidden,
+                           attention_bias=cfg.attention.bias, mlp_bias=cfg.ffn.bias)
 
     def rope_parameters(self, cfg: ModelConfig) -> dict:
         """HF ``rope_parameters``: the scaling class names its rope_type and extra entries."""
@@ -305,28 +344,8 @@ class LlamaExporter(HFExporter):
                 **scaling.hf_parameters(sc, cfg.max_seq_len)}
 
     def state_dict(self, model: Decoder) -> dict[str, Tensor]:
-        cfg = model.cfg
-        sd = {
-            "model.embed_tokens.weight": model.embed.weight,
-            "model.norm.weight": model.final_norm.weight,
-            "lm_head.weight": model.lm_head.weight,
-        }
-        for i, blk in enumerate(model.blocks):
-            p = f"model.layers.{i}"
-            sd[f"{p}.input_layernorm.weight"] = blk.attn_norm.weight
-            sd[f"{p}.post_attention_layernorm.weight"] = blk.ffn_norm.weight
-            for name, lin in (("weight", blk.attn.wqkv.weight), ("bias", blk.attn.wqkv.bias)):
-                if lin is not None:
-                    q, k, v = _split_qkv(lin, cfg)
-                    sd.update({f"{p}.self_attn.q_proj.{name}": q, f"{p}.self_attn.k_proj.{name}": k,
-                               f"{p}.self_attn.v_proj.{name}": v})
-            sd.update(_linear(f"{p}.self_attn.o_proj", blk.attn.wo))
-            for name, t in (("weight", blk.ffn.gate_up.weight), ("bias", blk.ffn.gate_up.bias)):
-                if t is not None:
-                    gate, up = t.chunk(2, dim=0)  # [gate; up] rows
-                    sd.update({f"{p}.mlp.gate_proj.{name}": gate, f"{p}.mlp.up_proj.{name}": up})
-            sd.update(_linear(f"{p}.mlp.down_proj", blk.ffn.down))
-        return sd
+        return llama_layout_sd(model, lambda p, blk: {**llama_attention_sd(f"{p}.self_attn", blk, model.cfg),
+                                                      **swiglu_mlp_sd(f"{p}.mlp", blk.ffn)})
 
 
 def _linear(prefix: str, linear: torch.nn.Linear) -> dict[str, Tensor]:

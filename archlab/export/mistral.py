@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 from archlab.config.schema import ModelConfig
-from archlab.export.hf import EXPORTERS, LlamaExporter
+from archlab.export.hf import EXPORTERS, LlamaExporter, llama_config_kwargs
 
 
 @EXPORTERS.register("mistral")
@@ -33,12 +33,5 @@ class MistralExporter(LlamaExporter):
     def hf_config(self, cfg: ModelConfig):
         from transformers import MistralConfig
 
-        return MistralConfig(
-            vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_hidden,
-            num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-            num_key_value_heads=cfg.kv_heads, head_dim=cfg.d_head, hidden_act="silu",
-            max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm.eps,
-            rope_parameters=self.rope_parameters(cfg), sliding_window=cfg.attention.window,
-            attention_dropout=cfg.attention.dropout, initializer_range=cfg.init_std,
-            tie_word_embeddings=cfg.tie_embeddings, use_cache=True,
-        )
+        return MistralConfig(**llama_config_kwargs(cfg, self.rope_parameters(cfg)), intermediate_size=cfg.ffn_hidden,
+                             sliding_window=cfg.attention.window)

@@ -24,7 +24,15 @@ from typing import Optional
 from torch import Tensor
 
 from archlab.config.schema import ModelConfig
-from archlab.export.hf import EXPORTERS, HFExporter, LlamaExporter, _linear, _split_qkv
+from archlab.export.hf import (
+    EXPORTERS,
+    HFExporter,
+    LlamaExporter,
+    llama_attention_sd,
+    llama_config_kwargs,
+    llama_layout_sd,
+    swiglu_mlp_sd,
+)
 from archlab.model.decoder import Decoder
 from archlab.nn.moe.router import router_class
 
@@ -58,16 +66,6 @@ def _llama_reasons(cfg: ModelConfig) -> Optional[str]:
     return LlamaExporter().matches(dense)
 
 
-def _attention_sd(prefix: str, blk, cfg: ModelConfig) -> dict[str, Tensor]:
-    sd: dict[str, Tensor] = {}
-    for name, t in (("weight", blk.attn.wqkv.weight), ("bias", blk.attn.wqkv.bias)):
-        if t is not None:
-            q, k, v = _split_qkv(t, cfg)
-            sd.update({f"{prefix}.q_proj.{name}": q, f"{prefix}.k_proj.{name}": k, f"{prefix}.v_proj.{name}": v})
-    sd.update(_linear(f"{prefix}.o_proj", blk.attn.wo))
-    return sd
-
-
 def _moe_sd(prefix: str, moe) -> dict[str, Tensor]:
     return {
         f"{prefix}.gate.weight": moe.router.gate.weight,
@@ -76,39 +74,22 @@ def _moe_sd(prefix: str, moe) -> dict[str, Tensor]:
     }
 
 
-def _dense_mlp_sd(prefix: str, ffn) -> dict[str, Tensor]:
-    gate, up = ffn.gate_up.weight.chunk(2, dim=0)
-    return {f"{prefix}.gate_proj.weight": gate, f"{prefix}.up_proj.weight": up,
-            f"{prefix}.down_proj.weight": ffn.down.weight}
-
-
 def _decoder_sd(model: Decoder, qk_norm: bool) -> dict[str, Tensor]:
-    cfg = model.cfg
-    sd = {"model.embed_tokens.weight": model.embed.weight, "model.norm.weight": model.final_norm.weight,
-          "lm_head.weight": model.lm_head.weight}
-    for i, blk in enumerate(model.blocks):
-        p = f"model.layers.{i}"
-        sd[f"{p}.input_layernorm.weight"] = blk.attn_norm.weight
-        sd[f"{p}.post_attention_layernorm.weight"] = blk.ffn_norm.weight
-        sd.update(_attention_sd(f"{p}.self_attn", blk, cfg))
+    def block_sd(p: str, blk) -> dict[str, Tensor]:
+        sd = llama_attention_sd(f"{p}.self_attn", blk, model.cfg)
         if qk_norm:
             sd[f"{p}.self_attn.q_norm.weight"] = blk.attn.q_norm.weight
             sd[f"{p}.self_attn.k_norm.weight"] = blk.attn.k_norm.weight
-        sd.update(_moe_sd(f"{p}.mlp", blk.ffn) if blk.is_moe else _dense_mlp_sd(f"{p}.mlp", blk.ffn))
-    return sd
+        sd.update(_moe_sd(f"{p}.mlp", blk.ffn) if blk.is_moe else swiglu_mlp_sd(f"{p}.mlp", blk.ffn))
+        return sd
+
+    return llama_layout_sd(model, block_sd)
 
 
 def _common_kwargs(cfg: ModelConfig) -> dict:
     m = cfg.moe
-    return dict(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.d_head,
-        hidden_act="silu", max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm.eps,
-        rope_parameters=LlamaExporter().rope_parameters(cfg), attention_dropout=cfg.attention.dropout,
-        num_experts_per_tok=m.top_k, output_router_logits=False,
-        router_aux_loss_coef=m.balance.aux_loss_coeff / m.top_k, initializer_range=cfg.init_std,
-        tie_word_embeddings=cfg.tie_embeddings, use_cache=True,
-    )
+    return dict(**llama_config_kwargs(cfg, LlamaExporter().rope_parameters(cfg)), num_experts_per_tok=m.top_k,
+                output_router_logits=False, router_aux_loss_coef=m.balance.aux_loss_coeff / m.top_k)
 
 
 @EXPORTERS.register("mixtral")
