@@ -18,6 +18,7 @@ from analysis.experiments import (
     Group,
     _finite,
     cost_cells,
+    figure_md,
     fmt_ci,
     fmt_count,
     paired_difference,
@@ -82,11 +83,8 @@ def ladder(ctx: Context) -> Section:
     md = table(["step", "change", "final val loss", "step change (paired, vs previous)", "vs reference (paired)",
                 "params total / active change", "FLOPs/token change", "tokens/s ratio", "KV bytes/token change"],
                rows)
-    figures = []
-    fig = plot_waterfall(ctx, steps, ctx.out / "waterfall.png")
-    if fig:
-        figures.append(fig.name)
-        md += f"\n\n![waterfall of the ladder]({fig.name})"
+    figures: list[str] = []
+    md += figure_md(figures, plot_waterfall(ctx, steps, ctx.out / "waterfall.png"), "waterfall of the ladder")
     md += ("\n\nEach step is paired by seed with the step before it: a negative change is an improvement. An "
            "interval that contains 0 means the step's effect is not resolved by these seeds at this budget.")
     return Section("Ladder: one change at a time", md, figures, {"steps": data})
@@ -248,9 +246,7 @@ def extrapolation(ctx: Context) -> Section:
     figures = []
     for fig in (plot_extrapolation(ctx, rows_data, multipliers, ctx.out / "extrapolation.png"),
                 plot_per_position(ctx, rows_data, max(multipliers), ctx.out / "per_position.png")):
-        if fig:
-            figures.append(fig.name)
-            md += f"\n\n![{fig.stem}]({fig.name})"
+        md += figure_md(figures, fig, fig.stem if fig else "")  # alt text: the file's stem
     return Section("Length extrapolation", md, figures, {"variants": rows_data, "multipliers": multipliers})
 
 
@@ -381,11 +377,9 @@ def init_grad_norms(ctx: Context) -> Section:
           "is about flat across layers and decreases with depth.\n\n"
           + table(["placement", "layers", "gradient norm per layer (layer 1 first)", "last / first layer [95% CI]",
                    "sum over layers"], rows))
-    figures = []
-    fig = plot_grad_norms(ctx, data, ctx.out / "init_grad_norms.png")
-    if fig:
-        figures.append(fig.name)
-        md += f"\n\n![gradient norms at initialisation]({fig.name})"
+    figures: list[str] = []
+    md += figure_md(figures, plot_grad_norms(ctx, data, ctx.out / "init_grad_norms.png"),
+                    "gradient norms at initialisation")
     return Section("Gradient norms at initialisation", md, figures, {"groups": data})
 
 
@@ -459,11 +453,9 @@ def stability(ctx: Context) -> Section:
             rows.append(cells)
         md += [f"**{ctx.arms[arm]['label']}** (`{arm}`): final validation loss, mean over seeds (each seed's in "
                "parentheses); runs that diverged or did not learn are counted in bold.", "", table(header, rows), ""]
-    figures = []
-    fig = plot_stability(ctx, arms, row_key, col_key, ctx.out / "stability.png")
-    if fig:
-        figures.append(fig.name)
-        md.append(f"![stability grid]({fig.name})")
+    figures: list[str] = []
+    embed = figure_md(figures, plot_stability(ctx, arms, row_key, col_key, ctx.out / "stability.png"), "stability grid")
+    md += [embed.strip()] if embed else []
     cost_rows = [[f"{g.label} (`{g.arm}`)", *cost_cells(g)] for g in ctx.groups.values()
                  if g.cell == ctx.groups[next(iter(ctx.groups))].cell]
     md += ["", "Costs (the same in every cell of the grid; tokens/s and peak RSS of the first cell):", "",
@@ -576,11 +568,8 @@ def routing(ctx: Context) -> Section:
           "layers (Wang et al. 2024 call the per-batch figure MaxVio_batch).\n\n"
           + table(["arm", "family", "balancing overrides", "final val loss", "vs reference (paired)",
                    "MaxVio global", "MaxVio per record", "tokens/s"], rows))
-    figures = []
-    fig = plot_maxvio(data, ctx.out / "maxvio_vs_loss.png")
-    if fig:
-        figures.append(fig.name)
-        md += f"\n\n![MaxVio against validation loss]({fig.name})"
+    figures: list[str] = []
+    md += figure_md(figures, plot_maxvio(data, ctx.out / "maxvio_vs_loss.png"), "MaxVio against validation loss")
     for arm in conf.get("heatmaps") or []:
         g = ctx.group(arm)
         run = next((r for r in (g.runs.values() if g else []) if r["status"] == "finished"), None)
@@ -590,9 +579,7 @@ def routing(ctx: Context) -> Section:
 
         path = plot_load_heatmaps(training_series(open_run(run["run_dir"])), f"{g.label} (seed {run['seed']})",
                                   ctx.out / f"load_heatmap_{arm}.png")
-        if path:
-            figures.append(path.name)
-            md += f"\n\n![load heatmap of {arm}]({path.name})"
+        md += figure_md(figures, path, f"load heatmap of {arm}")
     return Section("Load balancing: MaxVio against validation loss", md, figures, {"arms": data})
 
 
@@ -699,11 +686,9 @@ def wall_clock(ctx: Context) -> Section:
     if data and data[0]["speed_ratio"]:
         md += "\n\n" + "; ".join(f"{ctx.arms[d['target']]['label']} trains at {d['speed_ratio']:.2f}x the tokens/s "
                                  f"of {ctx.arms[d['speed_arm']]['label']}" for d in data) + "."
-    figures = []
-    fig = plot_curves(ctx, ctx.out / "loss_vs_time_and_flops.png")
-    if fig:
-        figures.append(fig.name)
-        md += f"\n\n![validation loss against time and FLOPs]({fig.name})"
+    figures: list[str] = []
+    md += figure_md(figures, plot_curves(ctx, ctx.out / "loss_vs_time_and_flops.png"),
+                    "validation loss against time and FLOPs")
     return Section("Equal FLOPs against equal wall-clock time", md, figures, {"comparisons": data})
 
 
@@ -783,11 +768,8 @@ def kv_cache(ctx: Context) -> Section:
           "context=1)`, which asks the attention class).\n\n"
           + table(["arm", "KV bytes/token", "relative to reference", "final val loss", "vs reference (paired)",
                    "params", "tokens/s"], rows))
-    figures = []
-    fig = plot_kv(ctx, data, ctx.out / "loss_vs_kv.png")
-    if fig:
-        figures.append(fig.name)
-        md += f"\n\n![validation loss against KV-cache bytes]({fig.name})"
+    figures: list[str] = []
+    md += figure_md(figures, plot_kv(ctx, data, ctx.out / "loss_vs_kv.png"), "validation loss against KV-cache bytes")
     return Section("Validation loss against KV-cache size", md, figures, {"arms": data})
 
 

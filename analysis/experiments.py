@@ -340,6 +340,15 @@ def plot_losses(ctx: Context, path: Path, cell: str = "") -> Optional[Path]:
     return save_figure(fig, path)
 
 
+def figure_md(figures: list[str], fig, alt: str) -> str:
+    """Markdown that embeds a saved figure (its name appended to ``figures``), or "" when the plot
+    had nothing to draw (``fig`` None)."""
+    if not fig:
+        return ""
+    figures.append(fig.name)
+    return f"\n\n![{alt}]({fig.name})"
+
+
 # --------------------------------------------------------------------------------------------
 # the report
 # --------------------------------------------------------------------------------------------
@@ -425,10 +434,8 @@ def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
     sections_json = {}
     if not spec.get("grid"):
         md += ["## Results", "", main_table(ctx), ""]
-        fig = plot_losses(ctx, out / "val_loss.png")
-        if fig:
-            figures.append(fig.name)
-            md += [f"![final validation loss per arm]({fig.name})", ""]
+        embed = figure_md(figures, plot_losses(ctx, out / "val_loss.png"), "final validation loss per arm")
+        md += [embed.strip(), ""] if embed else []
     names = list(spec.get("measurements") or {})
     for name in [n for n in names if n != "throughput"] + [n for n in names if n == "throughput"]:
         section = experiment_sections.SECTIONS[name](ctx)
