@@ -18,44 +18,15 @@ compared with ``assert_close`` (same ops on the same inputs; only thread schedul
 """
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_ranks import spawn
 
 from archlab.config.schema import BalanceConfig, FFNConfig, ModelConfig, MoEConfig
-from archlab.train.dist import exit_process, shutdown_distributed
 
 COEFF, E, K, D = 0.1, 8, 2, 16
-
-
-def _spawn(fn, world: int, *args) -> None:
-    """Run ``fn(rank, world, *args)`` on ``world`` processes over gloo; a failing rank fails the test."""
-    mp.spawn(_rank_main, args=(fn, world, _free_port(), *args), nprocs=world, join=True)
-
-
-def _rank_main(rank: int, fn, world: int, port: int, *args) -> None:
-    """One rank: its process group, the work, then every group torn down and the process ended as
-    ``python -m archlab.train`` ends."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    finished = False
-    try:
-        fn(rank, world, *args)
-        finished = True
-    finally:
-        shutdown_distributed(synchronize=finished)
-    exit_process(0)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _layer():
@@ -105,7 +76,7 @@ def test_parallel_global_aux_loss_two_processes_match_one_process_two_micro_batc
 
     g = torch.Generator().manual_seed(7)
     xs = [torch.randn(2, 12, D, generator=g) for _ in range(2)]
-    _spawn(_rank_worker, 2, xs, str(tmp_path))
+    spawn(_rank_worker, 2, xs, str(tmp_path))
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
 
     threads = torch.get_num_threads()

@@ -3,43 +3,13 @@ does (outputs, input/router gradients, and expert gradients summed over ranks), 
 parameters land in DeepSpeed's MoE optimizer groups."""
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_ranks import spawn
 
 from archlab.config.schema import FFNConfig, ModelConfig, MoEConfig, RouterConfig
-from archlab.train.dist import exit_process, shutdown_distributed
-
-
-def _spawn(fn, world: int, *args) -> None:
-    """Run ``fn(rank, world, *args)`` on ``world`` processes over gloo. A worker that fails a check
-    (or dies for any other reason, a signal included) fails the test."""
-    mp.spawn(_rank_main, args=(fn, world, _free_port(), *args), nprocs=world, join=True)
-
-
-def _rank_main(rank: int, fn, world: int, port: int, *args) -> None:
-    """One rank: its process group, the check, then every group torn down and the process ended as
-    ``python -m archlab.train`` ends (the library's teardown and exit)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    finished = False
-    try:
-        fn(rank, world, *args)
-        finished = True
-    finally:
-        shutdown_distributed(synchronize=finished)
-    exit_process(0)  # only after the check passed; a failed check raises and spawn reports it
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, capacity_factor, out_dir: str) -> None:
@@ -92,7 +62,7 @@ def _worker(rank: int, world: int, capacity_factor, out_dir: str) -> None:
 @pytest.mark.parametrize("capacity_factor", [None, 0.75])
 def test_parallel_expert_two_ranks_match_the_unsharded_layer(tmp_path, capacity_factor):
     world = 2
-    _spawn(_worker, world, capacity_factor, str(tmp_path))
+    spawn(_worker, world, capacity_factor, str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["ok0", "ok1"]  # both ranks ran every check
 
 
@@ -157,5 +127,5 @@ def _engine_worker(rank: int, world: int, out_dir: str) -> None:
 @pytest.mark.slow
 def test_parallel_expert_deepspeed_engine_step_equals_unsharded_step(tmp_path):
     world = 2
-    _spawn(_engine_worker, world, str(tmp_path))
+    spawn(_engine_worker, world, str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["ok0", "ok1"]
