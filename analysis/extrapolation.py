@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from archlab.config import load_recipe
 from archlab.data import eval_windows, prepare_data
 from archlab.model.build import build_model
+from archlab.nn.positions import position_class
 from archlab.train.checkpoint import load_weights_into, resolve_checkpoint
 
 
@@ -70,9 +71,10 @@ def evaluate_lengths(run_dir: str | Path, multipliers: Sequence[int], tokens: in
         S = int(m) * L
         row = {"multiplier": int(m), "context_len": S}
         cfg = load_recipe(ckpt / "recipe.yaml", eval_overrides(overrides, m, L))
-        if cfg.model.position.type == "learned" and S > cfg.model.max_seq_len:
-            out["lengths"].append({**row, "status": "n/a",
-                                   "reason": f"learned positions end at model.max_seq_len={cfg.model.max_seq_len}"})
+        limit = position_class(cfg.model).max_length(cfg.model)  # the encoding says how far it reaches
+        if limit is not None and S > limit:
+            out["lengths"].append({**row, "status": "n/a", "reason": f"{cfg.model.position.type} positions end at "
+                                   f"model.max_seq_len={cfg.model.max_seq_len}"})
             continue
         model = build_model(cfg)
         load_weights_into(model, ckpt)
