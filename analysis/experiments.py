@@ -80,7 +80,7 @@ def cell_tag(cell: dict) -> str:
 
 def _manifests(record: dict) -> dict[str, dict]:
     out = {}
-    for folder in sorted({r["sweep"] for r in record["runs"]}):
+    for folder in sorted({r["sweep"] for r in record["runs"] + record.get("ceg_runs", [])}):
         path = Path(record["spec"]["out"]) / folder / "manifest.json"
         if path.is_file():
             for p in json.loads(path.read_text()).get("points", []):
@@ -186,6 +186,8 @@ class Context:
     groups: dict  # (arm, cell tag) -> Group
     measures: dict
     out: Path
+    curve_rows: list = field(default_factory=list)  # the compute curve's trunks and branches (role ceg-*)
+    comparison: dict = field(default_factory=dict)  # tools.experiment_ceg.compare: tests, CEG, classes
 
     @property
     def spec(self) -> dict:
@@ -229,7 +231,14 @@ def build_context(record: dict, measures: dict, out: Path) -> Context:
         other = groups.get((arms[arm].get("compare"), tag)) if arms[arm].get("compare") else None
         if other is not None:
             g.vs_compare = paired_difference(g.losses(), other.losses())
-    return Context(record=record, arms=arms, rows=rows, groups=groups, measures=measures, out=out)
+    curve_rows = [run_row(r, manifests.get(r["point"], {})) for r in record.get("ceg_runs", [])]
+    ctx = Context(record=record, arms=arms, rows=rows, groups=groups, measures=measures, out=out,
+                  curve_rows=curve_rows)
+    if not record["spec"].get("grid"):
+        from tools.experiment_ceg import compare
+
+        ctx.comparison = compare(ctx)
+    return ctx
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,15 +310,37 @@ def loss_note(g: Group, ctx: Optional["Context"] = None) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+def tuned_lr(ctx: Context, arm: str) -> str:
+    """'3e-3 (bracketed)', '1e-2 (edge: limit hit)', or the lr the arm trained at when untuned."""
+    tuning = ctx.record.get("tuning") or {}
+    source = arm if arm in tuning else ctx.arms[arm].get("parent")
+    if source in tuning:
+        t = tuning[source]
+        where = "bracketed" if t["bracketed"] else "edge: limit hit"
+        return f"{t['lr']:g} ({where}{'' if source == arm else f', of {source}'})"
+    from archlab.config import load_recipe
+
+    a = ctx.arms[arm]
+    return f"{float(load_recipe(a['recipe'], a['overrides']).train.lr):g} (untuned)"
+
+
 def main_table(ctx: Context, cell: str = "") -> str:
-    header = ["arm", "final val loss (nats/token), mean [95% CI]", f"vs `{ctx.reference}` (paired)",
-              "vs parent (paired)", "tokens trained", *COST_HEADER, "notes"]
+    from tools.experiment_ceg import fmt_ceg
+
+    comp = ctx.comparison.get("arms", {}) if not cell else {}
+    header = ["arm", "lr", "final val loss (nats/token), mean [95% CI]", f"vs `{ctx.reference}` (paired)",
+              f"CEG vs `{ctx.reference}` [95% CI]", "verdict (Holm)", "vs parent (paired)", "tokens trained",
+              *COST_HEADER, "notes"]
     rows = []
     for g in ctx.arm_groups(cell):
         parent = ctx.arms[g.arm]["parent"]
         vs_parent = f"{fmt_ci(g.vs_parent, signed=True)} vs {parent}" if g.vs_parent else "-"
-        rows.append([f"{g.label} (`{g.arm}`)", fmt_ci(g.loss), fmt_ci(g.vs_reference, signed=True) if g.vs_reference
-                     else ("reference" if g.arm == ctx.reference else "-"), vs_parent,
+        c = comp.get(g.arm, {})
+        ceg = fmt_ceg(c.get("ceg")) + (" (calibration: should include 1)" if g.arm == ctx.reference and
+                                       c.get("ceg") else "")
+        rows.append([f"{g.label} (`{g.arm}`)", tuned_lr(ctx, g.arm), fmt_ci(g.loss),
+                     fmt_ci(g.vs_reference, signed=True) if g.vs_reference
+                     else ("reference" if g.arm == ctx.reference else "-"), ceg, c.get("class", "-"), vs_parent,
                      fmt_count(g.measured()["tokens"]), *cost_cells(g), loss_note(g, ctx)])
     return table(header, rows)
 
@@ -436,6 +467,12 @@ def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
         md += ["## Results", "", main_table(ctx), ""]
         embed = figure_md(figures, plot_losses(ctx, out / "val_loss.png"), "final validation loss per arm")
         md += [embed.strip(), ""] if embed else []
+    from tools import experiment_ceg, experiment_tuning
+
+    for section in ([experiment_tuning.section(ctx)] + ([experiment_ceg.section(ctx)] if ctx.comparison else [])):
+        md += [f"## {section.title}", "", section.markdown.strip(), ""]
+        figures += section.figures
+        sections_json[section.title] = section.data
     names = list(spec.get("measurements") or {})
     for name in [n for n in names if n != "throughput"] + [n for n in names if n == "throughput"]:
         section = experiment_sections.SECTIONS[name](ctx)
@@ -446,6 +483,8 @@ def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
     data = {"experiment": spec["name"], "command": command, "spec": spec, "arms": list(ctx.arms.values()),
             "runs": [{**r, "run_dir": _relative(r["run_dir"])} for r in ctx.rows],
             "groups": [_json_group(g) for g in ctx.groups.values()], "sections": sections_json,
+            "tuning": record.get("tuning"), "comparison": ctx.comparison,
+            "curve_runs": [{**r, "run_dir": _relative(r["run_dir"])} for r in ctx.curve_rows],
             "timed_budgets": record.get("timed_budgets"), "measure_wall_s": record.get("measure_wall_s"),
             "figures": figures}
     md_path = write_text_atomic(out / "report.md", "\n".join(md))

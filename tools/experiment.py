@@ -78,14 +78,14 @@ from omegaconf import OmegaConf
 
 from archlab.config import RecipeError, load_recipe
 from archlab.io import write_json_atomic
-from tools import sweep
+from tools import experiment_ceg, experiment_tuning, sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECORD = "experiment.json"
 SPEC_KEYS = ("name", "title", "description", "claim", "out", "report", "seeds", "budget", "set", "grid", "reference",
-             "arms", "measurements", "quick", "notes")
+             "arms", "measurements", "quick", "notes", "tune", "ceg", "margin")
 ARM_KEYS = ("name", "label", "recipe", "extends", "set", "budget", "side", "note", "compare")
-QUICK_KEYS = ("arms", "seeds", "budget", "set", "grid", "measurements")
+QUICK_KEYS = ("arms", "seeds", "budget", "set", "grid", "measurements", "tune", "ceg")
 MEASUREMENTS = ("ladder", "extrapolation", "init_grad_norms", "stability", "routing", "wall_clock", "kv_cache",
                 "throughput")
 DEFAULT_SEEDS = [0, 1, 2]
@@ -139,7 +139,7 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
     if quick:
         spec["set"] = list(spec.get("set") or []) + QUICK_SET + list(quick_part.get("set") or [])
         spec["seeds"] = quick_part.get("seeds", [0])
-        for key in ("budget", "grid"):
+        for key in ("budget", "grid", "tune", "ceg"):
             if key in quick_part:
                 spec[key] = quick_part[key]
         wanted = spec.get("measurements") or {}
@@ -168,6 +168,12 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
     unknown = sorted(set(spec.get("measurements") or {}) - set(MEASUREMENTS))
     if unknown:
         raise RecipeError(f"{path}: measurements: unknown {unknown}; valid: {', '.join(MEASUREMENTS)}")
+    spec["tune"] = experiment_tuning.check(spec.get("tune"), seeds)
+    if spec["tune"] and "lr" in spec["tune"] and "train.lr" in grid:
+        raise RecipeError(f"{path}: tune: and grid: train.lr both choose the lr; a grid over lr shares it by design "
+                          "(write tune: {shared: <why>})")
+    spec["ceg"] = experiment_ceg.check(spec.get("ceg"), seeds)
+    spec["margin"] = experiment_ceg.check_margin(spec.get("margin"))
     spec.setdefault("out", f"runs/experiments/{spec['name']}")
     if quick:
         spec["out"] = spec["out"].rstrip("/") + "-quick"
@@ -313,12 +319,6 @@ def planned_points(sspec: dict) -> list[sweep.Point]:
     return [sweep.plan_point(p, out_dir, 1, 8) for p in sweep.build_points(sspec)]
 
 
-def cell_of(point: sweep.Point, grid: dict) -> dict:
-    """The grid values (and the seed) a point was trained with: its last len(grid) overrides."""
-    items = point.overrides[len(point.overrides) - len(grid):]
-    return {o.split("=", 1)[0]: o.split("=", 1)[1] for o in items}
-
-
 def match_time_budgets(spec: dict, arms: Sequence[Arm], runs: list[dict],
                        bench: Optional[dict] = None) -> dict[str, dict]:
     """Token budgets of the time-matched arms: the mean training time of ``match_time_of``'s runs
@@ -360,12 +360,13 @@ def match_time_budgets(spec: dict, arms: Sequence[Arm], runs: list[dict],
 
 
 def _record_runs(spec: dict, points: list[sweep.Point], folder: str) -> list[dict]:
-    grid = grid_of(spec)
+    """Typed records of the seeded runs: arm (the point's ladder), seed and grid cell (the point's
+    own grid values), role "seeded"."""
     out = []
     for p in points:
-        cell = cell_of(p, grid)
+        cell = dict(p.cell)
         seed = int(cell.pop("train.seed"))
-        out.append({"arm": p.ladder, "seed": seed, "cell": cell, "point": p.name, "sweep": folder,
+        out.append({"arm": p.ladder, "seed": seed, "cell": cell, "role": "seeded", "point": p.name, "sweep": folder,
                     "run_dir": p.run_dir, "max_steps": p.max_steps, "planned_tokens": p.planned_tokens,
                     "planned_flops": p.planned_flops})
     return out
@@ -428,6 +429,7 @@ def run_experiment(spec: dict, *, jobs: int = 1, threads: Optional[int] = None, 
     timed = [a for a in arms if a.timed]
     n_cells = len(sweep._grid_items(grid_of(spec)))
     t0 = time.time()
+    extra = tune_arms(spec, arms, fixed, jobs=jobs, threads=threads, log=log)
     phase1 = sweep_spec(spec, fixed, "sweep", {a.name: a.budget for a in fixed})
     points = planned_points(phase1)
     bar = tqdm(total=len(arms) * n_cells, desc=f"{spec['name']} runs", unit="run", disable=not show_progress,
@@ -452,9 +454,30 @@ def run_experiment(spec: dict, *, jobs: int = 1, threads: Optional[int] = None, 
                                        progress=lambda p: bar.update(1)))
         runs += _record_runs(spec, points2, "sweep-time")
     bar.close()
-    write_record(spec, arms, runs, {"timed_budgets": timed_budgets, "train_wall_s": round(time.time() - t0, 1),
-                                    "command": command, "threads": threads})
+    if spec.get("ceg"):  # the reference's compute curve, at its tuned lr
+        ref = next(a for a in arms if a.name == spec["reference"])
+        extra["ceg_runs"] = experiment_ceg.run(spec, ref, [], jobs=jobs, threads=threads, log=log)
+    write_record(spec, arms, runs, {**extra, "timed_budgets": timed_budgets,
+                                    "train_wall_s": round(time.time() - t0, 1), "command": command,
+                                    "threads": threads})
     return read_record(Path(spec["out"]))
+
+
+def tune_arms(spec: dict, arms: Sequence[Arm], fixed: Sequence[Arm], *, jobs: int = 1, threads: Optional[int] = None,
+              log=print) -> dict:
+    """The tuning stage (``tools.experiment_tuning``): each fixed-budget arm's lr, appended to its
+    overrides (time-matched arms take their parent's); returns what the record keeps of it."""
+    tune = spec.get("tune")
+    if not tune or "shared" in tune:
+        return {}
+    tuned, recs = experiment_tuning.run(spec, fixed, jobs=jobs, threads=threads, log=log)
+    for arm, lr_set in experiment_tuning.tuned_overrides(arms, tuned).items():
+        a = next(a for a in arms if a.name == arm)
+        a.overrides = [*a.overrides, *lr_set]
+    manifest = sweep.read_manifest(Path(spec["out"]) / experiment_tuning.FOLDER) or {}
+    elapsed = {p["name"]: p.get("elapsed_s") or 0.0 for p in manifest.get("points", [])}
+    wall = {arm: sum(elapsed.get(p, 0.0) for p in t["runs"]) for arm, t in tuned.items()}
+    return {"tuning": tuned, "tune_runs": recs, "tune_wall_s": wall}
 
 
 class Stopped(Exception):
@@ -468,8 +491,10 @@ def _check_stopped(points: list[sweep.Point]) -> None:
                       "run the same command again to resume them")
 
 
-def plan(spec: dict, log=print) -> None:
-    """Print every arm with its overrides, steps and costs, and the sweep commands; train nothing."""
+def plan(spec: dict, log=print, estimate: bool = True) -> dict:
+    """Print every arm with its overrides, steps and costs, the training commands of each stage
+    (tuning, seeded runs, the compute curve) and an estimate of their CPU time; train nothing.
+    Returns {stage: {"runs", "flops"}} and the estimate."""
     from archlab.config import model_config
     from archlab.costs import kv_cache_bytes, param_counts, training_flops_per_token
 
@@ -484,10 +509,53 @@ def plan(spec: dict, log=print) -> None:
         log(f"- {a.name} ({a.label}): {a.recipe} {' '.join(changes)}; budget {a.budget}; params {pc.total:,} total / "
             f"{pc.active:,} active; {fpt / 1e6:.2f} MFLOP/token; KV {kv_cache_bytes(cfg, 1, 1, 'bf16'):.0f} B/token")
     fixed = [a for a in arms if not a.timed]
-    sweep.run_sweep(sweep_spec(spec, fixed, "sweep", {a.name: a.budget for a in fixed}), dry_run=True, log=log)
+    stages = {}
+    log("\n== stage 1: tuning")
+    experiment_tuning.plan(spec, fixed, log=log)
+    if spec.get("tune") and "lr" in spec["tune"]:
+        pts = planned_points(experiment_tuning.sweep_spec(spec, fixed, {a.name: spec["tune"]["lr"] for a in fixed}))
+        stages["tuning (starting grid)"] = pts
+    log("\n== stage 2: seeded runs" + (" (at each arm's tuned lr)" if "tuning (starting grid)" in stages else ""))
+    sspec = sweep_spec(spec, fixed, "sweep", {a.name: a.budget for a in fixed})
+    sweep.run_sweep(sspec, dry_run=True, log=log)
+    stages["seeded runs"] = planned_points(sspec)
     if len(fixed) < len(arms):
         log("time-matched arms (" + ", ".join(a.name for a in arms if a.timed) + "): their token budgets are set "
-            "once the runs they match are finished")
+            "once the runs they match are finished (not in the estimate)")
+    log("\n== stage 3: compute curve (CEG)")
+    ref = next(a for a in arms if a.name == spec["reference"])
+    experiment_ceg.plan(spec, ref, log=log)
+    if spec.get("ceg"):
+        stages["compute curve"] = planned_points(experiment_ceg.sweep_spec(spec, ref, []))
+    out = {name: {"runs": len(pts), "flops": sum(_new_flops(p) for p in pts)} for name, pts in stages.items()}
+    speed = _flops_per_s(ref) if estimate else None
+    log("\n== cost" + (f" (estimated at {speed / 1e9:.2f} GFLOP/s of training, the reference arm's step timed here "
+                       "on 1 thread; a run per core)" if speed else ""))
+    for name, o in out.items():
+        est = f", ~{o['flops'] / speed / 60:.0f} CPU-min" if speed else ""
+        log(f"- {name}: {o['runs']} runs, {o['flops']:.3g} training FLOPs{est}")
+    total = sum(o["flops"] for o in out.values())
+    if speed:
+        log(f"- total: ~{total / speed / 60:.0f} CPU-min (~{total / speed / 120:.0f} min wall with --jobs 2)")
+    return {"stages": out, "flops_per_s": speed}
+
+
+def _new_flops(p: sweep.Point) -> float:
+    """The FLOPs a point trains itself: a cooldown branch only its steps after the trunk's checkpoint."""
+    if p.role == "cooldown" and p.cooldown:
+        return p.cooldown["decay_steps"] * p.tokens_per_step * p.flops_per_token
+    return p.planned_flops
+
+
+def _flops_per_s(arm: Arm) -> Optional[float]:
+    """Training FLOP/s of the arm's step on this machine (1 thread, a few steps): the plan's yardstick."""
+    from analysis.throughput import benchmark
+    from archlab.config import model_config
+    from archlab.costs import training_flops_per_token
+
+    cfg = load_recipe(arm.recipe, arm.overrides)
+    tps = benchmark({arm.name: (arm.recipe, arm.overrides)}, steps=2, rounds=2, warmup=1, threads=1)
+    return tps[arm.name]["tokens_per_s"] * training_flops_per_token(model_config(cfg), int(cfg.train.seq_len))
 
 
 def measure(record: dict, log=print) -> dict:

@@ -124,6 +124,7 @@ class Point:
     parent: Optional[str] = None
     cooldown: dict = field(default_factory=dict)  # cooldown.* of the spec and the planned branch steps
     peak_rss_bytes: Optional[int] = None  # peak resident memory of the trainer process (ru_maxrss of the child)
+    cell: dict = field(default_factory=dict)  # the grid's values of this point: {key: value} (as written in the spec)
 
 
 # --------------------------------------------------------------------------------------------
@@ -217,7 +218,7 @@ def build_points(spec: dict) -> list[Point]:
             for grid_set in _grid_items(spec.get("grid") or {}):
                 tags = [ladder, size] + [_grid_tag(o) for o in grid_set]
                 point = dict(ladder=ladder, size=size, recipe=str(recipe), overrides=common + ladder_set + size_set
-                             + grid_set)
+                             + grid_set, cell=dict(o.split("=", 1) for o in grid_set))
                 for kind, value in own.get(ladder) or budgets:
                     name = _safe("-".join(t for t in tags + [_budget_tag(kind, value)] if t))
                     points.append(Point(name=name, budget_kind=kind, budget=value, **point))

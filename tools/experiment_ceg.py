@@ -1,0 +1,312 @@
+"""The compute-equivalent gain (CEG) of each arm and the classification of every comparison.
+
+Spec keys (``tools.experiment``)::
+
+    ceg:
+      fractions: [0.25, 0.5, 1.0, 2.0]   # cooldown branches at these shares of the budget (>= 4)
+      seeds: [0, 1, 2]                   # one WSD trunk per seed (default: the spec's seeds)
+      decay_fraction: 0.2                # share of each branch's steps that decays
+      shape: sqrt                        # 1 - sqrt (default) | linear
+    margin: {ceg: [0.9, 1.1]}            # equivalence margin: CEG in [0.9, 1.1] (default), or {nats: 0.02}
+
+The reference arm (at its tuned lr) trains one WSD trunk per seed with cooldown branches ending at
+each fraction of the budget (``tools.sweep``'s cooldown machinery, under ``<out>/ceg/``): its loss
+as a function of training compute, L_ref(C), measured at >= 4 points per seed. Fractions above 1
+matter: an arm better than the reference reaches a loss the reference only reaches with more
+compute than the budget, so the curve must be measured beyond it. ``analysis.fair`` fits
+L_ref(C) = E + A C^-alpha and inverts it at each arm's mean final loss: CEG = C_ref(L_arm) / C_arm
+(> 1: the change is worth that multiple of the reference's compute), with a 95% bootstrap interval
+that resamples the reference's seeds (whole trunks, refitted) and the arm's seeds. A loss outside
+the measured range of the curve is reported as a bound, never extrapolated.
+
+Each arm's paired (same-seed) loss difference against the reference is tested both ways: a
+paired t-test of "no difference" and two one-sided tests (TOST) of equivalence within the margin.
+A CEG margin [0.9, 1.1] is turned into nats at the budget on the fitted curve
+(``analysis.fair.loss_margin_from_ceg``); without a curve the margin is +-0.02 nats (or
+``margin: {nats: m}``). The report's family of comparisons (every arm against the reference) is
+corrected with Holm's step-down method, separately for the difference and the equivalence tests;
+each comparison is "better", "worse", "equivalent within the margin" or "unresolved".
+
+The reference's own seeded runs (cosine schedule) are converted too: their CEG against the curve
+(WSD branches) should include 1; it is reported as the calibration check of the method.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence
+
+from archlab.config import RecipeError
+from tools import sweep
+
+KEYS = ("fractions", "seeds", "decay_fraction", "shape")
+MARGIN_KEYS = ("ceg", "nats")
+FOLDER = "ceg"
+DEFAULT_MARGIN = {"ceg": [0.9, 1.1]}
+DEFAULT_NATS = 0.02
+
+
+def check(value, seeds: Sequence[int], where: str = "ceg") -> Optional[dict]:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RecipeError(f"{where}={value!r}: expected a mapping such as {{fractions: [0.25, 0.5, 1.0, 2.0]}}")
+    unknown = sorted(set(value) - set(KEYS))
+    if unknown:
+        raise RecipeError(f"{where}: unknown keys {unknown}; valid: {', '.join(KEYS)}")
+    out = {"fractions": [0.25, 0.5, 1.0, 2.0], "seeds": list(seeds), "decay_fraction": 0.2, "shape": "sqrt",
+           **value}
+    try:
+        fractions = sorted({float(f) for f in out["fractions"]})
+    except (TypeError, ValueError):
+        raise RecipeError(f"{where}.fractions={out['fractions']!r}: a list of positive numbers") from None
+    if len(fractions) < 4 or fractions[0] <= 0:
+        raise RecipeError(f"{where}.fractions={fractions}: needs >= 4 distinct positive shares of the budget (a "
+                          "power law has 3 parameters; the 4th point is what tests it)")
+    s = out["seeds"]
+    if not isinstance(s, list) or not s or not all(isinstance(x, int) and x >= 0 for x in s):
+        raise RecipeError(f"{where}.seeds={s!r}: a list of integers >= 0")
+    out["fractions"] = fractions
+    sweep.cooldown_spec({"tokens": [1.0], "decay_fraction": out["decay_fraction"], "shape": out["shape"]})
+    return out
+
+
+def check_margin(value, where: str = "margin") -> dict:
+    if value is None:
+        return dict(DEFAULT_MARGIN)
+    if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in MARGIN_KEYS:
+        raise RecipeError(f"{where}={value!r}: give one of {{ceg: [0.9, 1.1]}} or {{nats: 0.02}}")
+    kind, v = next(iter(value.items()))
+    if kind == "ceg":
+        ok = isinstance(v, (list, tuple)) and len(v) == 2 and 0 < float(v[0]) < 1 < float(v[1])
+        if not ok:
+            raise RecipeError(f"{where}.ceg={v!r}: [low, high] with 0 < low < 1 < high, e.g. [0.9, 1.1]")
+        return {"ceg": [float(v[0]), float(v[1])]}
+    if not float(v) > 0:
+        raise RecipeError(f"{where}.nats={v!r}: a positive number of nats")
+    return {"nats": float(v)}
+
+
+def ladder_name(arm: str, seed: int) -> str:
+    return sweep._safe(f"{arm}-seed{seed}")
+
+
+def sweep_spec(spec: dict, arm, lr_set: Sequence[str]) -> dict:
+    """One trunk per seed (a ladder each) with a branch at each fraction of the arm's budget."""
+    c = spec["ceg"]
+    kind, value = next(iter(arm.budget.items()))
+    warmup = [f"train.warmup_steps={seeded_warmup(arm)}"]  # the seeded runs' warmup, not a shorter one
+    ladders = {ladder_name(arm.name, s): {"recipe": arm.recipe,
+                                          "set": [*arm.overrides, *lr_set, *warmup, f"train.seed={s}"]}
+               for s in c["seeds"]}
+    cooldown = {kind: [float(f"{float(value) * f:.6g}") for f in c["fractions"]], "decay_fraction": c["decay_fraction"],
+                "shape": c["shape"]}
+    return {"out": str(Path(spec["out"]) / FOLDER), "ladders": ladders, "cooldown": cooldown,
+            "description": f"compute curve of {arm.name} ({spec['name']})"}
+
+
+def seeded_warmup(arm) -> int:
+    """The warmup steps of the arm's seeded runs (``tools.sweep``: the recipe's, at most a tenth of the run)."""
+    from tools.experiment import planned_points
+
+    pt = planned_points({"out": "/nonexistent", "ladders": {arm.name: {"recipe": arm.recipe, "set": arm.overrides,
+                                                                      **{k: [float(v)] for k, v in arm.budget.items()}}}})
+    launch = dict(o.split("=", 1) for o in pt[0].extra["launch_overrides"])
+    return int(launch.get("train.warmup_steps") or next(o.split("=", 1)[1] for o in reversed(arm.overrides)
+                                                         if o.startswith("train.warmup_steps=")))
+
+
+def records(sspec: dict, points: Sequence[sweep.Point], arm: str, seeds: Sequence[int]) -> list[dict]:
+    owner = {ladder_name(arm, s): s for s in seeds}
+    return [{"arm": arm, "seed": owner[p.ladder], "cell": {}, "role": "ceg-" + p.role, "point": p.name,
+             "sweep": FOLDER, "run_dir": p.run_dir, "max_steps": p.max_steps, "planned_tokens": p.planned_tokens,
+             "planned_flops": p.planned_flops} for p in points]
+
+
+def run(spec: dict, arm, lr_set: Sequence[str], *, jobs: int = 1, threads: Optional[int] = None,
+        log=print) -> list[dict]:
+    sspec = sweep_spec(spec, arm, lr_set)
+    points = sweep.run_sweep(sspec, jobs=jobs, threads=threads, log=log)
+    left = [p.name for p in points if p.status in ("pending", "running", "interrupted", "failed", "blocked")]
+    if left:
+        from tools.experiment import Stopped
+
+        raise Stopped(f"compute curve: {len(left)} runs not finished ({', '.join(left[:3])}); run the same command "
+                      "again to resume them")
+    return records(sspec, points, arm.name, spec["ceg"]["seeds"])
+
+
+def plan(spec: dict, arm, log=print) -> None:
+    if not spec.get("ceg"):
+        log("compute curve: none (no `ceg:` in the spec: no compute-equivalent gains)")
+        return
+    c = spec["ceg"]
+    log(f"compute curve of {arm.name}: {len(c['seeds'])} WSD trunks (seeds {c['seeds']}), branches at "
+        f"{c['fractions']} x the budget (the trunk's lr: the arm's tuned lr, chosen before it trains)")
+    sweep.run_sweep(sweep_spec(spec, arm, []), dry_run=True, log=log)
+
+
+# --------------------------------------------------------------------------------------------
+# the comparisons
+# --------------------------------------------------------------------------------------------
+
+
+def curves(ctx, arm: str) -> dict[int, list[tuple[float, float]]]:
+    """{seed: [(training FLOPs, final val loss)]} of the arm's finished cooldown branches."""
+    out: dict[int, list] = {}
+    for r in ctx.curve_rows:
+        if r["arm"] == arm and r["role"] == "ceg-cooldown" and r["status"] == "finished" and r["learned"]:
+            out.setdefault(r["seed"], []).append((float(r["training_flops"]), float(r["val_loss"])))
+    return {s: sorted(v) for s, v in out.items()}
+
+
+def compare(ctx) -> dict:
+    """Per non-reference arm: paired tests against the reference, CEG, Holm-corrected classification."""
+    from analysis import fair
+
+    spec = ctx.spec
+    margin_spec = spec.get("margin") or dict(DEFAULT_MARGIN)
+    ref = ctx.group(ctx.reference)
+    ref_curves = curves(ctx, ctx.reference) if spec.get("ceg") else {}
+    fit = fair.fit_compute_curve([p for pts in ref_curves.values() for p in pts]) if ref_curves else None
+    budget_c = _compute(ref) if ref is not None else None
+    if "ceg" in margin_spec and fit is not None and budget_c:
+        lo, hi = fair.loss_margin_from_ceg(fit, budget_c, tuple(margin_spec["ceg"]))
+        margin = {"nats": [lo, hi], "from": f"CEG in [{margin_spec['ceg'][0]:g}, {margin_spec['ceg'][1]:g}] at the "
+                  "budget, on the fitted reference curve"}
+    else:
+        m = margin_spec.get("nats", DEFAULT_NATS)
+        margin = {"nats": [-m, m], "from": f"+-{m:g} nats" + (" (no compute curve for a CEG margin)"
+                                                              if "ceg" in margin_spec else "")}
+    arms, tests = [], []
+    for g in ctx.arm_groups():
+        if ref is None or g.arm == ctx.reference or g.vs_reference is None:
+            continue
+        diffs = [g.losses()[s] - ref.losses()[s] for s in g.vs_reference["seeds"]]
+        arms.append(g.arm)
+        tests.append(fair.paired_tests(diffs, tuple(margin["nats"])))
+    classes = fair.classify(tests) if tests else []
+    holm_diff = fair.holm([t["p_difference"] for t in tests])
+    holm_tost = fair.holm([t["p_tost"] for t in tests])
+    out = {"margin": margin, "fit": fit, "family": "every arm against the reference", "arms": {}}
+    for arm, t, cls, hd, ht in zip(arms, tests, classes, holm_diff, holm_tost):
+        t = {**t, "p_difference_holm": hd["p_adj"], "p_tost_holm": ht["p_adj"]}
+        if cls == "unresolved" and t["sd"]:
+            t["seeds_needed"] = fair.seeds_needed(t["sd"], tuple(margin["nats"]), mean=t["mean"])
+        out["arms"][arm] = {"tests": t, "class": cls}
+    for g in ctx.arm_groups():
+        if fit is None or not g.losses():
+            continue
+        c_arm = _compute(g)
+        res = fair.compute_equivalent_gain(ref_curves, g.losses(), c_arm)
+        out["arms"].setdefault(g.arm, {})["ceg"] = res
+        if g.arm == ctx.reference:
+            out["calibration"] = res
+    return out
+
+
+def _compute(g) -> Optional[float]:
+    vals = [r["training_flops"] for r in g.runs.values() if r["status"] == "finished" and r["training_flops"]]
+    return sum(vals) / len(vals) if vals else None
+
+
+def fmt_ceg(res: Optional[dict]) -> str:
+    """'1.23x [1.05, 1.41]', an interval end beyond the measured range as '>2.00' / '<0.25', or the
+    status with its bound when the point estimate itself lies outside the curve."""
+    if not res:
+        return "-"
+    if res.get("ceg") is None:
+        return f"{res['status']} ({res['direction']}{res['bound']:.2f}x)" if res.get("bound") else res["status"]
+    ends = []
+    for side in ("low", "high"):
+        if res.get(side) is not None:
+            ends.append(f"{res[side]:.2f}")
+        elif res.get(f"{side}_bound") is not None:
+            ends.append(f"{res[f'{side}_direction']}{res[f'{side}_bound']:.2f}")
+        else:
+            ends.append("?")
+    return f"{res['ceg']:.2f}x [{ends[0]}, {ends[1]}]"
+
+
+# --------------------------------------------------------------------------------------------
+# report section
+# --------------------------------------------------------------------------------------------
+
+
+def _p(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.3f}" if v >= 1e-3 else f"{v:.1e}"
+
+
+def section(ctx):
+    """Classification table (paired tests, Holm, CEG) and the reference's compute curve."""
+    from analysis.experiment_sections import Section
+    from analysis.experiments import figure_md, table
+
+    comp = ctx.comparison
+    m = comp["margin"]
+    lines = [f"Family: {comp['family']} ({len(comp['arms']) - ('calibration' in comp)} comparisons), "
+             f"Holm-corrected at 5% for the difference tests and, separately, for the equivalence tests (TOST). "
+             f"Equivalence margin: [{m['nats'][0]:+.3f}, {m['nats'][1]:+.3f}] nats ({m['from']}). "
+             "Verdicts: better / worse (the paired difference is significant after Holm), equivalent within the "
+             "margin (TOST significant after Holm), unresolved (neither: the seeds cannot tell)."]
+    rows = []
+    for arm, c in comp["arms"].items():
+        t = c.get("tests")
+        if not t:
+            continue
+        ci90 = [t.get("low"), t.get("high")]
+        need = str(t["seeds_needed"]) if t.get("seeds_needed") else ""
+        rows.append([f"{ctx.arms[arm]['label']} (`{arm}`)", f"{t['mean']:+.3f}" if t.get("mean") is not None else "-",
+                     "-" if ci90[0] is None else f"[{ci90[0]:+.3f}, {ci90[1]:+.3f}]",
+                     _p(t.get("p_difference")), _p(t.get("p_difference_holm")), _p(t.get("p_tost")), _p(t.get("p_tost_holm")),
+                     fmt_ceg(c.get("ceg")), f"**{c['class']}**", need])
+    md = "\n\n".join(lines) + "\n\n" + table(
+        ["arm", "paired difference (nats)", "90% CI (TOST)", "p (difference)", "Holm", "p (equivalence)", "Holm",
+         "CEG [95% CI]", "verdict", "seeds for TOST (if unresolved)"], rows)
+    fit = comp.get("fit")
+    figures: list = []
+    if fit:
+        cal = comp.get("calibration") or {}
+        md += (f"\n\n**Compute curve of `{ctx.reference}`** (WSD trunks with cooldown branches at "
+               f"{ctx.spec['ceg']['fractions']} x the budget, seeds {ctx.spec['ceg']['seeds']}): "
+               f"{_fit_text(fit)}. Calibration: the reference's own seeded runs (its recipe's schedule) convert to "
+               f"CEG {fmt_ceg(cal)}; an interval that includes 1 says the curve and the seeded runs agree.")
+        md += figure_md(figures, plot(ctx, fit, ctx.out / "compute_curve.png"),
+                        "reference loss against training compute, with each arm's loss")
+    return Section("Compute-equivalent gain and verdicts", md, figures, comp)
+
+
+def _fit_text(fit: dict) -> str:
+    if fit.get("kind") == "power_law":
+        return (f"L(C) = {fit['E']:.3f} + A (C / {fit['c0']:.3g})^-{fit['alpha']:.3f}, fitted on "
+                f"{fit.get('n', '?')} points from {fit['c_min']:.3g} to {fit['c_max']:.3g} FLOPs, rms residual "
+                f"{fit.get('rms', float('nan')):.4f} nats")
+    return (f"a local fit (log-linear interpolation between the measured points, from {fit['c_min']:.3g} to "
+            f"{fit['c_max']:.3g} FLOPs)")
+
+
+def plot(ctx, fit: dict, path: Path):
+    import numpy as np
+
+    from analysis import fair
+    from analysis.plotting import COLORS, pyplot, save_figure, style_axes
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for i, (seed, pts) in enumerate(sorted(curves(ctx, ctx.reference).items())):
+        ax.plot(*zip(*pts), "o", color=COLORS[0], alpha=0.6, label=f"{ctx.reference}: cooldown branches"
+                if i == 0 else None)
+    cs = np.geomspace(fit["c_min"], fit["c_max"], 100)
+    ax.plot(cs, [fair.loss_at(fit, c) for c in cs], "-", color=COLORS[0], label="fitted L(C)")
+    for i, g in enumerate(ctx.arm_groups()):
+        c = _compute(g)
+        if c is None or g.loss.get("mean") is None:
+            continue
+        err = None if g.loss.get("low") is None else [[g.loss["mean"] - g.loss["low"]],
+                                                      [g.loss["high"] - g.loss["mean"]]]
+        ax.errorbar([c], [g.loss["mean"]], yerr=err, fmt="D", color=COLORS[(i + 1) % len(COLORS)], capsize=3,
+                    label=f"{g.label} (seeded runs)")
+    ax.set_xscale("log")
+    style_axes(ax, f"{ctx.spec['name']}: loss against training compute", "training compute (FLOPs, log scale)",
+               "final validation loss (nats/token)", grid="both", legend_outside=True)
+    return save_figure(fig, path)

@@ -1,0 +1,287 @@
+"""The tuning stage of an experiment: every arm's learning rate chosen on its own before the seeded
+runs, so that no arm is compared at an lr that suits another arm better.
+
+Spec key (``tools.experiment``)::
+
+    tune:
+      lr: [1.0e-3, 2.0e-3, 4.0e-3, 8.0e-3]   # the starting log grid (>= 2 values, increasing)
+      budget_fraction: 1.0                    # share of the arm's budget each tuning run trains
+      seed: 1000                              # train.seed of the tuning runs (not one of the seeds:)
+      max_extend: 3                           # extensions allowed on each side of the grid
+    tune: {shared: "why the arms share the recipe's lr"}   # the alternative: say why, tune nothing
+
+Procedure: a log grid at the arm's full budget (``budget_fraction: 1``), one run per lr. Successive
+halving from shorter budgets was not chosen: the optimal lr shifts with the number of steps
+(longer runs prefer a lower peak lr), and at the budgets a CPU experiment trains (a few hundred
+steps) a shorter budget is exactly where that shift is largest. The best lr is the grid point with
+the lowest final validation loss (a diverged run counts as +inf). When that point is at an end of
+the grid, the grid extends on that side by the grid's own ratio (``lr[1] / lr[0]``) and the new
+point is trained; this repeats until the best point is interior (``bracketed``) or ``max_extend``
+points were added on that side (reported: "at the edge, limit hit"). The seeded runs then train
+at the chosen lr.
+
+The tuning runs use their own seed (``seed``), different from the seeds of the measured runs:
+choosing the best of several runs and then reporting that same run would bias the arm towards a
+lucky draw (the winner's curse); a separate seed keeps the reported runs unselected. Tuning runs
+are ordinary run folders of a ``tools.sweep`` sweep under ``<out>/tune/``: resumable, skipped when
+finished. Arms whose budget is a wall-clock time (``match_time_of``) take the lr of the arm they
+extend (the same model).
+
+The report section shows, per arm, the loss against lr (plot), the chosen lr, whether it is
+bracketed, and what tuning cost (runs and the sum of their wall times, against the seeded runs').
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional, Sequence
+
+from archlab.config import RecipeError
+from tools import sweep
+
+KEYS = ("lr", "budget_fraction", "seed", "max_extend", "shared")
+FOLDER = "tune"
+DEFAULTS = {"budget_fraction": 1.0, "seed": 1000, "max_extend": 3}
+
+
+def check(value, seeds: Sequence[int], where: str = "tune") -> Optional[dict]:
+    """The spec's ``tune:`` mapping, checked and filled with defaults (None: no tuning key)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RecipeError(f"{where}={value!r}: expected a mapping such as {{lr: [1.0e-3, 3.0e-3, 1.0e-2]}} or "
+                          "{shared: 'why every arm keeps the recipe's lr'}")
+    unknown = sorted(set(value) - set(KEYS))
+    if unknown:
+        raise RecipeError(f"{where}: unknown keys {unknown}; valid: {', '.join(KEYS)}")
+    if "shared" in value:
+        if len(value) != 1 or not str(value["shared"] or "").strip():
+            raise RecipeError(f"{where}.shared: give only the reason the arms share one lr (a sentence), no grid")
+        return {"shared": str(value["shared"]).strip()}
+    out = {**DEFAULTS, **value}
+    lrs = out.get("lr")
+    try:
+        lrs = [float(v) for v in lrs]
+    except (TypeError, ValueError):
+        raise RecipeError(f"{where}.lr={lrs!r}: a list of learning rates, e.g. [1.0e-3, 3.0e-3, 1.0e-2]") from None
+    if len(lrs) < 2 or any(v <= 0 for v in lrs) or any(b <= a for a, b in zip(lrs, lrs[1:])):
+        raise RecipeError(f"{where}.lr={lrs}: needs >= 2 positive, increasing values on a log grid (3 or more let the "
+                          "best be interior without extending)")
+    if not 0.0 < float(out["budget_fraction"]) <= 1.0:
+        raise RecipeError(f"{where}.budget_fraction={out['budget_fraction']}: must lie in (0, 1]")
+    if not isinstance(out["seed"], int) or out["seed"] < 0 or out["seed"] in seeds:
+        raise RecipeError(f"{where}.seed={out['seed']!r}: an integer >= 0 that is not one of seeds: {list(seeds)} "
+                          "(the reported runs must not be the ones the lr was selected on)")
+    if not isinstance(out["max_extend"], int) or out["max_extend"] < 0:
+        raise RecipeError(f"{where}.max_extend={out['max_extend']!r}: an integer >= 0")
+    out["lr"] = lrs
+    out["budget_fraction"] = float(out["budget_fraction"])
+    return out
+
+
+def _lr_text(lr: float) -> str:
+    return f"{lr:.3g}"
+
+
+def ladder_name(arm: str, lr: float) -> str:
+    return sweep._safe(f"{arm}-lr{_lr_text(lr)}")
+
+
+def sweep_spec(spec: dict, arms, lrs: dict[str, list[float]]) -> dict:
+    """A ``tools.sweep`` spec: one ladder per (arm, lr) at the arm's budget x budget_fraction."""
+    tune = spec["tune"]
+    ladders = {}
+    for arm in arms:
+        kind, value = next(iter(arm.budget.items()))
+        for lr in lrs[arm.name]:
+            ladders[ladder_name(arm.name, lr)] = {
+                "recipe": arm.recipe, kind: [float(value) * tune["budget_fraction"]],
+                "set": [*arm.overrides, f"train.lr={_lr_text(lr)}", f"train.seed={tune['seed']}"]}
+    return {"out": str(Path(spec["out"]) / FOLDER), "ladders": ladders, "description": f"tuning of {spec['name']}"}
+
+
+def records(sspec: dict, points: Sequence[sweep.Point], lrs: dict[str, list[float]], seed: int) -> list[dict]:
+    """Typed run records of the tuning runs (arm, lr, seed, role), from the ladder each point belongs to."""
+    owner = {ladder_name(arm, lr): (arm, lr) for arm, values in lrs.items() for lr in values}
+    out = []
+    for p in points:
+        arm, lr = owner[p.ladder]
+        out.append({"arm": arm, "seed": seed, "cell": {}, "lr": lr, "role": "tune", "point": p.name,
+                    "sweep": FOLDER, "run_dir": p.run_dir, "max_steps": p.max_steps,
+                    "planned_tokens": p.planned_tokens, "planned_flops": p.planned_flops})
+    return out
+
+
+def final_loss(run_dir: str) -> Optional[float]:
+    """The run's final validation loss; +inf for a run that diverged; None while unfinished."""
+    state = sweep.run_state(sweep.Point(name="", ladder="", size="", recipe="", overrides=[], budget_kind="tokens",
+                                        budget=0.0, run_dir=run_dir))
+    if state == "diverged":
+        return math.inf
+    if state != "finished":
+        return None
+    from analysis.runs import open_run
+
+    loss = open_run(run_dir).final_val_loss
+    return float(loss) if loss is not None and math.isfinite(loss) else math.inf
+
+
+def choose(lrs: Sequence[float], losses: Sequence[Optional[float]]) -> dict:
+    """The best lr of a grid and where it lies: {lr, index, side: None | 'low' | 'high'} (side: the end
+    of the grid the best point sits on, so the grid must extend there)."""
+    scored = [(loss if loss is not None else math.inf, i) for i, loss in enumerate(losses)]
+    best_loss, i = min(scored)
+    side = "low" if i == 0 else "high" if i == len(lrs) - 1 else None
+    if not math.isfinite(best_loss):
+        side = "low"  # every lr diverged: go lower
+    return {"lr": lrs[i], "index": i, "side": side, "loss": best_loss}
+
+
+def extend(lrs: list[float], side: str, ratio: float) -> list[float]:
+    """The grid with one more point beyond its ``side`` end, at the grid's own ratio."""
+    if side == "low":
+        return [float(_lr_text(lrs[0] / ratio))] + lrs
+    return lrs + [float(_lr_text(lrs[-1] * ratio))]
+
+
+def run(spec: dict, arms, *, jobs: int = 1, threads: Optional[int] = None, log=print) -> tuple[dict, list[dict]]:
+    """Tune every arm with a fixed budget (resumable); returns ({arm: result}, run records)."""
+    tune = spec["tune"]
+    ratio = tune["lr"][1] / tune["lr"][0]
+    lrs = {a.name: list(tune["lr"]) for a in arms}
+    extended = {a.name: {"low": 0, "high": 0} for a in arms}
+    while True:
+        sspec = sweep_spec(spec, arms, lrs)
+        points = sweep.run_sweep(sspec, jobs=jobs, threads=threads, log=log)
+        left = [p.name for p in points if p.status in ("pending", "running", "interrupted", "failed")]
+        if left:
+            from tools.experiment import Stopped
+
+            raise Stopped(f"tuning: {len(left)} runs not finished ({', '.join(left[:3])}); run the same command "
+                          "again to resume them")
+        recs = records(sspec, points, lrs, tune["seed"])
+        again = False
+        for a in arms:
+            mine = sorted((r for r in recs if r["arm"] == a.name), key=lambda r: r["lr"])
+            best = choose([r["lr"] for r in mine], [final_loss(r["run_dir"]) for r in mine])
+            side = best["side"]
+            if side and extended[a.name][side] < tune["max_extend"]:
+                lrs[a.name] = extend(lrs[a.name], side, ratio)
+                extended[a.name][side] += 1
+                log(f"tuning {a.name}: best lr {best['lr']:g} at the {side} end of {lrs[a.name]}; extending")
+                again = True
+        if not again:
+            return summarise(recs, tune), recs
+
+
+def summarise(recs: Sequence[dict], tune: dict) -> dict:
+    """{arm: {lrs, losses, lr (chosen), bracketed, limit_hit, runs, wall_s}} from the tuning records."""
+    out = {}
+    for arm in dict.fromkeys(r["arm"] for r in recs):
+        mine = sorted((r for r in recs if r["arm"] == arm), key=lambda r: r["lr"])
+        lrs = [r["lr"] for r in mine]
+        losses = [final_loss(r["run_dir"]) for r in mine]
+        best = choose(lrs, losses)
+        out[arm] = {"lrs": lrs, "losses": [None if v is None or not math.isfinite(v) else v for v in losses],
+                    "diverged": [v is not None and not math.isfinite(v) for v in losses],
+                    "lr": best["lr"], "loss": best["loss"], "bracketed": best["side"] is None,
+                    "limit_hit": best["side"] is not None, "runs": [r["point"] for r in mine]}
+    return out
+
+
+def tuned_overrides(arms, tuned: dict) -> dict[str, list[str]]:
+    """Each arm's ``train.lr`` override: its own tuned lr, or its parent's (time-matched arms)."""
+    out = {}
+    for a in arms:
+        source = a.name if a.name in tuned else a.parent
+        if source not in tuned:
+            raise RecipeError(f"tuning: arm {a.name} has no tuned lr (nor has its parent {a.parent})")
+        out[a.name] = [f"train.lr={_lr_text(tuned[source]['lr'])}"]
+    return out
+
+
+def plan(spec: dict, arms, log=print) -> None:
+    """Print the tuning runs of the starting grid (extensions, if any, are decided as results come in)."""
+    tune = spec.get("tune")
+    if not tune:
+        log("tuning: none (every arm trains at its recipe's lr; add `tune:` to the spec to tune each arm)")
+        return
+    if "shared" in tune:
+        log(f"tuning: none by design: {tune['shared']}")
+        return
+    log(f"tuning: {len(arms)} arms x {len(tune['lr'])} lrs {tune['lr']} at {tune['budget_fraction']:g} of each "
+        f"arm's budget, seed {tune['seed']}; up to {tune['max_extend']} more lrs per side when the best is at an "
+        "edge")
+    sweep.run_sweep(sweep_spec(spec, arms, {a.name: list(tune["lr"]) for a in arms}), dry_run=True, log=log)
+
+
+# --------------------------------------------------------------------------------------------
+# report section
+# --------------------------------------------------------------------------------------------
+
+
+def section(ctx):
+    """The tuning table (per arm: grid, chosen lr, bracketed, cost) and the loss-vs-lr plot."""
+    from analysis.experiment_sections import Section
+    from analysis.experiments import figure_md, table
+
+    tuning = ctx.record.get("tuning") or {}
+    tune = ctx.spec.get("tune") or {}
+    if "shared" in tune:
+        return Section("Learning rate", f"Every arm trains at its recipe's lr, by design: {tune['shared']}")
+    if not tuning:
+        return Section("Learning rate", "Not tuned: every arm trains at its recipe's lr (the spec has no `tune:`).")
+    walls = ctx.record.get("tune_wall_s") or {}
+    rows = []
+    for arm, t in tuning.items():
+        where = "bracketed" if t["bracketed"] else "at the edge of the grid, extension limit hit"
+        losses = ", ".join("diverged" if d else f"{v:.3f}" if v is not None else "-"
+                           for v, d in zip(t["losses"], t["diverged"]))
+        rows.append([f"{ctx.arms[arm]['label']} (`{arm}`)", ", ".join(f"{lr:g}" for lr in t["lrs"]), losses,
+                     f"**{t['lr']:g}**", where, len(t["runs"]), f"{walls.get(arm, 0) / 60:.1f}"])
+    seeded = sum(r["elapsed_s"] for r in ctx.rows if r["elapsed_s"])
+    tuned_s = sum(walls.values())
+    share = "the arm's full budget" if tune["budget_fraction"] == 1 else f"{tune['budget_fraction']:g} x the arm's budget"
+    md = (f"Each arm's lr is chosen on its own (`tools/experiment_tuning.py`): a log grid at {share}, one run per lr at seed {tune['seed']} (not one of the "
+          "reported seeds), the best final validation loss; the grid extends by its own ratio until the best lr is "
+          "interior. The seeded runs train at the chosen lr.\n\n"
+          + table(["arm", "lrs tried", "final val loss at each lr (nats/token)", "chosen lr", "where", "runs",
+                   "wall min"], rows)
+          + f"\n\nTuning cost: {sum(len(t['runs']) for t in tuning.values())} runs, {tuned_s / 60:.1f} min of training "
+          f"wall time (the seeded runs: {len(ctx.rows)} runs, {seeded / 60:.1f} min; tuning is "
+          f"{tuned_s / max(seeded, 1e-9):.2f}x their cost).")
+    figures: list = []
+    md += figure_md(figures, plot(ctx, tuning, ctx.out / "tuning.png"), "final validation loss against lr per arm")
+    return Section("Learning rate, tuned per arm", md, figures, {"tuning": tuning, "wall_s": walls})
+
+
+def plot(ctx, tuning: dict, path: Path):
+    from analysis.plotting import COLORS, pyplot, save_figure, style_axes
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    finite = []
+    for i, (arm, t) in enumerate(tuning.items()):
+        pts = [(lr, v) for lr, v in zip(t["lrs"], t["losses"]) if v is not None]
+        if not pts:
+            continue
+        finite += [v for _, v in pts]
+        color = COLORS[i % len(COLORS)]
+        ax.plot(*zip(*pts), "o-", color=color, label=f"{ctx.arms[arm]['label']} (chosen {t['lr']:g})")
+        ax.plot([t["lr"]], [t["loss"]], "*", color=color, markersize=14, markeredgecolor="black", zorder=5)
+        for lr, d in zip(t["lrs"], t["diverged"]):
+            if d:
+                ax.axvline(lr, color=color, ls=":", lw=1)
+    if not finite:
+        plt.close(fig)
+        return None
+    ax.set_xscale("log")
+    lo, hi = min(finite), sorted(finite)[-1]
+    # the interesting range: the minima, not a run far off at an edge of the grid
+    top = min(hi, lo + 4 * (sorted(finite)[len(finite) // 2] - lo) + 0.05)
+    ax.set_ylim(lo - 0.02 * max(top - lo, 0.05), top + 0.02 * max(top - lo, 0.05))
+    style_axes(ax, f"{ctx.spec['name']}: tuning runs, final validation loss against peak lr (star: chosen)",
+               "peak learning rate (log scale)", "final validation loss (nats/token)", grid="both",
+               legend_outside=True)
+    return save_figure(fig, path)
