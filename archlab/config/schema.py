@@ -49,7 +49,7 @@ class ModelConfig:
     # standard | mup (muP, Tensor Programs V: per-layer init, lr and output scaling by width; archlab/nn/mup.py)
     parametrization: str = "standard"
     # muP: d_model of the base model the lr was tuned on; width multiplier m = d_model / mup_base_width.
-    # null = d_model (m = 1: the base itself); ignored under standard parametrisation
+    # null = d_model (m = 1: the base itself); mup only (refused under standard parametrisation)
     mup_base_width: Optional[int] = None
 
     @property

@@ -1,13 +1,16 @@
 """Recipe validation: every rule a recipe must satisfy, checked before anything is built.
 
 Each failure names the key, the value and the rule, so that a user can fix the recipe without
-reading a traceback.
+reading a traceback. Once a section's choices (``type`` names, ``train.schedule``,
+``data.source``) are known to be valid, a key that the chosen variants do not read is refused
+(``archlab.config.options``), before the values of the keys that are read are checked.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from archlab.config.options import SCHEDULE_OPTIONS, check_data_options, check_model_options, check_train_options
 from archlab.errors import RecipeError, fail
 from archlab.nn.attention import ATTENTIONS, attention_class
 from archlab.nn.ffn import FFNS, ffn_class
@@ -48,6 +51,10 @@ def validate_model(m, prefix: str = "model") -> None:
     _one_of(f"{prefix}.position.type", m.position.type, POSITIONS.names())
     _one_of(f"{prefix}.position.rope_scaling.type", m.position.rope_scaling.type, ROPE_SCALINGS.names())
     _one_of(f"{prefix}.ffn.type", m.ffn.type, FFNS.names())
+    _one_of(f"{prefix}.parametrization", m.parametrization, PARAMETRIZATIONS)
+    if m.moe is not None:
+        _one_of(f"{prefix}.moe.router.type", m.moe.router.type, ROUTERS.names())
+    check_model_options(m, prefix)  # a key that no chosen variant reads
     attention_class(m).validate(m, prefix)
     norm_class(m).validate(m, prefix)
     position_class(m).validate(m, prefix)
@@ -99,6 +106,7 @@ def validate_moe(e, n_layers: int, prefix: str, routers) -> None:
 
 def validate_data(d, model) -> None:
     _one_of("data.source", d.source, ["stdlib", "text", "hf"])
+    check_data_options(d)  # a key of another source
     if d.source == "text" and not d.paths:
         _fail("data.paths", list(d.paths), "data.source=text needs at least one file, folder or glob")
     if d.source == "hf" and not d.hf_dataset:
@@ -123,7 +131,8 @@ def validate_train(t, model) -> None:
         _fail("train.seq_len", t.seq_len,
               f"{model.position.type} positions exist only up to {limit} (model.max_seq_len={model.max_seq_len}); "
               "raise model.max_seq_len or lower train.seq_len")
-    _one_of("train.schedule", t.schedule, ["cosine", "wsd", "constant"])
+    _one_of("train.schedule", t.schedule, list(SCHEDULE_OPTIONS))
+    check_train_options(t, model)  # a key of another schedule, or of an MoE model
     if not 0 <= t.warmup_steps <= t.max_steps:
         _fail("train.warmup_steps", t.warmup_steps, f"must lie in [0, max_steps={t.max_steps}]")
     if not 0.0 <= t.min_lr_ratio <= 1.0:

@@ -1,7 +1,9 @@
 """Corpus sources, by ``data.source``: ``stdlib`` (default), ``text`` (local files), ``hf`` (datasets).
 
 Each source is a function ``(data_cfg) -> Corpus`` that lists documents and fingerprints them
-without tokenizing anything, so that a cached build can be found again cheaply.
+without tokenizing anything, so that a cached build can be found again cheaply. Its ``options``
+are the ``data`` keys only it reads (``paths``, ``hf_*``); ``archlab.config.options`` refuses a
+recipe that sets another source's key.
 
 - ``stdlib``: the Python standard library's own ``*.py`` files (about 12 MB of code, docstrings and
   comments without its tests), found through ``sysconfig``: real text present on every machine.
@@ -25,6 +27,17 @@ from archlab.data.corpus import Corpus, DataError, Document, read_text_file
 from archlab.registry import Registry
 
 SOURCES: Registry = Registry("data source")
+
+
+def _source(name: str, *options: str):
+    """Register a source function under ``name``, with the ``data`` keys only it reads."""
+
+    def deco(fn):
+        fn.options = frozenset(options)
+        return SOURCES.register(name)(fn)
+
+    return deco
+
 
 # folders of the standard library that are not its own source: tests and installed packages
 STDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
@@ -76,7 +89,7 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-@SOURCES.register("stdlib")
+@_source("stdlib")
 def stdlib_corpus(data_cfg) -> Corpus:
     """Every ``*.py`` file of the standard library, except tests and installed packages."""
     root = stdlib_root()
@@ -108,7 +121,7 @@ def _expand(entry: str) -> list[Path]:
     raise DataError(f"data.paths: {entry!r} does not exist (no such file, folder or glob match)")
 
 
-@SOURCES.register("text")
+@_source("text", "paths")
 def text_corpus(data_cfg) -> Corpus:
     """Local text files from ``data.paths``; documents are named relative to their common folder."""
     if not data_cfg.paths:
@@ -144,7 +157,7 @@ def _row_reader(text: str) -> Callable[[], str]:
     return lambda: text
 
 
-@SOURCES.register("hf")
+@_source("hf", "hf_dataset", "hf_config", "hf_split", "hf_text_field")
 def hf_corpus(data_cfg) -> Corpus:
     """The ``hf_text_field`` column of a Hugging Face dataset split; one row is one document."""
     datasets = _import_datasets()

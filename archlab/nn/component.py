@@ -10,6 +10,10 @@ carries, next to its forward:
   package at run time);
 - ``validate(m, prefix)``: its rules on the ``model`` node, raising ``archlab.errors.RecipeError``
   through ``archlab.errors.fail(key, value, rule)``;
+- ``options``: the keys of its kind's config node that it reads (besides ``type``; a nested node
+  such as RoPE's ``rope_scaling`` counts as one key). A key that only other variants of its kind
+  read has no effect on it: ``archlab.config.options`` refuses a recipe that sets one to anything
+  but its default, naming the key, the selected variant and the variants that read it;
 - ``num_params(...)``, its matmul FLOPs per token and its saved-for-backward bytes, in the
   conventions of ``archlab.costs`` (FLOPs: the ones ``FlopCounterMode`` counts; bytes: what
   autograd keeps, for a :class:`ActShape`);
@@ -24,14 +28,21 @@ the same arguments.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Optional
 
 if TYPE_CHECKING:
     from archlab.config.schema import ModelConfig
 
 STATS_BYTES = 4  # norm statistics, log-sum-exp, router math: fp32
 ID_BYTES = 8  # int64 ids
+
+
+def option_names(*configs: type, exclude: Iterable[str] = ("type",)) -> frozenset[str]:
+    """The field names of option dataclasses, less ``exclude``: what a variant's ``options`` are
+    when it reads every field of them."""
+    skip = set(exclude)
+    return frozenset(f.name for c in configs for f in fields(c) if f.name not in skip)
 
 
 @dataclass(frozen=True)

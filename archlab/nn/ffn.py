@@ -39,6 +39,7 @@ class FFNConfig:
 class FFN(Exportable, nn.Module):
     """up -> activation -> down. Subclasses set the facts below and ``activate``."""
 
+    options: ClassVar[frozenset[str]] = frozenset({"hidden", "bias", "dropout"})  # the keys of model.ffn it reads
     up_name: ClassVar[str] = "up"  # the up-projection's attribute (its parameter names in checkpoints)
     up_width: ClassVar[int] = 1  # up-projection output width in units of F ([gate; up] = 2)
     hidden_saved: ClassVar[int] = 2  # hidden activations kept for backward per token, in units of F
@@ -132,6 +133,7 @@ class SwiGLU(FFN):
     """down(silu(gate(x)) * up(x)) (Shazeer 2020; LLaMA). Gate and up share one GEMM ([gate; up]
     rows of ``up``); keeps [gate; up], silu(gate) and the product (4F per token)."""
 
+    options = FFN.options | {"multiple_of"}  # rounds the default hidden width (ffn.hidden null)
     up_name = "gate_up"  # [gate; up] rows
     up_width = 2
     hidden_saved = 4

@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 
 
 PARAMETRIZATIONS = ("standard", "mup")
+# the model keys each parametrisation reads beyond the shared ones (archlab.config.options refuses the others)
+PARAMETRIZATION_OPTIONS = {"standard": frozenset(), "mup": frozenset({"mup_base_width"})}
 
 
 def is_mup(cfg: ModelConfig) -> bool:

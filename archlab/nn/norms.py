@@ -8,7 +8,7 @@ Site argument: ``dim``, the channels normalised (d_model, or the head dim for q/
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from torch import nn
 
@@ -35,6 +35,8 @@ PLACEMENTS = ("pre", "post")
 
 class Norm(Exportable):
     """The facts every norm states (mixed into a torch norm module)."""
+
+    options: ClassVar[frozenset[str]] = frozenset({"placement", "eps"})  # the keys of model.norm it reads
 
     @classmethod
     def validate(cls, m, prefix: str = "model") -> None:
@@ -63,6 +65,7 @@ class Norm(Exportable):
 class LayerNorm(Norm, nn.LayerNorm):
     """(x - mean) / std * gamma + beta over the last dim."""
 
+    options = Norm.options | {"bias"}
     hf_export = {"gpt2": "layernorm"}
     hf_unsupported = "LayerNorm: this family uses RMSNorm"
 

@@ -64,6 +64,7 @@ class PosContext:
 
 
 class PositionEncoding(Exportable, nn.Module):
+    options: ClassVar[frozenset[str]] = frozenset()  # the keys of model.position it reads (besides type)
     rotates_qk: ClassVar[bool] = False  # attention rotates q and k by ctx.cos / ctx.sin
     score_bias: ClassVar[bool] = False  # attention adds ctx.bias to its scores (an explicit mask)
 
@@ -95,9 +96,7 @@ class PositionEncoding(Exportable, nn.Module):
 
     @classmethod
     def validate(cls, m, prefix: str = "model") -> None:
-        if m.position.rope_scaling.type != "none":
-            fail(f"{prefix}.position.rope_scaling.type", m.position.rope_scaling.type,
-                 f"rope scaling needs position.type=rope (got {m.position.type})")
+        """No rules of its own; keys it does not read (``options``) are refused by ``archlab.config.options``."""
 
 
 @POSITIONS.register("none")
@@ -169,7 +168,10 @@ class SinusoidalPositions(PositionEncoding):
 
 class RopeScaling(Exportable):
     """Turns RoPE's inverse frequencies theta_k = base^(-2k/R) into the scaled ones, with an
-    attention temperature (1.0 except YaRN). ``hf_export``: the HF ``rope_type`` per family."""
+    attention temperature (1.0 except YaRN). ``hf_export``: the HF ``rope_type`` per family;
+    ``options``: the keys of ``model.position.rope_scaling`` it reads (besides type)."""
+
+    options: ClassVar[frozenset[str]] = frozenset()
 
     @staticmethod
     def inv_freq(idx: Tensor, base: float, rot_dim: int, sc: RopeScalingConfig,
@@ -206,6 +208,7 @@ class NoRopeScaling(RopeScaling):
 class LinearRopeScaling(RopeScaling):
     """Position interpolation (Chen et al. 2023): pos / s, i.e. every frequency divided by s."""
 
+    options = frozenset({"factor"})
     hf_export = {f: "linear" for f in _ROPE_FAMILIES}
 
     @staticmethod
@@ -221,6 +224,7 @@ class LinearRopeScaling(RopeScaling):
 class NTKRopeScaling(RopeScaling):
     """NTK-aware scaling: stretch the base instead of the positions, base * s^(R/(R-2))."""
 
+    options = frozenset({"factor"})
     hf_unsupported = ("HF has no static NTK-aware RoPE (its 'dynamic' NTK changes the base with the "
                       "sequence length, a different function)")
 
@@ -234,6 +238,7 @@ class YarnRopeScaling(RopeScaling):
     """YaRN (Peng et al. 2023): interpolate the low frequencies, keep the high ones, with a ramp
     between, and scale attention by the temperature 0.1 ln s + 1. Matches HF ``modeling_rope_utils``."""
 
+    options = frozenset({"factor", "original_max_seq_len", "beta_fast", "beta_slow"})
     hf_export = {f: "yarn" for f in _ROPE_FAMILIES}
 
     @staticmethod
@@ -274,6 +279,7 @@ class RotaryPositions(PositionEncoding):
     on the offset only. Pairs are (i, i + R/2), the "rotate half" layout HF LLaMA uses; R is the
     attention's rotary width (``ModelConfig.rotary_dim``: the head dim, MLA's ``qk_rope_head_dim``)."""
 
+    options = frozenset({"rope_base", "rope_scaling"})
     rotates_qk = True
     hf_export = {f: "rope" for f in _ROPE_FAMILIES}
     hf_unsupported = "RoPE: GPT-2 has learned absolute positions only"

@@ -31,6 +31,12 @@ V = 97
 pytestmark = pytest.mark.filterwarnings("ignore:Initializing zero-element tensors is a no-op")
 
 
+def only_if(read: bool, value, default):
+    """``value`` where the chosen variant reads the key, else the key's default (archlab refuses a key
+    that has no effect); the random draw is made either way, so the seeds give the same models."""
+    return value if read else default
+
+
 def deepseek(seed: int, moe: bool = True) -> ModelConfig:
     """A random small DeepSeek-V3 model: head dims, ranks, q_lora on/off, experts, groups, shared
     experts, dense first layers, router settings, biases, RoPE scaling."""
@@ -46,15 +52,17 @@ def deepseek(seed: int, moe: bool = True) -> ModelConfig:
         vocab_size=V, max_seq_len=64, d_model=rng.choice([32, 48]), n_layers=n_layers, n_heads=rng.choice([1, 2, 4]),
         norm=NormConfig(type="rmsnorm", eps=1e-6),
         position=PositionConfig(type="rope", rope_base=rng.choice([10000.0, 500.0]), rope_scaling=RopeScalingConfig(
-            type=scaling, factor=rng.choice([2.0, 4.0]), original_max_seq_len=16 if scaling == "yarn" else None)),
+            type=scaling, factor=only_if(scaling != "none", rng.choice([2.0, 4.0]), 1.0),
+            original_max_seq_len=16 if scaling == "yarn" else None)),
         attention=AttentionConfig(type="mla", bias=rng.random() < 0.5, q_lora_rank=rng.choice([None, 8, 24]),
                                   kv_lora_rank=rng.choice([8, 16, 32]), qk_rope_head_dim=rng.choice([2, 4, 8]),
                                   qk_nope_head_dim=rng.choice([4, 8, 16]), v_head_dim=rng.choice([4, 8, 16])),
         ffn=FFNConfig(type="swiglu", bias=False, hidden=rng.choice([40, 64])),
         tie_embeddings=rng.random() < 0.3,
         moe=MoEConfig(
-            num_experts=E, top_k=top_k, expert_hidden=F, n_shared_experts=rng.choice([0, 1, 2]),
-            shared_hidden=rng.choice([None, 2 * F]), first_k_dense=rng.randint(0, n_layers - 1),
+            num_experts=E, top_k=top_k, expert_hidden=F, n_shared_experts=(n_shared := rng.choice([0, 1, 2])),
+            shared_hidden=only_if(n_shared > 0, rng.choice([None, 2 * F]), None),
+            first_k_dense=rng.randint(0, n_layers - 1),
             router=RouterConfig(type="sigmoid_topk", renormalize=rng.random() < 0.7,
                                 route_scale=rng.choice([1.0, 2.5]), n_groups=groups, topk_groups=kept),
             balance=BalanceConfig(bias_update_rate=rng.choice([0.0, 1e-3]), seq_aux_loss_coeff=1e-4),

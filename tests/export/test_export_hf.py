@@ -29,7 +29,8 @@ def gpt(**kw) -> ModelConfig:
 
 
 def llama(scaling: str = "none", **kw) -> ModelConfig:
-    sc = RopeScalingConfig(type=scaling, factor=4.0, original_max_seq_len=16 if scaling == "yarn" else None)
+    sc = RopeScalingConfig(type=scaling, factor=1.0 if scaling == "none" else 4.0,
+                           original_max_seq_len=16 if scaling == "yarn" else None)
     base = dict(vocab_size=V, max_seq_len=64, d_model=48, n_layers=2, n_heads=4, n_kv_heads=2,
                 norm=NormConfig(type="rmsnorm", eps=1e-6), position=PositionConfig(type="rope", rope_scaling=sc),
                 attention=AttentionConfig(bias=False), ffn=FFNConfig(type="swiglu", bias=False, hidden=80),

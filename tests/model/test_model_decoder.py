@@ -47,16 +47,23 @@ def random_model_config(rng: random.Random) -> ModelConfig:
     d_model = n_heads * rng.choice([2, 4, 6, 8])
     position = rng.choice(["learned", "sinusoidal", "rope", "alibi", "none"])
     scaling = rng.choice(["none", "linear", "ntk", "yarn"]) if position == "rope" else "none"
+    vocab_size, max_seq_len, n_layers = rng.randint(5, 300), rng.randint(4, 64), rng.randint(1, 4)
+    n_kv_heads = rng.choice([g for g in range(1, n_heads + 1) if n_heads % g == 0] + [None])
+    norm_type, placement = rng.choice(["layernorm", "rmsnorm"]), rng.choice(["pre", "post"])
+    norm_bias = rng.random() < 0.5
+    attention = AttentionConfig(bias=rng.random() < 0.5, qk_norm=rng.random() < 0.3)
+    ffn_type, ffn_bias = rng.choice(["gelu", "relu", "swiglu"]), rng.random() < 0.5
+    hidden, multiple_of = rng.choice([None, rng.randint(1, 50)]), rng.choice([1, 8, 32])
+    # a key only another variant reads stays at its default (archlab.config.options refuses it otherwise)
     return ModelConfig(
-        vocab_size=rng.randint(5, 300), max_seq_len=rng.randint(4, 64), d_model=d_model,
-        n_layers=rng.randint(1, 4), n_heads=n_heads,
-        n_kv_heads=rng.choice([g for g in range(1, n_heads + 1) if n_heads % g == 0] + [None]),
-        norm=NormConfig(type=rng.choice(["layernorm", "rmsnorm"]), placement=rng.choice(["pre", "post"]),
-                        bias=rng.random() < 0.5),
-        position=PositionConfig(type=position, rope_scaling=RopeScalingConfig(type=scaling, factor=2.0)),
-        attention=AttentionConfig(bias=rng.random() < 0.5, qk_norm=rng.random() < 0.3),
-        ffn=FFNConfig(type=rng.choice(["gelu", "relu", "swiglu"]), bias=rng.random() < 0.5,
-                      hidden=rng.choice([None, rng.randint(1, 50)]), multiple_of=rng.choice([1, 8, 32])),
+        vocab_size=vocab_size, max_seq_len=max_seq_len, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        norm=NormConfig(type=norm_type, placement=placement, bias=norm_bias if norm_type == "layernorm" else True),
+        position=PositionConfig(type=position, rope_scaling=RopeScalingConfig(
+            type=scaling, factor=1.0 if scaling == "none" else 2.0)),
+        attention=attention,
+        ffn=FFNConfig(type=ffn_type, bias=ffn_bias, hidden=hidden,
+                      multiple_of=multiple_of if ffn_type == "swiglu" and hidden is None else 32),
         tie_embeddings=rng.random() < 0.5,
     )
 

@@ -22,7 +22,8 @@ ATTENTION = {
 def model_for(position: str, n_kv_heads: int = 2, scaling: str = "none", attention: str = "mha"):
     c = ModelConfig(vocab_size=40, max_seq_len=32, d_model=32, n_layers=2, n_heads=4,
                     n_kv_heads=None if attention == "mla" else n_kv_heads, attention=ATTENTION[attention],
-                    position=PositionConfig(type=position, rope_scaling=RopeScalingConfig(type=scaling, factor=2.0)))
+                    position=PositionConfig(type=position, rope_scaling=RopeScalingConfig(
+                        type=scaling, factor=1.0 if scaling == "none" else 2.0)))
     return archlab.build_model(c).eval()
 
 

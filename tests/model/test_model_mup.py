@@ -39,7 +39,7 @@ def gpt(**kw) -> ModelConfig:
 def llama(**kw) -> ModelConfig:
     """LLaMA-style: RMSNorm, RoPE, SwiGLU, GQA, no biases, untied."""
     base = dict(vocab_size=V, max_seq_len=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                norm=NormConfig(type="rmsnorm", bias=False), position=PositionConfig(type="rope"),
+                norm=NormConfig(type="rmsnorm"), position=PositionConfig(type="rope"),
                 attention=AttentionConfig(bias=False), ffn=FFNConfig(type="swiglu", bias=False), tie_embeddings=False)
     return ModelConfig(**{**base, **kw})
 

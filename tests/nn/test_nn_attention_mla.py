@@ -37,7 +37,8 @@ def mla(q_lora=None, kv=16, rope=4, nope=6, v=10, scaling="none", bias=False, no
     base = dict(vocab_size=VOCAB, max_seq_len=64, d_model=32, n_layers=2, n_heads=4,
                 norm=NormConfig(type=norm),
                 position=PositionConfig(type="rope", rope_scaling=RopeScalingConfig(
-                    type=scaling, factor=4.0, original_max_seq_len=16 if scaling == "yarn" else None)),
+                    type=scaling, factor=1.0 if scaling == "none" else 4.0,
+                    original_max_seq_len=16 if scaling == "yarn" else None)),
                 attention=AttentionConfig(type="mla", bias=bias, q_lora_rank=q_lora, kv_lora_rank=kv,
                                           qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=v),
                 ffn=FFNConfig(type="swiglu", bias=False, hidden=48))
@@ -270,7 +271,8 @@ def test_compiles_without_graph_breaks():
     ("model.attention.qk_rope_head_dim=5", "model.attention.qk_rope_head_dim=5: RoPE rotates pairs"),
     ("model.position.type=alibi", "model.position.type='alibi': mla carries positions in its decoupled RoPE key"),
     ("model.position.type=learned", "model.position.type='learned': mla .* use position.type=rope"),
-    ("model.attention.qk_norm=true", "model.attention.qk_norm=True: mla normalises its latents"),
+    ("model.attention.qk_norm=true",  # mla normalises its latents, not per-head q and k
+     "model.attention.qk_norm=True: only used by attention.type mha, sliding_window; this recipe's attention is mla"),
     ("model.n_kv_heads=2", "model.n_kv_heads=2: mla has no key/value head groups"),
     ("model.attention.dropout=1.0", "model.attention.dropout=1.0: must lie in"),
 ])

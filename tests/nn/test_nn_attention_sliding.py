@@ -123,7 +123,8 @@ def test_banded_flops_match_flop_counter(S):
     est = forward_flops(cfg, S)
     assert attn == pytest.approx((est.qkv_proj + est.out_proj + est.attention) * S, rel=1e-9)
     if S > 12:
-        full = forward_flops(archlab.load_recipe(RECIPE, ["model.n_layers=2", "model.attention.type=mha"]), S)
+        full = forward_flops(archlab.load_recipe(RECIPE, ["model.n_layers=2", "model.attention.type=mha",
+                                                        "model.attention.window=null"]), S)
         assert est.attention < full.attention
 
 
@@ -140,7 +141,7 @@ def test_invalid_windows_are_refused_by_name(override, message):
 
 def test_a_window_longer_than_the_context_is_full_attention():
     cfg, model = _model("model.attention.window=5000")  # > max_seq_len: allowed
-    _, full = _model("model.attention.type=mha")
+    _, full = _model("model.attention.type=mha", "model.attention.window=null")
     full.load_state_dict(model.state_dict())
     ids = torch.randint(0, cfg.model.vocab_size, (2, 20))
     with torch.no_grad():

@@ -24,7 +24,7 @@ def moe_layer(ffn="swiglu", **moe) -> MoELayer:
     balance = BalanceConfig(**moe.pop("balance", {"aux_loss_coeff": 0.01, "z_loss_coeff": 0.001}))
     m = MoEConfig(**{"num_experts": 8, "top_k": 2, "expert_hidden": 24, **moe}, router=router, balance=balance)
     cfg = ModelConfig(vocab_size=97, max_seq_len=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                      norm=NormConfig(type="rmsnorm", bias=False), ffn=FFNConfig(type=ffn, bias=False), moe=m)
+                      norm=NormConfig(type="rmsnorm"), ffn=FFNConfig(type=ffn, bias=False), moe=m)
     return MoELayer(cfg).train()
 
 

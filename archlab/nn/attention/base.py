@@ -9,6 +9,7 @@ options are a dataclass in the same module, composed into ``AttentionConfig`` by
 a recipe may give layers different windows):
 
 - ``validate(m, prefix)``: its rules on the ``model`` node;
+- ``options``: the keys of ``model.attention`` it reads (``archlab.nn.component``);
 - ``rotary_dim(cfg)``: the channels RoPE rotates per head;
 - ``num_params(cfg, layer=)``; ``forward_flops(cfg, seq_len, layer=)``: matmul FLOPs per token as
   ``{"qkv_proj", "out_proj", "attn_scores", "attn_values"}`` (``archlab.costs.flops``: input
@@ -23,7 +24,7 @@ a recipe may give layers different windows):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, ClassVar, Optional
 
 import torch
 from torch import Tensor, nn
@@ -94,6 +95,8 @@ class KVCache:
 
 class Attention(Exportable, nn.Module):
     """Base of every variant; see the module docstring for the protocol."""
+
+    options: ClassVar[frozenset[str]] = frozenset({"bias", "dropout", "scale"})  # every variant reads these
 
     def __init__(self, cfg: "ModelConfig", *, layer: int):
         super().__init__()

@@ -37,6 +37,7 @@ class CausalSelfAttention(Attention):
     an additive float mask when ALiBi or a partly filled KV cache needs one.
     """
 
+    options = Attention.options | {"qk_norm"}
     hf_export = {"gpt2": "c_attn", "llama": "q/k/v_proj", "mixtral": "q/k/v_proj", "qwen3_moe": "q/k/v_proj"}
     hf_unsupported = "full causal attention: this family's layers all use a sliding window or latent attention"
 

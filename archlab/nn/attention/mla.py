@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from archlab.errors import fail
 from archlab.nn.attention.base import ATTENTIONS, Attention, LayerKVCache
 from archlab.nn.attention.mha import CausalSelfAttention
-from archlab.nn.component import STATS_BYTES, ActShape
+from archlab.nn.component import STATS_BYTES, ActShape, option_names
 from archlab.nn.mup import width_mult
 from archlab.nn.norms import build_norm, norm_class, norm_params
 from archlab.nn.positions import PosContext, apply_rotary, position_class, rope_inv_freq
@@ -128,6 +128,7 @@ class MultiHeadLatentAttention(Attention):
     """Attention whose keys and values come from a compressed latent per token (see the module
     docstring); the KV cache keeps only that latent and the shared RoPE key."""
 
+    options = Attention.options | option_names(MLAOptions)  # not qk_norm: the latents are normalised instead
     hf_export = {"deepseek_v3": "q_a/q_b/kv_a/kv_b_proj"}
     hf_unsupported = "multi-head latent attention: only DeepSeek-V3 among the exported families has it"
 
@@ -177,9 +178,6 @@ class MultiHeadLatentAttention(Attention):
         if not position_class(m).rotates_qk:
             fail(f"{prefix}.position.type", m.position.type,
                  "mla carries positions in its decoupled RoPE key (qk_rope_head_dim): use position.type=rope")
-        if a.qk_norm:
-            fail(f"{key}.qk_norm", a.qk_norm,
-                 "mla normalises its latents (q_lora_rank, kv_lora_rank), not per-head q and k: set false")
         if m.n_kv_heads is not None and m.n_kv_heads != m.n_heads:
             fail(f"{prefix}.n_kv_heads", m.n_kv_heads,
                  "mla has no key/value head groups (every head's keys and values come from the shared "

@@ -31,7 +31,7 @@ from torch import Tensor
 from archlab.errors import fail
 from archlab.nn.attention.base import ATTENTIONS, LayerKVCache
 from archlab.nn.attention.mha import CausalSelfAttention
-from archlab.nn.component import STATS_BYTES, ActShape
+from archlab.nn.component import STATS_BYTES, ActShape, option_names
 from archlab.nn.norms import norm_class
 from archlab.nn.positions import PosContext, position_class
 
@@ -55,6 +55,7 @@ def layer_window(cfg, layer: int) -> Optional[int]:
 class SlidingWindowAttention(CausalSelfAttention):
     """Grouped-query attention (same projections as ``mha``) restricted to a window."""
 
+    options = CausalSelfAttention.options | option_names(SlidingWindowOptions)
     hf_export = {"mistral": "sliding_window"}
     hf_unsupported = "sliding-window attention: only Mistral among the exported families has it"
 

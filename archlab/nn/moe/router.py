@@ -33,14 +33,14 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, ClassVar, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from archlab.errors import fail
-from archlab.nn.component import Exportable
+from archlab.nn.component import Exportable, option_names
 from archlab.nn.flags import flag_set
 from archlab.registry import Registry
 
@@ -95,6 +95,8 @@ class Router(Exportable, nn.Module):
     """
 
     name = "router"  # the registry name, set by the registration
+    # the keys of model.moe.router it reads: every router reads them all (groups, jitter, route scale)
+    options: ClassVar[frozenset[str]] = option_names(RouterConfig)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

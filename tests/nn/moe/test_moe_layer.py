@@ -27,7 +27,7 @@ def make_cfg(ffn="swiglu", d=32, **moe) -> ModelConfig:
     balance = BalanceConfig(**moe.pop("balance", {}))
     m = MoEConfig(**{"num_experts": 8, "top_k": 2, "expert_hidden": 24, **moe}, router=router, balance=balance)
     return ModelConfig(vocab_size=97, max_seq_len=64, d_model=d, n_layers=3, n_heads=4, n_kv_heads=2,
-                       norm=NormConfig(type="rmsnorm", bias=False), position=PositionConfig(type="rope"),
+                       norm=NormConfig(type="rmsnorm"), position=PositionConfig(type="rope"),
                        ffn=FFNConfig(type=ffn, bias=False), moe=m)
 
 

@@ -1,0 +1,228 @@
+"""Options belong to their variant: a recipe key that has no effect in its recipe is refused.
+
+A *choice* is a key whose value selects a variant: ``model.attention.type`` an entry of
+``ATTENTIONS``, ``train.schedule`` one of the learning-rate schedules. Each variant states the
+keys of the choice's node that it reads: a component's ``options`` (``archlab.nn.component``), a
+data source's ``options`` (``archlab.data.sources``), ``PARAMETRIZATION_OPTIONS``
+(``archlab.nn.mup``) and ``SCHEDULE_OPTIONS`` below. A key that other variants read and the
+selected one does not has no effect, and a recipe that gives it any value but the schema default
+is refused before anything is built, in the form of every rule (``key=value: rule``):
+
+    model.attention.window=16: only used by attention.type sliding_window; this recipe's attention is mha
+
+"Differs from the default", not "was written": every recipe inherits the full defaults (and its
+base recipe's values), and a key left at its default changes nothing where it is not read. A
+nested node named in ``options`` (RoPE's ``rope_scaling``) stands for all its keys.
+
+A *condition* is a key that the selected variant reads only under a setting of another key
+(``model.moe.shared_hidden`` only with shared experts): refused the same way, naming the setting.
+
+The validator (``archlab.config.validate``) asks this module once the type names are known to be
+valid and before the components' own rules, so the message says that the key is not used rather
+than what values it would take.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any, Callable, Iterator
+
+from omegaconf import ListConfig
+
+from archlab.config.schema import (
+    AttentionConfig,
+    DataConfig,
+    FFNConfig,
+    ModelConfig,
+    MoEConfig,
+    NormConfig,
+    PositionConfig,
+    RopeScalingConfig,
+    RouterConfig,
+    TrainConfig,
+)
+from archlab.errors import fail
+from archlab.nn.attention import ATTENTIONS
+from archlab.nn.ffn import FFNS
+from archlab.nn.moe.router import ROUTERS
+from archlab.nn.mup import PARAMETRIZATION_OPTIONS
+from archlab.nn.norms import NORMS
+from archlab.nn.positions import POSITIONS, ROPE_SCALINGS
+from archlab.registry import Registry
+
+__all__ = ["CHOICES", "CONDITIONS", "Choice", "Condition", "SCHEDULE_OPTIONS", "check_data_options",
+           "check_model_options", "check_train_options"]
+
+# The train keys ``archlab.train.optim.lr_at`` reads under each schedule besides the shared ones
+# (lr, warmup_steps, max_steps). constant: lr after the warmup, nothing else.
+SCHEDULE_OPTIONS: dict[str, frozenset[str]] = {
+    "cosine": frozenset({"min_lr_ratio"}),
+    "wsd": frozenset({"min_lr_ratio", "decay_fraction", "decay_steps", "decay_shape"}),
+    "constant": frozenset(),
+}
+
+
+def registry_options(registry: Registry) -> dict[str, frozenset[str]]:
+    """Variant name -> the keys it reads, from each entry's ``options``."""
+    out = {}
+    for name in registry.names():
+        entry = registry.get(name)
+        if not hasattr(entry, "options"):
+            raise TypeError(f"{registry.kind} type {name!r} ({entry!r}) states no options: give it an `options` "
+                            "attribute, the keys of its config node it reads")
+        out[name] = frozenset(entry.options)
+    return out
+
+
+def _data_sources() -> dict[str, frozenset[str]]:
+    from archlab.data.sources import SOURCES  # archlab.data imports the config package: resolved here
+
+    return registry_options(SOURCES)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A key whose value selects which keys of a node take effect."""
+
+    node: str  # the node holding the variants' keys, relative to the section ("attention"; "" = the section)
+    selector: str  # the key naming the variant, relative to the section
+    label: str  # how the message names the selector ("attention.type" for the issue's example)
+    subject: str  # "this recipe's {subject} is {variant}"
+    schema: type  # the node's dataclass: its keys and their defaults
+    variants: Callable[[], dict[str, frozenset[str]]]  # variant name -> the keys of the node it reads
+
+    def governed(self) -> Iterator[tuple[str, list[str]]]:
+        """(key relative to the node, the variants that read it) for every key some variant reads."""
+        variants = self.variants()
+        for key in leaf_keys(self.schema()):
+            users = sorted(v for v, reads in variants.items() if _covers(reads, key))
+            if users:
+                yield key, users
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A key the selected variant reads only when ``holds(section, model)``."""
+
+    key: str  # relative to the section
+    schema: type  # the dataclass holding the key's default (``leaf`` within it)
+    leaf: str
+    when: str  # the setting it needs, as the message says it
+    holds: Callable[[Any, Any], bool]  # (section node, model node) -> the key is read
+    has: Callable[[Any, Any], str]  # what this recipe has instead
+
+
+CHOICES: dict[str, list[Choice]] = {
+    "model": [
+        Choice("attention", "attention.type", "attention.type", "attention", AttentionConfig,
+               lambda: registry_options(ATTENTIONS)),
+        Choice("norm", "norm.type", "norm.type", "norm", NormConfig, lambda: registry_options(NORMS)),
+        # position first: on a position without RoPE every rope_scaling key is foreign
+        Choice("position", "position.type", "position.type", "position", PositionConfig,
+               lambda: registry_options(POSITIONS)),
+        Choice("position.rope_scaling", "position.rope_scaling.type", "position.rope_scaling.type", "rope scaling",
+               RopeScalingConfig, lambda: registry_options(ROPE_SCALINGS)),
+        Choice("ffn", "ffn.type", "ffn.type", "ffn", FFNConfig, lambda: registry_options(FFNS)),
+        Choice("moe.router", "moe.router.type", "moe.router.type", "router", RouterConfig,
+               lambda: registry_options(ROUTERS)),
+        Choice("", "parametrization", "parametrization", "parametrization", ModelConfig,
+               lambda: dict(PARAMETRIZATION_OPTIONS)),
+    ],
+    "data": [Choice("", "source", "data.source", "data source", DataConfig, _data_sources)],
+    "train": [Choice("", "schedule", "train.schedule", "schedule", TrainConfig, lambda: dict(SCHEDULE_OPTIONS))],
+}
+
+CONDITIONS: dict[str, list[Condition]] = {
+    "model": [
+        Condition("ffn.multiple_of", FFNConfig, "multiple_of", "ffn.hidden is null (it rounds the default width)",
+                  lambda m, _: m.ffn.hidden is None, lambda m, _: f"ffn.hidden={m.ffn.hidden}"),
+        Condition("moe.shared_hidden", MoEConfig, "shared_hidden", "moe.n_shared_experts > 0",
+                  lambda m, _: m.moe is None or m.moe.n_shared_experts > 0,
+                  lambda m, _: f"moe.n_shared_experts={m.moe.n_shared_experts}"),
+        Condition("moe.min_capacity", MoEConfig, "min_capacity",
+                  "moe.capacity_factor is set (dropless routing has no capacity)",
+                  lambda m, _: m.moe is None or m.moe.capacity_factor is not None,
+                  lambda m, _: "moe.capacity_factor=None (dropless)"),
+    ],
+    "data": [],
+    "train": [
+        Condition("decay_fraction", TrainConfig, "decay_fraction",
+                  "train.decay_steps is 0 (decay_steps > 0 sets the decay's length)",
+                  lambda t, _: t.decay_steps == 0, lambda t, _: f"train.decay_steps={t.decay_steps}"),
+        Condition("routing_every", TrainConfig, "routing_every", "model.moe is set (routing records of an MoE)",
+                  lambda _, model: model.moe is not None, lambda _, model: "model.moe=None (a dense model)"),
+    ],
+}
+
+
+def leaf_keys(obj: Any, prefix: str = "") -> Iterator[str]:
+    """Dotted paths of the non-dataclass fields of a dataclass instance, nested ones included."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if is_dataclass(value):
+            yield from leaf_keys(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}"
+
+
+def _covers(reads: frozenset[str], key: str) -> bool:
+    return any(key == r or key.startswith(r + ".") for r in reads)
+
+
+def _get(node: Any, path: str) -> Any:
+    for part in filter(None, path.split(".")):
+        if node is None:
+            return None
+        node = getattr(node, part)
+    return node
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (ListConfig, list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
+
+
+def _check(section: Any, model: Any, prefix: str, name: str) -> None:
+    for c in CHOICES[name]:
+        node = _get(section, c.node)
+        if node is None:  # a dense model has no moe node: none of its keys is set
+            continue
+        selected = _get(section, c.selector)
+        variants = c.variants()
+        if selected not in variants:  # an unknown type name: its own rule says so
+            continue
+        default = c.schema()
+        for key, users in c.governed():
+            if selected in users:
+                continue
+            value = _plain(_get(node, key))
+            if value != _plain(_get(default, key)):
+                fail(_join(prefix, c.node, key), value,
+                     f"only used by {c.label} {', '.join(users)}; this recipe's {c.subject} is {selected}")
+    for k in CONDITIONS[name]:
+        owner = _get(section, k.key.rpartition(".")[0])
+        if owner is None or k.holds(section, model):
+            continue
+        value = _plain(_get(section, k.key))
+        if value != _plain(_get(k.schema(), k.leaf)):
+            fail(_join(prefix, k.key), value, f"only used when {k.when}; this recipe has {k.has(section, model)}")
+
+
+def check_model_options(m, prefix: str = "model") -> None:
+    """Refuse a key of the ``model`` node ``m`` that the selected variants do not read."""
+    _check(m, m, prefix, "model")
+
+
+def check_data_options(d) -> None:
+    """Refuse a ``data`` key that the selected source does not read."""
+    _check(d, None, "data", "data")
+
+
+def check_train_options(t, model) -> None:
+    """Refuse a ``train`` key that the selected schedule (or the model) does not use."""
+    _check(t, model, "train", "train")
