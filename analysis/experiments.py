@@ -1,7 +1,8 @@
-"""The report of an experiment (``python -m tools.experiment``): per arm the final validation loss
-over seeds with a 95% t-interval, the paired (same-seed) difference against the reference arm and
-against the arm it extends, and what the arm costs; then one section per measurement of the spec
-(``analysis.experiment_sections``). Writes ``report.md``, ``report.json`` (every number) and PNGs.
+"""What every part of an experiment's report (``analysis.experiment_report``) reads and writes
+with: the runs of the record collected per arm and grid cell (:class:`Group`, :class:`Context`),
+their statistics, costs and formatting helpers, and the :class:`Section` each measurement
+(``analysis.measurements``) and stage (``tools.experiment_tuning``, ``tools.experiment_ceg``) adds
+to the report. Imports no measurement: they import it.
 
 Statistics. An arm's seeds give losses x_1..x_n: the table shows the mean and the 95% t-interval
 mean ± t_{0.975, n-1} * sd / sqrt(n) (none for n = 1). Against the reference arm (or the parent
@@ -30,8 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from analysis.plotting import COLORS, pyplot, save_figure, style_axes
-from analysis.runs import RunError, open_run, write_json_atomic, write_text_atomic
+from analysis.runs import RunError, open_run
 
 LEVEL = 0.95
 LEARN_MARGIN = 0.1  # nats: a final loss above unigram entropy - this did not learn beyond unigram statistics
@@ -187,7 +187,7 @@ class Context:
     measures: dict
     out: Path
     curve_rows: list = field(default_factory=list)  # the compute curve's trunks and branches (role ceg-*)
-    comparison: dict = field(default_factory=dict)  # tools.experiment_ceg.compare: tests, CEG, classes
+    comparison: dict = field(default_factory=dict)  # tools.experiment_ceg.compare (set by the report): tests, CEG
 
     @property
     def spec(self) -> dict:
@@ -232,13 +232,8 @@ def build_context(record: dict, measures: dict, out: Path) -> Context:
         if other is not None:
             g.vs_compare = paired_difference(g.losses(), other.losses())
     curve_rows = [run_row(r, manifests.get(r["point"], {})) for r in record.get("ceg_runs", [])]
-    ctx = Context(record=record, arms=arms, rows=rows, groups=groups, measures=measures, out=out,
-                  curve_rows=curve_rows)
-    if not record["spec"].get("grid"):
-        from tools.experiment_ceg import compare
-
-        ctx.comparison = compare(ctx)
-    return ctx
+    return Context(record=record, arms=arms, rows=rows, groups=groups, measures=measures, out=out,
+                   curve_rows=curve_rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -292,85 +287,6 @@ def cost_cells(g: Group) -> list[str]:
             speed, fmt_bytes(m["peak_rss_bytes"]), fmt_bytes(c["kv_bytes_per_token"])]
 
 
-def loss_note(g: Group, ctx: Optional["Context"] = None) -> str:
-    m = g.measured()
-    notes = []
-    if g.vs_compare is not None and ctx is not None:
-        notes.append(f"vs `{ctx.arms[g.arm]['compare']}` (paired): {fmt_ci(g.vs_compare, signed=True)}")
-    if m["did_not_learn"]:
-        notes.append(f"{m['did_not_learn']} of {len(g.runs)} did not learn (loss ~ unigram entropy)")
-    bad = [r for r in g.runs.values() if r["status"] != "finished"]
-    for r in bad:
-        notes.append(f"seed {r['seed']} {r['status']}" + (f": {r['reason']}" if r["reason"] else ""))
-    return "; ".join(notes)
-
-
-# --------------------------------------------------------------------------------------------
-# the main table and plot
-# --------------------------------------------------------------------------------------------
-
-
-def tuned_lr(ctx: Context, arm: str) -> str:
-    """'3e-3 (bracketed)', '1e-2 (edge: limit hit)', or the lr the arm trained at when untuned."""
-    tuning = ctx.record.get("tuning") or {}
-    source = arm if arm in tuning else ctx.arms[arm].get("parent")
-    if source in tuning:
-        t = tuning[source]
-        where = "bracketed" if t["bracketed"] else "edge: limit hit"
-        return f"{t['lr']:g} ({where}{'' if source == arm else f', of {source}'})"
-    from archlab.config import load_recipe
-
-    a = ctx.arms[arm]
-    return f"{float(load_recipe(a['recipe'], a['overrides']).train.lr):g} (untuned)"
-
-
-def main_table(ctx: Context, cell: str = "") -> str:
-    from tools.experiment_ceg import fmt_ceg
-
-    comp = ctx.comparison.get("arms", {}) if not cell else {}
-    header = ["arm", "lr", "final val loss (nats/token), mean [95% CI]", f"vs `{ctx.reference}` (paired)",
-              f"CEG vs `{ctx.reference}` [95% CI]", "verdict (Holm)", "vs parent (paired)", "tokens trained",
-              *COST_HEADER, "notes"]
-    rows = []
-    for g in ctx.arm_groups(cell):
-        parent = ctx.arms[g.arm]["parent"]
-        vs_parent = f"{fmt_ci(g.vs_parent, signed=True)} vs {parent}" if g.vs_parent else "-"
-        c = comp.get(g.arm, {})
-        ceg = fmt_ceg(c.get("ceg")) + (" (calibration: should include 1)" if g.arm == ctx.reference and
-                                       c.get("ceg") else "")
-        rows.append([f"{g.label} (`{g.arm}`)", tuned_lr(ctx, g.arm), fmt_ci(g.loss),
-                     fmt_ci(g.vs_reference, signed=True) if g.vs_reference
-                     else ("reference" if g.arm == ctx.reference else "-"), ceg, c.get("class", "-"), vs_parent,
-                     fmt_count(g.measured()["tokens"]), *cost_cells(g), loss_note(g, ctx)])
-    return table(header, rows)
-
-
-def plot_losses(ctx: Context, path: Path, cell: str = "") -> Optional[Path]:
-    """One row per arm: each seed's final validation loss and the mean with its 95% interval."""
-    groups = [g for g in ctx.arm_groups(cell) if g.loss.get("mean") is not None]
-    if not groups:
-        return None
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(groups) + 1.6))
-    for i, g in enumerate(groups):
-        y = len(groups) - 1 - i
-        losses = list(g.losses().values())
-        ax.scatter(losses, [y] * len(losses), color=COLORS[0], s=14, alpha=0.5, zorder=3,
-                   label="one seed" if i == 0 else None)
-        lo, hi = g.loss["low"], g.loss["high"]
-        err = [[g.loss["mean"] - lo], [hi - g.loss["mean"]]] if lo is not None else None
-        ax.errorbar([g.loss["mean"]], [y], xerr=err, fmt="D", color=COLORS[3], capsize=4, zorder=4,
-                    label="mean, 95% t-interval" if i == 0 else None)
-    unigram = [r["unigram_entropy"] for g in groups for r in g.runs.values() if _finite(r["unigram_entropy"])]
-    if unigram:
-        ax.axvline(sum(unigram) / len(unigram), color="0.5", ls="--", lw=1, label="unigram entropy (no learning)")
-    ax.set_yticks(range(len(groups)), [g.label for g in reversed(groups)])
-    n = max(len(g.runs) for g in groups)
-    style_axes(ax, f"{ctx.spec['name']}: final validation loss ({n} seed{'s' if n > 1 else ''} per arm)",
-               "final validation loss (nats/token, lower is better)", "arm", grid="x")
-    return save_figure(fig, path)
-
-
 def figure_md(figures: list[str], fig, alt: str) -> str:
     """Markdown that embeds a saved figure (its name appended to ``figures``), or "" when the plot
     had nothing to draw (``fig`` None)."""
@@ -380,114 +296,32 @@ def figure_md(figures: list[str], fig, alt: str) -> str:
     return f"\n\n![{alt}]({fig.name})"
 
 
+def errbar(iv: dict) -> Optional[list]:
+    """matplotlib's ``xerr``/``yerr`` of one interval (distances below and above the mean), or None
+    without an interval."""
+    if iv.get("low") is None:
+        return None
+    return [[iv["mean"] - iv["low"]], [iv["high"] - iv["mean"]]]
+
+
+def mean_unigram(ctx: Context) -> Optional[float]:
+    """The runs' mean unigram entropy of the training split (the loss of a model that learned only
+    token frequencies), or None."""
+    vals = [r["unigram_entropy"] for r in ctx.rows if _finite(r["unigram_entropy"])]
+    return sum(vals) / len(vals) if vals else None
+
+
 # --------------------------------------------------------------------------------------------
-# the report
+# report sections
 # --------------------------------------------------------------------------------------------
 
 
-def _wall_time(ctx: Context) -> str:
-    times = [r["elapsed_s"] for r in ctx.rows if _finite(r["elapsed_s"])]
-    measure = ctx.record.get("measure_wall_s")
-    return (f"{len(ctx.rows)} training runs, {sum(times) / 60:.1f} min of training wall time in total (the sum of the "
-            f"runs' times, from the sweep manifests); measurements after training {measure or 0:.0f} s in the "
-            "invocation that wrote this report (measurements cached in the runs folder are reused, not timed again).")
+@dataclass
+class Section:
+    """One section of the report: its title (``## title``), markdown, the figures it saved under the
+    report folder and the numbers behind it (``report.json``)."""
 
-
-def _setup(ctx: Context) -> str:
-    spec = ctx.spec
-    budget = spec["budget"]
-    kind, value = next(iter(budget.items()))
-    lines = [f"- Budget per run: {value:.3g} {'training FLOPs' if kind == 'flops' else 'tokens'}"
-             + (" (equal training FLOPs: tokens = budget / the arm's FLOPs per token)" if kind == "flops" else "")
-             + "; arms with their own budget say so below.",
-             f"- Seeds: {spec['seeds']} (`train.seed`: initial weights and data order; the corpus split is fixed)."
-             + (" Quick mode: tiny models, a few steps: the numbers only show that the pipeline works."
-                if spec.get("quick") else ""),
-             f"- Every arm: `{' '.join(spec['set'])}`" if spec["set"] else "- Every arm: the recipe as it is.",
-             f"- Reference arm: `{ctx.reference}`."]
-    if spec.get("grid"):
-        lines.append("- Grid (every arm, every seed): " + "; ".join(f"`{k}` in {v}" for k, v in spec["grid"].items()))
-    rows = []
-    for a in ctx.arms.values():
-        b = a["budget"]
-        budget_text = (f"time of `{b['match_time_of']}` at the speed of `{b['speed_of']}`" if "match_time_of" in b
-                       else f"{next(iter(b.values())):.3g} {next(iter(b))}")
-        rows.append([f"`{a['name']}`", a["label"], f"`{a['parent']}`" if a["parent"] else f"`{a['recipe']}`",
-                     " ".join(f"`{o}`" for o in a["own"]) or "-", budget_text, a.get("note") or ""])
-    return "\n".join(lines) + "\n\n" + table(["arm", "label", "recipe or parent", "its overrides", "budget", "note"],
-                                            rows)
-
-
-def runs_table(ctx: Context) -> str:
-    rows = []
-    for r in ctx.rows:
-        rows.append([r["point"], r["seed"], r["status"] + (f" ({r['reason']})" if r["reason"] else ""),
-                     f"{r['val_loss']:.4f}" if _finite(r["val_loss"]) else "-", fmt_count(r["tokens"]),
-                     f"{r['elapsed_s']:.0f}" if _finite(r["elapsed_s"]) else "-",
-                     fmt_count(r["tokens_per_s"]), fmt_bytes(r["peak_rss_bytes"])])
-    return table(["run", "seed", "status", "final val loss", "tokens", "wall s", "tokens/s", "peak RSS"], rows)
-
-
-def _json_group(g: Group) -> dict:
-    return {"arm": g.arm, "label": g.label, "cell": g.cell, "loss": g.loss, "vs_reference": g.vs_reference,
-            "vs_parent": g.vs_parent, "vs_compare": g.vs_compare, "costs": g.costs, "measured": g.measured(),
-            "bench_tokens_per_s": g.bench_tokens_per_s,
-            "seeds": {str(s): r["val_loss"] for s, r in g.runs.items()}}
-
-
-def _relative(path: str) -> str:
-    """A run folder relative to the working directory (the repository root) when it lies under it."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
-    """Write report.md, report.json and the figures under ``out``; returns their paths."""
-    from analysis import experiment_sections
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    ctx = build_context(record, measures, out)
-    spec = ctx.spec
-    figures = []
-    md = [f"# {spec.get('title') or spec['name']}", ""]
-    if spec.get("description"):
-        md += [spec["description"].strip(), ""]
-    if spec.get("claim"):
-        md += [f"**Claim checked.** {spec['claim'].strip()}", ""]
-    md += ["## Regenerate", "", "From the repository root (runs go under "
-           f"`{spec['out']}`, git-ignored; finished runs are skipped, interrupted ones resumed):", "", "```sh",
-           command, "```", "", _wall_time(ctx), "", "## Setup", "", _setup(ctx), ""]
-    if spec.get("notes"):
-        md += [spec["notes"].strip(), ""]
-    sections_json = {}
-    if not spec.get("grid"):
-        md += ["## Results", "", main_table(ctx), ""]
-        embed = figure_md(figures, plot_losses(ctx, out / "val_loss.png"), "final validation loss per arm")
-        md += [embed.strip(), ""] if embed else []
-    from tools import experiment_ceg, experiment_tuning
-
-    for section in ([experiment_tuning.section(ctx)] + ([experiment_ceg.section(ctx)] if ctx.comparison else [])):
-        md += [f"## {section.title}", "", section.markdown.strip(), ""]
-        figures += section.figures
-        sections_json[section.title] = section.data
-    names = list(spec.get("measurements") or {})
-    for name in [n for n in names if n != "throughput"] + [n for n in names if n == "throughput"]:
-        section = experiment_sections.SECTIONS[name](ctx)
-        md += [f"## {section.title}", "", section.markdown.strip(), ""]
-        figures += section.figures
-        sections_json[name] = section.data
-    md += ["## Every run", "", runs_table(ctx), ""]
-    data = {"experiment": spec["name"], "command": command, "spec": spec, "arms": list(ctx.arms.values()),
-            "runs": [{**r, "run_dir": _relative(r["run_dir"])} for r in ctx.rows],
-            "groups": [_json_group(g) for g in ctx.groups.values()], "sections": sections_json,
-            "tuning": record.get("tuning"), "comparison": ctx.comparison,
-            "curve_runs": [{**r, "run_dir": _relative(r["run_dir"])} for r in ctx.curve_rows],
-            "timed_budgets": record.get("timed_budgets"), "measure_wall_s": record.get("measure_wall_s"),
-            "figures": figures}
-    md_path = write_text_atomic(out / "report.md", "\n".join(md))
-    json_path = write_json_atomic(out / "report.json", data)
-    return {"markdown": md_path, "json": json_path, "figures": [out / f for f in figures],
-            "unfinished": [r["point"] for r in ctx.rows if r["status"] not in ("finished", "diverged")]}
+    title: str
+    markdown: str
+    figures: list = field(default_factory=list)
+    data: dict = field(default_factory=dict)

@@ -12,9 +12,10 @@ one document or of a few neighbouring ones):
   of the mean per-window difference (the windows' shared difficulty cancels, so it is much
   narrower than either run's own).
 
-The report compares them with the seed intervals (the t-interval over seeds of an arm's loss and of
-its paired difference against the reference): the validation set is large enough when its own
-error is at most a third of the seed interval it sits beside.
+The report (``analysis.measurements.val_sampling``) compares them with the seed intervals (the
+t-interval over seeds of an arm's loss and of its paired difference against the reference): the
+validation set is large enough when its own error is at most a third of the seed interval it sits
+beside.
 
     losses_W = window_losses("runs/experiments/attention-kv/sweep/mha-seed0-flop4.2e12")  # (W,)
 """

@@ -6,15 +6,29 @@ measured, and reported with intervals.
     python -m tools.experiment report experiments/evolution.yaml           # the report again from the runs
     python -m tools.experiment plan experiments/evolution.yaml             # arms, steps and costs; trains nothing
 
-Every arm runs once per seed (and per cell of ``grid``, if any) as one point of a ``tools.sweep``
-sweep under ``<out>/sweep/``: resumable (a finished run is skipped, a started one continues from
+Three stages train. (1) Tuning (``tools.experiment_tuning``, ``<out>/tune/``): each arm's lr is
+chosen on its own by a log grid at the full budget, extended until the best lr is interior (or
+tuned at the muP base width and transferred, or shared by design, said so). (2) The seeded runs:
+every arm at its tuned lr once per seed (and per cell of ``grid``, if any) as one point of a
+``tools.sweep`` sweep under ``<out>/sweep/``: resumable (a finished run is skipped, a started one continues from
 its checkpoint), one run folder per point, ``manifest.json`` with each run's status, wall time and
 peak resident memory. Arms whose budget is a wall-clock time (``match_time_of``) train in a second
-sweep, ``<out>/sweep-time/``, once the runs that set their time are done. Then the measurements
+sweep, ``<out>/sweep-time/``, once the runs that set their time are done. (3) The compute curve
+(``tools.experiment_ceg``, ``<out>/ceg/``): WSD trunks of the reference arm with cooldown branches
+from below to above the budget, so that each arm's loss converts to a compute-equivalent gain
+(CEG), and every comparison is classified (paired t-test and TOST against the margin, Holm across
+the report's comparisons): better, worse, equivalent within the margin, or unresolved. Every run is
+a typed record (arm, seed, lr, grid cell, role: tune | seeded | ceg-stable | ceg-cooldown) in
+``experiment.json``. Then the measurements
 that need more than the run folders (evaluation at longer contexts, gradient norms at
-initialisation) run in this process, each cached under ``<out>/measurements/``; then the report
-(``analysis.experiments``): ``report.md`` with the tables, PNGs, ``report.json`` with every number
-and the command that regenerates it.
+initialisation, the throughput benchmark) run in this process, each cached under
+``<out>/measurements/``; then the report (``analysis.experiment_report``): ``report.md`` with the
+tables, PNGs, ``report.json`` with every number and the command that regenerates it.
+
+Each measurement is one module of ``analysis.measurements`` (registered in
+``analysis.measurements.MEASUREMENTS``): the settings it accepts, checked when the spec loads (an
+unknown setting or a bad value is an error naming it), what it computes after training and its
+report section.
 
 Spec file (YAML):
 
@@ -29,6 +43,12 @@ Spec file (YAML):
     set: [model.vocab_size=2048]       # overrides for every arm
     grid: {train.lr: [1.0e-3, 3.0e-3]} # optional: crossed with every arm and seed
     reference: vanilla                 # paired differences are taken against it (default: the first arm)
+    tune: {lr: [1.0e-3, 2.0e-3, 4.0e-3], budget_fraction: 1.0, seed: 1000, max_extend: 3}
+                                       # required: each arm's lr (tools.experiment_tuning); or {lr: [...],
+                                       # mup: true} (width-only arms under muP), or {shared: <why>} (by design)
+    ceg: {fractions: [0.25, 0.5, 1.0, 2.0], seeds: [0, 1, 2], decay_fraction: 0.2, shape: sqrt}
+                                       # optional: the reference's loss against compute (tools.experiment_ceg)
+    margin: {ceg: [0.9, 1.1]}          # equivalence margin of the verdicts (default), or {nats: 0.02}
     arms:                              # in order: tables and plots follow it
       - name: vanilla
         label: 2017 Transformer        # short text for tables and plots (default: the name)
@@ -46,16 +66,22 @@ Spec file (YAML):
                                        # benchmark if the spec measures it, else the runs' own)
     measurements:                      # besides the final validation loss and the costs (always reported)
       ladder: {}                       # each arm against the arm it extends; waterfall plot
-      extrapolation: {multipliers: [1, 2, 4, 8], tokens: 32768, variants: {...}}
-      init_grad_norms: {depths: [2, 4, 8], batches: 2}
+      extrapolation: {multipliers: [1, 2, 4, 8], tokens: 32768, arms: [...], variants: {NAME: {arm, label, set}}}
+                                       # loss at multiples of the training context, as trained and with
+                                       # evaluation-time overrides (arms: default all)
+      init_grad_norms: {depths: [2, 4, 8], batches: 2, seeds: [...], arms: [...]}  # per-layer gradient norms at
+                                       # initialisation (seeds: default the spec's; arms: default all)
       stability: {}                    # grid outcome per arm: learned | did not learn | diverged
       routing: {heatmaps: [a, b]}      # MaxVio against validation loss; load heatmaps of two arms
       wall_clock: {}                   # equal-FLOPs and equal-time views
       kv_cache: {}                     # validation loss against KV-cache bytes per token
+      val_sampling: {}                 # the validation set's own sampling error beside the seed intervals
       throughput: {steps: 10, rounds: 5}  # every arm's training step timed side by side (interleaved rounds):
                                        # tokens/s that compare under the same load; time-matched budgets use it
+                                       # (--quick: {steps: 2, rounds: 2}); its section comes last
     quick:                             # --quick: these keys replace the spec's (`set` is appended)
       budget: {tokens: 4096}
+      tune: {lr: [1.0e-3, 3.0e-3], max_extend: 0}
       arms: [vanilla, pre-ln]          # train only these arms (all arms are still resolved and checked)
 
 ``--quick`` also applies :data:`QUICK_SET` (tiny width, short sequences, a small corpus) before
@@ -76,6 +102,7 @@ from typing import Optional, Sequence
 
 from omegaconf import OmegaConf
 
+from analysis.measurements import MEASUREMENTS
 from archlab.config import RecipeError, load_recipe
 from archlab.io import write_json_atomic
 from tools import experiment_ceg, experiment_tuning, sweep
@@ -86,14 +113,11 @@ SPEC_KEYS = ("name", "title", "description", "claim", "out", "report", "seeds", 
              "arms", "measurements", "quick", "notes", "tune", "ceg", "margin")
 ARM_KEYS = ("name", "label", "recipe", "extends", "set", "budget", "side", "note", "compare")
 QUICK_KEYS = ("arms", "seeds", "budget", "set", "grid", "measurements", "tune", "ceg")
-MEASUREMENTS = ("ladder", "extrapolation", "init_grad_norms", "stability", "routing", "wall_clock", "kv_cache",
-                "throughput")
 DEFAULT_SEEDS = [0, 1, 2]
 # --quick: a model and corpus small enough that every experiment runs end to end in seconds
 QUICK_SET = ["model.vocab_size=384", "data.max_bytes=150000", "model.d_model=32", "model.n_layers=2",
              "train.seq_len=32", "train.micro_batch_size=4", "train.eval_batches=2",
              "train.tensorboard=false", "train.log_every=1", "train.warmup_steps=2"]
-QUICK_MEASUREMENTS = {"throughput": {"steps": 2, "rounds": 2}}
 
 
 @dataclass
@@ -136,6 +160,7 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
     _check_keys(spec, SPEC_KEYS, path)
     quick_part = spec.pop("quick", None) or {}
     _check_keys(quick_part, QUICK_KEYS, f"{path}: quick")
+    _check_measurements(quick_part.get("measurements"), f"{path}: quick.measurements")
     if quick:
         spec["set"] = list(spec.get("set") or []) + QUICK_SET + list(quick_part.get("set") or [])
         spec["seeds"] = quick_part.get("seeds", [0])
@@ -143,7 +168,8 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
             if key in quick_part:
                 spec[key] = quick_part[key]
         wanted = spec.get("measurements") or {}
-        quick_measures = _merge(QUICK_MEASUREMENTS, quick_part.get("measurements") or {})
+        quick_measures = _merge({n: m.quick for n, m in MEASUREMENTS.items() if m.quick},
+                                quick_part.get("measurements") or {})
         spec["measurements"] = _merge(wanted, {k: v for k, v in quick_measures.items() if k in wanted})
         if quick_part.get("arms"):
             spec["only_arms"] = list(quick_part["arms"])
@@ -165,9 +191,12 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
     grid = spec.get("grid") or {}
     if not isinstance(grid, dict) or "train.seed" in grid:
         raise RecipeError(f"{path}: grid={grid!r}: a mapping of key -> list of values, without train.seed")
-    unknown = sorted(set(spec.get("measurements") or {}) - set(MEASUREMENTS))
-    if unknown:
-        raise RecipeError(f"{path}: measurements: unknown {unknown}; valid: {', '.join(MEASUREMENTS)}")
+    if "measurements" in spec:
+        spec["measurements"] = _check_measurements(spec["measurements"], f"{path}: measurements")
+    if spec.get("tune") is None:  # no arm is compared at an lr that suits another arm better, by construction
+        raise RecipeError(f"{path}: 'tune:' is required: each arm's lr tuned ({{lr: [1.0e-3, 2.0e-3, 4.0e-3]}}), "
+                          "tuned at the muP base width and transferred ({lr: [...], mup: true}), or shared by design "
+                          "({shared: <why>}); see tools/experiment_tuning.py")
     spec["tune"] = experiment_tuning.check(spec.get("tune"), seeds)
     if spec["tune"] and "lr" in spec["tune"] and "train.lr" in grid:
         raise RecipeError(f"{path}: tune: and grid: train.lr both choose the lr; a grid over lr shares it by design "
@@ -186,6 +215,18 @@ def _check_keys(d: dict, valid: Sequence[str], where: str) -> None:
     unknown = sorted(set(d) - set(valid))
     if unknown:
         raise RecipeError(f"{where}: unknown keys {unknown}; valid: {', '.join(valid)}")
+
+
+def _check_measurements(wanted: Optional[dict], where: str) -> dict:
+    """``{name: settings}`` with every name a registered measurement and its settings checked by it."""
+    if wanted is None:
+        return {}
+    if not isinstance(wanted, dict):
+        raise RecipeError(f"{where}={wanted!r}: expected a mapping of measurement name -> settings")
+    unknown = sorted(set(wanted) - set(MEASUREMENTS))
+    if unknown:
+        raise RecipeError(f"{where}: unknown {unknown}; valid: {', '.join(MEASUREMENTS)}")
+    return {name: MEASUREMENTS[name].check(settings, f"{where}.{name}") for name, settings in wanted.items()}
 
 
 def _check_budget(budget, where: str) -> None:
@@ -314,9 +355,7 @@ def sweep_spec(spec: dict, arms: Sequence[Arm], folder: str, budgets: dict[str, 
             "description": f"experiment {spec['name']}"}
 
 
-def planned_points(sspec: dict) -> list[sweep.Point]:
-    out_dir = Path(sspec["out"]).resolve()
-    return [sweep.plan_point(p, out_dir, 1, 8) for p in sweep.build_points(sspec)]
+planned_points = sweep.plan_points
 
 
 def match_time_budgets(spec: dict, arms: Sequence[Arm], runs: list[dict],
@@ -442,10 +481,8 @@ def run_experiment(spec: dict, *, jobs: int = 1, threads: Optional[int] = None, 
     if timed:
         bench = None
         if "throughput" in (spec.get("measurements") or {}):  # the speeds, side by side, before phase 2
-            from analysis.experiment_measures import run_throughput
-
             write_record(spec, arms, runs, {"threads": threads})
-            bench = run_throughput(read_record(Path(spec["out"])), log=write)
+            bench = MEASUREMENTS["throughput"].run(read_record(Path(spec["out"])), log=write)
         timed_budgets = match_time_budgets(spec, timed, runs, bench)
         phase2 = sweep_spec(spec, timed, "sweep-time", timed_budgets)
         points2 = planned_points(phase2)
@@ -475,13 +512,11 @@ def tune_arms(spec: dict, arms: Sequence[Arm], fixed: Sequence[Arm], *, jobs: in
         a = next(a for a in arms if a.name == arm)
         a.overrides = [*a.overrides, *lr_set]
     manifest = sweep.read_manifest(Path(spec["out"]) / experiment_tuning.FOLDER) or {}
-    elapsed = {p["name"]: p.get("elapsed_s") or 0.0 for p in manifest.get("points", [])}
-    wall = {arm: sum(elapsed.get(p, 0.0) for p in t["runs"]) for arm, t in tuned.items()}
+    wall = {p["name"]: p.get("elapsed_s") or 0.0 for p in manifest.get("points", [])}  # per tuning run
     return {"tuning": tuned, "tune_runs": recs, "tune_wall_s": wall}
 
 
-class Stopped(Exception):
-    """The sweep was stopped (Ctrl-C, SIGTERM) before every run ended: no report from half the runs."""
+Stopped = sweep.Stopped
 
 
 def _check_stopped(points: list[sweep.Point]) -> None:
@@ -513,7 +548,9 @@ def plan(spec: dict, log=print, estimate: bool = True) -> dict:
     log("\n== stage 1: tuning")
     experiment_tuning.plan(spec, fixed, log=log)
     if spec.get("tune") and "lr" in spec["tune"]:
-        pts = planned_points(experiment_tuning.sweep_spec(spec, fixed, {a.name: spec["tune"]["lr"] for a in fixed}))
+        searched = [experiment_tuning.mup_base_arm(fixed)] if spec["tune"].get("mup") else fixed
+        pts = planned_points(experiment_tuning.sweep_spec(spec, searched, {a.name: spec["tune"]["lr"]
+                                                                          for a in searched}))
         stages["tuning (starting grid)"] = pts
     log("\n== stage 2: seeded runs" + (" (at each arm's tuned lr)" if "tuning (starting grid)" in stages else ""))
     sspec = sweep_spec(spec, fixed, "sweep", {a.name: a.budget for a in fixed})
@@ -559,10 +596,16 @@ def _flops_per_s(arm: Arm) -> Optional[float]:
 
 
 def measure(record: dict, log=print) -> dict:
-    """Run the measurements that need more than the run folders; each result cached as JSON."""
-    from analysis import experiment_measures
-
-    return experiment_measures.run_all(record, log=log)
+    """{name: result} of the spec's measurements that compute something beyond the run folders
+    (``Measurement.run``), each result cached as JSON under ``<out>/measurements/``."""
+    wanted = record["spec"].get("measurements") or {}
+    results = {}
+    for name, m in MEASUREMENTS.items():
+        if name in wanted:
+            result = m.run(record, log=log)
+            if result is not None:
+                results[name] = result
+    return results
 
 
 # --------------------------------------------------------------------------------------------
@@ -594,7 +637,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    from analysis.experiments import write_report
+    from analysis.experiment_report import write_report
     from analysis.runs import RunError
 
     try:

@@ -107,10 +107,8 @@ def sweep_spec(spec: dict, arm, lr_set: Sequence[str]) -> dict:
 
 def seeded_warmup(arm) -> int:
     """The warmup steps of the arm's seeded runs (``tools.sweep``: the recipe's, at most a tenth of the run)."""
-    from tools.experiment import planned_points
-
-    pt = planned_points({"out": "/nonexistent", "ladders": {arm.name: {"recipe": arm.recipe, "set": arm.overrides,
-                                                                      **{k: [float(v)] for k, v in arm.budget.items()}}}})
+    ladder = {"recipe": arm.recipe, "set": arm.overrides, **{k: [float(v)] for k, v in arm.budget.items()}}
+    pt = sweep.plan_points({"out": "/nonexistent", "ladders": {arm.name: ladder}})
     launch = dict(o.split("=", 1) for o in pt[0].extra["launch_overrides"])
     return int(launch.get("train.warmup_steps") or next(o.split("=", 1)[1] for o in reversed(arm.overrides)
                                                          if o.startswith("train.warmup_steps=")))
@@ -129,10 +127,8 @@ def run(spec: dict, arm, lr_set: Sequence[str], *, jobs: int = 1, threads: Optio
     points = sweep.run_sweep(sspec, jobs=jobs, threads=threads, log=log)
     left = [p.name for p in points if p.status in ("pending", "running", "interrupted", "failed", "blocked")]
     if left:
-        from tools.experiment import Stopped
-
-        raise Stopped(f"compute curve: {len(left)} runs not finished ({', '.join(left[:3])}); run the same command "
-                      "again to resume them")
+        raise sweep.Stopped(f"compute curve: {len(left)} runs not finished ({', '.join(left[:3])}); run the same "
+                            "command again to resume them")
     return records(sspec, points, arm.name, spec["ceg"]["seeds"])
 
 
@@ -168,7 +164,12 @@ def compare(ctx) -> dict:
     margin_spec = spec.get("margin") or dict(DEFAULT_MARGIN)
     ref = ctx.group(ctx.reference)
     ref_curves = curves(ctx, ctx.reference) if spec.get("ceg") else {}
-    fit = fair.fit_compute_curve([p for pts in ref_curves.values() for p in pts]) if ref_curves else None
+    fit, curve_note = None, ""
+    if ref_curves:
+        try:
+            fit = fair.fit_compute_curve([p for pts in ref_curves.values() for p in pts])
+        except ValueError as e:  # fewer than 2 distinct computes learned: no curve, no CEG
+            curve_note = f"no compute curve: {e}"
     budget_c = _compute(ref) if ref is not None else None
     if "ceg" in margin_spec and fit is not None and budget_c:
         lo, hi = fair.loss_margin_from_ceg(fit, budget_c, tuple(margin_spec["ceg"]))
@@ -188,7 +189,8 @@ def compare(ctx) -> dict:
     classes = fair.classify(tests) if tests else []
     holm_diff = fair.holm([t["p_difference"] for t in tests])
     holm_tost = fair.holm([t["p_tost"] for t in tests])
-    out = {"margin": margin, "fit": fit, "family": "every arm against the reference", "arms": {}}
+    out = {"margin": margin, "fit": fit, "family": "every arm against the reference", "arms": {},
+           "curve_note": curve_note}
     for arm, t, cls, hd, ht in zip(arms, tests, classes, holm_diff, holm_tost):
         t = {**t, "p_difference_holm": hd["p_adj"], "p_tost_holm": ht["p_adj"]}
         if cls == "unresolved" and t["sd"]:
@@ -239,8 +241,7 @@ def _p(v: Optional[float]) -> str:
 
 def section(ctx):
     """Classification table (paired tests, Holm, CEG) and the reference's compute curve."""
-    from analysis.experiment_sections import Section
-    from analysis.experiments import figure_md, table
+    from analysis.experiments import Section, figure_md, table
 
     comp = ctx.comparison
     m = comp["margin"]
@@ -258,7 +259,8 @@ def section(ctx):
         need = str(t["seeds_needed"]) if t.get("seeds_needed") else ""
         rows.append([f"{ctx.arms[arm]['label']} (`{arm}`)", f"{t['mean']:+.3f}" if t.get("mean") is not None else "-",
                      "-" if ci90[0] is None else f"[{ci90[0]:+.3f}, {ci90[1]:+.3f}]",
-                     _p(t.get("p_difference")), _p(t.get("p_difference_holm")), _p(t.get("p_tost")), _p(t.get("p_tost_holm")),
+                     _p(t.get("p_difference")), _p(t.get("p_difference_holm")), _p(t.get("p_tost")),
+                     _p(t.get("p_tost_holm")),
                      fmt_ceg(c.get("ceg")), f"**{c['class']}**", need])
     md = "\n\n".join(lines) + "\n\n" + table(
         ["arm", "paired difference (nats)", "90% CI (TOST)", "p (difference)", "Holm", "p (equivalence)", "Holm",

@@ -9,6 +9,7 @@ Spec key (``tools.experiment``)::
       seed: 1000                              # train.seed of the tuning runs (not one of the seeds:)
       max_extend: 3                           # extensions allowed on each side of the grid
     tune: {shared: "why the arms share the recipe's lr"}   # the alternative: say why, tune nothing
+    tune: {lr: [...], mup: true}       # width-only arms under muP: tune once at the base width, transfer
 
 Procedure: a log grid at the arm's full budget (``budget_fraction: 1``), one run per lr. Successive
 halving from shorter budgets was not chosen: the optimal lr shifts with the number of steps
@@ -27,6 +28,12 @@ are ordinary run folders of a ``tools.sweep`` sweep under ``<out>/tune/``: resum
 finished. Arms whose budget is a wall-clock time (``match_time_of``) take the lr of the arm they
 extend (the same model).
 
+``mup: true`` is for arms that differ only in width and train with ``model.parametrization=mup``
+(checked): the lr is searched once, at the base width (the arm whose ``d_model`` equals
+``model.mup_base_width``, or else the first arm at that width), and every arm trains at it — muP's
+promise is that the optimal lr transfers across widths (its coordinate check and lr transfer are
+measured in ``tools/mup_sweep.py``).
+
 The report section shows, per arm, the loss against lr (plot), the chosen lr, whether it is
 bracketed, and what tuning cost (runs and the sum of their wall times, against the seeded runs').
 """
@@ -40,7 +47,7 @@ from typing import Optional, Sequence
 from archlab.config import RecipeError
 from tools import sweep
 
-KEYS = ("lr", "budget_fraction", "seed", "max_extend", "shared")
+KEYS = ("lr", "budget_fraction", "seed", "max_extend", "shared", "mup")
 FOLDER = "tune"
 DEFAULTS = {"budget_fraction": 1.0, "seed": 1000, "max_extend": 3}
 
@@ -75,8 +82,11 @@ def check(value, seeds: Sequence[int], where: str = "tune") -> Optional[dict]:
                           "(the reported runs must not be the ones the lr was selected on)")
     if not isinstance(out["max_extend"], int) or out["max_extend"] < 0:
         raise RecipeError(f"{where}.max_extend={out['max_extend']!r}: an integer >= 0")
+    if not isinstance(out.get("mup", False), bool):
+        raise RecipeError(f"{where}.mup={out['mup']!r}: true (tune at the muP base width, transfer) or false")
     out["lr"] = lrs
     out["budget_fraction"] = float(out["budget_fraction"])
+    out["mup"] = bool(out.get("mup", False))
     return out
 
 
@@ -146,7 +156,44 @@ def extend(lrs: list[float], side: str, ratio: float) -> list[float]:
 
 
 def run(spec: dict, arms, *, jobs: int = 1, threads: Optional[int] = None, log=print) -> tuple[dict, list[dict]]:
-    """Tune every arm with a fixed budget (resumable); returns ({arm: result}, run records)."""
+    """Tune every arm with a fixed budget (resumable), or under ``mup: true`` the base-width arm
+    only; returns ({arm: result}, run records)."""
+    if not spec["tune"].get("mup"):
+        return search(spec, arms, jobs=jobs, threads=threads, log=log)
+    base = mup_base_arm(arms)
+    tuned, recs = search(spec, [base], jobs=jobs, threads=threads, log=log)
+    return {a.name: {**tuned[base.name], "transferred_from": base.name} for a in arms}, recs
+
+
+def mup_base_arm(arms):
+    """The arm at the muP base width (every arm must train under muP with one base width); when no
+    arm is that wide, the first arm narrowed to it."""
+    import dataclasses
+
+    from archlab.config import load_recipe
+
+    widths, base = set(), None
+    for a in arms:
+        m = load_recipe(a.recipe, a.overrides).model
+        if m.parametrization != "mup":
+            raise RecipeError(f"tune.mup=true: arm {a.name} trains with model.parametrization={m.parametrization}; "
+                              "muP transfer needs model.parametrization=mup on every arm")
+        widths.add(int(m.mup_base_width))
+        if int(m.d_model) == int(m.mup_base_width) and base is None:
+            base = a
+    if len(widths) != 1:
+        raise RecipeError(f"tune.mup=true: the arms name different model.mup_base_width {sorted(widths)}; one base "
+                          "width is tuned and transferred")
+    width = widths.pop()
+    if base is not None:
+        return base
+    first = arms[0]
+    return dataclasses.replace(first, name=f"{first.name}-base{width}",
+                               overrides=[*first.overrides, f"model.d_model={width}"])
+
+
+def search(spec: dict, arms, *, jobs: int = 1, threads: Optional[int] = None, log=print) -> tuple[dict, list[dict]]:
+    """The bracketed log-grid search of each arm's lr (module docstring)."""
     tune = spec["tune"]
     ratio = tune["lr"][1] / tune["lr"][0]
     lrs = {a.name: list(tune["lr"]) for a in arms}
@@ -156,9 +203,7 @@ def run(spec: dict, arms, *, jobs: int = 1, threads: Optional[int] = None, log=p
         points = sweep.run_sweep(sspec, jobs=jobs, threads=threads, log=log)
         left = [p.name for p in points if p.status in ("pending", "running", "interrupted", "failed")]
         if left:
-            from tools.experiment import Stopped
-
-            raise Stopped(f"tuning: {len(left)} runs not finished ({', '.join(left[:3])}); run the same command "
+            raise sweep.Stopped(f"tuning: {len(left)} runs not finished ({', '.join(left[:3])}); run the same command "
                           "again to resume them")
         recs = records(sspec, points, lrs, tune["seed"])
         again = False
@@ -194,7 +239,7 @@ def tuned_overrides(arms, tuned: dict) -> dict[str, list[str]]:
     """Each arm's ``train.lr`` override: its own tuned lr, or its parent's (time-matched arms)."""
     out = {}
     for a in arms:
-        source = a.name if a.name in tuned else a.parent
+        source = a.name if a.name in tuned else a.parent  # time-matched arms: their parent's lr
         if source not in tuned:
             raise RecipeError(f"tuning: arm {a.name} has no tuned lr (nor has its parent {a.parent})")
         out[a.name] = [f"train.lr={_lr_text(tuned[source]['lr'])}"]
@@ -210,7 +255,10 @@ def plan(spec: dict, arms, log=print) -> None:
     if "shared" in tune:
         log(f"tuning: none by design: {tune['shared']}")
         return
-    log(f"tuning: {len(arms)} arms x {len(tune['lr'])} lrs {tune['lr']} at {tune['budget_fraction']:g} of each "
+    if tune.get("mup"):
+        arms = [mup_base_arm(arms)]
+        log(f"tuning under muP: the base-width arm {arms[0].name} only; every arm trains at its lr")
+    log(f"tuning: {len(arms)} arms x {len(tune['lr'])} lrs {tune['lr']} at {tune['budget_fraction']:g} x each "
         f"arm's budget, seed {tune['seed']}; up to {tune['max_extend']} more lrs per side when the best is at an "
         "edge")
     sweep.run_sweep(sweep_spec(spec, arms, {a.name: list(tune["lr"]) for a in arms}), dry_run=True, log=log)
@@ -223,8 +271,7 @@ def plan(spec: dict, arms, log=print) -> None:
 
 def section(ctx):
     """The tuning table (per arm: grid, chosen lr, bracketed, cost) and the loss-vs-lr plot."""
-    from analysis.experiment_sections import Section
-    from analysis.experiments import figure_md, table
+    from analysis.experiments import Section, figure_md, table
 
     tuning = ctx.record.get("tuning") or {}
     tune = ctx.spec.get("tune") or {}
@@ -232,23 +279,29 @@ def section(ctx):
         return Section("Learning rate", f"Every arm trains at its recipe's lr, by design: {tune['shared']}")
     if not tuning:
         return Section("Learning rate", "Not tuned: every arm trains at its recipe's lr (the spec has no `tune:`).")
-    walls = ctx.record.get("tune_wall_s") or {}
+    walls = ctx.record.get("tune_wall_s") or {}  # tuning run -> its wall seconds
     rows = []
     for arm, t in tuning.items():
         where = "bracketed" if t["bracketed"] else "at the edge of the grid, extension limit hit"
         losses = ", ".join("diverged" if d else f"{v:.3f}" if v is not None else "-"
                            for v, d in zip(t["losses"], t["diverged"]))
+        if t.get("transferred_from"):
+            where += f"; muP transfer from `{t['transferred_from']}`"
         rows.append([f"{ctx.arms[arm]['label']} (`{arm}`)", ", ".join(f"{lr:g}" for lr in t["lrs"]), losses,
-                     f"**{t['lr']:g}**", where, len(t["runs"]), f"{walls.get(arm, 0) / 60:.1f}"])
+                     f"**{t['lr']:g}**", where, len(t["runs"]),
+                     f"{sum(walls.get(r, 0.0) for r in t['runs']) / 60:.1f}"])
     seeded = sum(r["elapsed_s"] for r in ctx.rows if r["elapsed_s"])
-    tuned_s = sum(walls.values())
-    share = "the arm's full budget" if tune["budget_fraction"] == 1 else f"{tune['budget_fraction']:g} x the arm's budget"
-    md = (f"Each arm's lr is chosen on its own (`tools/experiment_tuning.py`): a log grid at {share}, one run per lr at seed {tune['seed']} (not one of the "
+    runs = {r for t in tuning.values() for r in t["runs"]}  # under muP every arm shares the base's runs
+    tuned_s = sum(walls.get(r, 0.0) for r in runs)
+    share = ("the arm's full budget" if tune["budget_fraction"] == 1
+             else f"{tune['budget_fraction']:g} x the arm's budget")
+    md = (f"Each arm's lr is chosen on its own (`tools/experiment_tuning.py`): a log grid at {share}, one run per lr "
+          f"at seed {tune['seed']} (not one of the "
           "reported seeds), the best final validation loss; the grid extends by its own ratio until the best lr is "
           "interior. The seeded runs train at the chosen lr.\n\n"
           + table(["arm", "lrs tried", "final val loss at each lr (nats/token)", "chosen lr", "where", "runs",
                    "wall min"], rows)
-          + f"\n\nTuning cost: {sum(len(t['runs']) for t in tuning.values())} runs, {tuned_s / 60:.1f} min of training "
+          + f"\n\nTuning cost: {len(runs)} runs, {tuned_s / 60:.1f} min of training "
           f"wall time (the seeded runs: {len(ctx.rows)} runs, {seeded / 60:.1f} min; tuning is "
           f"{tuned_s / max(seeded, 1e-9):.2f}x their cost).")
     figures: list = []

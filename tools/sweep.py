@@ -410,6 +410,17 @@ def launch_overrides(p: Point, cfg, out_dir: Path, evals: int) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
+class Stopped(Exception):
+    """A sweep was stopped (Ctrl-C, SIGTERM) before every run ended: nothing is reported from half
+    the runs; the same command resumes them."""
+
+
+def plan_points(sspec: dict) -> list[Point]:
+    """Every point of a sweep spec, planned (steps, folders, launch overrides), on one process."""
+    out_dir = Path(sspec["out"]).resolve()
+    return [plan_point(p, out_dir, 1, 8) for p in build_points(sspec)]
+
+
 def write_manifest(out_dir: Path, spec: dict, points: list[Point]) -> None:
     write_json_atomic(out_dir / MANIFEST, {"kind": "archlab-sweep", "version": 1, "spec": spec,
                                            "points": [asdict(p) for p in points]}, sort_keys=False)

@@ -9,10 +9,10 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from analysis.experiment_sections import maxvio
 from analysis.experiments import cell_tag, fmt_ci, paired_difference, t_interval
 from analysis.extrapolation import eval_overrides
 from analysis.init_gradients import init_grad_norms
+from analysis.measurements.routing import maxvio
 from archlab.config import load_recipe
 
 

@@ -10,17 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from analysis.measurements import MEASUREMENTS
 from tools import experiment
 from tools.experiment import load_spec, main, match_time_budgets, resolve_arms
 from tools.sweep import build_points
 
 EXPERIMENTS = ["evolution", "extrapolation", "attention-kv", "norm-placement", "balancing", "moe-vs-dense"]
 # the report sections each measurement of a spec adds (their titles in report.md)
-SECTION_TITLES = {"ladder": "## Ladder", "extrapolation": "## Length extrapolation",
-                  "init_grad_norms": "## Gradient norms at initialisation", "stability": "## Stability",
-                  "routing": "## Load balancing", "wall_clock": "## Equal FLOPs against equal wall-clock time",
-                  "kv_cache": "## Validation loss against KV-cache size",
-                  "throughput": "## Throughput, measured side by side"}
+SECTION_TITLES = {name: f"## {m.title}" for name, m in MEASUREMENTS.items()}
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +26,8 @@ def _in_repo_root(root, monkeypatch):
 
 
 def _write_spec(tmp_path: Path, **spec) -> str:
-    base = {"name": "t", "budget": {"tokens": 4096}, "arms": [{"name": "a", "recipe": "recipes/llama/tiny.yaml"}]}
+    base = {"name": "t", "budget": {"tokens": 4096}, "arms": [{"name": "a", "recipe": "recipes/llama/tiny.yaml"}],
+            "tune": {"shared": "spec checks only: nothing is trained"}}
     path = tmp_path / "spec.yaml"
     path.write_text(json.dumps({**base, **spec}))
     return str(path)
@@ -67,7 +65,12 @@ def test_arms_inherit_their_parents_overrides_and_previous_skips_side_arms(tmp_p
     ({"seeds": [0, -1]}, "seeds=[0, -1]"),
     ({"reference": "zzz"}, "reference='zzz': not an arm"),
     ({"measurements": {"perplexity": {}}}, "measurements: unknown ['perplexity']"),
+    ({"measurements": {"extrapolation": {"multiplier": [1, 2]}}},
+     "measurements.extrapolation: unknown keys ['multiplier']"),
+    ({"measurements": {"throughput": {"steps": 0}}}, "measurements.throughput.steps=0: expected an integer >= 1"),
+    ({"quick": {"measurements": {"routing": {"heatmap": ["a"]}}}}, "quick.measurements.routing: unknown keys"),
     ({"colour": "red"}, "unknown keys ['colour']"),
+    ({"tune": None}, "'tune:' is required: each arm's lr tuned"),
     ({"set": ["model.d_model=30"]}, "arm a (recipes/llama/tiny.yaml + its overrides)"),
     ({"quick": {"arms": ["zzz"]}}, "quick.arms: ['zzz'] are not arms"),
     ({"arms": [{"name": "a", "recipe": "recipes/llama/tiny.yaml"},
@@ -182,6 +185,21 @@ def test_quick_experiment_writes_a_complete_report(quick, root, name):
     manifest = json.loads((out / "sweep" / "manifest.json").read_text())
     assert all(p["peak_rss_bytes"] > 0 for p in manifest["points"])
     assert set(data["sections"]) == set(spec["measurements"])
+    # the stages: every arm's lr tuned (or shared by design, said so), the comparison classified
+    if "shared" in spec["tune"]:
+        assert "## Learning rate" in md and spec["tune"]["shared"][:40] in md
+    else:
+        assert "## Learning rate, tuned per arm" in md and "tuning.png" in data["figures"]
+        timed = {a["name"] for a in data["arms"] if "match_time_of" in a["budget"]}  # they take their parent's lr
+        assert set(data["tuning"]) == set(trained) - timed
+        for t in data["tuning"].values():
+            assert len(t["lrs"]) >= len(spec["tune"]["lr"]) and t["lr"] in t["lrs"]
+    if not spec.get("grid"):
+        assert "## Compute-equivalent gain and verdicts" in md
+        for arm in trained:
+            if arm != spec["reference"]:
+                assert data["comparison"]["arms"][arm]["class"] in ("better", "worse", "equivalent within the margin",
+                                                                   "unresolved")
 
 
 def test_quick_evolution_ladder_steps_pair_each_arm_with_its_parent(quick):

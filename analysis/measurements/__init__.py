@@ -1,0 +1,37 @@
+"""The measurements an experiment spec can name (``measurements:`` in ``experiments/*.yaml``, run
+by ``python -m tools.experiment``), besides the final validation loss and the costs that every
+report has. One module per measurement, named as in the spec; each owns
+
+- the settings it accepts (``keys``), checked when the spec loads (``check``: an unknown key or a
+  bad value is an error naming it),
+- what it computes beyond the run folders after training, if anything (``run``; cached under
+  ``<out>/measurements/``), and
+- its section of the report (``section``; ``analysis.experiment_report`` writes them in the spec's
+  order, the ones marked ``last`` (``throughput``) after the others).
+
+Each module registers its measurement in :data:`MEASUREMENTS` (``@register``, ``base.py``) when
+it is imported below; to add a measurement, write its module and import it here.
+
+- ``ladder``: each arm against the arm it extends; waterfall plot.
+- ``extrapolation``: loss at multiples of the training context, as trained and with evaluation-time variants.
+- ``init_grad_norms``: per-layer gradient norms at initialisation, per arm, depth and seed.
+- ``stability``: the outcome of every cell of the grid per arm: learned | did not learn | diverged.
+- ``routing``: MoE load imbalance (MaxVio) against validation loss; load heat maps.
+- ``wall_clock``: equal training FLOPs against equal training time (time-matched arms).
+- ``kv_cache``: validation loss against KV-cache bytes per token.
+- ``throughput``: every arm's training step timed side by side (interleaved rounds).
+- ``val_sampling``: the validation set's own sampling error (bootstrap over windows) beside the seed intervals.
+"""
+
+from analysis.measurements import (  # noqa: F401  (each registers its measurement)
+    extrapolation,
+    init_grad_norms,
+    kv_cache,
+    ladder,
+    routing,
+    stability,
+    throughput,
+    val_sampling,
+    wall_clock,
+)
+from analysis.measurements.base import MEASUREMENTS, Measurement, register  # noqa: F401

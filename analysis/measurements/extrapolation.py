@@ -1,0 +1,272 @@
+"""``extrapolation: {multipliers, tokens, arms, variants}``: every finished run of the listed arms
+(``arms``, default all) evaluated at each multiple of its training context L (``multipliers``,
+default [1, 2, 4, 8]) on ``tokens`` validation tokens per length (default 32768)
+(``analysis.extrapolation``), once as trained and once per evaluation-time variant of its arm
+(``variants: {name: {arm, label, set}}``, e.g. RoPE + YaRN: overrides of the model config at
+evaluation only, ``{factor}`` = length / L, ``{L}`` = the training context); each evaluation cached
+under ``<out>/measurements/extrapolation/``. The report: the loss at each length with its interval,
+the paired growth from L to the longest length, and the loss per token position.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from analysis.experiments import Context, Section, figure_md, fmt_ci, mean_unigram, paired_difference, t_interval, table
+from analysis.measurements.base import (
+    Measurement,
+    cached,
+    check_int,
+    check_ints,
+    check_names,
+    measurement_folder,
+    register,
+)
+from analysis.plotting import COLORS, pyplot, save_figure, style_axes
+from archlab.errors import RecipeError
+
+VARIANT_KEYS = ("arm", "label", "set")
+
+
+@register
+class Extrapolation(Measurement):
+    """Loss at L, 2L, 4L, 8L (and per position), as trained and with evaluation-time variants."""
+
+    name = "extrapolation"
+    title = "Length extrapolation"
+    keys = ("arms", "multipliers", "tokens", "variants")
+
+    def check(self, settings, where: str) -> dict:
+        s = super().check(settings, where)
+        check_names(s, "arms", where)
+        check_ints(s, "multipliers", where)
+        check_int(s, "tokens", where)
+        variants = s.get("variants")
+        if "variants" in s and not isinstance(variants, dict):
+            raise RecipeError(f"{where}.variants={variants!r}: expected a mapping of variant name -> "
+                              "{arm, label, set}")
+        for name, v in (variants or {}).items():
+            w = f"{where}.variants.{name}"
+            if not isinstance(v, dict) or not v.get("arm"):
+                raise RecipeError(f"{w}={v!r}: expected a mapping with 'arm:' (and 'label:', 'set:')")
+            unknown = sorted(set(v) - set(VARIANT_KEYS))
+            if unknown:
+                raise RecipeError(f"{w}: unknown keys {unknown}; valid: {', '.join(VARIANT_KEYS)}")
+            if not isinstance(v.get("set", []), list):
+                raise RecipeError(f"{w}.set={v['set']!r}: expected a list of KEY=VALUE overrides")
+        return s
+
+    def run(self, record: dict, log=print) -> list[dict]:
+        from analysis.extrapolation import evaluate_lengths
+
+        m = self.settings(record)
+        multipliers = [int(x) for x in m.get("multipliers", [1, 2, 4, 8])]
+        tokens = int(m.get("tokens", 32768))
+        folder = measurement_folder(record) / self.name
+        out = []
+        for job in extrapolation_jobs(record):
+            for run in (r for r in record["runs"] if r["arm"] == job["arm"] and _finished(r)):
+                settings = {"multipliers": multipliers, "tokens": tokens, "overrides": job["overrides"],
+                            "run_dir": run["run_dir"]}
+                path = folder / f"{run['point']}--{job['variant']}.json"
+                if not path.is_file():
+                    log(f"extrapolation: {job['variant']} on {run['point']}")
+                result = cached(path, settings, lambda: evaluate_lengths(run["run_dir"], multipliers, tokens,
+                                                                          job["overrides"]))
+                out.append({**job, "seed": run["seed"], "cell": run["cell"], "point": run["point"], "result": result})
+        return out
+
+    def section(self, ctx: Context) -> Section:
+        rows_data, multipliers = _extrapolation_table(ctx)
+        if not rows_data:
+            return Section(self.title, "(no evaluations: no finished runs of the listed arms)")
+        L = rows_data[0]["train_len"]
+        header = ["position encoding", *[f"{m}L = {m * L}" for m in multipliers],
+                  f"loss({multipliers[-1]}L) - loss(L), paired"]
+        rows = []
+        for v in rows_data:
+            cells = []
+            for m in multipliers:
+                cells.append(f"n/a ({v['not_applicable'][m]})" if m in v["not_applicable"]
+                             else fmt_ci(v["per_multiplier"][m]["loss"]))
+            g = v["growth"]
+            growth = "-"
+            if g:
+                growth = fmt_ci(g, signed=True) + (f" (to {g['to']}L)" if g["to"] != multipliers[-1] else "")
+            rows.append([v["label"], *cells, growth])
+        md = (f"Validation loss (nats/token, mean [95% CI] over seeds) at multiples of the training context L = {L}, "
+              f"{int((ctx.spec['measurements']['extrapolation'] or {}).get('tokens', 32768))} validation tokens per "
+              "length (the same windows for every run). Variants with `+` apply a RoPE scaling at evaluation only, "
+              "with factor s = length / L (at L: s = 1, the unscaled model).\n\n" + table(header, rows))
+        figures = []
+        for fig in (plot_extrapolation(ctx, rows_data, multipliers, ctx.out / "extrapolation.png"),
+                    plot_per_position(ctx, rows_data, max(multipliers), ctx.out / "per_position.png")):
+            md += figure_md(figures, fig, fig.stem if fig else "")  # alt text: the file's stem
+        return Section(self.title, md, figures, {"variants": rows_data, "multipliers": multipliers})
+
+
+def _finished(run: dict) -> bool:
+    path = Path(run["run_dir"]) / "summary.json"
+    try:
+        return json.loads(path.read_text()).get("status") == "completed"
+    except (OSError, ValueError):
+        return False
+
+
+def extrapolation_jobs(record: dict) -> list[dict]:
+    """(arm, variant, overrides) of every evaluation: each listed arm as trained, then the variants."""
+    m = record["spec"]["measurements"]["extrapolation"] or {}
+    arm_names = [a["name"] for a in record["arms"]]
+    listed = m.get("arms") or arm_names
+    jobs = [{"arm": a, "variant": a, "label": next(x["label"] for x in record["arms"] if x["name"] == a),
+             "overrides": []} for a in listed]
+    for name, v in (m.get("variants") or {}).items():
+        if v.get("arm") not in arm_names:
+            raise ValueError(f"measurements.extrapolation.variants.{name}.arm={v.get('arm')!r}: not an arm "
+                             f"(arms: {', '.join(arm_names)})")
+        jobs.append({"arm": v["arm"], "variant": name, "label": v.get("label", name),
+                     "overrides": list(v.get("set", []))})
+    return jobs
+
+
+def _extrapolation_table(ctx: Context) -> tuple[list[dict], list[int]]:
+    """Per variant: per multiplier the loss interval over seeds (or n/a), and the paired growth
+    from L to the longest length."""
+    results = ctx.measures.get("extrapolation") or []
+    variants: dict[str, dict] = {}
+    for r in results:
+        v = variants.setdefault(r["variant"], {"variant": r["variant"], "arm": r["arm"], "label": r["label"],
+                                               "by_seed": {}})
+        v["by_seed"][r["seed"]] = r["result"]
+    multipliers = sorted({row["multiplier"] for r in results for row in r["result"]["lengths"]})
+    out = []
+    for v in variants.values():
+        per_m, na, curves = {}, {}, {}
+        for m in multipliers:
+            vals, reasons = {}, set()
+            for seed, res in v["by_seed"].items():
+                row = next((x for x in res["lengths"] if x["multiplier"] == m), None)
+                if row is None:
+                    continue
+                if row["status"] == "ok":
+                    vals[seed] = row["loss"]
+                    curves.setdefault(m, []).append(row["per_position"])
+                else:
+                    reasons.add(row["reason"])
+            per_m[m] = {"loss": t_interval(list(vals.values())), "by_seed": vals}
+            if reasons and not vals:
+                na[m] = "; ".join(sorted(reasons))
+        ok = [m for m in multipliers if m not in na and per_m[m]["loss"]["n"]]
+        growth = None
+        if len(ok) > 1:
+            growth = paired_difference(per_m[ok[-1]]["by_seed"], per_m[ok[0]]["by_seed"])
+            growth["from"], growth["to"] = ok[0], ok[-1]
+        out.append({**{k: v[k] for k in ("variant", "arm", "label")}, "per_multiplier": per_m, "not_applicable": na,
+                    "growth": growth, "train_len": next(iter(v["by_seed"].values()))["train_len"],
+                    "per_position": {m: _mean_curve(c) for m, c in curves.items()}})
+    return out, multipliers
+
+
+def _mean_curve(curves: list[dict]) -> dict:
+    width = curves[0]["bin_width"]
+    arr = np.array([c["loss"] for c in curves], dtype=float)
+    return {"bin_width": width, "loss": arr.mean(axis=0).tolist(), "n": len(curves)}
+
+
+def _growth_curve(v: dict, ms: list[int]) -> list[float]:
+    """Mean over seeds of loss(m L) - loss(L), paired by seed, at each multiplier m of ``ms``."""
+    base = v["per_multiplier"][ms[0]]["by_seed"]
+    out = []
+    for m in ms:
+        here = v["per_multiplier"][m]["by_seed"]
+        diffs = [here[s] - base[s] for s in here if s in base]
+        out.append(sum(diffs) / len(diffs) if diffs else float("nan"))
+    return out
+
+
+def plot_extrapolation(ctx: Context, rows_data: list[dict], multipliers: list[int], path):
+    """Left: the loss at each evaluated length with its interval. Right: the paired increase over
+    the loss at L, zoomed so that one encoding that blows up does not flatten the others."""
+    plt = pyplot()
+    fig, (ax, ax_g) = plt.subplots(1, 2, figsize=(14, 5.2))
+    L = rows_data[0]["train_len"]
+    tops, growth = [], {}
+    for i, v in enumerate(rows_data):
+        ms = [m for m in multipliers if m not in v["not_applicable"] and v["per_multiplier"][m]["loss"]["n"]]
+        means = [v["per_multiplier"][m]["loss"]["mean"] for m in ms]
+        low = [v["per_multiplier"][m]["loss"]["low"] for m in ms]
+        high = [v["per_multiplier"][m]["loss"]["high"] for m in ms]
+        style = "--" if v["variant"] != v["arm"] else "-"
+        color = COLORS[i % len(COLORS)]
+        ax.plot([m * L for m in ms], means, style, marker="o", color=color,
+                label=v["label"] + (" (n/a past " + f"{ms[-1] * L})" if v["not_applicable"] and ms else ""))
+        if all(x is not None for x in low):
+            ax.fill_between([m * L for m in ms], low, high, color=color, alpha=0.15)
+        tops.append(means[0] if means else None)
+        if len(ms) > 1:
+            growth[v["label"]] = ([m * L for m in ms], _growth_curve(v, ms), style, color)
+    unigram = mean_unigram(ctx)
+    for a in (ax, ax_g):
+        a.axvline(L, color="0.3", ls="--", lw=0.8, label=f"training context L = {L}")
+        a.set_xscale("log", base=2)
+        a.set_xticks([m * L for m in multipliers], [f"{m * L}" for m in multipliers])
+    finite = [t for t in tops if t is not None]
+    top = max(finite) + 0.8 if finite else None  # the trained-length losses stay readable when a variant blows up
+    if unigram and (top is None or unigram < top + 0.6):  # the unigram line only when it is near the curves
+        ax.axhline(unigram, color="0.5", ls=":", lw=1, label="unigram entropy")
+        top = None if top is None else max(top, unigram + 0.1)
+    if finite:
+        ax.set_ylim(min(finite) - 0.15, top)
+    style_axes(ax, "Validation loss against evaluation context\n(shaded: 95% CI over seeds)",
+               "evaluation context length (tokens, log scale)", "validation loss (nats/token)", legend=False)
+    peaks = sorted(max(abs(g) for g in c[1]) for c in growth.values())
+    clip = peaks[-2] * 1.4 + 0.02 if len(peaks) > 1 and peaks[-1] > 2.5 * peaks[-2] else None
+    ax_g.axhline(0.0, color="0.3", lw=0.8)
+    for label, (x, y, style, color) in growth.items():
+        off = clip is not None and max(abs(g) for g in y) > clip
+        ax_g.plot(x, y, style, marker="o", color=color, label=label + (" (off scale)" if off else ""))
+    if clip is not None:
+        ax_g.set_ylim(-clip, clip)
+    style_axes(ax_g, "Increase over the loss at L (mean of the same-seed differences)",
+               "evaluation context length (tokens, log scale)", "loss(length) - loss(L) (nats/token)",
+               legend=False)
+    handles, labels = ax_g.get_legend_handles_labels()
+    for h, label in zip(*ax.get_legend_handles_labels()):  # one legend for both panels
+        if not any(x.split(" (")[0] == label.split(" (")[0] for x in labels):
+            handles.append(h)
+            labels.append(label)
+    ax_g.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return save_figure(fig, path)
+
+
+def plot_per_position(ctx: Context, rows_data: list[dict], multiplier: int, path):
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    L = rows_data[0]["train_len"]
+    drawn = 0
+    firsts = []
+    for i, v in enumerate(rows_data):
+        curve = v["per_position"].get(multiplier)
+        if curve is None:
+            continue
+        w = curve["bin_width"]
+        x = [w * (j + 0.5) for j in range(len(curve["loss"]))]
+        ax.plot(x, curve["loss"], "--" if v["variant"] != v["arm"] else "-", color=COLORS[i % len(COLORS)],
+                label=v["label"], lw=1.3)
+        firsts.append(min(curve["loss"]))
+        drawn += 1
+    if not drawn:
+        return None
+    unigram = mean_unigram(ctx)
+    ax.axvline(L, color="0.3", ls="--", lw=0.8, label=f"training context L = {L}")
+    if unigram:
+        ax.axhline(unigram, color="0.5", ls=":", lw=1, label="unigram entropy")
+        ax.set_ylim(min(firsts) - 0.2, unigram + 1.0)
+    style_axes(ax, f"Loss per token position in windows of {multiplier}L = {multiplier * L} tokens "
+               f"(mean over seeds, bins of {rows_data[0]['per_position'][multiplier]['bin_width']})"
+               if multiplier in rows_data[0]["per_position"] else f"Loss per token position at {multiplier}L",
+               "token position in the window", "validation loss (nats/token)", legend_outside=True)
+    return save_figure(fig, path)

@@ -1,0 +1,127 @@
+"""``routing: {heatmaps}``: per MoE arm the expert-load imbalance MaxVio over training (from the
+runs' routing records, ``analysis.routing``) against its final validation loss, and the
+expert-load heat maps of the arms listed in ``heatmaps`` (their first finished seed). Nothing to
+compute beyond the run folders.
+
+Shape legend: T routing records, E experts, L layers.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from analysis.experiments import Context, Section, errbar, figure_md, fmt_ci, fmt_count, t_interval, table
+from analysis.measurements.base import Measurement, check_names, register
+from analysis.plotting import COLORS, pyplot, save_figure, style_axes
+from analysis.runs import open_run
+
+
+@register
+class Routing(Measurement):
+    """MaxVio against validation loss, per arm; load heat maps of the listed arms."""
+
+    name = "routing"
+    title = "Load balancing: MaxVio against validation loss"
+    keys = ("heatmaps",)
+
+    def check(self, settings, where: str) -> dict:
+        s = super().check(settings, where)
+        check_names(s, "heatmaps", where)
+        return s
+
+    def section(self, ctx: Context) -> Section:
+        conf = ctx.spec["measurements"].get("routing") or {}
+        rows, data = [], []
+        for g in ctx.arm_groups():
+            per_seed = {s: maxvio(r["run_dir"]) for s, r in g.runs.items() if r["status"] in ("finished", "diverged")}
+            per_seed = {s: v for s, v in per_seed.items() if v}
+            if not per_seed:
+                continue
+            glob = t_interval([v["global"] for v in per_seed.values()])
+            batch = t_interval([v["batch"] for v in per_seed.values()])
+            data.append({"arm": g.arm, "label": g.label, "family": g.costs["family"], "loss": g.loss,
+                         "maxvio_global": glob, "maxvio_batch": batch, "vs_reference": g.vs_reference,
+                         "parent": ctx.arms[g.arm]["parent"], "vs_parent": g.vs_parent,
+                         "per_seed": {str(s): v for s, v in per_seed.items()}})
+            balance = ctx.arms[g.arm]["own"]
+            rows.append([f"{g.label} (`{g.arm}`)", g.costs["family"], " ".join(f"`{o}`" for o in balance) or "-",
+                         fmt_ci(g.loss), fmt_ci(g.vs_reference, signed=True) if g.vs_reference else "reference",
+                         fmt_ci(glob, 3), fmt_ci(batch, 3), fmt_count(g.speed())])
+        md = ("MaxVio = max over experts of load / mean load - 1 (0: perfectly balanced). Global: the expert loads "
+              "summed over all routing records of training (every `train.routing_every` steps), per MoE layer, then "
+              "averaged over layers; per record: each record's MaxVio (a window of steps), averaged over training and "
+              "layers (Wang et al. 2024 call the per-batch figure MaxVio_batch).\n\n"
+              + table(["arm", "family", "balancing overrides", "final val loss", "vs reference (paired)",
+                       "MaxVio global", "MaxVio per record", "tokens/s"], rows))
+        figures: list[str] = []
+        md += figure_md(figures, plot_maxvio(data, ctx.out / "maxvio_vs_loss.png"), "MaxVio against validation loss")
+        for arm in conf.get("heatmaps") or []:
+            g = ctx.group(arm)
+            run = next((r for r in (g.runs.values() if g else []) if r["status"] == "finished"), None)
+            if run is None:
+                continue
+            from analysis.routing import plot_load_heatmaps, training_series
+
+            path = plot_load_heatmaps(training_series(open_run(run["run_dir"])), f"{g.label} (seed {run['seed']})",
+                                      ctx.out / f"load_heatmap_{arm}.png")
+            md += figure_md(figures, path, f"load heatmap of {arm}")
+        return Section(self.title, md, figures, {"arms": data})
+
+
+def maxvio(run_dir: str) -> Optional[dict]:
+    """MaxVio of one MoE run from its routing records: ``global`` = max_e load_e / mean load - 1
+    with the loads summed over all of training (per layer, then the mean over MoE layers), and
+    ``batch`` = the mean over records of each record's MaxVio (each record covers the steps since
+    the previous one), also averaged over layers."""
+    from analysis.routing import load_matrix, training_series
+
+    run = open_run(run_dir)
+    series = training_series(run)
+    glob, batch, layers = [], [], {}
+    for layer, s in series.items():
+        counts = s.get("tokens_per_expert")
+        if counts is None or counts.ndim != 2:
+            share = load_matrix(s)
+            if share is None:
+                continue
+            counts = share
+        total_E = counts.sum(axis=0)
+        g = float(total_E.max() / total_E.mean() - 1.0)
+        per_T = counts.max(axis=1) / np.maximum(counts.mean(axis=1), 1e-12) - 1.0
+        glob.append(g)
+        batch.append(float(per_T.mean()))
+        layers[layer] = {"global": g, "batch": float(per_T.mean())}
+    if not glob:
+        return None
+    return {"global": float(np.mean(glob)), "batch": float(np.mean(batch)), "layers": layers}
+
+
+def plot_maxvio(data: list[dict], path):
+    """One panel per model family: each arm's MaxVio against its loss minus the loss of the arm it
+    extends (the family's unbalanced arm; paired by seed, which removes the spread the arms share)."""
+    pts = [d for d in data if d["loss"].get("mean") is not None]
+    if not pts:
+        return None
+    plt = pyplot()
+    families = list(dict.fromkeys(d["family"] for d in pts))
+    fig, axes = plt.subplots(1, len(families), figsize=(6.5 * len(families), 5.2), squeeze=False, sharey=True)
+    markers = ["o", "s", "^", "D", "v", "P", "X", "*", "h"]
+    for ax, family in zip(axes[0], families):
+        here = [d for d in pts if d["family"] == family]
+        names = {d["arm"] for d in here}
+        roots = [d["label"] for d in here if d["parent"] not in names]
+        for i, d in enumerate(here):
+            diff = d["vs_parent"] if d["parent"] in names else None
+            y, yerr = (diff["mean"], errbar(diff) if diff.get("low") is not None else None) if diff else (0.0, None)
+            label = d["label"].split(", ", 1)[-1] if ", " in d["label"] else d["label"]
+            ax.errorbar([d["maxvio_global"]["mean"]], [y], xerr=errbar(d["maxvio_global"]), yerr=yerr,
+                        fmt=markers[i % len(markers)], color=COLORS[i % len(COLORS)], capsize=3, label=label)
+        ax.axhline(0.0, color="0.3", lw=0.8)
+        style_axes(ax, f"{family}: loss change against load imbalance",
+                   "MaxVio over training (max load / mean load - 1; 0 = balanced)",
+                   f"final val loss minus {', '.join(roots)}'s (nats/token, paired)", legend=False, grid="both")
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle("Balancing schemes: expert-load imbalance and what it costs in loss (95% CIs over seeds)")
+    return save_figure(fig, path)

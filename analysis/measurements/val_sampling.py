@@ -1,0 +1,91 @@
+"""``val_sampling: {}``: the validation set's own sampling error beside the seed intervals.
+
+Each seeded run's final weights are evaluated on the trainer's own validation windows, one loss
+per window (``analysis.val_sampling.window_losses``; cached under ``<out>/measurements/``). Per arm,
+the 95% bootstrap half-width over windows of each run's mean loss (the mean over seeds) is set
+beside the half-width of the arm's seed t-interval; per arm and seed, the bootstrap half-width of
+the mean per-window difference against the reference run of the same seed (the same windows) beside
+the half-width of the paired seed interval. The rule: the validation error is at most a third of
+the seed interval; the table says where it holds. No settings.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from analysis.experiments import Context, Section, table
+from analysis.measurements.base import Measurement, cached, measurement_folder, register
+
+RATIO = 1 / 3  # validation sampling error / seed interval half-width: at most this
+
+
+def _f(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
+def _half(iv: Optional[dict]) -> Optional[float]:
+    if not iv or iv.get("low") is None:
+        return None
+    return (iv["high"] - iv["low"]) / 2
+
+
+@register
+class ValSampling(Measurement):
+    """How much of an interval is the validation set's draw rather than the seeds'."""
+
+    name = "val_sampling"
+    title = "Validation sampling error"
+
+    def run(self, record: dict, log=print) -> dict:
+        from analysis.runs import open_run
+        from analysis.val_sampling import window_losses
+
+        out = {}
+        folder = measurement_folder(record) / "val_sampling"
+        for r in record["runs"]:
+            try:
+                finished = open_run(r["run_dir"]).status == "finished"
+            except Exception:  # a missing or broken run: the report lists it elsewhere
+                finished = False
+            if not finished:
+                continue
+            path = folder / f"{r['point']}.json"
+            if not path.is_file():
+                log(f"val_sampling: {r['point']}")
+            out[r["point"]] = cached(path, {"run_dir": r["run_dir"]},
+                                     lambda r=r: [float(x) for x in window_losses(r["run_dir"])])
+        return out
+
+    def section(self, ctx: Context) -> Section:
+        from analysis import fair
+
+        windows = ctx.measures.get(self.name) or {}
+        ref = ctx.group(ctx.reference)
+        rows, data = [], {}
+        for g in ctx.arm_groups():
+            own = [fair.bootstrap_mean_interval(windows[r["point"]])["half_width"]
+                   for r in g.runs.values() if r["point"] in windows]
+            paired = []
+            if ref is not None and g.arm != ctx.reference:
+                for s, r in g.runs.items():
+                    rr = ref.runs.get(s)
+                    if rr and r["point"] in windows and rr["point"] in windows:
+                        paired.append(fair.paired_bootstrap_difference(windows[r["point"]],
+                                                                       windows[rr["point"]])["half_width"])
+            seed_half, pair_half = _half(g.loss), _half(g.vs_reference)
+            v_own = sum(own) / len(own) if own else None
+            v_pair = sum(paired) / len(paired) if paired else None
+            n_win = len(windows[next(iter(g.runs.values()))["point"]]) if own else 0
+            ok = [v / h <= RATIO for v, h in ((v_own, seed_half), (v_pair, pair_half)) if v is not None and h]
+            data[g.arm] = {"windows": n_win, "val_half_width": v_own, "seed_half_width": seed_half,
+                           "val_paired_half_width": v_pair, "seed_paired_half_width": pair_half,
+                           "within_a_third": all(ok) if ok else None}
+            rows.append([f"{g.label} (`{g.arm}`)", n_win, _f(v_own), _f(seed_half), _f(v_pair), _f(pair_half),
+                         "-" if not ok else ("yes" if all(ok) else "**no**")])
+        md = ("95% half-widths in nats. Validation: the bootstrap over the validation windows (each run's final "
+              "weights on the trainer's windows, strided over the whole validation split; the mean over seeds). "
+              "Seeds: the t-interval over seeds. Paired: the same for the difference against the reference run of the "
+              "same seed (the same windows, so their shared difficulty cancels).\n\n"
+              + table(["arm", "windows", "validation (loss)", "seeds (loss)", "validation (paired)", "seeds (paired)",
+                       "validation <= 1/3 of seeds"], rows))
+        return Section(self.title, md, [], {"arms": data, "ratio": RATIO})
