@@ -13,6 +13,14 @@ forward; activations are what autograd keeps for backward on the chosen device.
 ``--out DIR`` writes flops_breakdown.png (training FLOPs per token by component, stacked, and as
 shares), memory_breakdown.png (training memory per rank by part) and costs.<format>.
 A folder argument stands for the recipes (*.yaml) in it.
+
+A cell that a component cannot model (it raises NotImplementedError rather than guess, e.g. a
+component without an activation-memory model on the chosen device) is shown as ``not modelled
+[n]`` with footnote n giving the reason; every other cell and recipe is printed (csv: an empty
+cell and the reason in the ``not_modelled`` column; json: null and ``"not_modelled": {column:
+reason}``; the charts leave such a recipe out). Exit status: 0 when anything was computed, 1 when
+nothing could be (every cell not modelled), 2 for invalid input (a missing or invalid recipe, a
+--seq-len beyond a recipe's positions, sizes that do not divide).
 """
 
 from __future__ import annotations
@@ -67,9 +75,22 @@ def expand(inputs: Sequence[str]) -> list[Path]:
     return out
 
 
+# the cells of a row, by what computes them: a component that cannot model one (NotImplementedError)
+# leaves that group "not modelled", never the row or the table
+CELL_GROUPS = {
+    "params": ("params_total", "params_embedding", "params_non_embedding", "params_active"),
+    "flops": ("fwd_flops_per_token", "train_flops_per_token", "attention_causal_useful_fwd", "flops_breakdown"),
+    "kv_cache": ("kv_cache_bytes_per_token",),
+    "memory": ("train_memory_bytes", "memory_breakdown", "activation_breakdown"),
+}
+
+
 def recipe_costs(path: Path, seq_len: Optional[int], batch: Optional[int], precision: str, zero_stage: int,
                  dp: int, device: str, checkpointing="none", ep: Optional[int] = None, loss: str = "fused") -> dict:
-    """All the numbers of one recipe (raw units: parameters, FLOPs, bytes)."""
+    """All the numbers of one recipe (raw units: parameters, FLOPs, bytes).
+
+    ``not_modelled`` maps each key a component could not model to the reason (its value is None);
+    RecipeError / ValueError for invalid input."""
     try:
         recipe = archlab.load_recipe(path)
     except RecipeError as e:
@@ -81,29 +102,68 @@ def recipe_costs(path: Path, seq_len: Optional[int], batch: Optional[int], preci
     if limit is not None and S > limit:
         raise RecipeError(f"{path}: --seq-len {S} is beyond its {cfg.position.type} positions (up to {limit}, "
                           f"model.max_seq_len={cfg.max_seq_len}); pass a smaller --seq-len")
-    params = param_counts(cfg)
-    fwd, train = forward_flops(cfg, S), training_flops(cfg, S)
     ep = ep if cfg.moe is not None else None  # dense recipes have no experts to shard
-    try:
+
+    def params() -> dict:
+        p = param_counts(cfg)
+        return {"params_total": p.total, "params_embedding": p.embedding, "params_non_embedding": p.non_embedding,
+                "params_active": p.active}
+
+    def flops() -> dict:
+        fwd, train = forward_flops(cfg, S), training_flops(cfg, S)
+        return {"fwd_flops_per_token": fwd.total, "train_flops_per_token": train.total,
+                "attention_causal_useful_fwd": fwd.attention_causal_useful, "flops_breakdown": train.components()}
+
+    def kv_cache() -> dict:
+        return {"kv_cache_bytes_per_token": kv_cache_bytes(cfg, batch=1, context=1, dtype="bf16")}
+
+    def memory() -> dict:
         mem = training_memory(cfg, B, S, precision=precision, zero_stage=zero_stage, dp=dp, ep=ep, device=device,
                               checkpointing=checkpointing, loss=loss)
         acts = activation_memory(cfg, B, S, dtype=precision, device=device, checkpointing=checkpointing, loss=loss)
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
-    except NotImplementedError as e:  # a component without a memory model for these settings: never a guess
-        raise ValueError(f"{path}: no activation-memory model for --device {device}: {e}") from None
-    return {
-        "recipe": recipe.name, "path": str(path), "family": recipe.family, "seq_len": S, "batch": B,
-        "params_total": params.total, "params_embedding": params.embedding,
-        "params_non_embedding": params.non_embedding, "params_active": params.active,
-        "fwd_flops_per_token": fwd.total, "train_flops_per_token": train.total,
-        "attention_causal_useful_fwd": fwd.attention_causal_useful,
-        "kv_cache_bytes_per_token": kv_cache_bytes(cfg, batch=1, context=1, dtype="bf16"),
-        "train_memory_bytes": mem["total"],
-        "flops_breakdown": train.components(),
-        "memory_breakdown": {k: mem[k] for k in MEMORY_LABELS},
-        "activation_breakdown": {**acts.by_component(), "recompute_peak": acts.recompute_peak},
-    }
+        return {"train_memory_bytes": mem["total"], "memory_breakdown": {k: mem[k] for k in MEMORY_LABELS},
+                "activation_breakdown": {**acts.by_component(), "recompute_peak": acts.recompute_peak}}
+
+    row: dict = {"recipe": recipe.name, "path": str(path), "family": recipe.family, "seq_len": S, "batch": B}
+    not_modelled: dict[str, str] = {}
+    for group, compute in (("params", params), ("flops", flops), ("kv_cache", kv_cache), ("memory", memory)):
+        try:
+            row.update(compute())
+        except ValueError as e:  # sizes that do not fit the recipe (e.g. --ep): invalid input
+            raise ValueError(f"{path}: {e}") from None
+        except NotImplementedError as e:  # a component without a model for these settings: never a guess
+            what = f"no activation-memory model for --device {device}" if group == "memory" else f"no {group} model"
+            for key in CELL_GROUPS[group]:
+                row[key] = None
+                not_modelled[key] = f"{what}: {e}" if str(e) else what
+    row["not_modelled"] = not_modelled
+    return row
+
+
+def modelled(rows: list[dict], key: str) -> list[dict]:
+    """The rows whose ``key`` was computed."""
+    return [r for r in rows if r.get(key) is not None]
+
+
+def footnotes(rows: list[dict]) -> tuple[dict[tuple[int, str], int], list[str]]:
+    """({(row index, column): footnote number}, footnote lines) for the table's cells not
+    modelled: one footnote per set of columns and reason, naming the recipes it applies to."""
+    headers = dict(zip(COLUMNS, HEADERS))
+    notes: dict[tuple[str, str], list[str]] = {}  # (columns, reason) -> recipes
+    cells: dict[tuple[int, str], tuple[str, str]] = {}
+    for i, r in enumerate(rows):
+        by_reason: dict[str, list[str]] = {}
+        for key, reason in r.get("not_modelled", {}).items():
+            if key in headers:
+                by_reason.setdefault(reason, []).append(key)
+        for reason, keys in by_reason.items():
+            note = (", ".join(headers[k] for k in keys), reason)
+            notes.setdefault(note, []).append(r["recipe"])
+            cells.update({(i, k): note for k in keys})
+    number = {note: n for n, note in enumerate(notes, 1)}
+    lines = [f"[{number[note]}] {', '.join(recipes)}: {note[0]} not modelled: {note[1]}"
+             for note, recipes in notes.items()]
+    return {cell: number[note] for cell, note in cells.items()}, lines
 
 
 def _human(x: float, units) -> str:
@@ -125,12 +185,17 @@ HEADERS = ["recipe", "params", "embedding", "non-emb.", "active", "fwd FLOP/tok"
 
 
 def format_table(rows: list[dict]) -> str:
-    """An aligned text table with readable units."""
-    cells = [HEADERS]
-    for r in rows:
-        cells.append([r["recipe"]] + [_count(r[c]) for c in COLUMNS[1:5]]
-                     + [_human(r[c], FLOP_UNITS) for c in COLUMNS[5:7]]
-                     + [_human(r[c], BYTE_UNITS) for c in COLUMNS[7:]])
+    """An aligned text table with readable units; a cell not modelled reads ``not modelled [n]``,
+    footnote n below the table says why."""
+    numbers, notes = footnotes(rows)
+    formats = [_count] * 4 + [lambda x: _human(x, FLOP_UNITS)] * 2 + [lambda x: _human(x, BYTE_UNITS)] * 2
+
+    def cell(i: int, key: str, fmt) -> str:
+        value = rows[i].get(key)
+        return fmt(value) if value is not None else f"not modelled [{numbers[(i, key)]}]"
+
+    cells = [HEADERS] + [[r["recipe"]] + [cell(i, k, f) for k, f in zip(COLUMNS[1:], formats)]
+                         for i, r in enumerate(rows)]
     widths = [max(len(row[i]) for row in cells) for i in range(len(HEADERS))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in cells]
@@ -138,7 +203,7 @@ def format_table(rows: list[dict]) -> str:
     r0 = rows[0]
     lines.append(f"\nseq_len {r0['seq_len']}; memory: batch {r0['batch']} per rank (recipe default unless "
                  "--batch); full attention counts the S x S square, a sliding window its band.")
-    return "\n".join(lines)
+    return "\n".join(lines + notes)
 
 
 def format_csv(rows: list[dict]) -> str:
@@ -146,11 +211,12 @@ def format_csv(rows: list[dict]) -> str:
     writer = csv.writer(buf)
     flops_keys = list(FLOPS_LABELS)
     writer.writerow(COLUMNS + ["seq_len", "batch"] + [f"train_flops_{k}" for k in flops_keys]
-                    + [f"memory_{k}" for k in MEMORY_LABELS])
-    for r in rows:
-        writer.writerow([r[c] for c in COLUMNS] + [r["seq_len"], r["batch"]]
-                        + [r["flops_breakdown"][k] for k in flops_keys]
-                        + [r["memory_breakdown"][k] for k in MEMORY_LABELS])
+                    + [f"memory_{k}" for k in MEMORY_LABELS] + ["not_modelled"])
+    for r in rows:  # a cell not modelled is empty; not_modelled says why ("column: reason; ...")
+        flops, memory = r.get("flops_breakdown") or {}, r.get("memory_breakdown") or {}
+        writer.writerow([r.get(c) for c in COLUMNS] + [r["seq_len"], r["batch"]]
+                        + [flops.get(k) for k in flops_keys] + [memory.get(k) for k in MEMORY_LABELS]
+                        + ["; ".join(f"{k}: {why}" for k, why in r.get("not_modelled", {}).items())])
     return buf.getvalue()
 
 
@@ -257,12 +323,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     text = format_rows(rows, args.format)
     sys.stdout.write(text)
+    _, notes = footnotes(rows)
+    if notes and args.format != "table":  # the table carries its footnotes; csv and json say why in a field
+        print("\n".join(f"note: {line}" for line in notes), file=sys.stderr)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        written = [plot_flops(rows, args.out / "flops_breakdown.png"),
-                   plot_memory(rows, args.out / "memory_breakdown.png", args.precision, args.zero_stage, args.dp),
-                   write_text_atomic(args.out / f"costs.{'txt' if args.format == 'table' else args.format}", text)]
+        written = []
+        for key, what, draw in (
+                ("train_flops_per_token", "flops_breakdown.png", lambda rs, p: plot_flops(rs, p)),
+                ("train_memory_bytes", "memory_breakdown.png",
+                 lambda rs, p: plot_memory(rs, p, args.precision, args.zero_stage, args.dp))):
+            drawn = modelled(rows, key)
+            left_out = [r["recipe"] for r in rows if r not in drawn]
+            if drawn:
+                written.append(draw(drawn, args.out / what))
+            if left_out:
+                print(f"note: {what}: {'without' if drawn else 'not drawn: nothing modelled for'} "
+                      f"{', '.join(left_out)} (not modelled)", file=sys.stderr)
+        written.append(write_text_atomic(args.out / f"costs.{'txt' if args.format == 'table' else args.format}", text))
         print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+    if not any(r.get(k) is not None for r in rows for k in COLUMNS[1:]):
+        print("error: nothing could be computed (see the footnotes)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -313,6 +313,7 @@ N_KINDS = {  # --n-kind -> what N counts (archlab.costs.param_counts)
 SEED_KEYS = ("train.seed",)
 BOOKKEEPING_KEYS = ("name", "description", "extra", "train.run_name", "train.out_dir", "train.resume",
                     "train.log_every", "train.ckpt_every", "train.keep_last", "train.tensorboard",
+                    "train.trackers", "train.tracker_project", "train.router_trace_every",
                     "train.routing_every", "train.peak_flops", "train.compile", "data.cache_dir",
                     "train.branch_from", "train.ckpt_steps")  # a cooldown branch's trunk folder and its checkpoints
 

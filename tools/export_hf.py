@@ -2,6 +2,7 @@
 
     python -m tools.export_hf --checkpoint runs/llama-tiny --out exports/llama-tiny
     python -m tools.export_hf --recipe recipes/dense/tiny.yaml --out /tmp/gpt2-tiny model.n_layers=2
+    python -m tools.export_hf --checkpoint runs/<token-shard run> --tokenizer gpt2/tokenizer.json --out exports/x
 
 GPT-3-style models become ``GPT2LMHeadModel``, LLaMA-style ones ``LlamaForCausalLM``; the family
 is chosen from the architecture (see ``archlab.export.hf``). A model no HF class can express
@@ -20,7 +21,7 @@ import torch
 
 from archlab.config import RecipeError
 from archlab.export import export_hf, find_exporter
-from tools.sample import add_model_args, load_model
+from tools.sample import add_model_args, load_codec, load_model, recipe_eot_id
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -48,10 +49,8 @@ def verify(model, out: Path, seq_len: int = 32) -> float:
 def export(args: argparse.Namespace) -> str:
     model, cfg, tok_file = load_model(args)
     eos_id = None
-    if tok_file is not None:
-        from archlab.data import Tokenizer
-
-        eos_id = Tokenizer.load(tok_file).eos_id
+    if tok_file is not None:  # the run's tokenizer.json, or --tokenizer
+        eos_id = load_codec(tok_file, recipe_eot_id(cfg)).eos_id
     out = export_hf(model, args.out, tokenizer_file=tok_file, eos_id=eos_id, overwrite=args.force)
     msg = f"wrote {out}: {cfg.get('name', 'model')} as {find_exporter(model.cfg).hf_class_name}"
     if args.verify:

@@ -5,7 +5,10 @@
 
 A bare recipe has no trained tokenizer: its prompt is encoded as UTF-8 bytes (ids 0-255) and the
 continuation is random-init noise, which is still a useful smoke test of the whole path. A
-checkpoint's run folder holds its tokenizer (``tokenizer.json``), and the text is real.
+checkpoint's run folder holds its tokenizer (``tokenizer.json``), and the text is real. A run on
+token shards (``data.source=tokens``) keeps the tokenizer it was given or found beside the shards;
+one trained without any needs ``--tokenizer PATH/tokenizer.json`` (the tokenizer the shards were made
+with), which also replaces the run's own.
 A bad recipe, override or argument prints one line on stderr and exits with status 2.
 """
 
@@ -61,14 +64,21 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--recipe", type=Path, help="recipe YAML (random-init weights)")
     src.add_argument("--checkpoint", type=Path, help="run folder (latest checkpoint) or checkpoint folder")
+    p.add_argument("--tokenizer", type=Path, default=None,
+                   help="tokenizer.json to use instead of the run folder's (e.g. for a run on token shards that "
+                        "was trained without one)")
     p.add_argument("overrides", nargs="*", help="recipe overrides as OmegaConf dotlist, e.g. model.n_layers=4")
 
 
 def load_model(args: argparse.Namespace):
-    """(model, recipe cfg, tokenizer file or None) from --recipe or --checkpoint."""
+    """(model, recipe cfg, tokenizer file or None) from --recipe or --checkpoint; ``--tokenizer``
+    names the tokenizer file, else a checkpoint's run folder does."""
+    given = getattr(args, "tokenizer", None)
+    if given is not None and not given.is_file():
+        raise ValueError(f"--tokenizer {given}: no such file")
     if args.recipe is not None:
         cfg = archlab.load_recipe(args.recipe, args.overrides)
-        return archlab.build_model(cfg), cfg, None
+        return archlab.build_model(cfg), cfg, given
     if args.overrides:
         raise ValueError("overrides apply to --recipe only; a checkpoint's architecture is fixed")
     if not args.checkpoint.exists():
@@ -79,7 +89,7 @@ def load_model(args: argparse.Namespace):
         raise ValueError(f"cannot read checkpoints: archlab.train.checkpoint is unavailable ({e})") from None
 
     model, cfg = load_checkpoint(args.checkpoint)
-    return model, cfg, find_tokenizer_file(args.checkpoint)
+    return model, cfg, given if given is not None else find_tokenizer_file(args.checkpoint)
 
 
 def find_tokenizer_file(path: Path) -> Optional[Path]:
@@ -91,12 +101,30 @@ def find_tokenizer_file(path: Path) -> Optional[Path]:
     return None
 
 
-def load_codec(tokenizer_file: Optional[Path]) -> TextCodec:
+def load_codec(tokenizer_file: Optional[Path], eos_id: Optional[int] = None) -> TextCodec:
+    """The tokenizer file's codec (end of text: ``eos_id``, else its ``<|endoftext|>`` if it has one),
+    or the byte codec without a file."""
     if tokenizer_file is None:
         return ByteCodec()
     from archlab.data import Tokenizer
 
-    return Tokenizer.load(tokenizer_file)
+    return Tokenizer.load(tokenizer_file, eos_id, require_eos=False)
+
+
+def recipe_eot_id(cfg) -> Optional[int]:
+    """``data.eot_id`` of a recipe (None when unset, or in a recipe of an older archlab)."""
+    data = cfg.get("data") if hasattr(cfg, "get") else None
+    return data.get("eot_id") if data is not None and hasattr(data, "get") else None
+
+
+def check_codec_source(args: argparse.Namespace, cfg, tok_file: Optional[Path]) -> None:
+    """A checkpoint trained on token shards without a tokenizer has no text codec: the byte codec would
+    print noise for ids that are not bytes."""
+    data = cfg.get("data") if hasattr(cfg, "get") else None
+    if tok_file is None and args.checkpoint is not None and data is not None and data.get("source") == "tokens":
+        raise ValueError(f"{args.checkpoint} was trained on token shards without a tokenizer file (no tokenizer.json "
+                         "in its run folder): pass --tokenizer PATH/tokenizer.json, the tokenizer the shards were "
+                         "made with")
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -130,7 +158,8 @@ def sample(args: argparse.Namespace) -> list[str]:
     check_args(args)
     torch.manual_seed(args.seed)
     model, cfg, tok_file = load_model(args)
-    codec = load_codec(tok_file)
+    check_codec_source(args, cfg, tok_file)
+    codec = load_codec(tok_file, recipe_eot_id(cfg))
     prompt = codec.encode(args.prompt)
     if not prompt:
         raise ValueError("--prompt encodes to no tokens; give at least one character")

@@ -41,6 +41,22 @@ def _omegaconf_message(e: OmegaConfBaseException) -> str:
     return f"key '{key}': {msg}"
 
 
+def fold_tensorboard(t) -> None:
+    """``train.tensorboard`` (the key before ``train.trackers``) into ``train.trackers``: true adds
+    ``tensorboard``, false leaves it out (refused when trackers names it); then null, so that a
+    saved recipe states its trackers in one place. Recipes and run folders written before keep
+    loading: their ``tensorboard: true`` (then the default: TensorBoard when installed) becomes
+    ``trackers: [tensorboard]``, which needs the package to train."""
+    if t.tensorboard is None:
+        return
+    if t.tensorboard and "tensorboard" not in t.trackers:
+        t.trackers.append("tensorboard")
+    elif not t.tensorboard and "tensorboard" in t.trackers:
+        raise RecipeError(f"train.tensorboard=False: contradicts train.trackers={list(t.trackers)}; "
+                          "set train.trackers alone (train.tensorboard is its older spelling)")
+    t.tensorboard = None
+
+
 def load_recipe(path: Union[str, Path, None] = None, overrides: Iterable[str] = ()) -> DictConfig:
     """Load and validate a recipe.
 
@@ -64,6 +80,7 @@ def load_recipe(path: Union[str, Path, None] = None, overrides: Iterable[str] = 
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
         raise RecipeError(_omegaconf_message(e)) from None
+    fold_tensorboard(cfg.train)
     validate(cfg)
     OmegaConf.set_readonly(cfg, False)
     return cfg

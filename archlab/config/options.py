@@ -144,13 +144,22 @@ CONDITIONS: dict[str, list[Condition]] = {
                   lambda m, _: m.moe is None or m.moe.capacity_factor is not None,
                   lambda m, _: "moe.capacity_factor=None (dropless)"),
     ],
-    "data": [],
+    "data": [
+        Condition("eot_id", DataConfig, "eot_id",
+                  "data.source is tokens or data.tokenizer is a tokenizer file (bpe and byte fix their end-of-text id)",
+                  lambda d, _: d.source == "tokens" or d.tokenizer not in ("bpe", "byte"),
+                  lambda d, _: f"data.source={d.source}, data.tokenizer={d.tokenizer}"),
+    ],
     "train": [
         Condition("decay_fraction", TrainConfig, "decay_fraction",
                   "train.decay_steps is 0 (decay_steps > 0 sets the decay's length)",
                   lambda t, _: t.decay_steps == 0, lambda t, _: f"train.decay_steps={t.decay_steps}"),
         Condition("routing_every", TrainConfig, "routing_every", "model.moe is set (routing records of an MoE)",
                   lambda _, model: model.moe is not None, lambda _, model: "model.moe=None (a dense model)"),
+        Condition("router_trace_every", TrainConfig, "router_trace_every", "model.moe is set (a trace of MoE routers)",
+                  lambda _, model: model.moe is not None, lambda _, model: "model.moe=None (a dense model)"),
+        Condition("tracker_project", TrainConfig, "tracker_project", "train.trackers names a tracker",
+                  lambda t, _: len(t.trackers) > 0, lambda t, _: "train.trackers=[]"),
     ],
 }
 

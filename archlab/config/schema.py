@@ -77,17 +77,30 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "stdlib"  # stdlib (embedded default: Python's own source) | text | hf
+    # stdlib (embedded default: Python's own source) | text | hf | tokens (pre-tokenised shards, archlab/data/tokens.py)
+    source: str = "stdlib"
     paths: List[str] = field(default_factory=list)  # text: files, folders or globs
     hf_dataset: Optional[str] = None  # hf: dataset name (needs the optional `datasets` package)
     hf_config: Optional[str] = None
     hf_split: str = "train"
     hf_text_field: str = "text"
-    tokenizer: str = "bpe"  # bpe (byte-level, trained here) | byte
-    val_fraction: float = 0.05  # share of files held out for validation (split by file)
-    max_bytes: Optional[int] = None  # cap on corpus bytes read (quick runs)
-    cache_dir: str = ".cache/archlab"  # tokenizer and token-id caches
-    seed: int = 0  # file-split seed
+    # tokens: a glob of training shards (sorted by name, concatenated), one file, or a folder holding
+    # train.bin (+ val.bin: nanoGPT's prepare.py output, an archlab data cache folder)
+    train_shards: Optional[str] = None
+    val_shards: Optional[str] = None  # tokens: a glob of validation shards; null = the val.bin of a train_shards folder
+    # tokens: auto (llm.c magic -> llmc; train.bin/val.bin beside an archlab meta.json -> archlab; else nanogpt)
+    # | llmc (llm.c / modded-nanogpt: 256 int32 header, uint16 ids; llm.c's LLaMA-3 variant: uint32)
+    # | nanogpt (raw uint16 ids, no header) | archlab (an archlab data cache folder)
+    shard_format: str = "auto"
+    # bpe (byte-level, trained here) | byte | path of a Hugging Face tokenizers file (tokenizer.json, e.g. GPT-2's);
+    # tokens: bpe = the tokenizer.json beside the shards, if any (none needed to train)
+    tokenizer: str = "bpe"
+    # end-of-text id: tokens, or a tokenizer file; null = a sidecar's (meta.json) or the tokenizer's <|endoftext|>
+    eot_id: Optional[int] = None
+    val_fraction: float = 0.05  # share of files held out for validation (split by file); not tokens
+    max_bytes: Optional[int] = None  # cap on corpus bytes read (quick runs); not tokens
+    cache_dir: str = ".cache/archlab"  # tokenizer and token-id caches; tokens: per-shard id counts
+    seed: int = 0  # file-split seed; not tokens
 
 
 @dataclass
@@ -129,8 +142,18 @@ class TrainConfig:
     run_name: Optional[str] = None  # default: recipe name + timestamp
     on_nonfinite: str = "stop"  # stop (keep last good checkpoint) | skip (drop the batch)
     peak_flops: Optional[float] = None  # for MFU; None = a per-device default stated in the log
-    tensorboard: bool = True  # write TensorBoard logs when tensorboard is installed
+    # experiment trackers, through accelerate (archlab/train/trackers.py): tensorboard | wandb | mlflow. Each gets
+    # every metrics row and the resolved recipe as hyperparameters; run name = the run folder's. metrics.jsonl stays
+    # the record. A tracker whose package is missing stops the run at start, naming the pip install line
+    trackers: List[str] = field(default_factory=list)
+    tracker_project: str = "archlab"  # trackers: the wandb project / MLflow experiment / TensorBoard subfolder
+    # older spelling, folded into trackers at load: true = trackers gets tensorboard, false = it must not have it;
+    # then null. (Before train.trackers it was true by default and wrote only where tensorboard was installed.)
+    tensorboard: Optional[bool] = None
     routing_every: int = 0  # MoE: write a routing record every n steps (0 = log_every)
+    # MoE: every n steps, the router's choices, gate weights and logits for 64 sampled tokens of every MoE layer,
+    # to router_trace/ (archlab/train/router_trace.py; read with analysis.routing.read_trace). 0 = off
+    router_trace_every: int = 0
 
 
 @dataclass

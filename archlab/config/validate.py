@@ -104,19 +104,33 @@ def validate_moe(e, n_layers: int, prefix: str, routers) -> None:
         _fail(f"{prefix}.ep_size", e.ep_size, f"must divide num_experts ({e.num_experts})")
 
 
+# data.shard_format values (archlab.data.tokens.SHARD_FORMATS; archlab.data imports this package)
+SHARD_FORMATS = ["auto", "llmc", "nanogpt", "archlab"]
+
+
 def validate_data(d, model) -> None:
-    _one_of("data.source", d.source, ["stdlib", "text", "hf"])
+    _one_of("data.source", d.source, ["stdlib", "text", "hf", "tokens"])
     check_data_options(d)  # a key of another source
     if d.source == "text" and not d.paths:
         _fail("data.paths", list(d.paths), "data.source=text needs at least one file, folder or glob")
     if d.source == "hf" and not d.hf_dataset:
         _fail("data.hf_dataset", d.hf_dataset, "data.source=hf needs a dataset name")
-    _one_of("data.tokenizer", d.tokenizer, ["bpe", "byte"])
+    if d.source == "tokens":
+        if not d.train_shards:
+            _fail("data.train_shards", d.train_shards, "data.source=tokens needs a glob of token shards "
+                  "(e.g. 'data/fineweb10B/fineweb_train_*.bin') or a folder holding train.bin and val.bin")
+        _one_of("data.shard_format", d.shard_format, SHARD_FORMATS)
+    # bpe | byte | a tokenizer file (its existence is checked when the data is read: recipes travel)
+    if d.tokenizer not in ("bpe", "byte") and not str(d.tokenizer).endswith(".json"):
+        _fail("data.tokenizer", d.tokenizer,
+              "must be bpe, byte or the path of a Hugging Face tokenizers file (*.json, e.g. gpt2's tokenizer.json)")
     if d.tokenizer == "byte" and model.vocab_size < 257:
         _fail("model.vocab_size", model.vocab_size, "the byte tokenizer needs 256 byte ids + 1 end-of-text id (>= 257)")
-    if d.tokenizer == "bpe" and model.vocab_size < 260:
+    if d.tokenizer == "bpe" and d.source != "tokens" and model.vocab_size < 260:
         _fail("model.vocab_size", model.vocab_size,
               "a byte-level BPE needs at least 256 byte ids + special tokens (>= 260)")
+    if d.eot_id is not None and not 0 <= d.eot_id < model.vocab_size:
+        _fail("data.eot_id", d.eot_id, f"must lie in [0, model.vocab_size={model.vocab_size}) (or null)")
     if not 0.0 < d.val_fraction < 0.5:
         _fail("data.val_fraction", d.val_fraction, "must lie in (0, 0.5)")
     if d.max_bytes is not None and d.max_bytes <= 0:
@@ -165,6 +179,22 @@ def validate_train(t, model) -> None:
         _fail("train.peak_flops", t.peak_flops, "must be positive (or null for the device default)")
     if t.routing_every < 0:
         _fail("train.routing_every", t.routing_every, "must be >= 0")
+    validate_trackers(t)
+
+
+def validate_trackers(t) -> None:
+    """Known tracker names, each once, and a project name. Whether their packages are installed is
+    the trainer's question (at start): the recipe stays valid for the tools that only read it."""
+    names = [str(n) for n in t.trackers]
+    if names:
+        from archlab.train.trackers import TRACKERS  # archlab.train imports the config package: resolved here
+
+        for name in names:
+            _one_of("train.trackers", name, list(TRACKERS))
+        if len(set(names)) < len(names):
+            _fail("train.trackers", names, "names a tracker twice")
+    if not str(t.tracker_project).strip():
+        _fail("train.tracker_project", t.tracker_project, "must be a name (the wandb project, MLflow experiment)")
 
 
 def validate(cfg) -> None:

@@ -26,7 +26,10 @@ it saved and counts nothing):
   head and token); CUDA also keeps an additive mask (ALiBi: one (H, S, S) tensor per layer).
   CPU runs the math kernel, in fp32, for a mask (ALiBi) or attention dropout: copies of q, k, v,
   the (B, H, S, S) probabilities (+ mask and dropped probabilities with dropout) and a copy of
-  the output for the projection;
+  the output for the projection. A sliding window past its length runs blocks of W queries
+  against 2W keys with a band mask (``archlab.nn.attention.sliding``): CPU flash, or math with
+  dropout; on CUDA memory-efficient attention (H == G) or the math kernel (GQA/MQA), derived
+  from the kernels' saved tensors, not measured on a GPU;
 - FFN: the up-projection input and the hidden activations: GELU keeps 2F per token (its input
   and output), ReLU F (its output serves both), SwiGLU 4F ([gate; up], silu(gate), product);
 - MoE: the router's fp32 input copy, scores, chosen ids and gates (+ what the balancing terms

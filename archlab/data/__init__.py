@@ -5,18 +5,22 @@
     batches = TokenBatches(data.train, seq_len, micro_batch_size, grad_accum, rank, world_size, seed)
     x_BS1 = batches.get(step, micro)            # (B, S+1): inputs x[:, :-1], targets x[:, 1:]
 
-Sources (``data.source``): ``stdlib`` (Python's own source, no download), ``text``, ``hf``.
-Tokenizers (``data.tokenizer``): ``bpe`` (byte-level BPE trained on the training split), ``byte``.
+Sources (``data.source``): ``stdlib`` (Python's own source, no download), ``text``, ``hf``, and
+``tokens`` (pre-tokenised shards read as memory maps: llm.c / modded-nanogpt, nanoGPT, archlab caches).
+Tokenizers (``data.tokenizer``): ``bpe`` (byte-level BPE trained on the training split), ``byte``, or the
+path of a Hugging Face ``tokenizers`` file (``tokenizer.json``).
 """
 
 from archlab.data.batches import TokenBatches, check_length, eval_windows, unigram_entropy
 from archlab.data.corpus import Corpus, DataError, Document, split_corpus
 from archlab.data.prepare import DATA_FORMAT_VERSION, PreparedData, cache_key, prepare_data
 from archlab.data.sources import SOURCES, build_corpus
-from archlab.data.tokenizer import EOS, TOKENIZERS, Tokenizer, build_tokenizer
+from archlab.data.tokenizer import EOS, TOKENIZERS, Tokenizer, build_tokenizer, load_tokenizer_file
+from archlab.data.tokens import ShardedTokens, prepare_tokens
 
 __all__ = [
     "DATA_FORMAT_VERSION", "EOS", "SOURCES", "TOKENIZERS", "Corpus", "DataError", "Document",
-    "PreparedData", "TokenBatches", "Tokenizer", "build_corpus", "build_tokenizer", "cache_key",
-    "check_length", "eval_windows", "prepare_data", "split_corpus", "unigram_entropy",
+    "PreparedData", "ShardedTokens", "TokenBatches", "Tokenizer", "build_corpus", "build_tokenizer", "cache_key",
+    "check_length", "eval_windows", "load_tokenizer_file", "prepare_data", "prepare_tokens", "split_corpus",
+    "unigram_entropy",
 ]

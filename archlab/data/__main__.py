@@ -1,5 +1,5 @@
-"""``python -m archlab.data RECIPE [key=value ...]``: prepare (or find) a recipe's data cache and
-print what it holds. Bad input prints one line and exits 2."""
+"""``python -m archlab.data RECIPE [key=value ...]``: prepare (or find) a recipe's data cache (or check
+its token shards) and print what it holds. Bad input prints one line and exits 2."""
 
 from __future__ import annotations
 
@@ -27,10 +27,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     m = data.meta
     print(f"corpus     {m['corpus']}")
-    print(f"cache      {data.cache_path}  (ready in {seconds:.1f} s; built in {m['build_seconds']:.1f} s)")
+    where = "shards" if m.get("format") == "tokens" else "cache"
+    print(f"{where:<10} {data.cache_path}  (ready in {seconds:.1f} s; built in {m['build_seconds']:.1f} s)")
     tok = m["tokenizer"]
     print(f"tokenizer  {tok['kind']}, vocab {tok['vocab_size']}, eos id {tok['eos_id']}")
     for split in ("train", "val"):
+        if "bytes" not in m:  # token shards: no text, no bytes
+            print(f"{split:<10} {m['n_files'][split]} shards, {m['tokens'][split]:,} tokens")
+            continue
         print(f"{split:<10} {m['n_files'][split]} documents, {m['bytes'][split]:,} bytes, "
               f"{m['tokens'][split]:,} tokens ({m['bytes'][split] / m['tokens'][split]:.2f} bytes/token)")
     print(f"unigram entropy of train: {unigram_entropy(data.train):.3f} nats/token")

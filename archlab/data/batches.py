@@ -115,7 +115,13 @@ def eval_windows(tokens: np.ndarray, seq_len: int, batch_size: int, n_batches: i
 
 
 def unigram_entropy(tokens: np.ndarray) -> float:
-    """Entropy in nats/token of the token frequencies: the loss of the best context-free model."""
-    counts = np.bincount(np.asarray(tokens))
+    """Entropy in nats/token of the token frequencies: the loss of the best context-free model.
+
+    Token shards (``archlab.data.tokens.ShardedTokens``) carry their id counts (``unigram_counts``,
+    counted once per shard and cached): exact over every id without another pass over the data.
+    """
+    counts = getattr(tokens, "unigram_counts", None)
+    if counts is None:
+        counts = np.bincount(np.asarray(tokens))
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())

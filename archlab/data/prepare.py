@@ -4,8 +4,12 @@ Cache folder ``<data.cache_dir>/<source>-<key[:16]>/`` holds ``tokenizer.json``,
 ``val.bin`` (raw little-endian token ids, read back as memory maps) and ``meta.json``. The key is a
 sha256 over everything the result depends on: the corpus fingerprint (file names, sizes, mtimes and
 content hashes; or the dataset and its fingerprint), ``max_bytes``, ``val_fraction``, ``seed``, the
-tokenizer kind and vocabulary size, the ``tokenizers`` version and :data:`DATA_FORMAT_VERSION`.
+tokenizer kind and vocabulary size (for a tokenizer file: the sha256 of its content and its
+end-of-text id, not its path), the ``tokenizers`` version and :data:`DATA_FORMAT_VERSION`.
 A change to any of them gives a new key, so a stale cache is never reused.
+
+``data.source: tokens`` (pre-tokenised shards) has no corpus and no cache of its own: it is read
+where it lies by ``archlab.data.tokens``.
 
 A folder is built under a temporary name and renamed into place when complete, ``meta.json`` is
 written last, and a folder whose ``meta.json`` is missing or does not match its files is rebuilt:
@@ -31,7 +35,14 @@ import tokenizers
 from archlab.data.batches import check_length
 from archlab.data.corpus import Corpus, DataError, split_corpus
 from archlab.data.sources import build_corpus
-from archlab.data.tokenizer import BYTE_VOCAB_SIZE, Tokenizer, build_tokenizer
+from archlab.data.tokenizer import (
+    BYTE_VOCAB_SIZE,
+    Tokenizer,
+    build_tokenizer,
+    check_model_vocab,
+    is_tokenizer_file,
+    load_tokenizer_file,
+)
 from archlab.io import write_json_atomic
 
 DATA_FORMAT_VERSION = 1  # bump when the cache layout or the split/encoding rules change
@@ -43,8 +54,8 @@ SPLITS = ("train", "val")
 class PreparedData:
     """A tokenized corpus: the tokenizer and the two splits as 1-D memory-mapped id arrays."""
 
-    tokenizer: Tokenizer
-    train: np.ndarray  # (N_train,) uint16 or uint32 memmap
+    tokenizer: Tokenizer  # token shards without a tokenizer: archlab.data.tokens.NoTokenizer
+    train: np.ndarray  # (N_train,) uint16 or uint32 memmap (token shards: archlab.data.tokens.ShardedTokens)
     val: np.ndarray  # (N_val,)
     cache_path: Path
     meta: dict[str, Any]
@@ -60,8 +71,9 @@ def _tokenizer_vocab(data_cfg, model_vocab_size: int) -> int:
     return BYTE_VOCAB_SIZE if data_cfg.tokenizer == "byte" else model_vocab_size
 
 
-def cache_key(corpus: Corpus, data_cfg, vocab_size: int) -> str:
-    """sha256 (hex) over everything the cached arrays depend on."""
+def cache_key(corpus: Corpus, data_cfg, vocab_size: int, tokenizer: Optional[Tokenizer] = None) -> str:
+    """sha256 (hex) over everything the cached arrays depend on. ``tokenizer``: the tokenizer file's
+    tokenizer when ``data.tokenizer`` names one (keyed by its content and end-of-text id)."""
     parts = {
         "format": DATA_FORMAT_VERSION,
         "tokenizers": tokenizers.__version__,
@@ -73,6 +85,10 @@ def cache_key(corpus: Corpus, data_cfg, vocab_size: int) -> str:
         "tokenizer": data_cfg.tokenizer,
         "vocab_size": vocab_size,
     }
+    if tokenizer is not None and tokenizer.source_json is not None:  # a tokenizer file: its content, not its path
+        parts["tokenizer"] = "file"
+        parts["tokenizer_sha256"] = hashlib.sha256(tokenizer.source_json).hexdigest()
+        parts["eot_id"] = tokenizer.eos_id
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode("utf-8")).hexdigest()
 
 
@@ -114,13 +130,17 @@ def _load(folder: Path, key: str) -> Optional[PreparedData]:
             if n <= 0 or path.stat().st_size != n * dtype.itemsize:
                 return None
             arrays[split] = np.memmap(path, dtype=dtype, mode="r", shape=(n,))
-        tokenizer = Tokenizer.load(folder / "tokenizer.json")
+        if is_tokenizer_file(meta["tokenizer"]["kind"]):  # kept byte for byte, with its end-of-text id
+            tokenizer = load_tokenizer_file(folder / "tokenizer.json", int(meta["tokenizer"]["eos_id"]))
+        else:
+            tokenizer = Tokenizer.load(folder / "tokenizer.json")
     except (OSError, ValueError, KeyError, TypeError, DataError):
         return None
     return PreparedData(tokenizer, arrays["train"], arrays["val"], folder, meta)
 
 
-def _build(folder: Path, corpus: Corpus, data_cfg, vocab_size: int, key: str) -> Path:
+def _build(folder: Path, corpus: Corpus, data_cfg, vocab_size: int, key: str,
+           file_tokenizer: Optional[Tokenizer] = None) -> Path:
     """Build the cache in a temporary folder next to ``folder`` and return it.
 
     On any failure the temporary folder is removed: no partial cache is left behind.
@@ -128,18 +148,20 @@ def _build(folder: Path, corpus: Corpus, data_cfg, vocab_size: int, key: str) ->
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
     try:
-        _build_into(tmp, corpus, data_cfg, vocab_size, key)
+        _build_into(tmp, corpus, data_cfg, vocab_size, key, file_tokenizer)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return tmp
 
 
-def _build_into(tmp: Path, corpus: Corpus, data_cfg, vocab_size: int, key: str) -> None:
-    """Split, train the tokenizer, encode both splits, then write ``meta.json`` last."""
+def _build_into(tmp: Path, corpus: Corpus, data_cfg, vocab_size: int, key: str,
+                file_tokenizer: Optional[Tokenizer] = None) -> None:
+    """Split, train the tokenizer (or take the tokenizer file's), encode both splits, then write
+    ``meta.json`` last."""
     t0 = time.perf_counter()
     split = split_corpus(corpus, data_cfg.val_fraction, data_cfg.seed, data_cfg.max_bytes)
-    tokenizer = build_tokenizer(data_cfg.tokenizer, split.train, vocab_size)
+    tokenizer = file_tokenizer or build_tokenizer(data_cfg.tokenizer, split.train, vocab_size)
     dtype = token_dtype(tokenizer.vocab_size)
     tokenizer.save(tmp / "tokenizer.json")
     n_tokens = {s: _write_ids(tokenizer, getattr(split, s), tmp / f"{s}.bin", dtype) for s in SPLITS}
@@ -188,21 +210,47 @@ def _publish(tmp: Path, folder: Path, key: str) -> PreparedData:
     return data
 
 
-def prepare_data(cfg) -> PreparedData:
-    """Tokenized train/validation data for a recipe (``cfg.data``, ``cfg.model.vocab_size``).
+def _file_tokenizer(data_cfg, model_vocab_size: int) -> Optional[Tokenizer]:
+    """The tokenizer of ``data.tokenizer`` when it names a tokenizer file (checked against the model's
+    vocabulary: as large or larger), else None."""
+    if not is_tokenizer_file(data_cfg.tokenizer):
+        return None
+    tokenizer = load_tokenizer_file(data_cfg.tokenizer, getattr(data_cfg, "eot_id", None))
+    check_model_vocab(model_vocab_size, tokenizer, str(data_cfg.tokenizer))
+    return tokenizer
 
-    Reuses the cache folder for this recipe's key when it is complete; otherwise builds it.
-    Raises :class:`DataError` (a ``RecipeError``) with a clear message on bad data.
-    """
+
+def _prepare_text(cfg) -> PreparedData:
+    """A text source: its cache folder for this recipe's key, built when missing or incomplete."""
     data_cfg = cfg.data
-    vocab_size = _tokenizer_vocab(data_cfg, int(cfg.model.vocab_size))
+    file_tokenizer = _file_tokenizer(data_cfg, int(cfg.model.vocab_size))
+    if file_tokenizer is not None:
+        vocab_size = file_tokenizer.vocab_size
+    else:
+        vocab_size = _tokenizer_vocab(data_cfg, int(cfg.model.vocab_size))
     corpus = build_corpus(data_cfg)
-    key = cache_key(corpus, data_cfg, vocab_size)
+    key = cache_key(corpus, data_cfg, vocab_size, file_tokenizer)
     folder = Path(os.path.expanduser(str(data_cfg.cache_dir))) / f"{corpus.family}-{key[:16]}"
     data = _load(folder, key)
     if data is None:
-        tmp = _build(folder, corpus, data_cfg, vocab_size, key)
+        tmp = _build(folder, corpus, data_cfg, vocab_size, key, file_tokenizer)
         data = _publish(tmp, folder, key)
+    return data
+
+
+def prepare_data(cfg) -> PreparedData:
+    """Tokenized train/validation data for a recipe (``cfg.data``, ``cfg.model.vocab_size``).
+
+    A text source: reuses the cache folder for this recipe's key when it is complete; otherwise
+    builds it. ``data.source: tokens``: memory maps of the shards (``archlab.data.tokens``).
+    Raises :class:`DataError` (a ``RecipeError``) with a clear message on bad data.
+    """
+    if cfg.data.source == "tokens":
+        from archlab.data.tokens import prepare_tokens  # imports this module: resolved here
+
+        data = prepare_tokens(cfg)
+    else:
+        data = _prepare_text(cfg)
     train_cfg = cfg.get("train") if hasattr(cfg, "get") else None
     if train_cfg is not None:
         check_length(data.train, int(train_cfg.seq_len), "training split")

@@ -1,15 +1,20 @@
-"""Corpus sources, by ``data.source``: ``stdlib`` (default), ``text`` (local files), ``hf`` (datasets).
+"""Corpus sources, by ``data.source``: ``stdlib`` (default), ``text`` (local files), ``hf`` (datasets),
+and ``tokens`` (pre-tokenised shards: no corpus, read by ``archlab.data.tokens``).
 
-Each source is a function ``(data_cfg) -> Corpus`` that lists documents and fingerprints them
+Each text source is a function ``(data_cfg) -> Corpus`` that lists documents and fingerprints them
 without tokenizing anything, so that a cached build can be found again cheaply. Its ``options``
-are the ``data`` keys only it reads (``paths``, ``hf_*``); ``archlab.config.options`` refuses a
-recipe that sets another source's key.
+are the ``data`` keys only it reads (``paths``, ``hf_*``; the split keys ``val_fraction``,
+``max_bytes`` and ``seed``, which every text source reads and token shards do not; ``tokens``:
+``train_shards``, ``val_shards``, ``shard_format``); ``archlab.config.options`` refuses a recipe
+that sets another source's key.
 
 - ``stdlib``: the Python standard library's own ``*.py`` files (about 12 MB of code, docstrings and
   comments without its tests), found through ``sysconfig``: real text present on every machine.
 - ``text``: files, folders (recursive, hidden entries skipped) and globs (``**`` allowed) from
   ``data.paths``. Every file must be UTF-8 text: a file that is not is an error naming it.
 - ``hf``: a Hugging Face dataset (optional ``datasets`` package); one row = one document.
+- ``tokens``: token ids already in files (llm.c / modded-nanogpt shards, nanoGPT's ``train.bin``, an
+  archlab cache folder): ``archlab.data.prepare.prepare_data`` hands it to ``archlab.data.tokens``.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ def _source(name: str, *options: str):
     return deco
 
 
+# the corpus -> split keys (archlab.data.corpus.split_corpus): read by every text source, not by token shards
+SPLIT_OPTIONS = ("val_fraction", "max_bytes", "seed")
 # folders of the standard library that are not its own source: tests and installed packages
 STDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
 # up to this many bytes, the fingerprint hashes file contents; above it, size + mtime_ns only
@@ -89,7 +96,7 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-@_source("stdlib")
+@_source("stdlib", *SPLIT_OPTIONS)
 def stdlib_corpus(data_cfg) -> Corpus:
     """Every ``*.py`` file of the standard library, except tests and installed packages."""
     root = stdlib_root()
@@ -121,7 +128,7 @@ def _expand(entry: str) -> list[Path]:
     raise DataError(f"data.paths: {entry!r} does not exist (no such file, folder or glob match)")
 
 
-@_source("text", "paths")
+@_source("text", "paths", *SPLIT_OPTIONS)
 def text_corpus(data_cfg) -> Corpus:
     """Local text files from ``data.paths``; documents are named relative to their common folder."""
     if not data_cfg.paths:
@@ -157,7 +164,7 @@ def _row_reader(text: str) -> Callable[[], str]:
     return lambda: text
 
 
-@_source("hf", "hf_dataset", "hf_config", "hf_split", "hf_text_field")
+@_source("hf", "hf_dataset", "hf_config", "hf_split", "hf_text_field", *SPLIT_OPTIONS)
 def hf_corpus(data_cfg) -> Corpus:
     """The ``hf_text_field`` column of a Hugging Face dataset split; one row is one document."""
     datasets = _import_datasets()
@@ -180,3 +187,10 @@ def hf_corpus(data_cfg) -> Corpus:
     return Corpus("hf", f"Hugging Face dataset {data_cfg.hf_dataset!r} "
                   f"({data_cfg.hf_config or 'default'}, split {data_cfg.hf_split}, {len(docs)} rows)",
                   docs, {"dataset": settings, "content": content})
+
+
+@_source("tokens", "train_shards", "val_shards", "shard_format")
+def tokens_corpus(data_cfg) -> Corpus:
+    """Token shards hold ids, not documents: ``prepare_data`` reads them (``archlab.data.tokens``)."""
+    raise DataError("data.source=tokens holds token ids, not text: archlab.data.prepare_data reads it "
+                    "(archlab.data.tokens), build_corpus cannot")

@@ -30,9 +30,10 @@ from archlab.costs.peak import peak_flops
 from archlab.model.build import build_model
 from archlab.model.checkpointing import allow_compiled_recomputation
 from archlab.nn.loss import lm_loss
-from archlab.nn.moe import start_step
+from archlab.nn.moe import start_step, start_trace, stop_trace, take_trace
 from archlab.nn.positions import position_class
 from archlab.train import checkpoint as ckpt
+from archlab.train import trackers
 from archlab.train.backends import Backend, select_backend
 from archlab.train.dist import (
     DistInfo,
@@ -47,6 +48,7 @@ from archlab.train.dist import (
 from archlab.train.faults import NonFiniteError, StopSignal
 from archlab.train.optim import lr_at, set_lr
 from archlab.train.parallel import make_accelerator, resolve_precision
+from archlab.train.router_trace import RouterTracer, tracer_for
 from archlab.train.run_folder import (
     METRICS,
     ROUTING,
@@ -101,7 +103,9 @@ class Trainer:
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
         t = cfg.train
-        self.accelerator = make_accelerator(t)
+        tracker_names = trackers.requested(t)
+        trackers.check_installed(tracker_names)  # a missing tracker package stops the run here, before anything
+        self.accelerator = make_accelerator(t, tracker_names)
         self.info: DistInfo = dist_info(self.accelerator)
         if self.info.world_size > 1:
             teardown_at_exit()  # process groups destroyed before exit, also when a script drives the Trainer
@@ -116,6 +120,9 @@ class Trainer:
         self.run_dir, resume_from, notes = self._resolve_run()
         for note in notes:
             self.log(note)
+        # train.router_trace_every: the main process traces the routing of sampled tokens (off by default)
+        self.tracer: Optional[RouterTracer] = tracer_for(self.run_dir, t, self.info.is_main, cfg.model.moe is not None)
+        self._trace: Optional[tuple] = None  # (trace, token ids, seconds) of this step, written after it
 
         torch.manual_seed(t.seed)  # identical initial weights on every rank
         self.model = build_model(cfg)  # the plain module; the wrapped one is self.model_t
@@ -142,6 +149,7 @@ class Trainer:
         if self.info.is_main:
             self._init_run_folder(resume_from)
         self.last_ckpt: Optional[Path] = resume_from
+        self._routing_read_at = self.step  # where the routing statistics' current window starts
         barrier()
 
     @property
@@ -165,6 +173,8 @@ class Trainer:
         parameter's process-group handle alive until interpreter exit). Idempotent; the Trainer
         cannot train after it. ``archlab.train.train`` calls it; so should a script that drives a
         Trainer itself, before :func:`archlab.train.dist.shutdown_distributed`."""
+        if self.metrics is not None:  # files closed, trackers finished (already done at the end of run)
+            self.metrics.close()
         self.accelerator.free_memory()
         self.backend.close()
 
@@ -184,6 +194,7 @@ class Trainer:
         bar = tqdm(total=t.max_steps, initial=self.step, disable=not self.info.is_main, desc=self.cfg.name,
                    unit="step", dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
         self._window = _Window()
+        self._routing_read_at = self.step  # routing statistics count from here
         status, message = "failed", ""
         ckpt_steps = set(t.ckpt_steps)
         try:
@@ -226,6 +237,7 @@ class Trainer:
             self.step += 1
             self.log(f"step {self.step}: non-finite loss/grad norm ({r['loss']}, {r['grad_norm']}): batch skipped")
             self._write({"kind": "skip", "step": self.step, "tokens": self.tokens, **r})
+            self._write_trace(skipped=True)
             bar.update(1)
             return
         self.backend.step()  # clipped to train.grad_clip
@@ -235,6 +247,10 @@ class Trainer:
         log_now = self.step % t.log_every == 0 or self.step == t.max_steps
         routing_now = self.step % (t.routing_every or t.log_every) == 0
         moe = self._moe_after_step(log_now or routing_now)
+        if moe:  # the routing window: the steps since the previous read (routing record or metrics row)
+            moe["moe/window_steps"] = self.step - self._routing_read_at
+            self._routing_read_at = self.step
+        self._write_trace()
         if moe and routing_now and self.metrics is not None:
             self.metrics.write_routing({"step": self.step, "tokens": self.tokens, **moe})
         if log_now:
@@ -256,14 +272,25 @@ class Trainer:
         lm_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         aux_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         start_step(self.model)  # every rank, before the first micro-batch: global-batch balancing restarts its counts
+        traced = self.tracer is not None and self.tracer.due(self.step + 1)
         for micro in range(A):
             x_BS1 = self.batches.get(self.step, micro).to(self.device)
+            if traced and micro == 0:
+                index_T = self.tracer.sample(self.step + 1, x_BS1[:, :-1].numel())
+                start_trace(self.model, index_T.to(self.device))
             with self.accelerator.accumulate(self.model_t):
                 lm, aux = self._forward_loss(x_BS1)
+                if traced and micro == 0:
+                    stop_trace(self.model)  # the step's first forward only (not a recomputation, not micro 1...)
+                    token_ids_T = x_BS1[:, :-1].reshape(-1).index_select(0, index_T.to(x_BS1.device))
                 if not self.backend.backward(lm + aux):  # a DeepSpeed engine would update inside it
                     raise NonFiniteError(self._nonfinite_message(float("nan"), float("nan")))
             lm_sum += lm.detach().double()
             aux_sum += aux.detach().double()
+        if traced:
+            t0 = time.perf_counter()
+            trace = take_trace(self.model)  # to the host: the only synchronisation tracing adds
+            self._trace = (trace, token_ids_T.cpu(), time.perf_counter() - t0) if trace is not None else None
         grad_norm = self.backend.clip_grad_norm()
         reduced = all_reduce_sum(torch.stack([lm_sum / A, aux_sum / A]).cpu())
         W = self.info.world_size
@@ -291,6 +318,14 @@ class Trainer:
             return {}
         check_local_routing(self.model, self.info.rank)
         return routing_stats(self.model, all_reduce_sum)
+
+    def _write_trace(self, skipped: bool = False) -> None:
+        """Write the router trace taken during this step (train.router_trace_every), if any."""
+        if self._trace is None:
+            return
+        trace, token_ids, seconds = self._trace
+        self._trace = None
+        self.tracer.write(self.step, trace, token_ids, self.cfg.train.seq_len, seconds, skipped)
 
     def _write(self, row: dict[str, Any]) -> None:
         if self.metrics is not None:
@@ -460,7 +495,8 @@ class Trainer:
             "branch_from": self.branch["from"] if self.branch else None,
             "branch_step": self.branch["step"] if self.branch else None,
         })
-        self.metrics = MetricsLog(run, self.cfg.train.tensorboard)
+        trackers.start(self.accelerator, run, self.cfg)  # train.trackers: run name = the folder's, recipe as hparams
+        self.metrics = MetricsLog(run, self.accelerator)
 
     def _role(self) -> dict[str, Any]:
         """What kind of scaling point the run is. ``role``: ``stable`` (constant lr to the end, e.g. the
@@ -494,11 +530,13 @@ class Trainer:
             "training_flops": self.flops_per_token * self.tokens,
             "n_params": archlab.num_params(self.cfg),
         })
-        ckpt.write_json_atomic(self.run_dir / SUMMARY, summary)
-        if train:
-            plot_losses(self.run_dir, self.cfg.name)
-        if self.metrics is not None:
-            self.metrics.close()
+        try:
+            ckpt.write_json_atomic(self.run_dir / SUMMARY, summary)
+            if train:
+                plot_losses(self.run_dir, self.cfg.name)
+        finally:
+            if self.metrics is not None:  # the trackers' runs end here too
+                self.metrics.close()
         return summary
 
 

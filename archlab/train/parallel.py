@@ -11,11 +11,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, parse_flag_from_env
+from accelerate.utils import DistributedType, ProjectConfiguration, parse_flag_from_env
 from torch import nn
 
 from archlab.config.validate import RecipeError
@@ -43,14 +43,26 @@ def _multi_process_without_gpu() -> bool:
             and int(os.environ.get("WORLD_SIZE", "1")) > 1)
 
 
-def make_accelerator(train_cfg) -> Accelerator:
-    """An Accelerator for the launcher's setup with the recipe's precision and accumulation."""
-    return Accelerator(
+def make_accelerator(train_cfg, trackers: Sequence[str] = ()) -> Accelerator:
+    """An Accelerator for the launcher's setup with the recipe's precision and accumulation, and
+    ``trackers`` (``log_with``; :mod:`archlab.train.trackers` points them at the run folder once
+    it is known: accelerate wants a logging folder now, the output folder stands in)."""
+    logging = {}
+    if trackers:
+        out = str(train_cfg.out_dir)
+        logging = {"log_with": list(trackers), "project_config": ProjectConfiguration(project_dir=out, logging_dir=out)}
+    accelerator = Accelerator(
         cpu=_multi_process_without_gpu(),
         mixed_precision=resolve_precision(train_cfg.precision),
         gradient_accumulation_steps=train_cfg.grad_accum,
         step_scheduler_with_optimizer=False,  # the lr is set from the step (archlab.train.optim.lr_at)
+        **logging,
     )
+    if trackers:
+        from archlab.train.trackers import check_accepted
+
+        check_accepted(accelerator, trackers)
+    return accelerator
 
 
 def check_data_parallel(accelerator: Accelerator, world_size: int) -> None:

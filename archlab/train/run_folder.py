@@ -7,7 +7,7 @@
     tokenizer.json   the tokenizer the run trained with
     metrics.jsonl    one JSON object per line: train rows, validation rows (``"kind"`` says which)
     routing.jsonl    MoE models: per-layer routing records
-    tb/              TensorBoard event files (when tensorboard is installed)
+    tb/              TensorBoard event files (train.trackers: [tensorboard]); wandb/ with wandb
     checkpoints/     step_XXXXXXXX/ folders, see :mod:`archlab.train.checkpoint`
     summary.json     final numbers (written at the end, also after an interruption)
     loss.png         train and validation loss against tokens seen
@@ -113,37 +113,23 @@ def copy_jsonl_rows(src: Path, dst: Path, max_step: int) -> None:
 
 
 class MetricsLog:
-    """Appends rows to metrics.jsonl (and routing.jsonl) and mirrors scalars to TensorBoard.
+    """Appends rows to metrics.jsonl (and routing.jsonl), the run's record, and hands each metrics
+    row to the experiment trackers of ``accelerator`` (``train.trackers``, see
+    :mod:`archlab.train.trackers`). Only the main process creates one."""
 
-    Only the main process creates one. TensorBoard is optional: without the package, nothing is
-    written there and ``tensorboard_active`` is False.
-    """
-
-    def __init__(self, run_dir: Path, tensorboard: bool):
+    def __init__(self, run_dir: Path, accelerator=None):
         self.run_dir = run_dir
         self._metrics = open(run_dir / METRICS, "a")
         self._routing = None
-        self.tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                self.tb = None
-            else:
-                self.tb = SummaryWriter(log_dir=str(run_dir / "tb"))
-
-    @property
-    def tensorboard_active(self) -> bool:
-        return self.tb is not None
+        self._accelerator = accelerator
 
     def write(self, row: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
-        if self.tb is not None:
-            prefix = row.get("kind", "train")
-            for k, v in row.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step",):
-                    self.tb.add_scalar(f"{prefix}/{k}", v, global_step=row["step"])
+        if self._accelerator is not None:
+            from archlab.train import trackers
+
+            trackers.log(self._accelerator, row)
 
     def write_routing(self, row: dict[str, Any]) -> None:
         if self._routing is None:
@@ -152,11 +138,14 @@ class MetricsLog:
         self._routing.flush()
 
     def close(self) -> None:
+        """Close the files and finish the trackers' runs; idempotent."""
         self._metrics.close()
         if self._routing is not None:
             self._routing.close()
-        if self.tb is not None:
-            self.tb.close()
+        if self._accelerator is not None:
+            from archlab.train import trackers
+
+            trackers.finish(self._accelerator)
 
 
 def plot_losses(run_dir: Path, title: str) -> Path:

@@ -130,3 +130,86 @@ def test_empty_folder_and_bad_numbers(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             cli.main(["recipes/dense/tiny.yaml", *bad])
         assert e.value.code == 2
+
+
+MODEL_RECIPES = sorted(str(p.relative_to(Path(__file__).resolve().parents[2]))
+                       for p in (Path(__file__).resolve().parents[2] / "recipes").glob("*/*.yaml")
+                       if p.parent.name != "launch")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("checkpointing", ["none", "full", "selective"])
+def test_every_recipe_gives_a_full_table_on_both_devices(device, checkpointing, capsys):
+    """No cell of any recipe in recipes/ is left "not modelled", on the CPU or on CUDA (where the
+    banded sliding-window path's bytes are derived, not measured), in every checkpointing mode."""
+    rc, out, err = _run([*MODEL_RECIPES, "--device", device, "--checkpointing", checkpointing, "--format", "json"],
+                        capsys)
+    assert rc == 0 and err == ""
+    rows = json.loads(out)
+    assert len(rows) == len(MODEL_RECIPES) > 20
+    for row in rows:
+        assert row["not_modelled"] == {}, row["recipe"]
+        assert all(row[k] is not None for k in cli.COLUMNS), row["recipe"]
+        assert row["train_memory_bytes"] > 0
+    rc, out, _ = _run([*MODEL_RECIPES, "--device", device, "--checkpointing", checkpointing], capsys)
+    assert rc == 0 and "not modelled" not in out
+
+
+def _no_sliding_memory(monkeypatch):
+    """A component that cannot model the activation memory of these settings (raises, never guesses)."""
+    from archlab.nn.attention.sliding import SlidingWindowAttention
+
+    def refuse(cls, s, *, layer, kernel=None):
+        raise NotImplementedError(f"sliding_window: no model on {s.device} (test)")
+
+    monkeypatch.setattr(SlidingWindowAttention, "saved_bytes", classmethod(refuse))
+
+
+def test_a_cell_not_modelled_keeps_every_other_cell_and_recipe(monkeypatch, tmp_path, capsys):
+    _no_sliding_memory(monkeypatch)
+    recipes = TINY[:2] + ["recipes/mistral/tiny.yaml"]
+    rc, out, err = _run(recipes + ["--out", str(tmp_path)], capsys)
+    assert rc == 0
+    lines = out.splitlines()
+    mistral = next(line for line in lines if line.startswith("mistral-tiny"))
+    assert mistral.rstrip().endswith("not modelled [1]") and "MFLOP" in mistral and "768 B" in mistral
+    assert all("not modelled" not in line for line in lines if line.startswith(("dense-tiny", "llama-tiny")))
+    assert ("[1] mistral-tiny: train mem/rank not modelled: no activation-memory model for --device cuda: "
+            "sliding_window: no model on cuda (test)") in lines
+    # the charts leave the recipe out where its numbers are missing, and say so
+    assert (tmp_path / "flops_breakdown.png").is_file() and (tmp_path / "memory_breakdown.png").is_file()
+    assert "memory_breakdown.png: without mistral-tiny (not modelled)" in err
+    assert "not modelled [1]" in (tmp_path / "costs.txt").read_text()
+
+    rc, out, err = _run(recipes + ["--format", "csv"], capsys)
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert rc == 0 and [r["recipe"] for r in rows] == ["dense-tiny", "llama-tiny", "mistral-tiny"]
+    assert rows[2]["train_memory_bytes"] == "" and rows[2]["memory_activations"] == ""
+    assert float(rows[2]["train_flops_per_token"]) > 0 and rows[0]["not_modelled"] == ""
+    assert rows[2]["not_modelled"].startswith("train_memory_bytes: no activation-memory model for --device cuda")
+    assert "note: [1] mistral-tiny: train mem/rank not modelled" in err
+
+    rc, out, _ = _run(recipes + ["--format", "json", "--device", "cpu"], capsys)
+    rows = json.loads(out)
+    assert rc == 0 and rows[2]["train_memory_bytes"] is None and rows[2]["activation_breakdown"] is None
+    assert rows[2]["params_total"] == rows[1]["params_total"]  # same LLaMA block, other attention
+    assert set(rows[2]["not_modelled"]) == {"train_memory_bytes", "memory_breakdown", "activation_breakdown"}
+    assert "--device cpu: sliding_window: no model on cpu (test)" in rows[2]["not_modelled"]["train_memory_bytes"]
+    assert rows[0]["not_modelled"] == {} and rows[0]["train_memory_bytes"] > 0
+
+
+def test_one_footnote_per_reason_and_nothing_computed_exits_1(monkeypatch, capsys):
+    _no_sliding_memory(monkeypatch)
+    rc, out, _ = _run(["recipes/mistral/tiny.yaml", "recipes/mistral/tiny.yaml"], capsys)
+    assert rc == 0 and out.count("not modelled [1]") == 2 and "[2]" not in out
+    assert "[1] mistral-tiny, mistral-tiny: train mem/rank not modelled" in out
+
+    def refuse(*args, **kwargs):
+        raise NotImplementedError("nothing here (test)")
+
+    for name in ("param_counts", "forward_flops", "kv_cache_bytes", "training_memory"):
+        monkeypatch.setattr(cli, name, refuse)
+    rc, out, err = _run(["recipes/dense/tiny.yaml"], capsys)
+    assert rc == 1 and "nothing could be computed" in err
+    assert out.startswith("recipe") and out.count("not modelled [") == 8  # the table is still printed
+    assert "[1] dense-tiny: params, embedding, non-emb., active not modelled: no params model: nothing here" in out

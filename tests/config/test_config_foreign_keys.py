@@ -38,6 +38,7 @@ SETUP = {
     ("model", "moe.router.type", "*"): ["model.moe.num_experts=4", "model.moe.expert_hidden=16"],
     ("data", "source", "text"): ["data.paths=[corpus.txt]"],
     ("data", "source", "hf"): ["data.hf_dataset=wikitext"],
+    ("data", "source", "tokens"): ["data.train_shards=shards/train_*.bin"],
 }
 # non-default values of the keys whose default says nothing of their type (None) or is a name
 VALUES = {
@@ -51,6 +52,10 @@ VALUES = {
     "data.hf_config": "wikitext-2-raw-v1",
     "data.hf_split": "validation",
     "data.hf_text_field": "content",
+    "data.train_shards": "shards/train_*.bin",
+    "data.val_shards": "shards/val_*.bin",
+    "data.shard_format": "llmc",
+    "data.max_bytes": 100000,
     "train.decay_shape": "sqrt",
 }
 # every Registry in archlab: the choice it backs (section, selector), or why it selects no keys

@@ -71,6 +71,67 @@ def test_logits_loss_matches_saved_tensors(name, dtype):
         activation_memory(cfg, B, S, loss="chunked")
 
 
+def _band_shape(cfg, dtype: str, device: str, seq_len: int = S):
+    from archlab.nn.component import ActShape
+
+    a = 4 if dtype == "fp32" else 2
+    return ActShape(archlab.model_config(cfg), B, seq_len, a, a if device == "cpu" else 1, device)
+
+
+@pytest.mark.parametrize("overrides, dtype, seq_len", [
+    ([], "fp32", 64),  # GQA (the recipe), padded last block (S = 64, W = 48)
+    ([], "bf16", 96),  # bf16 upcast, no padding
+    (["model.n_kv_heads=4", "model.attention.qk_norm=true"], "fp32", 64),  # MHA, q/k norms
+    (["model.attention.window=20"], "bf16", 64),  # a window that is no multiple of 8
+])
+def test_banded_math_kernel_matches_saved_tensors(overrides, dtype, seq_len, monkeypatch):
+    """The kernel CUDA runs for a banded GQA layer (and torch's math kernel wherever it runs the
+    banded blocks): the same composite code on the CPU, forced there, measured exactly. Every
+    layer of the model is banded; the other components are the CPU estimate's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from archlab.nn.attention.sliding import SlidingWindowAttention as SWA
+
+    cfg = archlab.load_recipe("recipes/mistral/tiny.yaml", ["model.n_layers=2", *overrides])
+    s = _band_shape(cfg, dtype, "cpu", seq_len)
+    layers = range(cfg.model.n_layers)
+    model = archlab.build_model(cfg).train().to(DTYPES[dtype])
+    for mode, per_layer in (("none", SWA.saved_bytes), ("selective", SWA.selective_saved_bytes)):
+        model.checkpointing = mode
+        x_BS1 = torch.randint(0, cfg.model.vocab_size, (B, seq_len + 1))
+        with sdpa_kernel(SDPBackend.MATH):
+            measured = saved_activation_bytes(model, x_BS1)["total"]
+        cpu = activation_memory(cfg, B, seq_len, dtype=dtype, device="cpu", checkpointing=mode).total
+        swap = sum(per_layer(s, layer=i, kernel="math") - per_layer(s, layer=i) for i in layers)
+        assert cpu + swap == measured, mode
+
+
+def test_banded_path_on_cuda_is_modelled_for_every_kernel():
+    """CUDA: GQA or an unaligned head dim -> the math kernel (fp32 scores: grows with the window);
+    MHA -> memory-efficient attention, the bytes derived from what it saves (by hand here)."""
+    from archlab.nn.attention.sliding import SlidingWindowAttention as SWA
+
+    gqa = archlab.load_recipe("recipes/mistral/tiny.yaml")
+    mha = archlab.load_recipe("recipes/mistral/tiny.yaml", ["model.n_kv_heads=4"])
+    assert SWA.banded_kernel(_band_shape(gqa, "bf16", "cuda")) == "math"
+    assert SWA.banded_kernel(_band_shape(mha, "bf16", "cuda")) == "efficient"
+    assert SWA.banded_kernel(_band_shape(mha, "bf16", "cpu")) == "flash"
+    odd = archlab.load_recipe("recipes/mistral/tiny.yaml", ["model.n_kv_heads=4", "model.d_model=80"])  # Dh 20
+    assert SWA.banded_kernel(_band_shape(odd, "bf16", "cuda")) == "math"
+    assert SWA.banded_kernel(_band_shape(odd, "fp32", "cuda")) == "efficient"
+    m = archlab.model_config(mha)
+    H, Dh, D, W, a = m.n_heads, m.d_head, m.d_model, 48, 2
+    s = _band_shape(mha, "bf16", "cuda")  # S = 64: 2 blocks of 48 rows, the last one padded
+    rows_q, n = B * 2 * W, B * S
+    by_hand = (n * D * a + rows_q * H * Dh * a + 2 * 2 * rows_q * H * Dh * a + rows_q * 2 * W * a  # x, q, k, v, mask
+               + rows_q * H * Dh * a + B * 2 * H * 64 * 4  # output, log-sum-exp (48 rows padded to 64)
+               + n * H * Dh * a)  # wo's input: the padded rows cut off, a copy
+    assert SWA.saved_bytes(s, layer=0) == by_hand
+    for cfg in (gqa, mha):  # the whole model on CUDA, every mode
+        for mode in MODES:
+            assert activation_memory(cfg, 8, 256, device="cuda", checkpointing=mode).total > 0
+
+
 @pytest.mark.parametrize("name", ["dense/tiny", "llama/tiny", "deepseek/tiny"])
 def test_checkpointing_keeps_each_layer_input_or_its_matmul_outputs(name):
     cfg = archlab.load_recipe(f"recipes/{name}.yaml", ["model.n_layers=2"])
@@ -188,11 +249,12 @@ def test_training_memory_adds_states_and_activations():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name", ["dense/tiny", "llama/tiny", "mixtral/tiny", "deepseek/tiny"])
+@pytest.mark.parametrize("name", ["dense/tiny", "llama/tiny", "mixtral/tiny", "deepseek/tiny", "mistral/tiny"])
 def test_activations_match_cuda_allocations(name):
     """bf16 on CUDA: memory allocated after the trainer's forward (fused loss included) minus
     before it, against the CUDA estimate; also the saved-tensor bytes. Not yet run on a GPU with
-    the fused loss's estimate."""
+    the fused loss's estimate, nor with the banded sliding-window path (mistral/tiny: S = 256 >
+    W = 48, GQA: the math kernel), whose CUDA bytes are derived from the kernels' saved tensors."""
     cfg = archlab.load_recipe(f"recipes/{name}.yaml")
     model = archlab.build_model(cfg, device="cuda").train().to(torch.bfloat16)
     ids = torch.randint(0, cfg.model.vocab_size, (8, 257), device="cuda")

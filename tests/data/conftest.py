@@ -42,3 +42,29 @@ def text_recipe(tmp_path, text_corpus_dir):
     make.corpus = corpus
     make.cache = tmp_path / "cache"
     return make
+
+
+def write_tokenizer_json(path: Path, vocab_size: int = 300, eos: str = "<|endoftext|>") -> Path:
+    """A GPT-2-like tokenizer file made with the ``tokenizers`` library (no download): byte-level BPE
+    trained on a few stdlib modules to ``vocab_size - 1`` entries, then ``eos`` added as the last id
+    (GPT-2's <|endoftext|> is its last id, 50256)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    texts = [(stdlib_root() / name).read_text() for name in ("textwrap.py", "string.py", "shlex.py")]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 1, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    tok.add_special_tokens([eos])
+    assert tok.get_vocab_size() == vocab_size and tok.token_to_id(eos) == vocab_size - 1
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tokenizer_json(tmp_path_factory) -> Path:
+    """A 300-id GPT-2-like tokenizer.json (<|endoftext|> = 299), never modified."""
+    return write_tokenizer_json(tmp_path_factory.mktemp("tokenizer") / "tokenizer.json")

@@ -19,9 +19,11 @@ def data_cfg(**kw):
 
 
 def test_registry_names_every_source():
-    assert SOURCES.names() == ["hf", "stdlib", "text"]
+    assert SOURCES.names() == ["hf", "stdlib", "text", "tokens"]
     with pytest.raises(DataError, match="unknown data source type 'web'"):
         build_corpus(data_cfg(source="web"))
+    with pytest.raises(DataError, match="holds token ids, not text"):  # prepare_data reads token shards
+        build_corpus(data_cfg(source="tokens", train_shards="x.bin"))
 
 
 def test_stdlib_corpus_is_the_standard_library_without_tests_or_packages():

@@ -195,3 +195,23 @@ def test_real_sigterm_then_resume(setup):
     done = json.loads((out / "sig" / "summary.json").read_text())
     assert done["status"] == "completed" and done["step"] == 40
     assert len(_losses(out / "sig")) == 40
+
+
+def test_trackers_log_on_the_main_process_only(tmp_path, data_cache, tiny_overrides):
+    """train.trackers under 2 processes: one TensorBoard writer (rank 0's: accelerate starts and
+    feeds trackers on the main process only) holding every train row; both ranks exit cleanly."""
+    pytest.importorskip("tensorboard", reason="TensorBoard not installed (pip install tensorboard)")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    overrides = [*tiny_overrides, f"data.cache_dir={data_cache}", f"train.out_dir={tmp_path}", "train.run_name=tb",
+                 "train.eval_context_multipliers=[1]", "train.trackers=[tensorboard]"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "-m", "archlab.train", str(RECIPE), *overrides]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    logdir = tmp_path / "tb" / "tb" / "archlab"
+    assert len(list(logdir.glob("events.out.tfevents.*"))) == 1, sorted(logdir.rglob("*"))
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 9))
+    assert len(_losses(tmp_path / "tb")) == 8

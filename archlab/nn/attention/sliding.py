@@ -14,6 +14,11 @@ by the window instead of growing with S: Q K^T and P V each cost 2 * keys * H * 
 with keys = nb * 2W * W / S (the padded last block included), against S for full attention.
 For S <= W it is ordinary causal attention.
 
+Activation memory (``saved_bytes``): what the SDPA kernel that runs the blocks keeps, measured on
+the CPU (flash; math with attention dropout); on CUDA derived from torch 2.13's dispatch and the
+kernels' saved tensors, not measured on a GPU: memory-efficient attention for H == G, the math
+kernel (fp32 scores) for GQA/MQA, whose mask the memory-efficient kernel does not take.
+
 KV cache: a rolling buffer of the last W - 1 positions per local layer
 (``LayerKVCache(window=W)``), so a local layer's cache stops growing at the window.
 """
@@ -101,55 +106,105 @@ class SlidingWindowAttention(CausalSelfAttention):
         W = layer_window(s.cfg, layer)
         if W is None or s.seq_len <= W:
             return None
-        if s.device != "cpu":
-            raise NotImplementedError("sliding_window: the banded path's activation memory is modelled on CPU only")
         return W, math.ceil(s.seq_len / W)
 
+    @staticmethod
+    def banded_kernel(s: ActShape) -> str:
+        """The SDPA kernel that runs the banded blocks (an explicit mask): ``flash`` (CPU, no
+        dropout), ``efficient`` (CUDA memory-efficient attention: H == G and a head dim that its
+        GEMMs take, a multiple of 8 in bf16 and of 4 in fp32 on sm80 or newer) or ``math``
+        (CPU with attention dropout; CUDA otherwise). CUDA's flash kernel takes no mask, and
+        torch 2.13's memory-efficient kernel no grouped K/V heads (its backward's meta function
+        gives dK the query's head count; the SDPA docstring: GQA "works only for Flash_attention
+        and math kernel on CUDA"): GQA/MQA with a mask falls to the math kernel, which comes
+        before cuDNN attention in torch's default backend order."""
+        cfg = s.cfg
+        if s.device == "cpu":
+            return "math" if cfg.attention.dropout > 0 else "flash"
+        aligned = cfg.d_head % (8 if s.act == 2 else 4) == 0
+        return "efficient" if cfg.kv_heads == cfg.n_heads and aligned else "math"
+
     @classmethod
-    def saved_bytes(cls, s: ActShape, *, layer: int) -> float:
-        """Banded (S > W, CPU): the QKV input; the padded query blocks, the key and value blocks
-        (2W rows per block), then what SDPA keeps. The flash kernel (no dropout) keeps the
-        blocks, the band mask (converted to the activation dtype), the output and the log-sum-exp;
-        the math kernel (attention dropout) keeps fp32 copies of q and of k^T and v expanded to H
-        heads, the probabilities, the dropout mask and the dropped probabilities. q/k norms keep
-        what they keep in ``mha``. Full layers and S <= W: as ``mha``."""
+    def saved_bytes(cls, s: ActShape, *, layer: int, kernel: Optional[str] = None) -> float:
+        """Banded (S > W): the QKV input; then what the kernel that runs the padded query blocks
+        against their key and value blocks (2W rows per block) keeps (``kernel``: default
+        :meth:`banded_kernel`). q/k norms keep what they keep in ``mha``. Full layers and S <= W:
+        as ``mha``.
+
+        - CPU flash (measured, exact): the blocks, the band mask (converted to the activation
+          dtype), the output and the log-sum-exp (fp32 per head and query row);
+        - math (CPU: measured with attention dropout; CUDA: the same composite kernel): fp32
+          (bf16 is upcast) copies of q (scaled) and of k^T (scaled) and v repeated to H heads,
+          the probabilities, with dropout the mask (fp32 on CPU, bool on CUDA) and the dropped
+          probabilities, and a copy of the output for the projection;
+        - CUDA memory-efficient attention, derived, not measured on a GPU, from torch 2.13's
+          dispatch (``scaled_dot_product_attention``: the boolean band converted to an additive
+          mask of the activation dtype, ``preprocess_mask`` expanding it over the H heads) and
+          what ``_scaled_dot_product_efficient_attention`` saves for backward (its meta
+          functions give the shapes): the q, k and v blocks; the mask, one (C, 2W) tile per
+          block while 2W is a multiple of 16, else padded to 16 columns, which materialises it
+          over the H heads; the output, allocated (B*nb, C, H, Dh) so that wo reads it through
+          views; the log-sum-exp, fp32, its rows padded to a multiple of 32 per block; and two
+          8-byte RNG scalars, not counted (as for ``mha``'s fused kernels).
+
+        Where torch puts cuDNN attention first (sm90/sm100 with cuDNN newer than 9.15) cuDNN runs
+        the banded blocks instead, GQA included, and keeps q, k, v (G heads), the mask, the output
+        and the log-sum-exp without the paddings: the CUDA estimate is then an upper bound (for
+        GQA by the math kernel's fp32 copies and scores).
+
+        wo reads the kernel's output through views unless the padded rows are cut off (a copy
+        then; on CPU also when normed q changed its layout)."""
         banded = cls._band_shape(s, layer)
         if banded is None:
             return super().saved_bytes(s, layer=layer)
         W, nb = banded
+        kernel = kernel or cls.banded_kernel(s)
         cfg, n, a, f = s.cfg, s.n, s.act, STATS_BYTES
         H, G, Dh, D = cfg.n_heads, cfg.kv_heads, cfg.d_head, cfg.d_model
-        rows_q, rows_k = s.batch * nb * W, s.batch * nb * 2 * W  # padded query rows, blocked key rows
+        blocks = s.batch * nb
+        rows_q, rows_k = blocks * W, blocks * 2 * W  # padded query rows, blocked key rows
         total = n * D * a  # input of wqkv
         if cfg.attention.qk_norm:  # per head and token, on views of the qkv output
             keeps_input, extra = norm_class(cfg).saved(s, dim=Dh)
             total += n * (H + G) * extra + (n * (H + 2 * G) * Dh * a if keeps_input else 0)
-        if cfg.attention.dropout > 0:  # CPU math kernel, fp32
-            total += rows_q * H * Dh * f + 2 * rows_k * H * Dh * f  # q (scaled), k^T and v over H heads
-            total += 3 * rows_q * H * 2 * W * f  # probabilities, dropout mask, dropped probabilities
+        if kernel == "math":  # fp32 whatever the input dtype
+            total += rows_q * H * Dh * f + 2 * rows_k * H * Dh * f  # q (scaled), k^T (scaled) and v over H heads
+            total += rows_q * H * 2 * W * f  # probabilities
+            if cfg.attention.dropout > 0:  # the mask, dropped probabilities
+                total += rows_q * H * 2 * W * ((f if s.device == "cpu" else s.mask) + f)
             return total + n * H * Dh * a  # output, copied to (B, S, H*Dh) for wo
         total += rows_q * H * Dh * a + 2 * rows_k * G * Dh * a  # query, key and value blocks
-        total += rows_q * 2 * W * a  # the band mask, one per block
-        total += rows_q * H * Dh * a + rows_q * H * f  # output + log-sum-exp
-        # wo reads the output through views unless the padded rows are cut off (or normed q changed its layout)
-        if cfg.attention.qk_norm or nb * W != s.seq_len:
-            total += n * H * Dh * a
-        return total
+        total += rows_q * H * Dh * a  # output
+        if kernel == "flash":
+            total += rows_q * 2 * W * a + rows_q * H * f  # the band mask, one per block; log-sum-exp
+            copied = cfg.attention.qk_norm or nb * W != s.seq_len
+        elif kernel == "efficient":
+            cols = 2 * W
+            total += (rows_q * cols if cols % 16 == 0 else rows_q * H * (-(-cols // 16) * 16)) * a  # additive mask
+            total += blocks * H * (-(-W // 32) * 32) * f  # log-sum-exp
+            copied = nb * W != s.seq_len
+        else:
+            raise ValueError(f"kernel={kernel!r}: must be one of flash, efficient, math")
+        return total + (n * H * Dh * a if copied else 0)
 
     @classmethod
-    def selective_saved_bytes(cls, s: ActShape, *, layer: int) -> float:
-        """Banded: the QKV and output projections' outputs and SDPA's (flash: output and
-        log-sum-exp of the padded blocks; math: its fp32 scores and weighted values)."""
+    def selective_saved_bytes(cls, s: ActShape, *, layer: int, kernel: Optional[str] = None) -> float:
+        """Banded: the QKV and output projections' outputs and the attention kernel's (flash and
+        memory-efficient: output and log-sum-exp of the padded blocks, the latter's rows padded
+        to 32 per block; math: its fp32 scores and weighted values)."""
         banded = cls._band_shape(s, layer)
         if banded is None:
             return super().selective_saved_bytes(s, layer=layer)
         W, nb = banded
+        kernel = kernel or cls.banded_kernel(s)
         cfg, n, a, f = s.cfg, s.n, s.act, STATS_BYTES
         H, G, Dh, D = cfg.n_heads, cfg.kv_heads, cfg.d_head, cfg.d_model
         rows_q = s.batch * nb * W
         total = n * (H + 2 * G) * Dh * a + n * D * a
-        if cfg.attention.dropout > 0:
+        if kernel == "math":
             return total + rows_q * H * 2 * W * f + rows_q * H * Dh * f
+        if kernel == "efficient":
+            return total + rows_q * H * Dh * a + s.batch * nb * H * (-(-W // 32) * 32) * f
         return total + rows_q * H * Dh * a + rows_q * H * f
 
     # ------------------------------------------------------------------ forward
