@@ -306,9 +306,14 @@ def plot(ctx, fit: dict, path: Path):
             continue
         err = None if g.loss.get("low") is None else [[g.loss["mean"] - g.loss["low"]],
                                                       [g.loss["high"] - g.loss["mean"]]]
-        ax.errorbar([c], [g.loss["mean"]], yerr=err, fmt="D", color=COLORS[(i + 1) % len(COLORS)], capsize=3,
+        color = COLORS[(i + 1) % len(COLORS)]
+        ax.errorbar([c], [g.loss["mean"]], yerr=err, fmt="D", color=color, capsize=3,
                     label=f"{g.label} (seeded runs)")
+        c_ref = fair.compute_for_loss(fit, g.loss["mean"])
+        if c_ref is not None and g.arm != ctx.reference:  # the CEG: the compute the reference needs for this loss
+            ax.plot([c, c_ref], [g.loss["mean"]] * 2, ":", color=color, lw=1.2)
     ax.set_xscale("log")
-    style_axes(ax, f"{ctx.spec['name']}: loss against training compute", "training compute (FLOPs, log scale)",
+    style_axes(ax, f"{ctx.spec['name']}: loss against training compute (dotted: to the reference's compute, the CEG)",
+               "training compute (FLOPs, log scale)",
                "final validation loss (nats/token)", grid="both", legend_outside=True)
     return save_figure(fig, path)
