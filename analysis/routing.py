@@ -7,7 +7,13 @@
 Over training (from the run's routing.jsonl / metrics.jsonl):
   load_heatmap.png     share of routed token-slots per expert, per MoE layer, against the step
   balance.png          MaxVio, router entropy and dropped fraction per layer against the step
+  telemetry.png        per layer: tokens per expert (min, max, std), dead experts (zero tokens in
+                       the record's window), dropped tokens; across layers: p50/p90/p95/max of MaxVio
   bias.png             aux-loss-free selection bias per expert (runs that use it)
+
+Router trace (``train.router_trace_every``): ``read_trace(run_dir)`` returns the traced tokens'
+chosen experts, gate weights, dropped slots and router logits of every traced step as arrays;
+summary.json says how many steps were traced and what collecting and writing them cost.
 
 From a checkpoint (default: the newest complete one) over held-out text (default: the run's own
 validation split; ``--text`` files instead), with the top-K expert ids captured per token and
@@ -21,13 +27,15 @@ layer by a forward hook on each router:
                        of each other checkpoint against the analysed one, per layer
   summary.json / summary.md, including each expert's top tokens.
 
-Shape legend: N tokens, K experts per token, E experts, V vocabulary, L MoE layers.
+Shape legend: N tokens, K experts per token, E experts, V vocabulary, L MoE layers, P traced
+steps, T traced tokens per step.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import json
 import math
 import re
 import sys
@@ -97,6 +105,49 @@ def training_series(run: Run) -> dict[str, dict]:
                 continue
         series[layer] = out
     return series
+
+
+def global_series(run: Run) -> dict[str, np.ndarray]:
+    """The across-layer numbers of the routing records against the step: flat keys ``moe/<stat>``
+    (``maxvio``, ``maxvio_p50`` ..., ``dead_experts``, ``dropped_tokens``, ``window_steps``) as
+    {"step": (T,), stat: (T,)}, only stats present in every record."""
+    rows = [r for r in (run.routing_rows or [r for r in run.metrics if r.get("kind", "train") == "train"])
+            if r.get("step") is not None]
+    out: dict[str, np.ndarray] = {"step": np.asarray([r["step"] for r in rows], dtype=float)}
+    keys = {k for r in rows for k in r if k.startswith("moe/") and not _LAYER_KEY.match(k)}
+    for key in sorted(keys):
+        vals = [r.get(key) for r in rows]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+            out[key[len("moe/"):]] = np.asarray(vals, dtype=float)
+    return out
+
+
+def window_steps(series: dict[str, dict], totals: dict[str, np.ndarray]) -> Optional[np.ndarray]:
+    """(T,) optimizer steps each routing record covers: ``moe/window_steps`` as logged, else (runs
+    from before it was logged) the step differences, the first record counting from step 0."""
+    if "window_steps" in totals and len(totals["window_steps"]):
+        return np.maximum(totals["window_steps"], 1)
+    steps = next((s["step"] for s in series.values()), None)
+    if steps is None or not len(steps):
+        return None
+    return np.maximum(np.diff(steps, prepend=0.0), 1)
+
+
+def maxvio_percentiles(series: dict[str, dict],
+                       totals: Optional[dict[str, np.ndarray]] = None) -> dict[str, np.ndarray]:
+    """Percentiles of the per-layer MaxVio across MoE layers against the step: {"step", "p50",
+    "p90", "p95", "max"}, each (T,). As logged (``moe/maxvio_p50`` ...) where the records have them,
+    else computed from the layers' MaxVio with the same rule (linear interpolation between order
+    statistics, ``archlab.nn.moe.stats.layer_percentiles``). Empty without MaxVio records."""
+    names = ("p50", "p90", "p95", "max")
+    if totals and all(f"maxvio_{n}" in totals for n in names):
+        return {"step": totals["step"], **{n: totals[f"maxvio_{n}"] for n in names}}
+    layers = [s for s in series.values() if "maxvio" in s and s["maxvio"].ndim == 1]
+    if not layers or len({len(s["step"]) for s in layers}) != 1:
+        return {}
+    v_LT = np.stack([s["maxvio"] for s in layers])
+    q = np.percentile(v_LT, [50, 90, 95], axis=0)  # numpy's default: linear interpolation
+    return {"step": layers[0]["step"], "p50": q[0], "p90": q[1], "p95": q[2], "max": v_LT.max(axis=0)}
 
 
 def load_matrix(s: dict) -> Optional[np.ndarray]:
@@ -173,6 +224,76 @@ def saturation(experts_a_NK: np.ndarray, experts_b_NK: np.ndarray) -> float:
     K = experts_a_NK.shape[1]
     inter_N = (experts_a_NK[:, :, None] == experts_b_NK[:, None, :]).any(axis=2).sum(axis=1)
     return float(inter_N.mean() / K)
+
+
+# --------------------------------------------------------------------------------------------
+# the router trace a run wrote (train.router_trace_every)
+# --------------------------------------------------------------------------------------------
+
+TRACE_LEGEND = {
+    "steps": "(P,) the traced optimizer steps",
+    "skipped": "(P,) bool: that step's batch was skipped (non-finite loss)",
+    "seconds": "(P,) host seconds the trainer spent collecting and writing that step's trace",
+    "token_index": "(P, T) row n = b*S + s of the flattened (B, S) first micro-batch on rank 0",
+    "row": "(P, T) the sequence b of that row in the micro-batch",
+    "position": "(P, T) the position s of that row in its sequence",
+    "token_id": "(P, T) the input token id",
+    "experts": "(P, T, L, K) int64 chosen expert ids, in top-k order",
+    "weights": "(P, T, L, K) float32 gate weights as applied",
+    "dropped": "(P, T, L, K) bool: slot dropped by capacity",
+    "logits": "(P, T, L, E) float32 raw router logits",
+    "expert_bias": "(P, L, E) float32 aux-loss-free selection bias (runs that use it)",
+}
+
+
+def read_trace(run_dir) -> dict:
+    """The router trace of a run (``router_trace/`` written with ``train.router_trace_every``), every
+    traced step stacked: the arrays of :data:`TRACE_LEGEND` (P traced steps, T tokens per step, L
+    MoE layers, K, E), plus ``layers`` (names "layer<i>", the L axis), ``num_experts``, ``top_k``,
+    ``seq_len``, ``legend`` (that shape legend) and ``index`` (index.json as written).
+    RunError when the run has no trace or a file is missing."""
+    from archlab.io import read_jsonl
+    from archlab.train.router_trace import INDEX, STEPS, TRACE_DIR
+
+    folder = Path(run_dir) / TRACE_DIR
+    try:
+        index = json.loads((folder / INDEX).read_text())
+    except (OSError, ValueError):
+        raise RunError(f"{run_dir}: no router trace ({TRACE_DIR}/{INDEX}); train with train.router_trace_every=N") \
+            from None
+    by_step = {int(e["step"]): e for e in read_jsonl(folder / STEPS) if "step" in e and "file" in e}  # last wins
+    entries = [by_step[s] for s in sorted(by_step)]
+    if not entries:
+        raise RunError(f"{folder / STEPS}: no traced step listed")
+    per_step: dict[str, list] = {}
+    for e in entries:
+        path = folder / e["file"]
+        if not path.is_file():
+            raise RunError(f"{path}: listed in {INDEX} but missing")
+        with np.load(path) as z:
+            for k in z.files:
+                per_step.setdefault(k, []).append(z[k])
+    out = {k: np.stack(v) for k, v in per_step.items()}
+    out["experts"] = out["experts"].astype(np.int64)
+    S = int(index["seq_len"])
+    out["row"], out["position"] = out["token_index"] // S, out["token_index"] % S
+    out["steps"] = np.asarray([e["step"] for e in entries], dtype=np.int64)
+    out["skipped"] = np.asarray([bool(e.get("skipped", False)) for e in entries])
+    out["seconds"] = np.asarray([float(e.get("seconds", math.nan)) for e in entries])
+    out.update({"layers": list(index["layers"]), "num_experts": int(index["num_experts"]),
+                "top_k": int(index["top_k"]), "seq_len": S, "legend": dict(TRACE_LEGEND), "index": index})
+    return out
+
+
+def trace_summary(trace: dict) -> dict:
+    """What summary.json says about a router trace: steps, tokens, and its measured host cost."""
+    P, T, L, K = trace["experts"].shape
+    secs = trace["seconds"][np.isfinite(trace["seconds"])]
+    return {"steps": int(P), "first_step": int(trace["steps"][0]), "last_step": int(trace["steps"][-1]),
+            "tokens_per_step": int(T), "layers": trace["layers"], "top_k": int(K),
+            "num_experts": int(trace["num_experts"]),
+            "mean_seconds_per_traced_step": float(secs.mean()) if len(secs) else None,
+            "dropped_slot_fraction": float(trace["dropped"].mean())}
 
 
 # --------------------------------------------------------------------------------------------
@@ -319,6 +440,93 @@ def plot_balance(series: dict[str, dict], run_name: str, path: Path) -> Optional
     return save_figure(fig, path)
 
 
+def expert_telemetry(s: dict) -> dict[str, np.ndarray]:
+    """One layer's per-record tokens-per-expert numbers: ``min``, ``max``, ``std`` (population),
+    ``mean`` and ``dead`` (experts with zero tokens), each (T,) and counted over each record's
+    window; as logged where the records have them, else from the logged ``tokens_per_expert``
+    lists (runs from before they were logged). Also ``dropped_tokens`` where logged."""
+    out: dict[str, np.ndarray] = {}
+    c_TE = s.get("tokens_per_expert")
+    if c_TE is not None and c_TE.ndim == 2:
+        out.update({"min": c_TE.min(axis=1), "max": c_TE.max(axis=1), "std": c_TE.std(axis=1),
+                    "mean": c_TE.mean(axis=1), "dead": (c_TE == 0).sum(axis=1).astype(float)})
+    for key, name in (("tokens_per_expert_min", "min"), ("tokens_per_expert_max", "max"),
+                      ("tokens_per_expert_std", "std"), ("dead_experts", "dead"), ("dropped_tokens", "dropped_tokens")):
+        if key in s and s[key].ndim == 1:
+            out[name] = s[key]
+    return out
+
+
+def plot_telemetry(series: dict[str, dict], totals: dict[str, np.ndarray], run_name: str,
+                   path: Path) -> Optional[Path]:
+    """Per layer against the step: tokens per expert (min, mean, max; std), dead experts, dropped
+    tokens; across layers: p50/p90/p95/max of MaxVio. Token counts are divided by the steps each
+    record covers (``moe/window_steps``), so records of unequal windows compare."""
+    plt = pyplot()
+    tele = {layer: expert_telemetry(s) for layer, s in series.items()}
+    tele = {layer: t for layer, t in tele.items() if "max" in t}
+    pct = maxvio_percentiles(series, totals)
+    if not tele and not pct:
+        return None
+    per_step = window_steps(series, totals)
+    E = next((load_matrix(s).shape[1] for s in series.values() if load_matrix(s) is not None), None)
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8.4), squeeze=False)
+    ax_mm, ax_std, ax_dead, ax_drop, ax_pct, ax_note = axes.flat
+    cmap = plt.get_cmap("tab10")
+
+    def scaled(values: np.ndarray) -> np.ndarray:
+        return values / per_step if per_step is not None and len(per_step) == len(values) else values
+
+    unit = "tokens per expert per step" if per_step is not None else "tokens per expert (whole window)"
+    for i, (layer, t) in enumerate(tele.items()):
+        steps, color = series[layer]["step"], cmap(i % cmap.N)
+        ax_mm.plot(steps, scaled(t["max"]), color=color, lw=1.3, label=layer)
+        ax_mm.plot(steps, scaled(t["min"]), color=color, lw=1.3, ls="--")
+        if "mean" in t:
+            ax_mm.plot(steps, scaled(t["mean"]), color=color, lw=0.9, ls=":")
+        ax_std.plot(steps, scaled(t["std"]), color=color, lw=1.3, label=layer)
+        if "dead" in t:
+            ax_dead.step(steps, t["dead"], where="pre", color=color, lw=1.3, label=layer)  # a record closes its window
+        if "dropped_tokens" in t:
+            ax_drop.plot(steps, scaled(t["dropped_tokens"]), color=color, lw=1.3, label=layer)
+    for style, label in (("-", "max over experts"), ("--", "min over experts"), (":", "mean over experts")):
+        ax_mm.plot([], [], color="gray", ls=style, label=label)
+    style_axes(ax_mm, "tokens per expert: max, min and mean\n(legend: bottom-right panel)", "training step",
+               unit, legend=False)
+    style_axes(ax_std, "tokens per expert: standard deviation", "training step", unit,
+               legend_title="MoE layer")
+    dead_title = "dead experts (zero tokens in the record's window)"
+    if E:
+        ax_dead.set_ylim(-0.3, E + 0.3)
+        dead_title += f"\nof E={E} per layer"
+    style_axes(ax_dead, dead_title, "training step", "experts (count)", legend_title="MoE layer")
+    drop_title = "dropped tokens (all K slots over capacity)"
+    if all("dropped_tokens" in t and not np.any(t["dropped_tokens"]) for t in tele.values()):
+        drop_title += "\nnone dropped (dropless routing or ample capacity)"
+    drop_unit = "tokens per step" if per_step is not None else "tokens (whole window)"
+    style_axes(ax_drop, drop_title, "training step", drop_unit, legend_title="MoE layer")
+    if pct:
+        for key, style, color in (("max", "-", "k"), ("p95", "--", "tab:purple"), ("p90", "-.", "tab:pink"),
+                                  ("p50", ":", "tab:cyan")):  # colours unlike the layers' of the other panels
+            ax_pct.plot(pct["step"], pct[key], ls=style, lw=1.4, color=color,
+                        label="max" if key == "max" else f"{key[1:]}th percentile")
+    style_axes(ax_pct, f"MaxVio across the {len(series)} MoE layer(s)", "training step",
+               "MaxVio = (max load - mean) / mean (ratio)", legend_title="over layers")
+    ax_note.axis("off")
+    handles, labels = ax_mm.get_legend_handles_labels()
+    if handles:
+        ax_note.legend(handles, labels, loc="upper left", fontsize=8, ncol=2, frameon=True,
+                       title="tokens per expert panel: MoE layer (colour), statistic (line)", title_fontsize=8)
+    ax_note.text(0.0, 0.45, "Counts are over each routing record's window (the steps since\nthe previous "
+                 "record), divided by the steps in it.\nDead: an expert no token was routed to in the whole window."
+                 "\nPercentiles: linear interpolation between the layers' MaxVio values."
+                 "\nCoinciding lines (e.g. max at the capacity) overlap.",
+                 va="top", fontsize=9, transform=ax_note.transAxes)
+    fig.suptitle(f"{run_name}: routing telemetry")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def plot_bias(series: dict[str, dict], run_name: str, path: Path) -> Optional[Path]:
     """Aux-loss-free selection bias of every expert against the step, one panel per layer."""
     plt = pyplot()
@@ -449,7 +657,7 @@ def training_summary(series: dict[str, dict]) -> dict:
     out = {}
     for layer, s in series.items():
         d = {"records": int(len(s["step"])), "first_step": float(s["step"][0]), "last_step": float(s["step"][-1])}
-        for k in ("maxvio", "router_entropy", "dropped_fraction", "cv"):
+        for k in ("maxvio", "router_entropy", "dropped_fraction", "cv", "dead_experts", "dropped_tokens"):
             if k in s and s[k].ndim == 1:
                 d[f"{k}_first"], d[f"{k}_last"] = float(s[k][0]), float(s[k][-1])
         load = load_matrix(s)
@@ -465,13 +673,17 @@ def _markdown(run: Run, train: dict, ck: Optional[dict], files: list[str]) -> st
     lines = [f"# Routing of {run.name}", "", f"family: {run.family}; status: {run.status}"
              + (f" ({run.reason})" if run.reason else ""), "", "## Over training", ""]
     if train:
-        lines += ["| layer | records | MaxVio first -> last | entropy first -> last (nats) | dropped last |",
-                  "|---|---|---|---|---|"]
+        lines += ["| layer | records | MaxVio first -> last | entropy first -> last (nats) | dropped slots last "
+                  "| dropped tokens last | dead experts last |", "|---|---|---|---|---|---|---|"]
         for layer, d in train.items():
             def f(k):
                 return f"{d[k + '_first']:.3f} -> {d[k + '_last']:.3f}" if k + "_first" in d else "-"
-            dropped = f"{d['dropped_fraction_last']:.4f}" if "dropped_fraction_last" in d else "-"
-            lines.append(f"| {layer} | {d['records']} | {f('maxvio')} | {f('router_entropy')} | {dropped} |")
+
+            def last(k, fmt="{:.0f}"):
+                return fmt.format(d[k + "_last"]) if k + "_last" in d else "-"
+            lines.append(f"| {layer} | {d['records']} | {f('maxvio')} | {f('router_entropy')} "
+                         f"| {last('dropped_fraction', '{:.4f}')} | {last('dropped_tokens')} "
+                         f"| {last('dead_experts')} |")
     else:
         lines.append("(no routing records in the run folder)")
     if ck:
@@ -506,8 +718,10 @@ def analyse(run_dir: str, out: Path, checkpoint: Optional[str] = None, compare: 
     if not series and not use_checkpoint:
         raise RunError(f"{run.path}: no routing records (routing.jsonl / moe rows in metrics.jsonl)")
     out.mkdir(parents=True, exist_ok=True)
+    totals = global_series(run)
     files = [p.name for p in (plot_load_heatmaps(series, run.name, out / "load_heatmap.png"),
                               plot_balance(series, run.name, out / "balance.png"),
+                              plot_telemetry(series, totals, run.name, out / "telemetry.png"),
                               plot_bias(series, run.name, out / "bias.png")) if p is not None]
     ck = None
     if use_checkpoint:
@@ -525,6 +739,13 @@ def analyse(run_dir: str, out: Path, checkpoint: Optional[str] = None, compare: 
             files.append(plot_saturation(ck["saturation"], ck["step"], run.name, out / "saturation.png").name)
     train = training_summary(series)
     summary = {"run": str(run.path), "family": run.family, "status": run.status, "training": train, "files": files}
+    pct = maxvio_percentiles(series, totals)
+    if pct:
+        summary["maxvio_across_layers_last"] = {k: float(v[-1]) for k, v in pct.items() if k != "step"}
+    try:
+        summary["router_trace"] = trace_summary(read_trace(run.path))
+    except RunError:
+        pass  # the run was not traced
     if ck:
         summary["checkpoint"] = {
             "path": ck["checkpoint"], "step": ck["step"], "tokens": ck["tokens"], "source": ck["source"],

@@ -150,6 +150,8 @@ class Trainer:
             self._init_run_folder(resume_from)
         self.last_ckpt: Optional[Path] = resume_from
         self._routing_read_at = self.step  # where the routing statistics' current window starts
+        if self.tracer is not None:  # a resumed run traces the steps after its checkpoint again
+            self.tracer.start(self.step)
         barrier()
 
     @property

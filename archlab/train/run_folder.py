@@ -7,6 +7,7 @@
     tokenizer.json   the tokenizer the run trained with
     metrics.jsonl    one JSON object per line: train rows, validation rows (``"kind"`` says which)
     routing.jsonl    MoE models: per-layer routing records
+    router_trace/    MoE models with train.router_trace_every: sampled routing decisions (archlab/train/router_trace.py)
     tb/              TensorBoard event files (train.trackers: [tensorboard]); wandb/ with wandb
     checkpoints/     step_XXXXXXXX/ folders, see :mod:`archlab.train.checkpoint`
     summary.json     final numbers (written at the end, also after an interruption)
@@ -28,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from archlab.config.validate import RecipeError
 from archlab.io import read_jsonl, write_json_atomic, write_text_atomic  # noqa: F401  (read_jsonl re-exported)
+from archlab.optim import schedule_class
 from archlab.train import checkpoint as ckpt
 from archlab.train.checkpoint import RECIPE, RUN_MARKER  # noqa: F401  (the run's names, all here)
 from archlab.train.optim import lr_at
@@ -45,7 +47,7 @@ def run_role(train_cfg, branched: bool) -> str:
     """What kind of scaling point a run is (``role`` in summary.json and the sweep manifest):
     ``stable`` (constant lr to the end, e.g. a WSD trunk: not a scaling point), ``cooldown`` (a
     decaying branch of another run's checkpoint) or ``full`` (a whole schedule from step 0)."""
-    if train_cfg.schedule == "constant":
+    if not schedule_class(train_cfg).decays:
         return "stable"
     return "cooldown" if branched else "full"
 

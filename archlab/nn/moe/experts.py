@@ -66,6 +66,17 @@ class Dispatch:
     def top_k(self) -> int:
         return self.weights_NK.shape[1]
 
+    def dropped_NK(self) -> Tensor:
+        """bool (N, K): which slots capacity dropped (all False when dropless). The dropped slots
+        are the last ``dropped`` entries of ``slot_S``; computed without reading a count on the
+        host, so a compiled forward may ask for it."""
+        N, K = self.weights_NK.shape
+        mask_S = torch.zeros(N * K, dtype=torch.bool, device=self.slot_S.device)
+        if self.capacity is None:
+            return mask_S.view(N, K)
+        pos_P = torch.arange(N * K, device=self.slot_S.device)
+        return mask_S.index_put((self.slot_S,), pos_P >= N * K - self.dropped).view(N, K)
+
 
 def dispatch(experts_NK: Tensor, weights_NK: Tensor, num_experts: int, capacity: Optional[int]) -> Dispatch:
     """Sort the N*K slots by expert; with a ``capacity`` C, keep only each expert's first C slots.

@@ -22,6 +22,7 @@ from archlab.nn.moe.balance import BalanceConfig, BalanceTerm, build_terms, expe
 from archlab.nn.moe.experts import GroupedExperts, capacity_for, dispatch, expert_params
 from archlab.nn.moe.router import Router, RouterConfig, build_router, router_class
 from archlab.nn.moe.stats import RoutingStats
+from archlab.nn.moe.trace import TraceBuffer
 
 if TYPE_CHECKING:
     from archlab.config.schema import ModelConfig
@@ -66,6 +67,10 @@ class MoELayer(nn.Module):
         # off while activation checkpointing runs a block's forward again in backward
         # (archlab.model.checkpointing): each training forward is recorded once
         self.record_stats = True
+        # router trace (archlab.nn.moe.start_trace): while ``tracing``, a training forward copies the routing
+        # of the sampled tokens into ``trace``; off (the default) it costs one flag test per forward
+        self.tracing = False
+        self.trace: Optional[TraceBuffer] = None
         self.dispatcher: Optional[Callable] = None
         self.init_weights(cfg.init_std, cfg.init_std)
 
@@ -106,7 +111,10 @@ class MoELayer(nn.Module):
                  if (v := t.loss(r, B, training=self.training, recomputing=recomputing)) is not None}
         if self.training and self.record_stats:
             chosen_E = expert_counts(r.experts_NK, self.moe.num_experts)
-            self.stats.record(chosen_E, d.counts_E, d.dropped, r.probs_NE, terms)
+            lost = d.dropped_NK().all(dim=1).sum() if d.capacity is not None else None  # tokens with no expert
+            self.stats.record(chosen_E, d.counts_E, d.dropped, r.probs_NE, terms, lost)
+            if self.tracing:
+                self.trace.capture(r, d)
         aux = sum(terms.values()) if terms else x_BSD.new_zeros(())
         return y_ND.view(B, S, D), aux
 
