@@ -316,6 +316,8 @@ def resolve_arms(spec: dict) -> list[Arm]:
     for arm in arms.values():
         if arm.compare is not None and arm.compare not in arms:
             raise RecipeError(f"arm {arm.name}: compare={arm.compare!r} is not an arm (arms: {', '.join(arms)})")
+    for arm in arms.values():  # the compute curve's schedule (ceg.arms_schedule: wsd), after everything else
+        arm.overrides = [*arm.overrides, *experiment_ceg.arms_schedule(spec)]
     for arm in arms.values():  # every arm's recipe must load now, not half-way through the experiment
         try:
             load_recipe(arm.recipe, arm.overrides)
