@@ -302,7 +302,7 @@ def section(ctx):
 def _fit_text(fit: dict) -> str:
     if fit.get("kind") == "power_law":
         return (f"L(C) = {fit['E']:.3f} + A (C / {fit['c0']:.3g})^-{fit['alpha']:.3f}, fitted on "
-                f"{fit.get('n', '?')} points from {fit['c_min']:.3g} to {fit['c_max']:.3g} FLOPs, rms residual "
+                f"{fit.get('n_points', '?')} points from {fit['c_min']:.3g} to {fit['c_max']:.3g} FLOPs, rms residual "
                 f"{fit.get('rms', float('nan')):.4f} nats")
     return (f"a local fit (log-linear interpolation between the measured points, from {fit['c_min']:.3g} to "
             f"{fit['c_max']:.3g} FLOPs)")
