@@ -1,10 +1,11 @@
 """Options belong to their variant: a recipe key that has no effect in its recipe is refused.
 
 A *choice* is a key whose value selects a variant: ``model.attention.type`` an entry of
-``ATTENTIONS``, ``train.schedule`` one of the learning-rate schedules. Each variant states the
+``ATTENTIONS``, ``train.schedule`` one of the learning-rate schedules (``SCHEDULES``). Each variant states the
 keys of the choice's node that it reads: a component's ``options`` (``archlab.nn.component``), a
-data source's ``options`` (``archlab.data.sources``), ``PARAMETRIZATION_OPTIONS``
-(``archlab.nn.mup``) and ``SCHEDULE_OPTIONS`` below. A key that other variants read and the
+data source's ``options`` (``archlab.data.sources``), a schedule's and an optimizer's ``options``
+(``archlab.optim``: ``train.schedule``, ``train.optimizer``) and ``PARAMETRIZATION_OPTIONS``
+(``archlab.nn.mup``). A key that other variants read and the
 selected one does not has no effect, and a recipe that gives it any value but the schema default
 is refused before anything is built, in the form of every rule (``key=value: rule``):
 
@@ -48,19 +49,11 @@ from archlab.nn.moe.router import ROUTERS
 from archlab.nn.mup import PARAMETRIZATION_OPTIONS
 from archlab.nn.norms import NORMS
 from archlab.nn.positions import POSITIONS, ROPE_SCALINGS
+from archlab.optim import OPTIMIZERS, SCHEDULES
 from archlab.registry import Registry
 
 __all__ = ["CHOICES", "CONDITIONS", "Choice", "Condition", "SCHEDULE_OPTIONS", "check_data_options",
            "check_model_options", "check_train_options"]
-
-# The train keys ``archlab.train.optim.lr_at`` reads under each schedule besides the shared ones
-# (lr, warmup_steps, max_steps). constant: lr after the warmup, nothing else.
-SCHEDULE_OPTIONS: dict[str, frozenset[str]] = {
-    "cosine": frozenset({"min_lr_ratio"}),
-    "wsd": frozenset({"min_lr_ratio", "decay_fraction", "decay_steps", "decay_shape"}),
-    "constant": frozenset(),
-}
-
 
 def registry_options(registry: Registry) -> dict[str, frozenset[str]]:
     """Variant name -> the keys it reads, from each entry's ``options``."""
@@ -72,6 +65,11 @@ def registry_options(registry: Registry) -> dict[str, frozenset[str]]:
                             "attribute, the keys of its config node it reads")
         out[name] = frozenset(entry.options)
     return out
+
+
+# The train keys each schedule reads besides the shared ones (lr, warmup_steps, max_steps): its class's
+# ``options`` (archlab.optim.schedules). constant: lr after the warmup, nothing else.
+SCHEDULE_OPTIONS: dict[str, frozenset[str]] = registry_options(SCHEDULES)
 
 
 def _data_sources() -> dict[str, frozenset[str]]:
@@ -129,7 +127,9 @@ CHOICES: dict[str, list[Choice]] = {
                lambda: dict(PARAMETRIZATION_OPTIONS)),
     ],
     "data": [Choice("", "source", "data.source", "data source", DataConfig, _data_sources)],
-    "train": [Choice("", "schedule", "train.schedule", "schedule", TrainConfig, lambda: dict(SCHEDULE_OPTIONS))],
+    "train": [Choice("", "schedule", "train.schedule", "schedule", TrainConfig, lambda: registry_options(SCHEDULES)),
+              Choice("", "optimizer", "train.optimizer", "optimizer", TrainConfig,
+                     lambda: registry_options(OPTIMIZERS))],
 }
 
 CONDITIONS: dict[str, list[Condition]] = {
@@ -233,5 +233,5 @@ def check_data_options(d) -> None:
 
 
 def check_train_options(t, model) -> None:
-    """Refuse a ``train`` key that the selected schedule (or the model) does not use."""
+    """Refuse a ``train`` key that the selected schedule, the selected optimizer (or the model) does not use."""
     _check(t, model, "train", "train")

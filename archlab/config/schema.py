@@ -4,7 +4,8 @@ A recipe is YAML merged onto these dataclasses, so an unknown key or a wrong typ
 time. Each field says what it is and why it exists. A component's config lives beside the
 component (``archlab.nn``: ``NormConfig`` in norms.py, ``PositionConfig`` in positions.py,
 ``AttentionConfig`` in attention/, ``FFNConfig`` in ffn.py, ``MoEConfig`` in moe/layer.py with
-``RouterConfig`` in moe/router.py and ``BalanceConfig`` in moe/balance.py); this module composes them. ``type:``
+``RouterConfig`` in moe/router.py and ``BalanceConfig`` in moe/balance.py; an optimizer's options in
+``archlab.optim``, ``MuonConfig`` in muon.py); this module composes them. ``type:``
 fields name an entry of a component registry; each component states its own rules, which
 ``archlab.config.validate`` asks for.
 """
@@ -21,8 +22,9 @@ from archlab.nn.moe.layer import MoEConfig
 from archlab.nn.moe.router import RouterConfig
 from archlab.nn.norms import NormConfig
 from archlab.nn.positions import PositionConfig, RopeScalingConfig
+from archlab.optim.muon import MuonConfig
 
-__all__ = ["AttentionConfig", "BalanceConfig", "DataConfig", "FFNConfig", "ModelConfig", "MoEConfig",
+__all__ = ["AttentionConfig", "BalanceConfig", "DataConfig", "FFNConfig", "ModelConfig", "MoEConfig", "MuonConfig",
            "NormConfig", "PositionConfig", "Recipe", "RopeScalingConfig", "RouterConfig", "TrainConfig"]
 
 
@@ -111,14 +113,18 @@ class TrainConfig:
     max_steps: int = 300
     lr: float = 1e-3
     min_lr_ratio: float = 0.1  # final lr = lr * min_lr_ratio
-    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay) | constant (a WSD stable trunk: never decays)
+    # cosine | wsd (warmup-stable-decay) | constant (a WSD stable trunk: never decays); archlab/optim/schedules.py
+    schedule: str = "cosine"
     warmup_steps: int = 30
     decay_fraction: float = 0.2  # wsd: share of steps in the final decay
     decay_steps: int = 0  # wsd: length of the final decay in steps, overriding decay_fraction (0 = use the fraction)
     decay_shape: str = "linear"  # wsd decay: linear | sqrt (1 - sqrt(progress), best in Hägele et al. 2024)
+    # adamw | muon (torch.optim.Muon on the blocks' matrices, AdamW on the rest: muon.*); archlab/optim/
+    optimizer: str = "adamw"
     weight_decay: float = 0.1  # decoupled; never on norms, biases, embeddings
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW (under muon: its AdamW groups)
+    eps: float = 1e-8  # AdamW (under muon: its AdamW groups)
+    muon: MuonConfig = field(default_factory=MuonConfig)  # optimizer muon: momentum, nesterov, ns_steps, adjust_lr_fn
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     precision: str = "auto"  # auto (bf16 where supported, else fp32) | fp32 | bf16
     compile: bool = False  # torch.compile the model

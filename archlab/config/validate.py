@@ -2,15 +2,16 @@
 
 Each failure names the key, the value and the rule, so that a user can fix the recipe without
 reading a traceback. Once a section's choices (``type`` names, ``train.schedule``,
-``data.source``) are known to be valid, a key that the chosen variants do not read is refused
-(``archlab.config.options``), before the values of the keys that are read are checked.
+``train.optimizer``, ``data.source``) are known to be valid, a key that the chosen variants do
+not read is refused (``archlab.config.options``), before the values of the keys that are read are
+checked (a schedule's and an optimizer's by their classes in ``archlab.optim``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from archlab.config.options import SCHEDULE_OPTIONS, check_data_options, check_model_options, check_train_options
+from archlab.config.options import check_data_options, check_model_options, check_train_options
 from archlab.errors import RecipeError, fail
 from archlab.nn.attention import ATTENTIONS, attention_class
 from archlab.nn.ffn import FFNS, ffn_class
@@ -19,6 +20,7 @@ from archlab.nn.moe.router import ROUTERS, router_class
 from archlab.nn.mup import PARAMETRIZATIONS
 from archlab.nn.norms import NORMS, norm_class
 from archlab.nn.positions import POSITIONS, ROPE_SCALINGS, position_class
+from archlab.optim import OPTIMIZERS, SCHEDULES
 
 __all__ = ["RecipeError", "validate", "validate_data", "validate_model", "validate_train"]
 _fail = fail
@@ -145,18 +147,13 @@ def validate_train(t, model) -> None:
         _fail("train.seq_len", t.seq_len,
               f"{model.position.type} positions exist only up to {limit} (model.max_seq_len={model.max_seq_len}); "
               "raise model.max_seq_len or lower train.seq_len")
-    _one_of("train.schedule", t.schedule, list(SCHEDULE_OPTIONS))
-    check_train_options(t, model)  # a key of another schedule, or of an MoE model
+    _one_of("train.schedule", t.schedule, SCHEDULES.names())
+    _one_of("train.optimizer", t.optimizer, OPTIMIZERS.names())
+    check_train_options(t, model)  # a key of another schedule or optimizer, or of an MoE model
     if not 0 <= t.warmup_steps <= t.max_steps:
         _fail("train.warmup_steps", t.warmup_steps, f"must lie in [0, max_steps={t.max_steps}]")
-    if not 0.0 <= t.min_lr_ratio <= 1.0:
-        _fail("train.min_lr_ratio", t.min_lr_ratio, "must lie in [0, 1]")
-    if not 0.0 < t.decay_fraction <= 1.0:
-        _fail("train.decay_fraction", t.decay_fraction, "must lie in (0, 1]")
-    _one_of("train.decay_shape", t.decay_shape, ["linear", "sqrt"])
-    if t.decay_steps < 0 or (t.schedule == "wsd" and t.decay_steps > t.max_steps - t.warmup_steps):
-        _fail("train.decay_steps", t.decay_steps, f"must lie in [0, max_steps - warmup_steps = "
-              f"{t.max_steps - t.warmup_steps}] (0 = train.decay_fraction of the steps)")
+    SCHEDULES.get(t.schedule).validate(t)  # the schedule's own keys (min_lr_ratio, decay_*)
+    OPTIMIZERS.get(t.optimizer).validate(t)  # weight_decay, betas, eps; the optimizer's own node
     if any(not 1 <= s <= t.max_steps for s in t.ckpt_steps):
         _fail("train.ckpt_steps", list(t.ckpt_steps), f"steps must lie in [1, max_steps={t.max_steps}]")
     if t.branch_from is not None and t.resume not in ("none", "auto"):
@@ -164,10 +161,6 @@ def validate_train(t, model) -> None:
               "branch_from (resume=none) or continues its own run folder (resume=auto)")
     if t.branch_from is not None and not str(t.branch_from).strip():
         _fail("train.branch_from", t.branch_from, "must be a checkpoint folder (or null)")
-    if t.weight_decay < 0:
-        _fail("train.weight_decay", t.weight_decay, "must be >= 0")
-    if len(t.betas) != 2 or not all(0.0 <= b < 1.0 for b in t.betas):
-        _fail("train.betas", list(t.betas), "must be two numbers in [0, 1)")
     if t.grad_clip < 0:
         _fail("train.grad_clip", t.grad_clip, "must be >= 0 (0 = no clipping)")
     _one_of("train.precision", t.precision, ["auto", "fp32", "bf16"])

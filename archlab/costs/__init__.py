@@ -25,12 +25,13 @@ from archlab.costs.memory import (
     activation_memory,
     kv_cache_bytes,
     model_state_memory,
+    optimizer_state_bytes,
     training_memory,
 )
 from archlab.costs.params import ParamCounts, param_counts
 
 __all__ = [
     "ActivationMemory", "FlopsBreakdown", "ModelStateMemory", "ParamCounts", "activation_memory",
-    "forward_flops", "forward_flops_per_token", "kv_cache_bytes", "model_state_memory", "param_counts",
-    "training_flops", "training_flops_per_token", "training_memory",
+    "forward_flops", "forward_flops_per_token", "kv_cache_bytes", "model_state_memory", "optimizer_state_bytes",
+    "param_counts", "training_flops", "training_flops_per_token", "training_memory",
 ]

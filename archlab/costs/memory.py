@@ -3,12 +3,16 @@
 Shape legend: B batch, S sequence, N = B*S tokens, D model dim, H query heads, G key/value heads,
 Dh head dim, F ffn hidden dim, E routed experts, K experts per token, V vocabulary, L layers.
 
-Model states (REFERENCES.md, "Transformer Math 101"): AdamW keeps 16 bytes per parameter either
-way, split differently: fp32 = 4 weights + 4 grads + 8 (m, v); bf16 mixed precision = 2 bf16
-weights + 2 bf16 grads + 12 (fp32 master copy, m, v). ZeRO stage 1 shards the optimizer states
-over the data-parallel ranks, stage 2 also the gradients, stage 3 also the weights. Routed
-experts are first split over the ``ep`` expert-parallel ranks (E/ep experts each), and their
-states shard over the expert-data-parallel group of ``dp/ep`` ranks.
+Model states (REFERENCES.md, "Transformer Math 101"): weights and gradients (4 + 4 bytes per
+parameter in fp32; 2 + 2 in bf16 mixed precision, which adds a 4-byte fp32 master copy) and the
+optimizer's state, which the optimizer class states per parameter of each role
+(``state_bytes_per_param``, ``archlab.optim``; roles from a meta-device build of the model when
+they differ): AdamW keeps m and v, 8 bytes, so 16 bytes per parameter either way (fp32 = 4 + 4 + 8;
+bf16 = 2 + 2 + 12); Muon keeps one momentum buffer (4 bytes) for the blocks' matrices and AdamW's 8
+for the rest. ZeRO stage 1 shards the optimizer states (master copy included) over the
+data-parallel ranks, stage 2 also the gradients, stage 3 also the weights. Routed experts are
+first split over the ``ep`` expert-parallel ranks (E/ep experts each), and their states shard over
+the expert-data-parallel group of ``dp/ep`` ranks.
 
 Activations: the bytes autograd keeps between forward and backward. Each component states its
 own (``saved_bytes`` of the norm, attention variant, FFN, position encoding, router and balancing
@@ -72,6 +76,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from omegaconf import DictConfig
+
 from archlab.costs.params import param_counts
 from archlab.nn.attention import attention_class
 from archlab.nn.component import ID_BYTES, STATS_BYTES, ActShape
@@ -80,8 +86,8 @@ from archlab.nn.norms import norm_class
 from archlab.nn.positions import position_class
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
-# AdamW bytes per parameter: (weights, gradients, optimizer states)
-PRECISIONS = {"fp32": (4, 4, 8), "bf16": (2, 2, 12)}
+# bytes per parameter: (weights, gradients, fp32 master copy); the optimizer's state comes from its class
+PRECISIONS = {"fp32": (4, 4, 0), "bf16": (2, 2, 4)}
 DEVICES = ("cpu", "cuda")
 CHECKPOINTING = ("none", "full", "selective")  # archlab.model.checkpointing.MODES
 LOSSES = ("fused", "logits")
@@ -104,7 +110,8 @@ def _check_positive(**values: int) -> None:
 
 @dataclass(frozen=True)
 class ModelStateMemory:
-    """Bytes one rank holds for weights, gradients and AdamW states."""
+    """Bytes one rank holds for weights, gradients and optimizer states (a bf16 run's fp32 master
+    copy included in ``optimizer``)."""
 
     weights: float
     grads: float
@@ -118,16 +125,50 @@ class ModelStateMemory:
         return {"weights": self.weights, "grads": self.grads, "optimizer": self.optimizer}
 
 
-def model_state_memory(model_cfg, precision: str = "bf16", zero_stage: int = 0, dp: int = 1,
-                       ep: int | None = None) -> ModelStateMemory:
-    """Per-rank bytes of the model states of AdamW training.
+def _optimizer_name(model_cfg, optimizer: str | None) -> str:
+    """``optimizer``, else a full recipe's ``train.optimizer``, else adamw."""
+    if optimizer is not None:
+        return optimizer
+    if isinstance(model_cfg, DictConfig) and "train" in model_cfg and "d_model" not in model_cfg:
+        return str(model_cfg.train.get("optimizer") or "adamw")
+    return "adamw"
 
-    precision: ``fp32`` or ``bf16`` (mixed: bf16 weights/grads, fp32 master + moments).
+
+def optimizer_state_bytes(model_cfg, optimizer: str = "adamw") -> tuple[float, float]:
+    """(dense, routed experts): bytes of the optimizer's own state (fp32 moments, momentum; no master
+    copy) for the whole model, from what ``optimizer``'s class keeps per parameter of each role. Roles
+    are counted on a meta-device build when the class tells them apart; the routed experts are
+    hidden matrices."""
+    from archlab.config.load import model_config
+    from archlab.optim import OPTIMIZERS, ROLES, param_roles
+
+    cfg = model_config(model_cfg)
+    _check_choice("optimizer", optimizer, OPTIMIZERS.names())
+    opt = OPTIMIZERS.get(optimizer)
+    counts = param_counts(cfg)
+    per_role = {role: opt.state_bytes_per_param(role) for role in ROLES}
+    expert = per_role["hidden"] * counts.routed_experts
+    if len(set(per_role.values())) == 1:
+        return per_role["hidden"] * counts.dense, expert
+    from archlab.model import build_model
+
+    model = build_model(cfg, device="meta")
+    total = sum(p.numel() * per_role[role] for _, p, role in param_roles(model))
+    return total - expert, expert
+
+
+def model_state_memory(model_cfg, precision: str = "bf16", zero_stage: int = 0, dp: int = 1,
+                       ep: int | None = None, optimizer: str | None = None) -> ModelStateMemory:
+    """Per-rank bytes of the model states of training with ``optimizer`` (default: a recipe's
+    ``train.optimizer``, adamw for a model config).
+
+    precision: ``fp32`` or ``bf16`` (mixed: bf16 weights/grads, fp32 master + optimizer state).
     zero_stage: 0 (none) .. 3; dp: data-parallel ranks; ep: expert-parallel ranks (default the
     recipe's ``moe.ep_size``; must divide dp and the number of experts).
     """
     from archlab.config.load import model_config
 
+    optimizer = _optimizer_name(model_cfg, optimizer)
     cfg = model_config(model_cfg)
     _check_choice("precision", precision, list(PRECISIONS))
     _check_choice("zero_stage", zero_stage, [0, 1, 2, 3])
@@ -140,15 +181,19 @@ def model_state_memory(model_cfg, precision: str = "bf16", zero_stage: int = 0, 
     if cfg.moe is not None and cfg.moe.num_experts % ep:
         raise ValueError(f"ep={ep}: must divide the number of experts ({cfg.moe.num_experts})")
     counts = param_counts(cfg)
-    local_experts = counts.routed_experts / ep
     edp = dp // ep  # ranks holding the same experts
 
-    def per_rank(sharded: bool) -> float:
-        return counts.dense / dp + local_experts / edp if sharded else counts.dense + local_experts
+    def per_rank(dense: float, experts: float, sharded: bool) -> float:
+        """``dense`` and ``experts`` bytes (whole model) held by one rank: experts split over ep first."""
+        return dense / dp + experts / ep / edp if sharded else dense + experts / ep
 
-    w, g, o = PRECISIONS[precision]
-    return ModelStateMemory(weights=w * per_rank(zero_stage >= 3), grads=g * per_rank(zero_stage >= 2),
-                            optimizer=o * per_rank(zero_stage >= 1))
+    w, g, master = PRECISIONS[precision]
+    state_dense, state_experts = optimizer_state_bytes(cfg, optimizer)
+    return ModelStateMemory(
+        weights=w * per_rank(counts.dense, counts.routed_experts, zero_stage >= 3),
+        grads=g * per_rank(counts.dense, counts.routed_experts, zero_stage >= 2),
+        optimizer=per_rank(master * counts.dense + state_dense, master * counts.routed_experts + state_experts,
+                           zero_stage >= 1))
 
 
 # ----------------------------------------------------------------------------- KV cache
@@ -343,9 +388,10 @@ def activation_memory(model_cfg, batch: int, seq_len: int, dtype: str = "bf16", 
 
 def training_memory(model_cfg, batch: int, seq_len: int, precision: str = "bf16", zero_stage: int = 0,
                     dp: int = 1, ep: int | None = None, device: str = "cuda", checkpointing="none",
-                    loss: str = "fused") -> dict[str, float]:
-    """Per-rank bytes of one training step: model states + activations of one micro-batch."""
-    states = model_state_memory(model_cfg, precision, zero_stage, dp, ep)
+                    loss: str = "fused", optimizer: str | None = None) -> dict[str, float]:
+    """Per-rank bytes of one training step: model states (of ``optimizer``, default the recipe's)
+    + activations of one micro-batch."""
+    states = model_state_memory(model_cfg, precision, zero_stage, dp, ep, optimizer)
     acts = activation_memory(model_cfg, batch, seq_len, dtype=precision, device=device,
                              checkpointing=checkpointing, loss=loss)
     out = states.as_dict()

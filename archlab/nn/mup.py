@@ -19,8 +19,10 @@ to the base, with archlab's init std σ = ``init_std``, Adam(W) lr η and weight
 - archlab's init is a fixed std, not fan-in based, so hidden matrices are scaled by 1/√m
   explicitly: their variance is then ∝ 1/fan_in relative to the base (Table 3's 1/fan_in).
 - η/m and λ·m: torch's AdamW decays by lr·wd per step, so lr·wd stays the base's, as the ``mup``
-  package's MuAdamW does. The optimizer groups carry the multiplier as ``lr_scale``
-  (``archlab.train.optim``).
+  package's MuAdamW does. The optimizer groups carry the multiplier as ``lr_scale``; each
+  optimizer class says how muP scales its groups (``mup_scale`` in ``archlab.optim``: the table
+  above is AdamW's; Muon keeps the hidden matrices' lr, or lr/√m under its ``match_rms_adamw``
+  adjustment, and scales its AdamW groups as here).
 - Readout: as the ``mup`` package's MuReadout / MuSharedReadout, the LM head keeps the
   width-independent std σ and lr η and its output is multiplied by 1/m, which is Table 3's
   output weight (init variance ∝ 1/fan_in², Adam lr ∝ 1/fan_in) written with a multiplier. With

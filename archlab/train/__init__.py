@@ -7,7 +7,7 @@
     model, cfg = load_model("runs/llama-tiny-20250101-120000")   # newest complete checkpoint
 
 - ``loop``: the :class:`Trainer` (steps, evaluation, logging, checkpoints, faults)
-- ``optim``: AdamW parameter groups and the lr schedules
+- ``optim``: the optimizer (``train.optimizer``) and the lr schedule of a run; the classes are in ``archlab.optim``
 - ``checkpoint``: atomic, verified checkpoints; ``load_model``, ``latest``
 - ``run_folder``: what a run writes (env.json, metrics.jsonl, summary.json, loss.png...)
 - ``backends``: how each launch trains (plain/DDP, DeepSpeed ZeRO, expert parallelism), one module each

@@ -57,6 +57,9 @@ VALUES = {
     "data.shard_format": "llmc",
     "data.max_bytes": 100000,
     "train.decay_shape": "sqrt",
+    "train.betas": [0.8, 0.9],
+    "train.muon.momentum": 0.9,
+    "train.muon.adjust_lr_fn": "original",
 }
 # every Registry in archlab: the choice it backs (section, selector), or why it selects no keys
 REGISTRIES = {
@@ -67,6 +70,8 @@ REGISTRIES = {
     "archlab.nn.ffn.FFNS": ("model", "ffn.type"),
     "archlab.nn.moe.router.ROUTERS": ("model", "moe.router.type"),
     "archlab.data.sources.SOURCES": ("data", "source"),
+    "archlab.optim.schedules.SCHEDULES": ("train", "schedule"),
+    "archlab.optim.base.OPTIMIZERS": ("train", "optimizer"),
 }
 NO_KEYS = {
     # each term is switched on by its own coefficient: no key of model.moe.balance belongs to a term that is off
@@ -253,14 +258,43 @@ def _lrs(t) -> list[float]:
 
 @pytest.mark.parametrize("schedule", ["cosine", "wsd", "constant"])
 def test_schedules_read_exactly_their_keys(schedule):
-    """SCHEDULE_OPTIONS against ``lr_at``: a key of another schedule leaves every step's lr as it
-    is; each key the schedule reads changes some step's lr."""
-    (choice,) = CHOICES["train"]
+    """Each schedule class's ``options`` against ``lr_at``: a key of another schedule leaves every
+    step's lr as it is; each key the schedule reads changes some step's lr."""
+    choice = next(c for c in CHOICES["train"] if c.selector == "schedule")
     base = TrainConfig(schedule=schedule, max_steps=60, warmup_steps=5)
     for key, users in choice.governed():
         t = copy.deepcopy(base)
         setattr(t, key, {"decay_steps": 10}.get(key, non_default(f"train.{key}", getattr(base, key))))
         assert (_lrs(t) != _lrs(base)) == (schedule in users), key
+
+
+def _two_steps(t) -> list[torch.Tensor]:
+    """The weights of a small model after two steps of ``t``'s optimizer on fixed gradients."""
+    from archlab.train.optim import build_optimizer
+
+    torch.manual_seed(0)
+    model = archlab.build_model(archlab.load_recipe(None, SMALL))
+    opt = build_optimizer(model, t)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=gen)
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_optimizers_read_exactly_their_keys(optimizer):
+    """Each optimizer class's ``options`` against what it builds: a key of another optimizer leaves
+    two steps' weights as they are; each key the optimizer reads changes them."""
+    choice = next(c for c in CHOICES["train"] if c.selector == "optimizer")
+    base = TrainConfig(optimizer=optimizer, lr=1e-2)
+    ref = _two_steps(base)
+    for key, users in choice.governed():
+        t = copy.deepcopy(base)
+        _set(t, key, non_default(f"train.{key}", _get(base, key)))
+        changed = any(not torch.equal(a, b) for a, b in zip(ref, _two_steps(t)))
+        assert changed == (optimizer in users), key
 
 
 # ----------------------------------------------------------------------------- the issue and the sections

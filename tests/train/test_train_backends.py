@@ -57,7 +57,8 @@ def test_selector_picks_the_backend_of_each_launch(tiny_cfg, kind, stage, world,
     assert backend.launch.deepspeed == (kind == DistributedType.DEEPSPEED)
     assert backend.launch.zero_stage == (stage or 0) and backend.launch.world_size == world
     assert backend.checkpoint_fields() == {"deepspeed": backend.launch.deepspeed, "zero_stage": stage or 0,
-                                           "ep_size": 2 if "model.moe.ep_size=2" in overrides else 1}
+                                           "ep_size": 2 if "model.moe.ep_size=2" in overrides else 1,
+                                           "optimizer": "adamw"}
 
 
 def test_every_launch_has_exactly_one_backend():
@@ -88,6 +89,14 @@ def test_every_launch_has_exactly_one_backend():
      r"^model\.moe\.ep_size=2 must divide the number of processes \(3\)"),
     (DistributedType.DEEPSPEED, 4, 2, (), "llama/tiny",
      r"^DeepSpeed zero_optimization\.stage=4: ZeRO stages are 0, 1, 2 and 3"),
+    # Muon (torch.optim.Muon) trains under one process and DDP only; every DeepSpeed launch is refused by name
+    *[(DistributedType.DEEPSPEED, stage, 2, ("train.optimizer=muon",), "llama/tiny",
+       rf"^train\.optimizer=muon under DeepSpeed ZeRO stage {stage}: DeepSpeed 0\.19 runs Muon only as its own "
+       r"MuonWithAuxAdam .*PR #8438.*--multi_gpu.*muon trains under: one process or DDP$") for stage in (0, 1, 2, 3)],
+    (DistributedType.DEEPSPEED, 0, 2, ("train.optimizer=muon", *MOE, "model.moe.ep_size=2"), "mixtral/tiny",
+     r"^train\.optimizer=muon under DeepSpeed ZeRO-0 with expert parallelism: .*model\.moe\.ep_size=1 with DDP"),
+    (DistributedType.DEEPSPEED, 2, 2, ("train.optimizer=muon", *MOE, "model.moe.ep_size=2"), "mixtral/tiny",
+     r"^train\.optimizer=muon under DeepSpeed ZeRO-1/2 with expert parallelism: "),
 ])
 def test_refusals_name_the_key_and_the_fix(tiny_cfg, kind, stage, world, overrides, recipe, expected):
     cfg = tiny_cfg(*overrides, recipe=recipe)
@@ -104,6 +113,13 @@ def test_refusal_is_asked_of_the_backend_class(tiny_cfg):
     ep2 = Launch(deepspeed=True, zero_stage=1, ep_size=2, world_size=2)
     assert ExpertZeroBackend.refusal(ep2, moe) is None
     assert PlainBackend.refusal(Launch(world_size=2), moe) is None
+
+
+def test_muon_trains_under_one_process_and_ddp(tiny_cfg):
+    cfg = tiny_cfg("train.optimizer=muon", *MOE, recipe="mixtral/tiny")
+    for kind, world in ((DistributedType.NO, 1), (DistributedType.MULTI_CPU, 2), (DistributedType.MULTI_GPU, 2)):
+        backend = select_backend(_accelerator(kind), DistInfo(0, world), cfg)
+        assert backend.name == "plain" and backend.checkpoint_fields()["optimizer"] == "muon"
 
 
 def test_several_processes_without_data_parallelism_are_refused(tiny_cfg):

@@ -98,6 +98,21 @@ def test_ddp_two_processes_match_one_process(setup, tmp_path):
     assert ckpt.latest(run).name == "step_00000008"
 
 
+def test_ddp_muon_two_processes_match_one_process(setup, tmp_path):
+    """train.optimizer=muon under DDP: every rank runs torch.optim.Muon's step on the averaged gradient,
+    so 2 processes give the losses of 1 process at the same global batch (equal here; the tolerance
+    allows for the bf16 Newton-Schulz's sensitivity to the gradient's summation order)."""
+    muon = ["train.optimizer=muon", "train.lr=0.01"]
+    ref = train(archlab.load_recipe(RECIPE, [*setup["base"], *muon, "train.grad_accum=2", "train.run_name=muon-ref"]))
+    _launch(["--multi_gpu", "--num_processes", "2"], tmp_path / "probe.json",
+            [*setup["base"], *muon, "train.run_name=muon-ddp"])
+    run = setup["out"] / "muon-ddp"
+    assert ckpt.load_state(ckpt.latest(run))["optimizer"] == "muon"
+    one, two = _losses(ref["run_dir"]), _losses(run)
+    assert one != setup["ref"]  # Muon, not AdamW
+    np.testing.assert_allclose(two, one, rtol=1e-4)
+
+
 def test_deepspeed_zero2_matches_and_resumes(setup, tmp_path):
     probe = tmp_path / "probe.json"
     args = ["--config_file", str(ROOT / "recipes/launch/zero2.yaml")]

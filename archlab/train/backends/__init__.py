@@ -18,6 +18,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from archlab.config.validate import RecipeError
+from archlab.optim import optimizer_class
 from archlab.train.backends.base import Backend, Launch
 from archlab.train.backends.expert import ExpertZero0Backend, ExpertZeroBackend
 from archlab.train.backends.plain import PlainBackend
@@ -47,12 +48,13 @@ def backend_class(launch: Launch) -> type[Backend]:
 
 def select_backend(accelerator, info: DistInfo, cfg: DictConfig) -> Backend:
     """The backend that trains ``cfg`` as launched. Raises RecipeError with the backend's refusal
-    (e.g. MoE under ZeRO-3, expert parallelism without DeepSpeed), and RuntimeError when several
+    (e.g. MoE under ZeRO-3, expert parallelism without DeepSpeed) or the optimizer's (``train.optimizer``
+    names the backends it runs under: Muon refuses DeepSpeed), and RuntimeError when several
     processes run without data parallelism; both before anything is built."""
     check_data_parallel(accelerator, info.world_size)
     launch = launch_of(accelerator, info.world_size, cfg)
     cls = backend_class(launch)
-    why = cls.refusal(launch, cfg)
+    why = cls.refusal(launch, cfg) or optimizer_class(cfg.train).refusal(cls.name, launch.zero_stage)
     if why is not None:
         raise RecipeError(why)
     return cls(accelerator, info, cfg, launch)

@@ -32,6 +32,7 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
+from archlab.train.checkpoint import CheckpointError
 from archlab.train.dist import DistInfo
 
 
@@ -67,7 +68,7 @@ class Backend(ABC):
 
     def __init__(self, accelerator, info: DistInfo, cfg: DictConfig, launch: Launch):
         self.accelerator, self.info, self.cfg, self.launch = accelerator, info, cfg, launch
-        self.optimizer: Optional[torch.optim.Optimizer] = None  # the plain AdamW, before any wrapping
+        self.optimizer: Optional[torch.optim.Optimizer] = None  # the plain optimizer, before any wrapping
         self.model_t: Optional[nn.Module] = None
         self.optimizer_t: Optional[torch.optim.Optimizer] = None
 
@@ -90,7 +91,12 @@ class Backend(ABC):
         """Before anything is built, for a checkpoint whose weights are loaded into the model: None when
         this backend will restore its optimizer state, else a warning saying why the optimizer state
         (AdamW moments) restarts from zero. Raises CheckpointError when the checkpoint lacks the files
-        this backend restores from, or holds them in a form it cannot read (another ZeRO stage)."""
+        this backend restores from, or holds them in a form it cannot read (another ZeRO stage, another
+        ``train.optimizer``; a checkpoint without the field was written by AdamW)."""
+        saved_opt, opt = str(state.get("optimizer", "adamw")), str(self.cfg.train.get("optimizer", "adamw"))
+        if saved_opt != opt:  # another optimizer's state (its groups and moments) cannot be restored
+            raise CheckpointError(f"{ckpt_dir}: written with train.optimizer={saved_opt}, this run uses "
+                                  f"train.optimizer={opt}: resume with train.optimizer={saved_opt}")
         saved_ep = int(state.get("ep_size", 1))
         if saved_ep != self.launch.ep_size:  # the experts' optimizer states are laid out per ep rank
             return (f"checkpoint was written at model.moe.ep_size={saved_ep}, this run uses {self.launch.ep_size}: "
@@ -111,9 +117,9 @@ class Backend(ABC):
 
     @abstractmethod
     def build_optimizer(self, model: nn.Module, restore_from: Optional[Path]) -> torch.optim.Optimizer:
-        """AdamW over what this rank holds (``archlab.train.optim.build_optimizer``), kept as
-        ``self.optimizer``; a state this backend keeps in that plain optimizer is restored from
-        ``restore_from`` here (None: a fresh optimizer)."""
+        """The recipe's optimizer (``train.optimizer``: ``archlab.train.optim.build_optimizer``) over
+        what this rank holds, kept as ``self.optimizer``; a state this backend keeps in that plain
+        optimizer is restored from ``restore_from`` here (None: a fresh optimizer)."""
 
     @abstractmethod
     def prepare(self, model: nn.Module, module: nn.Module, optimizer: torch.optim.Optimizer,
@@ -170,7 +176,7 @@ class Backend(ABC):
     def checkpoint_fields(self) -> dict[str, Any]:
         """The launch facts a checkpoint's state.json records (read back by :meth:`check_resume`)."""
         return {"deepspeed": self.launch.deepspeed, "zero_stage": self.launch.zero_stage,
-                "ep_size": self.launch.ep_size}
+                "ep_size": self.launch.ep_size, "optimizer": str(self.cfg.train.get("optimizer", "adamw"))}
 
     def describe(self) -> dict[str, Any]:
         """What env.json records about this backend."""
