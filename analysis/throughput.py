@@ -2,9 +2,9 @@
 
 The tokens/s a run logs depend on whatever else the machine was doing while it trained; on a
 shared machine two arms trained an hour apart are not comparable to better than a factor of two.
-Here every arm's model is built once and its training step (the fused-loss forward, backward,
-gradient clipping and AdamW step of ``archlab.train``, with the MoE balancing bookkeeping before and
-after it, ``start_step`` and ``balance_step``, on the arm's own batch shape) is timed in
+Here every arm's trainer is built once (``archlab.train.loop.Trainer``, its run folder in a
+temporary folder) and its own training step (``Trainer.optimizer_step``: the fused-loss forward,
+backward, gradient clipping, optimizer step and MoE bookkeeping, exactly what a run does) is timed in
 rounds: round r times ``steps`` steps of arm 1, then of arm 2, ..., so that load changes hit every
 arm alike; the result per arm is the median over rounds.
 
@@ -18,45 +18,32 @@ Shape legend: B windows, S positions.
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
 from typing import Optional
 
 import torch
 
 from archlab.config import load_recipe
-from archlab.data import TokenBatches, prepare_data
-from archlab.model.build import build_model
-from archlab.nn.moe import balance_step, start_step
-from archlab.train.optim import build_optimizer
 
 
-def _stepper(recipe: str, overrides: list[str], seed: int = 0):
-    """A closure that runs one training step of the recipe's model and returns the tokens it trained."""
-    cfg = load_recipe(recipe, [*overrides, f"train.seed={seed}"])
-    t = cfg.train
-    data = prepare_data(cfg)
-    torch.manual_seed(seed)
-    model = build_model(cfg)
-    model.train()
-    opt = build_optimizer(model, t)
-    stream = TokenBatches(data.train, int(t.seq_len), int(t.micro_batch_size), int(t.grad_accum), 0, 1, seed)
-    state = {"step": 0}
+def _stepper(recipe: str, overrides: list[str], seed: int = 0, out_dir: Optional[str] = None):
+    """A closure that runs one training step of the recipe's model and returns the tokens it trained:
+    :meth:`archlab.train.loop.Trainer.optimizer_step`, the trainer's own step, on a trainer whose run
+    folder lies under ``out_dir`` (a temporary folder; nothing is evaluated or checkpointed)."""
+    from archlab.train.loop import Trainer
+
+    folder = out_dir or tempfile.mkdtemp(prefix="archlab-throughput-")
+    cfg = load_recipe(recipe, [*overrides, f"train.seed={seed}", f"train.out_dir={folder}",
+                               f"train.run_name=bench-{abs(hash((recipe, tuple(overrides)))) % 10**8}",
+                               "train.resume=none"])
+    trainer = Trainer(cfg)
 
     def step() -> int:
-        start_step(model)  # global-batch balancing: the step's counts start at zero (as the trainer)
-        for micro in range(int(t.grad_accum)):
-            x_BS1 = stream.get(state["step"], micro)
-            out = model(x_BS1[:, :-1], targets=x_BS1[:, 1:])
-            (out.loss + out.aux_loss).backward()
-        if t.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        balance_step(model, lambda x: x)  # the aux-loss-free bias update (one process: nothing to sum)
-        state["step"] += 1
-        return int(t.seq_len) * int(t.micro_batch_size) * int(t.grad_accum)
+        trainer.optimizer_step()
+        return trainer.tokens_per_step
 
-    step.model = model  # the model it trains, to inspect
+    step.model = trainer.model  # the model it trains, to inspect
     return step
 
 

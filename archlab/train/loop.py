@@ -226,29 +226,44 @@ class Trainer:
             self.log(f"interrupted at step {self.step}; checkpoint {self.last_ckpt}; continue with train.resume=auto")
         return summary
 
+    def optimizer_step(self, read_routing: bool = False) -> dict[str, Any]:
+        """One optimizer step as :meth:`run` takes it (and as ``analysis.throughput`` times it): this
+        step's lr, forward and backward over the micro batches (:meth:`train_step`), then, when loss
+        and gradient norm are finite, the clipped update, the step and token counts and the MoE
+        bookkeeping (the aux-loss-free bias update; the routing statistics when ``read_routing``).
+        A non-finite step leaves the weights and counts as they were (``updated`` False)."""
+        lr = lr_at(self.step, self.cfg.train)
+        set_lr(self.optimizer_t, lr)
+        r = self.train_step()  # forward, backward, gradient norm
+        r.update(lr=lr, updated=math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]), moe={})
+        if not r["updated"]:
+            self.backend.zero_grad()
+            return r
+        self.backend.step()  # clipped to train.grad_clip
+        self.step += 1
+        self.tokens += self.tokens_per_step
+        r["moe"] = self._moe_after_step(read_routing)
+        return r
+
     def _one_step(self, bar) -> None:
         """One optimizer step (or a skipped batch), its metrics row and the MoE bookkeeping."""
         t = self.cfg.train
-        lr = lr_at(self.step, t)
-        set_lr(self.optimizer_t, lr)
-        r = self.train_step()  # forward, backward, gradient norm
-        if not (math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"])):
-            self.backend.zero_grad()
+        routing_next = (self.step + 1) % (t.routing_every or t.log_every) == 0
+        log_next = (self.step + 1) % t.log_every == 0 or self.step + 1 == t.max_steps
+        r = self.optimizer_step(read_routing=log_next or routing_next)
+        lr = r["lr"]
+        if not r["updated"]:
             if t.on_nonfinite == "stop":
                 raise NonFiniteError(self._nonfinite_message(r["loss"], r["grad_norm"]))
             self.step += 1
             self.log(f"step {self.step}: non-finite loss/grad norm ({r['loss']}, {r['grad_norm']}): batch skipped")
-            self._write({"kind": "skip", "step": self.step, "tokens": self.tokens, **r})
+            self._write({"kind": "skip", "step": self.step, "tokens": self.tokens,
+                         **{k: r[k] for k in ("loss", "aux_loss", "grad_norm")}})
             self._write_trace(skipped=True)
             bar.update(1)
             return
-        self.backend.step()  # clipped to train.grad_clip
-        self.step += 1
-        self.tokens += self.tokens_per_step
         self._window.add(self.tokens_per_step, r["loss"])
-        log_now = self.step % t.log_every == 0 or self.step == t.max_steps
-        routing_now = self.step % (t.routing_every or t.log_every) == 0
-        moe = self._moe_after_step(log_now or routing_now)
+        log_now, routing_now, moe = log_next, routing_next, r["moe"]
         if moe:  # the routing window: the steps since the previous read (routing record or metrics row)
             moe["moe/window_steps"] = self.step - self._routing_read_at
             self._routing_read_at = self.step

@@ -28,3 +28,25 @@ def test_benchmark_reports_each_arm(tmp_path):
     assert set(result) == {"dense", "moe"}
     for r in result.values():
         assert r["tokens_per_s"] > 0 and len(r["rounds"]) == 2
+
+
+def test_the_benchmark_step_is_the_trainers_step(tmp_path):
+    """Three benchmark steps leave the weights bitwise where three steps of a run leave them: both
+    call Trainer.optimizer_step (lr schedule, clipping, optimizer, MoE bookkeeping included)."""
+    from archlab.config import load_recipe
+    from archlab.train.checkpoint import load_model
+    from archlab.train.loop import Trainer
+
+    overrides = TINY + [f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=3", "train.warmup_steps=1",
+                        "model.moe.balance.bias_update_rate=0.01"]
+    step = throughput._stepper("recipes/mixtral/tiny.yaml", overrides, out_dir=str(tmp_path / "bench"))
+    for _ in range(3):
+        step()
+    cfg = load_recipe("recipes/mixtral/tiny.yaml", overrides + ["train.seed=0", f"train.out_dir={tmp_path / 'run'}",
+                                                                 "train.run_name=r"])
+    Trainer(cfg).run()
+    model, _ = load_model(tmp_path / "run" / "r")
+    bench = dict(step.model.named_parameters())
+    for name, p in model.named_parameters():
+        assert torch.equal(bench[name].detach(), p.detach()), name
+    assert any(torch.count_nonzero(b) for n, b in step.model.named_buffers() if n.endswith("expert_bias"))
