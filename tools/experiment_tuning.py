@@ -212,9 +212,9 @@ def search(spec: dict, arms, *, jobs: int = 1, threads: Optional[int] = None, lo
             best = choose([r["lr"] for r in mine], [final_loss(r["run_dir"]) for r in mine])
             side = best["side"]
             if side and extended[a.name][side] < tune["max_extend"]:
+                log(f"tuning {a.name}: best lr {best['lr']:g} at the {side} end of {lrs[a.name]}; extending")
                 lrs[a.name] = extend(lrs[a.name], side, ratio)
                 extended[a.name][side] += 1
-                log(f"tuning {a.name}: best lr {best['lr']:g} at the {side} end of {lrs[a.name]}; extending")
                 again = True
         if not again:
             return summarise(recs, tune), recs
