@@ -292,7 +292,9 @@ def section(ctx):
         cal = comp.get("calibration") or {}
         md += (f"\n\n**Compute curve of `{ctx.reference}`** (WSD trunks with cooldown branches at "
                f"{ctx.spec['ceg']['fractions']} x the budget, seeds {ctx.spec['ceg']['seeds']}): "
-               f"{_fit_text(fit)}. Calibration: the reference's own seeded runs (its recipe's schedule) convert to "
+               f"{_fit_text(fit)}. Calibration: the reference's own seeded runs ("
+               + ("the curve's WSD schedule" if ctx.spec["ceg"]["arms_schedule"] == "wsd" else "its recipe's schedule")
+               + ") convert to "
                f"CEG {fmt_ceg(cal)}; an interval that includes 1 says the curve and the seeded runs agree.")
         md += figure_md(figures, plot(ctx, fit, ctx.out / "compute_curve.png"),
                         "reference loss against training compute, with each arm's loss")
