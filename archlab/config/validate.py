@@ -172,6 +172,8 @@ def validate_train(t, model) -> None:
         _fail("train.peak_flops", t.peak_flops, "must be positive (or null for the device default)")
     if t.routing_every < 0:
         _fail("train.routing_every", t.routing_every, "must be >= 0")
+    if t.router_trace_every < 0:
+        _fail("train.router_trace_every", t.router_trace_every, "must be >= 0 (0 = off)")
     validate_trackers(t)
 
 
