@@ -101,11 +101,18 @@ def plot_losses(ctx: Context, path: Path, cell: str = "") -> Optional[Path]:
         ax.errorbar([g.loss["mean"]], [y], xerr=err, fmt="D", color=COLORS[3], capsize=4, zorder=4,
                     label="mean, 95% t-interval" if i == 0 else None)
     unigram = [r["unigram_entropy"] for g in groups for r in g.runs.values() if _finite(r["unigram_entropy"])]
+    title_note = ""
     if unigram:
-        ax.axvline(sum(unigram) / len(unigram), color="0.5", ls="--", lw=1, label="unigram entropy (no learning)")
+        h = sum(unigram) / len(unigram)
+        seen = [v for g in groups for v in g.losses().values() if _finite(v)]
+        spread = max(seen) - min(seen) if seen else 0.0
+        if seen and h - max(seen) > 3 * max(spread, 0.05):  # a line that far off would squeeze the data: say it
+            title_note = f"; unigram entropy {h:.2f}, off the axis"
+        else:
+            ax.axvline(h, color="0.5", ls="--", lw=1, label="unigram entropy (no learning)")
     ax.set_yticks(range(len(groups)), [g.label for g in reversed(groups)])
     n = max(len(g.runs) for g in groups)
-    style_axes(ax, f"{ctx.spec['name']}: final validation loss ({n} seed{'s' if n > 1 else ''} per arm)",
+    style_axes(ax, f"{ctx.spec['name']}: final validation loss ({n} seed{'s' if n > 1 else ''} per arm{title_note})",
                "final validation loss (nats/token, lower is better)", "arm", grid="x")
     return save_figure(fig, path)
 
