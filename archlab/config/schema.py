@@ -79,7 +79,8 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    # stdlib (embedded default: Python's own source) | text | hf | tokens (pre-tokenised shards, archlab/data/tokens.py)
+    # stdlib (embedded default: Python's own source) | shakespeare (plays; optional extra) | text | hf
+    # | tokens (pre-tokenised shards, archlab/data/tokens.py)
     source: str = "stdlib"
     paths: List[str] = field(default_factory=list)  # text: files, folders or globs
     hf_dataset: Optional[str] = None  # hf: dataset name (needs the optional `datasets` package)

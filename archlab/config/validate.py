@@ -111,7 +111,7 @@ SHARD_FORMATS = ["auto", "llmc", "nanogpt", "archlab"]
 
 
 def validate_data(d, model) -> None:
-    _one_of("data.source", d.source, ["stdlib", "text", "hf", "tokens"])
+    _one_of("data.source", d.source, ["stdlib", "shakespeare", "text", "hf", "tokens"])
     check_data_options(d)  # a key of another source
     if d.source == "text" and not d.paths:
         _fail("data.paths", list(d.paths), "data.source=text needs at least one file, folder or glob")

