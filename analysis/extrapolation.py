@@ -30,6 +30,7 @@ from archlab.config import load_recipe
 from archlab.data import eval_windows, prepare_data
 from archlab.model.build import build_model
 from archlab.nn.positions import position_class
+from archlab.objectives.causal_lm import CausalLM
 from archlab.train.checkpoint import load_weights_into, resolve_checkpoint
 
 
@@ -44,8 +45,9 @@ def loss_per_position(model, windows, S: int) -> tuple[torch.Tensor, int]:
     sums_S = torch.zeros(S, dtype=torch.float64)
     n = 0
     for x_BS1 in windows:
-        logits_BSV = model(x_BS1[:, :-1]).logits
-        loss_BS = F.cross_entropy(logits_BSV.float().flatten(0, 1), x_BS1[:, 1:].flatten(), reduction="none")
+        inputs_BS, targets_BS = CausalLM.split(x_BS1, 1)
+        logits_BSV = model(inputs_BS).logits
+        loss_BS = F.cross_entropy(logits_BSV.float().flatten(0, 1), targets_BS.flatten(), reduction="none")
         sums_S += loss_BS.view(x_BS1.shape[0], S).sum(0).double()
         n += x_BS1.shape[0]
     return sums_S, n

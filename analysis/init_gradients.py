@@ -24,6 +24,7 @@ import torch
 from archlab.config import load_recipe
 from archlab.data import TokenBatches, prepare_data
 from archlab.model.build import build_model
+from archlab.objectives.causal_lm import CausalLM
 
 
 def block_grad_norms(model) -> list[float]:
@@ -49,7 +50,8 @@ def init_grad_norms(recipe: str, overrides: Sequence[str], seed: int, batches: i
     for step in range(batches):
         x_BS1 = stream.get(step)
         model.zero_grad(set_to_none=True)
-        out = model(x_BS1[:, :-1], targets=x_BS1[:, 1:])
+        inputs_BS, targets_BS = CausalLM.split(x_BS1, 1)
+        out = model(inputs_BS, targets=targets_BS)
         (out.loss + out.aux_loss).backward()
         per_layer.append(block_grad_norms(model))
         embed.append(float(model.embed.weight.grad.norm()))

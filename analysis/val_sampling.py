@@ -28,6 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from archlab.objectives.causal_lm import CausalLM
+
 
 @torch.no_grad()
 def window_losses(run_dir: str | Path) -> np.ndarray:
@@ -44,7 +46,8 @@ def window_losses(run_dir: str | Path) -> np.ndarray:
     S = int(t.seq_len)
     out = []
     for x_BS1 in eval_windows(data.val, S, int(t.micro_batch_size), int(t.eval_batches)):
-        logits_BSV = model(x_BS1[:, :-1]).logits
-        loss_BS = F.cross_entropy(logits_BSV.float().flatten(0, 1), x_BS1[:, 1:].flatten(), reduction="none")
+        inputs_BS, targets_BS = CausalLM.split(x_BS1, 1)
+        logits_BSV = model(inputs_BS).logits
+        loss_BS = F.cross_entropy(logits_BSV.float().flatten(0, 1), targets_BS.flatten(), reduction="none")
         out.append(loss_BS.view(x_BS1.shape[0], S).mean(1).double())
     return torch.cat(out).numpy()

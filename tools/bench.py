@@ -61,6 +61,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import archlab
 from archlab.config import RecipeError
 from archlab.export import to_hf_model
+from archlab.objectives.causal_lm import CausalLM
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("eager", "compiled")
@@ -235,8 +236,8 @@ class Runner:
         self.model.train()
         self.module = torch.compile(self.model) if self.mode == "compiled" else self.model
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)  # one kernel per step
-        self.inputs = self.ids_BS[:, :-1].contiguous()
-        self.targets = self.ids_BS[:, 1:].contiguous()
+        inputs, targets = CausalLM.split(self.ids_BS, 1)  # the trainer's shift (archlab.objectives)
+        self.inputs, self.targets = inputs.contiguous(), targets.contiguous()
 
     def loss(self) -> Tensor:
         return self.loss_of(self.module, self.inputs, self.targets)

@@ -53,6 +53,8 @@ from typing import Callable, Mapping, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from archlab.objectives.causal_lm import CausalLM
+
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2.0**30
 PEAK_ENV = "ARCHLAB_PEAK_FLOPS"
@@ -209,16 +211,18 @@ class MasterWeightsAdamW:
 
 def fused_loss(model: nn.Module, ids_BS1: Tensor) -> Tensor:
     """The trainer's loss: fused LM head + cross-entropy, plus the MoE balancing terms."""
-    out = model(ids_BS1[:, :-1], targets=ids_BS1[:, 1:])
-    return out.loss.float() + out.aux_loss.float()
+    from archlab.costs.measure import training_loss
+
+    return training_loss(model, ids_BS1)
 
 
 def logits_loss(model: nn.Module, ids_BS1: Tensor) -> Tensor:
     """The reference cross-entropy over fp32 (B, S, V) logits (``archlab.nn.loss.lm_loss``)."""
     from archlab.nn.loss import lm_loss
 
-    out = model(ids_BS1[:, :-1])
-    return lm_loss(out.logits, ids_BS1[:, 1:]) + out.aux_loss.float()
+    inputs_BS, targets_BS = CausalLM.split(ids_BS1, 1)
+    out = model(inputs_BS)
+    return lm_loss(out.logits, targets_BS) + out.aux_loss.float()
 
 
 @dataclass

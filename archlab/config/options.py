@@ -4,7 +4,8 @@ A *choice* is a key whose value selects a variant: ``model.attention.type`` an e
 ``ATTENTIONS``, ``train.schedule`` one of the learning-rate schedules (``SCHEDULES``). Each variant states the
 keys of the choice's node that it reads: a component's ``options`` (``archlab.nn.component``), a
 data source's ``options`` (``archlab.data.sources``), a schedule's and an optimizer's ``options``
-(``archlab.optim``: ``train.schedule``, ``train.optimizer``) and ``PARAMETRIZATION_OPTIONS``
+(``archlab.optim``: ``train.schedule``, ``train.optimizer``), an objective's ``options``
+(``archlab.objectives``: ``train.objective``) and ``PARAMETRIZATION_OPTIONS``
 (``archlab.nn.mup``). A key that other variants read and the
 selected one does not has no effect, and a recipe that gives it any value but the schema default
 is refused before anything is built, in the form of every rule (``key=value: rule``):
@@ -49,6 +50,7 @@ from archlab.nn.moe.router import ROUTERS
 from archlab.nn.mup import PARAMETRIZATION_OPTIONS
 from archlab.nn.norms import NORMS
 from archlab.nn.positions import POSITIONS, ROPE_SCALINGS
+from archlab.objectives import OBJECTIVES
 from archlab.optim import OPTIMIZERS, SCHEDULES
 from archlab.registry import Registry
 
@@ -129,7 +131,9 @@ CHOICES: dict[str, list[Choice]] = {
     "data": [Choice("", "source", "data.source", "data source", DataConfig, _data_sources)],
     "train": [Choice("", "schedule", "train.schedule", "schedule", TrainConfig, lambda: registry_options(SCHEDULES)),
               Choice("", "optimizer", "train.optimizer", "optimizer", TrainConfig,
-                     lambda: registry_options(OPTIMIZERS))],
+                     lambda: registry_options(OPTIMIZERS)),
+              Choice("", "objective", "train.objective", "objective", TrainConfig,
+                     lambda: registry_options(OBJECTIVES))],
 }
 
 CONDITIONS: dict[str, list[Condition]] = {
@@ -233,5 +237,5 @@ def check_data_options(d) -> None:
 
 
 def check_train_options(t, model) -> None:
-    """Refuse a ``train`` key that the selected schedule, the selected optimizer (or the model) does not use."""
+    """Refuse a ``train`` key that the selected schedule, optimizer, objective (or the model) does not use."""
     _check(t, model, "train", "train")

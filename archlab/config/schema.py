@@ -53,6 +53,9 @@ class ModelConfig:
     # muP: d_model of the base model the lr was tuned on; width multiplier m = d_model / mup_base_width.
     # null = d_model (m = 1: the base itself); mup only (refused under standard parametrisation)
     mup_base_width: Optional[int] = None
+    # multi-token prediction (DeepSeek-V3): this many sequential MTP modules, trained by train.objective=mtp
+    # and dropped at inference and export (archlab/nn/mtp.py). 0 = none
+    mtp_depth: int = 0
 
     @property
     def kv_heads(self) -> int:
@@ -126,6 +129,10 @@ class TrainConfig:
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW (under muon: its AdamW groups)
     eps: float = 1e-8  # AdamW (under muon: its AdamW groups)
     muon: MuonConfig = field(default_factory=MuonConfig)  # optimizer muon: momentum, nesterov, ns_steps, adjust_lr_fn
+    # causal_lm (next-token prediction) | mtp (DeepSeek-V3's multi-token prediction: model.mtp_depth modules);
+    # archlab/objectives/
+    objective: str = "causal_lm"
+    mtp_weight: float = 0.3  # objective mtp: lambda, the MTP loss's weight (DeepSeek-V3: 0.3, later 0.1)
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     precision: str = "auto"  # auto (bf16 where supported, else fp32) | fp32 | bf16
     compile: bool = False  # torch.compile the model

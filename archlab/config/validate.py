@@ -9,6 +9,7 @@ checked (a schedule's and an optimizer's by their classes in ``archlab.optim``).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from archlab.config.options import check_data_options, check_model_options, check_train_options
@@ -20,6 +21,7 @@ from archlab.nn.moe.router import ROUTERS, router_class
 from archlab.nn.mup import PARAMETRIZATIONS
 from archlab.nn.norms import NORMS, norm_class
 from archlab.nn.positions import POSITIONS, ROPE_SCALINGS, position_class
+from archlab.objectives import OBJECTIVES
 from archlab.optim import OPTIMIZERS, SCHEDULES
 
 __all__ = ["RecipeError", "validate", "validate_data", "validate_model", "validate_train"]
@@ -54,6 +56,8 @@ def validate_model(m, prefix: str = "model") -> None:
     _one_of(f"{prefix}.position.rope_scaling.type", m.position.rope_scaling.type, ROPE_SCALINGS.names())
     _one_of(f"{prefix}.ffn.type", m.ffn.type, FFNS.names())
     _one_of(f"{prefix}.parametrization", m.parametrization, PARAMETRIZATIONS)
+    if getattr(m, "mtp_depth", 0) < 0:
+        _fail(f"{prefix}.mtp_depth", m.mtp_depth, "must be >= 0 (0 = no multi-token-prediction modules)")
     if m.moe is not None:
         _one_of(f"{prefix}.moe.router.type", m.moe.router.type, ROUTERS.names())
     check_model_options(m, prefix)  # a key that no chosen variant reads
@@ -149,11 +153,13 @@ def validate_train(t, model) -> None:
               "raise model.max_seq_len or lower train.seq_len")
     _one_of("train.schedule", t.schedule, SCHEDULES.names())
     _one_of("train.optimizer", t.optimizer, OPTIMIZERS.names())
-    check_train_options(t, model)  # a key of another schedule or optimizer, or of an MoE model
+    _one_of("train.objective", t.objective, OBJECTIVES.names())
+    check_train_options(t, model)  # a key of another schedule, optimizer or objective, or of an MoE model
     if not 0 <= t.warmup_steps <= t.max_steps:
         _fail("train.warmup_steps", t.warmup_steps, f"must lie in [0, max_steps={t.max_steps}]")
     SCHEDULES.get(t.schedule).validate(t)  # the schedule's own keys (min_lr_ratio, decay_*)
     OPTIMIZERS.get(t.optimizer).validate(t)  # weight_decay, betas, eps; the optimizer's own node
+    OBJECTIVES.get(t.objective).validate(SimpleNamespace(model=model, train=t))  # e.g. mtp needs model.mtp_depth
     if any(not 1 <= s <= t.max_steps for s in t.ckpt_steps):
         _fail("train.ckpt_steps", list(t.ckpt_steps), f"steps must lie in [1, max_steps={t.max_steps}]")
     if t.branch_from is not None and t.resume not in ("none", "auto"):

@@ -45,6 +45,7 @@ class FlopsBreakdown:
     router: float  # MoE router projection D -> E
     lm_head: float  # D -> V logits
     seq_len: int
+    mtp: float = 0.0  # multi-token prediction (objective mtp): its modules' projections, blocks and head calls
 
     @property
     def total(self) -> float:
@@ -89,13 +90,17 @@ def moe_layer_flops(cfg: ModelConfig) -> tuple[float, float]:
     return experts, 2.0 * cfg.d_model * m.num_experts
 
 
-def forward_flops(model_cfg, seq_len: int) -> FlopsBreakdown:
+def forward_flops(model_cfg, seq_len: int, objective: str | None = None) -> FlopsBreakdown:
     """Forward matmul FLOPs per token at context ``seq_len``, by component.
 
-    ``model_cfg``: a ``ModelConfig`` (``archlab.model_config(recipe)``) or a recipe.
+    ``model_cfg``: a ``ModelConfig`` (``archlab.model_config(recipe)``) or a recipe. ``objective``: the
+    training objective whose head and loss count (``archlab.objectives``; default: a recipe's
+    ``train.objective``, else ``mtp`` for a model with MTP modules, else ``causal_lm``).
     """
     from archlab.config.load import model_config
+    from archlab.objectives import objective_class, objective_name
 
+    head = objective_class(objective_name(model_cfg, objective)).forward_flops
     cfg = model_config(model_cfg)
     if seq_len <= 0:
         raise ValueError(f"seq_len={seq_len}: must be a positive number of tokens")
@@ -110,14 +115,14 @@ def forward_flops(model_cfg, seq_len: int) -> FlopsBreakdown:
         mlp=(L - n_moe) * ffn_flops(cfg, cfg.ffn_hidden),
         experts=n_moe * experts,
         router=n_moe * router,
-        lm_head=2.0 * cfg.d_model * cfg.vocab_size,
+        **head(cfg, seq_len),  # the LM head (and what only the objective runs, e.g. MTP modules)
         seq_len=seq_len,
     )
 
 
-def training_flops(model_cfg, seq_len: int) -> FlopsBreakdown:
+def training_flops(model_cfg, seq_len: int, objective: str | None = None) -> FlopsBreakdown:
     """Forward + backward matmul FLOPs per token (3x the forward), by component."""
-    return forward_flops(model_cfg, seq_len).scaled(1.0 + BACKWARD_TO_FORWARD)
+    return forward_flops(model_cfg, seq_len, objective).scaled(1.0 + BACKWARD_TO_FORWARD)
 
 
 def forward_flops_per_token(model_cfg, seq_len: int) -> float:
@@ -125,6 +130,6 @@ def forward_flops_per_token(model_cfg, seq_len: int) -> float:
     return forward_flops(model_cfg, seq_len).total
 
 
-def training_flops_per_token(model_cfg, seq_len: int) -> float:
+def training_flops_per_token(model_cfg, seq_len: int, objective: str | None = None) -> float:
     """Training (forward + backward) matmul FLOPs per token; the numerator of MFU."""
-    return training_flops(model_cfg, seq_len).total
+    return training_flops(model_cfg, seq_len, objective).total

@@ -16,9 +16,9 @@ against.
   (its input) but not the op outputs selective checkpointing caches itself: those are read from
   its cache.
 
-Both run :func:`training_loss`, the trainer's forward + loss on a (B, S+1) token window: by
-default the fused LM-head cross-entropy, or (``loss="logits"``) the reference
-:func:`archlab.nn.loss.lm_loss` on the model's logits.
+Both run :func:`training_loss`, the trainer's forward + loss on a token window (the objective's,
+``archlab.objectives``): by default the fused LM-head cross-entropy, or (``loss="logits"``) the
+reference :func:`archlab.nn.loss.lm_loss` on the model's logits.
 
 Shape legend: B batch, S sequence, V vocabulary.
 """
@@ -69,17 +69,34 @@ if torch.ops.aten.addmm_ not in flop_registry:
     register_flop_formula(torch.ops.aten.addmm_)(addmm_inplace_flop)
 
 
-def training_loss(model: nn.Module, x_BS1: Tensor, loss: str = "fused") -> Tensor:
-    """LM loss + MoE balancing terms of one (B, S+1) window, inputs ``x[:, :-1]``, targets
-    ``x[:, 1:]``: ``fused`` is the trainer's call (``Trainer._forward_loss``: no logits),
-    ``logits`` the reference loss on the (B, S, V) logits."""
+def training_loss(model: nn.Module, x_BW: Tensor, loss: str = "fused") -> Tensor:
+    """What back-propagates for one training window, as the trainer computes it: the objective the model
+    implies (``archlab.objectives``: causal LM on a (B, S+1) window; MTP on (B, S+1+K) for a model with K
+    MTP modules) through its ``loss`` (``Trainer._forward_loss``: the fused LM head, no logits).
+    ``loss="logits"``: the reference cross-entropy on the (B, S, V) logits (causal LM only)."""
+    from archlab.objectives import objective_class, objective_name
+
     if loss == "fused":
-        out = model(x_BS1[:, :-1], targets=x_BS1[:, 1:])
-        return out.loss.float() + out.aux_loss.float()
+        objective = objective_class(objective_name(model.cfg))(_MeasureRecipe(model.cfg))
+        return objective.loss(model, x_BW).total
     if loss == "logits":
-        out = model(x_BS1[:, :-1])
-        return lm_loss(out.logits, x_BS1[:, 1:]) + out.aux_loss.float()
+        if getattr(model.cfg, "mtp_depth", 0):
+            raise ValueError("loss='logits': the reference loss is causal LM's; an MTP model's loss is fused only")
+        out = model(x_BW[:, :-1])
+        return lm_loss(out.logits, x_BW[:, 1:]) + out.aux_loss.float()
     raise ValueError(f"loss={loss!r}: must be one of {', '.join(LOSSES)}")
+
+
+class _MeasureRecipe:
+    """The recipe an objective is built from when only a model is at hand: its config, default training
+    settings (the loss weights scale gradients, not what is computed or kept)."""
+
+    def __init__(self, model_cfg):
+        from omegaconf import OmegaConf
+
+        from archlab.config.schema import TrainConfig
+
+        self.model, self.train = model_cfg, OmegaConf.structured(TrainConfig)
 
 
 @contextmanager

@@ -149,7 +149,7 @@ def optimizer_state_bytes(model_cfg, optimizer: str = "adamw") -> tuple[float, f
     per_role = {role: opt.state_bytes_per_param(role) for role in ROLES}
     expert = per_role["hidden"] * counts.routed_experts
     if len(set(per_role.values())) == 1:
-        return per_role["hidden"] * counts.dense, expert
+        return per_role["hidden"] * (counts.dense + counts.mtp), expert
     from archlab.model import build_model
 
     model = build_model(cfg, device="meta")
@@ -189,10 +189,11 @@ def model_state_memory(model_cfg, precision: str = "bf16", zero_stage: int = 0, 
 
     w, g, master = PRECISIONS[precision]
     state_dense, state_experts = optimizer_state_bytes(cfg, optimizer)
+    dense = counts.dense + counts.mtp  # the MTP modules train like the rest (routed experts inside them aside)
     return ModelStateMemory(
-        weights=w * per_rank(counts.dense, counts.routed_experts, zero_stage >= 3),
-        grads=g * per_rank(counts.dense, counts.routed_experts, zero_stage >= 2),
-        optimizer=per_rank(master * counts.dense + state_dense, master * counts.routed_experts + state_experts,
+        weights=w * per_rank(dense, counts.routed_experts, zero_stage >= 3),
+        grads=g * per_rank(dense, counts.routed_experts, zero_stage >= 2),
+        optimizer=per_rank(master * dense + state_dense, master * counts.routed_experts + state_experts,
                            zero_stage >= 1))
 
 
@@ -335,37 +336,50 @@ def checkpoint_mode(checkpointing) -> str:
     return checkpointing
 
 
-def _model_bytes(s: _Shape, loss: str, checkpointing: str) -> dict[str, float]:
-    """The parts outside the blocks: token window, positions, final norm, LM head + loss."""
-    cfg, n, a = s.cfg, s.n, s.act
-    D, V = cfg.d_model, cfg.vocab_size
-    if loss == "fused":  # gradients wrt h and the head's weight (the model's dtype), the token count
-        head_loss = n * D * a + V * D * a + ID_BYTES
-    else:  # the head's input, fp32 log-softmax, a copy of the (strided) targets, the total weight
-        head_loss = n * D * a + n * V * STATS_BYTES + n * ID_BYTES + STATS_BYTES
+def layer_saved_bytes(s: _Shape, layer: int, checkpointing: str) -> float:
+    """Bytes one block built as ``layer`` keeps in the given checkpointing mode (what it keeps, not
+    the recomputation): the per-layer formulas, for a block outside the stack (an MTP module's)."""
+    if checkpointing == "none":
+        return sum(_layer_bytes(s, layer).values())
+    if checkpointing == "full":
+        return float(s.n * s.cfg.d_model * s.act)
+    return sum(_selective_layer_bytes(s, layer).values())
+
+
+def _model_bytes(s: _Shape, loss: str, checkpointing: str, objective: str) -> dict[str, float]:
+    """The parts outside the blocks: token window, positions, final norm, and what the objective's
+    LM head and loss keep (``archlab.objectives``: ``saved_bytes``)."""
+    from archlab.objectives import objective_class
+
+    cfg, n = s.cfg, s.n
+    D = cfg.d_model
+    head = objective_class(objective)
     positions = position_class(cfg)
     return {
-        # the (B, S+1) window, position ids, dropout mask
-        "embedding": s.batch * (s.seq_len + 1) * ID_BYTES
+        # the (B, S + ahead) window (inputs and targets are views of it), dropout mask
+        "embedding": s.batch * (s.seq_len + head.ahead(cfg)) * ID_BYTES
         + (n * D * s.mask if cfg.dropout > 0 else 0),
         # learned: the position ids; RoPE: cos/sin, shared by all layers (checkpointing: inside the blocks)
         "positions": float(positions.saved_bytes(s, checkpointing)),
         "head": n * _norm_bytes(s, D) if cfg.norm.placement == "pre" else 0.0,  # the final norm
-        "loss": float(head_loss),
+        **head.saved_bytes(s, loss, checkpointing),  # loss (and e.g. the MTP modules)
     }
 
 
 def activation_memory(model_cfg, batch: int, seq_len: int, dtype: str = "bf16", device: str = "cuda",
-                      checkpointing="none", loss: str = "fused") -> ActivationMemory:
+                      checkpointing="none", loss: str = "fused", objective: str | None = None) -> ActivationMemory:
     """Activations kept for backward by one micro-batch of the trainer's step, by layer and component.
 
     dtype: activation dtype (``bf16`` or ``fp32``); device: ``cuda`` or ``cpu`` (kernels and
     dropout masks differ, see the module docstring); checkpointing: ``none | full | selective``
     (the trainer's ``train.activation_checkpointing``); loss: ``fused`` (the trainer's LM-head
-    cross-entropy) or ``logits`` (cross-entropy on materialised fp32 logits).
+    cross-entropy) or ``logits`` (cross-entropy on materialised fp32 logits); objective: the training
+    objective (default: a recipe's ``train.objective``, see ``archlab.costs.flops.forward_flops``).
     """
     from archlab.config.load import model_config
+    from archlab.objectives import objective_name
 
+    objective = objective_name(model_cfg, objective)
     cfg = model_config(model_cfg)
     _check_positive(batch=batch, seq_len=seq_len)
     _check_choice("dtype", dtype, list(DTYPE_BYTES))
@@ -375,7 +389,7 @@ def activation_memory(model_cfg, batch: int, seq_len: int, dtype: str = "bf16", 
     act = DTYPE_BYTES[dtype]
     s = _Shape(cfg, batch, seq_len, act, act if device == "cpu" else 1, device)
     full = [_layer_bytes(s, i) for i in range(cfg.n_layers)]
-    model = _model_bytes(s, loss, mode)
+    model = _model_bytes(s, loss, mode, objective)
     if mode == "none":
         return ActivationMemory(layers=tuple(full), model=model)
     if mode == "full":

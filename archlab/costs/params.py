@@ -10,6 +10,9 @@ module only regroups them. Conventions:
   sent to, i.e. per MoE layer ``MoELayer.num_params - MoELayer.active_params``
   ((E-K) experts) fewer than total.
 - experts = the routed experts' parameters (all E), the part expert parallelism shards.
+- mtp = the multi-token-prediction modules (``model.mtp_depth``): trained, then dropped at inference and
+  export, so they are in none of the counts above (DeepSeek-V3 reports its 671B without its 14B MTP
+  module the same way); the model states of training (``archlab.costs.memory``) add them.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class ParamCounts:
     lm_head: int  # untied output projection (0 when tied)
     routed_experts: int  # all routed experts of all MoE layers
     active: int  # used by one token
+    mtp: int = 0  # multi-token-prediction modules: trained, not exported (not in ``total``)
 
     @property
     def non_embedding(self) -> int:
@@ -39,8 +43,9 @@ class ParamCounts:
         return self.total - self.routed_experts
 
     def as_dict(self) -> dict[str, int]:
-        return {"total": self.total, "embedding": self.embedding, "non_embedding": self.non_embedding,
-                "active": self.active, "lm_head": self.lm_head, "routed_experts": self.routed_experts}
+        out = {"total": self.total, "embedding": self.embedding, "non_embedding": self.non_embedding,
+               "active": self.active, "lm_head": self.lm_head, "routed_experts": self.routed_experts}
+        return {**out, "mtp": self.mtp} if self.mtp else out
 
 
 def n_moe_layers(cfg: ModelConfig) -> int:
@@ -64,5 +69,5 @@ def param_counts(model_cfg) -> ParamCounts:
         routed = n_moe * cfg.moe.num_experts * expert_params(cfg.ffn.type, cfg.d_model, cfg.moe.expert_hidden)
         inactive = n_moe * (moe.num_params(cfg) - moe.active_params(cfg))
     return ParamCounts(total=total, embedding=embedding, lm_head=lm_head, routed_experts=routed,
-                       active=total - inactive)
+                       active=total - inactive, mtp=Decoder.num_mtp_params(cfg))
 

@@ -37,17 +37,21 @@ def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> torch.Tens
 
 
 class TokenBatches:
-    """Random training windows: ``get(step, micro)`` -> LongTensor (B, S+1).
+    """Random training windows: ``get(step, micro)`` -> LongTensor (B, S + ahead), ``ahead`` 1 by default.
 
-    Inputs are ``x[:, :-1]``, targets ``x[:, 1:]``. At each step, W*A*B window starts are drawn
-    uniformly over the valid starts of ``tokens``; rank r at micro-step m takes the slice
+    The objective (``archlab.objectives``) splits a window into inputs and targets (causal LM: inputs
+    ``x[:, :-1]``, targets ``x[:, 1:]``); ``ahead`` is how many ids past the S inputs it needs. At each
+    step, W*A*B window starts are drawn uniformly over the valid starts of ``tokens``; rank r at
+    micro-step m takes the slice
     ``[(m*W + r)*B : (m*W + r + 1)*B]`` of them, so ranks never share a drawn window and the
     batch depends only on (seed, step, micro, rank, world_size).
     """
 
     def __init__(self, tokens: np.ndarray, seq_len: int, micro_batch_size: int, grad_accum: int,
-                 rank: int = 0, world_size: int = 1, seed: int = 0):
-        check_length(tokens, seq_len, "training split")
+                 rank: int = 0, world_size: int = 1, seed: int = 0, ahead: int = 1):
+        if ahead < 1:
+            raise ValueError(f"ahead={ahead}: a window holds at least the next token past the inputs (>= 1)")
+        check_length(tokens, seq_len + ahead - 1, "training split")
         _check_rank(rank, world_size)
         if micro_batch_size < 1 or grad_accum < 1:
             raise ValueError(f"micro_batch_size={micro_batch_size}, grad_accum={grad_accum}: both must be >= 1")
@@ -60,6 +64,7 @@ class TokenBatches:
         self.rank = rank
         self.world_size = world_size
         self.seed = seed
+        self.ahead = ahead  # ids past the S inputs (the objective's: 1 = the next token)
 
     @property
     def global_batch_size(self) -> int:
@@ -68,7 +73,7 @@ class TokenBatches:
 
     def step_starts(self, step: int) -> np.ndarray:
         """(W*A*B,) window starts of optimizer step ``step``, shared by every rank."""
-        n_starts = len(self.tokens) - self.seq_len  # valid starts: 0 .. N - S - 1
+        n_starts = len(self.tokens) - self.seq_len - self.ahead + 1  # valid starts: 0 .. N - S - ahead
         rng = np.random.default_rng([self.seed, step])
         return rng.integers(0, n_starts, size=self.global_batch_size)
 
@@ -80,8 +85,8 @@ class TokenBatches:
         return self.step_starts(step)[first:first + self.micro_batch_size]
 
     def get(self, step: int, micro: int = 0) -> torch.Tensor:
-        """(B, S+1) LongTensor for this rank at optimizer step ``step``, micro-step ``micro``."""
-        return _windows(self.tokens, self.starts(step, micro), self.seq_len)
+        """(B, S + ahead) LongTensor for this rank at optimizer step ``step``, micro-step ``micro``."""
+        return _windows(self.tokens, self.starts(step, micro), self.seq_len + self.ahead - 1)
 
 
 def eval_starts(n_tokens: int, seq_len: int, n_windows: int) -> np.ndarray:

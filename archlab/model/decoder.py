@@ -17,6 +17,7 @@ from archlab.model.checkpointing import check_mode, checkpointed_block
 from archlab.nn.attention import KVCache, LayerKVCache, attention_class, build_attention
 from archlab.nn.ffn import build_ffn, ffn_class
 from archlab.nn.loss import linear_cross_entropy
+from archlab.nn.mtp import MTPModule
 from archlab.nn.mup import readout_mult, rescale_init
 from archlab.nn.norms import build_norm, norm_params
 from archlab.nn.positions import PosContext, build_positions, position_class
@@ -28,6 +29,8 @@ class ModelOutput:
     aux_loss: Tensor  # scalar: sum of the MoE balancing losses (0 for dense models)
     kv_cache: Optional[KVCache] = None
     loss: Optional[Tensor] = None  # mean next-token cross-entropy, when ``targets`` were given
+    # (depth,): mean cross-entropy of each multi-token-prediction module, when ``targets`` reach that far
+    mtp_losses: Optional[Tensor] = None
 
 
 def _moe_layer_cls():
@@ -101,6 +104,8 @@ class Decoder(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0  # the input side only
         self.readout_mult = readout_mult(cfg)  # muP: logits * 1/m (tied or not); 1 under standard
+        if cfg.mtp_depth:  # multi-token prediction (archlab/nn/mtp.py): training only, dropped at export
+            self.mtp = nn.ModuleList(MTPModule(cfg) for _ in range(cfg.mtp_depth))
         self.init_weights()
 
     @property
@@ -121,6 +126,11 @@ class Decoder(nn.Module):
         if not cfg.tie_embeddings:
             n += cfg.vocab_size * cfg.d_model
         return n
+
+    @staticmethod
+    def num_mtp_params(cfg: ModelConfig) -> int:
+        """Parameters of the multi-token-prediction modules: trained, never exported (not in :meth:`num_params`)."""
+        return cfg.mtp_depth * MTPModule.num_params(cfg)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -145,7 +155,10 @@ class Decoder(nn.Module):
         """input_ids (B, S) -> logits (B, S, V). With ``kv_cache``, the ids continue the cached
         sequence and the cache is extended in place. With ``targets`` (B, S) (-100 = ignored),
         returns ``loss`` = mean cross-entropy instead of logits, computed by
-        :func:`archlab.nn.loss.linear_cross_entropy` without materialising the (B, S, V) logits."""
+        :func:`archlab.nn.loss.linear_cross_entropy` without materialising the (B, S, V) logits.
+        A model with ``mtp_depth`` = K modules also takes ``targets`` (B, S + K): the window's ids after
+        the first; module k reads ``targets[:, k-1 : S+k-1]`` (the tokens k places ahead of the inputs)
+        and predicts ``targets[:, k : S+k]``, and ``mtp_losses`` holds the K mean cross-entropies."""
         B, S = input_ids.shape
         past = kv_cache.length if kv_cache is not None else 0
         self.positions.check_length(past + S)  # on Python ints: no host read of a tensor value
@@ -158,20 +171,49 @@ class Decoder(nn.Module):
         ctx = self.positions.context(pos, torch.arange(past + S, device=input_ids.device))
         aux_total = x.new_zeros(())
         recompute = self.checkpointing != "none" and kv_cache is None and torch.is_grad_enabled()
-        for i, block in enumerate(self.blocks):
+
+        def run_block(block: Block, x_BSD: Tensor, ctx: PosContext, cache: Optional[LayerKVCache] = None):
             if recompute:
-                x, aux = checkpointed_block(block, self.checkpointing, x, ctx)
-            else:
-                x, aux = block(x, ctx, kv_cache.layers[i] if kv_cache is not None else None)
+                return checkpointed_block(block, self.checkpointing, x_BSD, ctx)
+            return block(x_BSD, ctx, cache)
+
+        for i, block in enumerate(self.blocks):
+            x, aux = run_block(block, x, ctx, kv_cache.layers[i] if kv_cache is not None else None)
             if aux is not None:
                 aux_total = aux_total + aux
         h = self.final_norm(x)  # (B, S, D)
-        if self.readout_mult != 1.0:  # muP: lm_head(h) / m, applied to h (D values per token, not V)
-            h = h * self.readout_mult
-        if targets is not None:
-            loss = linear_cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten())
+        if targets is None:
+            logits_BSV = self.lm_head(self._readout(h))
+            return ModelOutput(logits=logits_BSV, aux_loss=aux_total, kv_cache=kv_cache)
+        loss = self._head_loss(h, targets[:, :S])
+        ahead = targets.shape[1] - S
+        if ahead == 0 or not hasattr(self, "mtp"):
+            if ahead:
+                raise ValueError(f"targets {tuple(targets.shape)}: a model without MTP modules takes "
+                                 f"(B, S={S}) targets")
             return ModelOutput(logits=None, aux_loss=aux_total, kv_cache=kv_cache, loss=loss)
-        return ModelOutput(logits=self.lm_head(h), aux_loss=aux_total, kv_cache=kv_cache)  # (B, S, V)
+        if ahead != len(self.mtp):
+            raise ValueError(f"targets {tuple(targets.shape)}: with {len(self.mtp)} MTP modules, targets are "
+                             f"(B, S or S + {len(self.mtp)}) for inputs (B, S={S})")
+        mtp_losses = []
+        for k, module in enumerate(self.mtp, start=1):  # depth k: embeddings of t_{i+k}, targets t_{i+k+1}
+            emb = self.embed(targets[:, k - 1:S + k - 1])  # (B, S, D)
+            if self.embed_scale != 1.0:
+                emb = emb * self.embed_scale
+            x, aux = module(x, emb, ctx, run_block)
+            if aux is not None:
+                aux_total = aux_total + aux
+            mtp_losses.append(self._head_loss(module.out_norm(x), targets[:, k:S + k]))
+        return ModelOutput(logits=None, aux_loss=aux_total, kv_cache=kv_cache, loss=loss,
+                           mtp_losses=torch.stack(mtp_losses))
+
+    def _readout(self, h_BSD: Tensor) -> Tensor:
+        """muP: lm_head(h) / m, applied to h (D values per token, not V); the identity under standard."""
+        return h_BSD * self.readout_mult if self.readout_mult != 1.0 else h_BSD
+
+    def _head_loss(self, h_BSD: Tensor, targets_BS: Tensor) -> Tensor:
+        """Mean cross-entropy of the LM head on the normalised ``h`` against ``targets``, fused (no logits)."""
+        return linear_cross_entropy(self._readout(h_BSD).flatten(0, 1), self.lm_head.weight, targets_BS.flatten())
 
     def new_kv_cache(self) -> KVCache:
         """An empty cache, each layer's as its attention variant keeps it (e.g. a rolling window)."""

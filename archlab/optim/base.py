@@ -55,7 +55,8 @@ def param_roles(model: nn.Module) -> list[tuple[str, nn.Parameter, str]]:
     - ``vector``: every other parameter with fewer than 2 dims (norm gains, biases);
     - ``router``: an MoE router's gate matrix (width -> experts: output-like);
     - ``hidden``: every other matrix of the decoder's blocks (attention, FFN, shared experts) and the
-      routed experts' stacked (E, in, out) weights;
+      routed experts' stacked (E, in, out) weights; the multi-token-prediction modules' projections and
+      blocks likewise;
     - ``readout``: a matrix outside the blocks that is not an embedding (an untied LM head).
     """
     embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
@@ -65,8 +66,9 @@ def param_roles(model: nn.Module) -> list[tuple[str, nn.Parameter, str]]:
     if isinstance(blocks, nn.Module):
         from archlab.nn.moe.router import Router
 
-        in_blocks = {id(p) for p in blocks.parameters()}
-        gates = {id(mod.gate.weight) for mod in blocks.modules() if isinstance(mod, Router)}
+        stacks = [blocks] + ([model.mtp] if isinstance(getattr(model, "mtp", None), nn.Module) else [])
+        in_blocks = {id(p) for stack in stacks for p in stack.parameters()}
+        gates = {id(mod.gate.weight) for stack in stacks for mod in stack.modules() if isinstance(mod, Router)}
     out = []
     for name, p in model.named_parameters():
         if not p.requires_grad:

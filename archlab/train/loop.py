@@ -29,9 +29,9 @@ from archlab.config.validate import RecipeError
 from archlab.costs.peak import peak_flops
 from archlab.model.build import build_model
 from archlab.model.checkpointing import allow_compiled_recomputation
-from archlab.nn.loss import lm_loss
 from archlab.nn.moe import start_step, start_trace, stop_trace, take_trace
 from archlab.nn.positions import position_class
+from archlab.objectives import Loss, Objective, objective_for
 from archlab.train import checkpoint as ckpt
 from archlab.train import trackers
 from archlab.train.backends import Backend, select_backend
@@ -140,8 +140,10 @@ class Trainer:
         torch.manual_seed(t.seed + 1000 * (self.info.rank + 1))  # dropout differs between ranks
         if resume_from is not None:
             ckpt.load_rng(resume_from, self.info.rank)
+        # train.objective: the window each micro batch holds, its inputs and targets, the loss
+        self.objective: Objective = objective_for(cfg)
         self.batches = TokenBatches(self.data.train, t.seq_len, t.micro_batch_size, t.grad_accum,
-                                    self.info.rank, self.info.world_size, t.seed)
+                                    self.info.rank, self.info.world_size, t.seed, ahead=self.objective.window_ahead)
         self.tokens_per_step = self.batches.global_batch_size * t.seq_len
         self.flops_per_token, self.flops_source = flops_per_token(cfg)
         self.peak_flops, self.peak_source = peak_flops(cfg, self.device)
@@ -273,7 +275,8 @@ class Trainer:
         if log_now:
             tok_s, loss_avg = self._window.take()
             self._write({"kind": "train", "step": self.step, "tokens": self.tokens, "loss": r["loss"],
-                         "loss_avg": loss_avg, "aux_loss": r["aux_loss"], "lr": lr, "grad_norm": r["grad_norm"],
+                         "loss_avg": loss_avg, "aux_loss": r["aux_loss"], **r["parts"], "lr": lr,
+                         "grad_norm": r["grad_norm"],
                          "tokens_per_s": tok_s, "flops_per_token": self.flops_per_token,
                          "mfu": tok_s * self.flops_per_token / (self.peak_flops * self.info.world_size),
                          "elapsed_s": self.elapsed(), **moe})
@@ -288,37 +291,42 @@ class Trainer:
         A = self.cfg.train.grad_accum
         lm_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         aux_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        part_sums: dict[str, Tensor] = {}
         start_step(self.model)  # every rank, before the first micro-batch: global-batch balancing restarts its counts
         traced = self.tracer is not None and self.tracer.due(self.step + 1)
         for micro in range(A):
-            x_BS1 = self.batches.get(self.step, micro).to(self.device)
+            x_BW = self.batches.get(self.step, micro).to(self.device)  # (B, S + the objective's ids ahead)
             if traced and micro == 0:
-                index_T = self.tracer.sample(self.step + 1, x_BS1[:, :-1].numel())
+                inputs_BS = self.objective.split(x_BW, self.objective.window_ahead)[0]
+                index_T = self.tracer.sample(self.step + 1, inputs_BS.numel())
                 start_trace(self.model, index_T.to(self.device))
             with self.accelerator.accumulate(self.model_t):
-                lm, aux = self._forward_loss(x_BS1)
+                loss = self._forward_loss(x_BW)
                 if traced and micro == 0:
                     stop_trace(self.model)  # the step's first forward only (not a recomputation, not micro 1...)
-                    token_ids_T = x_BS1[:, :-1].reshape(-1).index_select(0, index_T.to(x_BS1.device))
-                if not self.backend.backward(lm + aux):  # a DeepSpeed engine would update inside it
+                    token_ids_T = inputs_BS.reshape(-1).index_select(0, index_T.to(x_BW.device))
+                if not self.backend.backward(loss.total):  # a DeepSpeed engine would update inside it
                     raise NonFiniteError(self._nonfinite_message(float("nan"), float("nan")))
-            lm_sum += lm.detach().double()
-            aux_sum += aux.detach().double()
+            lm_sum += loss.main.detach().double()
+            aux_sum += loss.aux.detach().double()
+            for name, value in loss.parts.items():
+                part_sums[name] = part_sums.get(name, 0.0) + value.detach().double()
         if traced:
             t0 = time.perf_counter()
             trace = take_trace(self.model)  # to the host: the only synchronisation tracing adds
             self._trace = (trace, token_ids_T.cpu(), time.perf_counter() - t0) if trace is not None else None
         grad_norm = self.backend.clip_grad_norm()
-        reduced = all_reduce_sum(torch.stack([lm_sum / A, aux_sum / A]).cpu())
+        names = sorted(part_sums)
+        reduced = all_reduce_sum(torch.stack([lm_sum / A, aux_sum / A] + [part_sums[k] / A for k in names]).cpu())
         W = self.info.world_size
-        return {"loss": float(reduced[0]) / W, "aux_loss": float(reduced[1]) / W, "grad_norm": grad_norm}
+        return {"loss": float(reduced[0]) / W, "aux_loss": float(reduced[1]) / W, "grad_norm": grad_norm,
+                "parts": {k: float(v) / W for k, v in zip(names, reduced[2:])}}  # the objective's other terms
 
-    def _forward_loss(self, x_BS1: Tensor) -> tuple[Tensor, Tensor]:
-        """(LM loss, aux loss) of one micro batch (B, S+1) through the wrapped model. The LM head
-        and cross-entropy run fused (``targets=``), without materialising the (B, S, V) logits."""
+    def _forward_loss(self, x_BW: Tensor) -> Loss:
+        """The objective's loss of one micro batch through the wrapped model (``train.objective``: causal
+        LM's LM head and cross-entropy run fused, without materialising the (B, S, V) logits)."""
         with self.accelerator.autocast():
-            out = self.model_t(x_BS1[:, :-1], targets=x_BS1[:, 1:])
-            return out.loss.float(), out.aux_loss.float()
+            return self.objective.loss(self.model_t, x_BW)
 
     def _nonfinite_message(self, loss: float, grad_norm: float) -> str:
         keep = f"the last good checkpoint is {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written yet"
@@ -394,10 +402,10 @@ class Trainer:
         for i in range(n_forwards):
             x_BS1 = (windows[i] if i < len(windows) else torch.zeros(1, S + 1, dtype=torch.long)).to(self.device)
             with self.accelerator.autocast():
-                logits = net(x_BS1[:, :-1]).logits
+                loss_sum, count = self.objective.eval_sums(net, x_BS1)
             if i < len(windows):
-                sums[0] += float(lm_loss(logits, x_BS1[:, 1:], reduction="sum"))
-                sums[1] += x_BS1[:, 1:].numel()
+                sums[0] += float(loss_sum)
+                sums[1] += count
         self.model.train()
         sums = all_reduce_sum(sums)
         loss = float(sums[0] / sums[1])

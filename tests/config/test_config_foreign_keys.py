@@ -72,6 +72,7 @@ REGISTRIES = {
     "archlab.data.sources.SOURCES": ("data", "source"),
     "archlab.optim.schedules.SCHEDULES": ("train", "schedule"),
     "archlab.optim.base.OPTIMIZERS": ("train", "optimizer"),
+    "archlab.objectives.base.OBJECTIVES": ("train", "objective"),
 }
 NO_KEYS = {
     # each term is switched on by its own coefficient: no key of model.moe.balance belongs to a term that is off

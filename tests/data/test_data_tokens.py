@@ -268,7 +268,8 @@ def test_shard_keys_belong_to_the_tokens_source():
     with pytest.raises(RecipeError, match=r"^data.paths=\['x.txt'\]: only used by data.source text; "
                                           r"this recipe's data source is tokens$"):
         archlab.load_recipe(LLAMA, [*tokens, "data.paths=[x.txt]"])
-    with pytest.raises(RecipeError, match=r"^data.max_bytes=1000: only used by data.source hf, stdlib, text;"):
+    with pytest.raises(RecipeError,
+                       match=r"^data.max_bytes=1000: only used by data.source hf, shakespeare, stdlib, text;"):
         archlab.load_recipe(LLAMA, [*tokens, "data.max_bytes=1000"])
     with pytest.raises(RecipeError, match=r"^data.train_shards=None: data.source=tokens needs a glob"):
         archlab.load_recipe(LLAMA, ["data.source=tokens"])

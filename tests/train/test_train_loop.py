@@ -31,8 +31,11 @@ def _nan_loss_at(monkeypatch, step: int):
     original = Trainer._forward_loss
 
     def forward_loss(self, x):
-        lm, aux = original(self, x)
-        return (lm * float("nan") if self.step + 1 == step else lm), aux
+        loss = original(self, x)
+        if self.step + 1 == step:
+            loss.main = loss.main * float("nan")
+            loss.total = loss.main + loss.aux
+        return loss
 
     monkeypatch.setattr(Trainer, "_forward_loss", forward_loss)
 
@@ -53,8 +56,11 @@ def _nan_grad_at(monkeypatch, step: int):
     original = Trainer._forward_loss
 
     def forward_loss(self, x):
-        lm, aux = original(self, x)
-        return (_NanGrad.apply(lm) if self.step + 1 == step else lm), aux
+        loss = original(self, x)
+        if self.step + 1 == step:
+            loss.main = _NanGrad.apply(loss.main)
+            loss.total = loss.main + loss.aux
+        return loss
 
     monkeypatch.setattr(Trainer, "_forward_loss", forward_loss)
 

@@ -1,0 +1,26 @@
+"""Training objectives, one registry (``train.objective``): ``causal_lm`` (:mod:`.causal_lm`: next-token
+prediction, GPT) and ``mtp`` (:mod:`.mtp`: DeepSeek-V3's multi-token prediction on top of it). The
+protocol is :class:`.base.Objective`.
+
+    objective = objective_for(cfg)                  # the class train.objective names, holding the recipe
+    batches = TokenBatches(tokens, S, ..., ahead=objective.ahead(cfg.model))   # windows of S + ahead ids
+    loss = objective.loss(model, x_BW)              # Loss: total (back-propagated), main, aux, parts
+
+This package sits outside ``archlab.train`` because the cost model (``archlab.costs``) asks the
+objectives for their FLOPs and saved bytes, and ``archlab.train`` imports the cost model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from archlab.objectives import causal_lm, mtp  # noqa: F401  (registration)
+from archlab.objectives.base import OBJECTIVES, Loss, Objective, objective_class, objective_name
+
+
+def objective_for(cfg: Any) -> Objective:
+    """An instance of the objective a full recipe's ``train.objective`` names, holding the recipe."""
+    return objective_class(objective_name(cfg))(cfg)
+
+
+__all__ = ["OBJECTIVES", "Loss", "Objective", "objective_class", "objective_for", "objective_name"]

@@ -1,0 +1,120 @@
+"""What every training objective states about itself, so that the trainer, evaluation, the benchmarks
+and the cost model ask it instead of slicing token windows themselves.
+
+Shape legend: B batch, S sequence (the model's input length), W = S + ``ahead`` window length, V vocabulary.
+
+An objective is one class registered in :data:`OBJECTIVES` under the name a recipe gives as
+``train.objective``. Each carries:
+
+- ``options``: the ``train`` keys it reads (``archlab.config.options`` refuses a recipe that sets a key
+  only other objectives read); ``validate(cfg)``: its rules on the recipe (``archlab.errors.fail``);
+- ``ahead(m)``: how many ids past the S inputs one training window holds (causal LM: 1, the next
+  token); the batches are windows of S + ahead ids (``archlab.data.TokenBatches``);
+- ``split(x_BW)``: the model's inputs and targets of a window: the one place the shift is written;
+- ``loss(model, x_BW)``: a :class:`Loss` (what back-propagates, and its named parts) of one training window
+  through the (possibly wrapped) model: the trainer's micro-step, the benchmarks' step and the cost
+  model's measured step all call it;
+- ``eval_sums(model, x_BS1)``: (summed loss, counted targets) of a validation window of S + 1 ids on the
+  model's logits; validation rows name the metric (``eval_metric``) so that losses of different
+  objectives are never compared by accident;
+- ``forward_flops(cfg, S)`` and ``saved_bytes(s, loss, checkpointing)``: what it adds to the model's
+  matmul FLOPs per input token and to the bytes kept for backward (the LM head and the loss), read by
+  ``archlab.costs``.
+
+A new objective is one module in this package and its import in ``archlab/objectives/__init__.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from archlab.registry import Registry
+
+OBJECTIVES: Registry = Registry("objective")
+
+
+@dataclass
+class Loss:
+    """One training window's loss: ``total`` back-propagates; ``main`` is the objective's reported loss
+    (causal LM: next-token cross-entropy); ``aux`` the MoE balancing terms; ``parts`` any further named
+    terms, each already a scalar (e.g. ``mtp_loss``: the multi-token-prediction modules' mean loss)."""
+
+    main: Tensor
+    aux: Tensor
+    parts: dict[str, Tensor] = field(default_factory=dict)
+    total: Tensor = None  # main + aux + the weighted parts (the objective says how)
+
+    def __post_init__(self):
+        if self.total is None:
+            self.total = self.main + self.aux
+
+
+class Objective:
+    """One training objective a recipe can name (``train.objective``). Class facts need no instance."""
+
+    name: ClassVar[str]
+    options: ClassVar[frozenset[str]] = frozenset()
+    eval_metric: ClassVar[str] = "next-token cross-entropy (nats)"
+
+    @classmethod
+    def validate(cls, cfg: Any) -> None:
+        """The rules on the recipe (``cfg.model``, ``cfg.train``) that this objective needs."""
+
+    @classmethod
+    def ahead(cls, m: Any) -> int:
+        """Ids past the S inputs in one training window."""
+        return 1
+
+    @classmethod
+    def split(cls, x_BW: Tensor, ahead: int) -> tuple[Tensor, Tensor]:
+        """(inputs (B, S), targets (B, S + ahead - 1)) of a window (B, S + ahead): targets are the ids after
+        the first, so ``targets[:, :S]`` is each input's next token."""
+        return x_BW[:, :x_BW.shape[1] - ahead], x_BW[:, 1:]
+
+    def __init__(self, cfg: Any):
+        """``cfg``: the full recipe (``model`` and ``train`` nodes)."""
+        self.t, self.m = cfg.train, cfg.model
+        self.window_ahead = self.ahead(self.m)  # ids past the S inputs in one training window
+
+    def loss(self, model: nn.Module, x_BW: Tensor) -> Loss:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def eval_sums(self, model: nn.Module, x_BS1: Tensor) -> tuple[Tensor, int]:
+        """(summed next-token cross-entropy over the window, number of targets): the main model's
+        validation loss, on its logits (the trainer's evaluation)."""
+        from archlab.nn.loss import lm_loss
+
+        inputs, targets = self.split(x_BS1, 1)
+        logits = model(inputs).logits
+        return lm_loss(logits, targets, reduction="sum"), targets.numel()
+
+    @classmethod
+    def forward_flops(cls, cfg: Any, seq_len: int) -> dict[str, float]:
+        """Forward matmul FLOPs per input token this objective adds to the model's blocks, by component."""
+        raise NotImplementedError
+
+    @classmethod
+    def saved_bytes(cls, s: Any, loss: str, checkpointing: str) -> dict[str, float]:
+        """Bytes kept for backward by the LM head and the loss (and any module only this objective runs)."""
+        raise NotImplementedError
+
+
+def objective_class(name: str) -> type[Objective]:
+    return OBJECTIVES.get(name)
+
+
+def objective_name(cfg: Any, objective: str | None = None) -> str:
+    """``objective``, else a full recipe's ``train.objective``, else what a model config implies (``mtp``
+    when it has multi-token-prediction modules, else ``causal_lm``)."""
+    if objective is not None:
+        return objective
+    train = getattr(cfg, "train", None) if not hasattr(cfg, "d_model") else None
+    if train is not None and train.get("objective"):
+        return str(train.objective)
+    model = cfg.model if train is not None else cfg
+    return "mtp" if getattr(model, "mtp_depth", 0) else "causal_lm"

@@ -1,0 +1,52 @@
+"""Causal language modelling: every position predicts the next token (GPT). Windows of S + 1 ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from archlab.errors import fail
+from archlab.nn.component import ID_BYTES, STATS_BYTES
+from archlab.objectives.base import OBJECTIVES, Loss, Objective
+
+
+def head_loss_bytes(s: Any, loss: str) -> float:
+    """Bytes the LM head + cross-entropy keep for backward on N = B * S tokens.
+
+    ``fused`` (the trainer's ``archlab.nn.loss.linear_cross_entropy``): the gradients wrt the head's input
+    h (N x D) and weight (V x D), computed in the forward, in the model's dtype, and the count of counted
+    tokens; ``logits`` (the reference ``lm_loss`` on the model's (B, S, V) logits): the head's input h, the
+    N x V fp32 log-softmax (the logits are upcast), a copy of the (strided) targets and the total weight.
+    """
+    cfg, n, a = s.cfg, s.n, s.act
+    D, V = cfg.d_model, cfg.vocab_size
+    if loss == "fused":
+        return n * D * a + V * D * a + ID_BYTES
+    return n * D * a + n * V * STATS_BYTES + n * ID_BYTES + STATS_BYTES
+
+
+@OBJECTIVES.register("causal_lm")
+class CausalLM(Objective):
+    """Next-token cross-entropy on every position, the LM head and loss fused (no (B, S, V) logits)."""
+
+    name = "causal_lm"
+
+    @classmethod
+    def validate(cls, cfg: Any) -> None:
+        if cfg.model.mtp_depth:
+            fail("model.mtp_depth", cfg.model.mtp_depth, "multi-token-prediction modules are trained only by "
+                 "train.objective=mtp; set it, or model.mtp_depth=0")
+
+    def loss(self, model: nn.Module, x_BW: Tensor) -> Loss:
+        inputs, targets = self.split(x_BW, 1)
+        out = model(inputs, targets=targets)
+        return Loss(main=out.loss.float(), aux=out.aux_loss.float())
+
+    @classmethod
+    def forward_flops(cls, cfg: Any, seq_len: int) -> dict[str, float]:
+        return {"lm_head": 2.0 * cfg.d_model * cfg.vocab_size}
+
+    @classmethod
+    def saved_bytes(cls, s: Any, loss: str, checkpointing: str) -> dict[str, float]:
+        return {"loss": float(head_loss_bytes(s, loss))}
