@@ -2,6 +2,7 @@
 the compute-optimal allocation and three estimates of its exponent, with seed noise.
 
     python -m analysis.scaling runs/sweep-demo --out docs/scaling [--n-kind non_embedding|total|active]
+    python -m analysis.scaling design SPEC [--propose C_MIN C_MAX]   # before training: :mod:`analysis.scaling_design`
 
 Each finished run is a point: N = its parameters (``--n-kind``, from the recipe via
 ``archlab.costs.param_counts``), D = tokens seen, C = training FLOPs (D x the run's training
@@ -801,6 +802,11 @@ OUTPUTS = ("loss_vs_flops.png", "loss_vs_tokens.png", "dense_vs_moe.png", "isofl
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["design"]:  # the study designer: how precisely will a planned grid fit?
+        from analysis.scaling_design import main as design_main
+
+        return design_main(argv[1:])
     doc = __doc__.split("\nPython API")[0]
     ap = argparse.ArgumentParser(prog="python -m analysis.scaling", description=doc.split("\n\n")[0],
                                  epilog=doc.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
