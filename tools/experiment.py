@@ -49,6 +49,8 @@ Spec file (YAML):
     ceg: {fractions: [0.25, 0.5, 1.0, 2.0], seeds: [0, 1, 2], decay_fraction: 0.2, shape: sqrt}
                                        # optional: the reference's loss against compute (tools.experiment_ceg)
     margin: {ceg: [0.9, 1.1]}          # equivalence margin of the verdicts (default), or {nats: 0.02}
+    verdicts: reference                # the verdicts' family: every arm against the reference (default), or
+                                       # pairs: every arm that names a `compare:` arm against that arm
     arms:                              # in order: tables and plots follow it
       - name: vanilla
         label: 2017 Transformer        # short text for tables and plots (default: the name)
@@ -110,7 +112,7 @@ from tools import experiment_ceg, experiment_tuning, sweep
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECORD = "experiment.json"
 SPEC_KEYS = ("name", "title", "description", "claim", "out", "report", "seeds", "budget", "set", "grid", "reference",
-             "arms", "measurements", "quick", "notes", "tune", "ceg", "margin")
+             "arms", "measurements", "quick", "notes", "tune", "ceg", "margin", "verdicts")
 ARM_KEYS = ("name", "label", "recipe", "extends", "set", "budget", "side", "note", "compare")
 QUICK_KEYS = ("arms", "seeds", "budget", "set", "grid", "measurements", "tune", "ceg")
 DEFAULT_SEEDS = [0, 1, 2]
@@ -203,6 +205,10 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
                           "(write tune: {shared: <why>})")
     spec["ceg"] = experiment_ceg.check(spec.get("ceg"), seeds)
     spec["margin"] = experiment_ceg.check_margin(spec.get("margin"))
+    spec["verdicts"] = spec.get("verdicts") or "reference"
+    if spec["verdicts"] not in ("reference", "pairs"):
+        raise RecipeError(f"verdicts={spec['verdicts']!r}: must be reference (every arm against the reference) or "
+                          "pairs (every arm that names a compare: arm against that arm)")
     spec.setdefault("out", f"runs/experiments/{spec['name']}")
     if quick:
         spec["out"] = spec["out"].rstrip("/") + "-quick"
@@ -316,6 +322,9 @@ def resolve_arms(spec: dict) -> list[Arm]:
     for arm in arms.values():
         if arm.compare is not None and arm.compare not in arms:
             raise RecipeError(f"arm {arm.name}: compare={arm.compare!r} is not an arm (arms: {', '.join(arms)})")
+    if spec.get("verdicts") == "pairs" and not any(a.compare for a in arms.values()):
+        raise RecipeError("verdicts=pairs: no arm names a compare: arm, so there would be no verdict; add compare: "
+                          "to the arms to pair, or drop verdicts")
     for arm in arms.values():  # the compute curve's schedule (ceg.arms_schedule: wsd), after everything else
         arm.overrides = [*arm.overrides, *experiment_ceg.arms_schedule(spec)]
     for arm in arms.values():  # every arm's recipe must load now, not half-way through the experiment

@@ -24,7 +24,8 @@ Each arm's paired (same-seed) loss difference against the reference is tested bo
 paired t-test of "no difference" and two one-sided tests (TOST) of equivalence within the margin.
 A CEG margin [0.9, 1.1] is turned into nats at the budget on the fitted curve
 (``analysis.fair.loss_margin_from_ceg``); without a curve the margin is +-0.02 nats (or
-``margin: {nats: m}``). The report's family of comparisons (every arm against the reference) is
+``margin: {nats: m}``). The report's family of comparisons (every arm against the reference; with
+``verdicts: pairs``, every arm that names a ``compare:`` arm against that arm, e.g. AdamW/Muon pairs) is
 corrected with Holm's step-down method, separately for the difference and the equivalence tests;
 each comparison is "better", "worse", "equivalent within the margin" or "unresolved".
 
@@ -200,20 +201,27 @@ def compare(ctx) -> dict:
         m = margin_spec.get("nats", DEFAULT_NATS)
         margin = {"nats": [-m, m], "from": f"+-{m:g} nats" + (" (no compute curve for a CEG margin)"
                                                               if "ceg" in margin_spec else "")}
-    arms, tests = [], []
+    pairs = spec.get("verdicts", "reference") == "pairs"
+    arms, tests, against = [], [], []
     for g in ctx.arm_groups():
-        if ref is None or g.arm == ctx.reference or g.vs_reference is None:
+        # the family: every arm against the reference, or (verdicts: pairs) every arm against its `compare:` arm
+        other_name = ctx.arms[g.arm].get("compare") if pairs else ctx.reference
+        other = ctx.group(other_name) if other_name else None
+        if other is None or g.arm == other_name:
             continue
-        diffs = [g.losses()[s] - ref.losses()[s] for s in g.vs_reference["seeds"]]
+        seeds = sorted(set(g.losses()) & set(other.losses()))
+        if not seeds:
+            continue
         arms.append(g.arm)
-        tests.append(fair.paired_tests(diffs, tuple(margin["nats"])))
+        against.append(other_name)
+        tests.append(fair.paired_tests([g.losses()[s] - other.losses()[s] for s in seeds], tuple(margin["nats"])))
     classes = fair.classify(tests) if tests else []
     holm_diff = fair.holm([t["p_difference"] for t in tests])
     holm_tost = fair.holm([t["p_tost"] for t in tests])
-    out = {"margin": margin, "fit": fit, "family": "every arm against the reference", "arms": {},
-           "curve_note": curve_note}
-    for arm, t, cls, hd, ht in zip(arms, tests, classes, holm_diff, holm_tost):
-        t = {**t, "p_difference_holm": hd["p_adj"], "p_tost_holm": ht["p_adj"]}
+    family = "every arm against its `compare:` arm" if pairs else "every arm against the reference"
+    out = {"margin": margin, "fit": fit, "family": family, "arms": {}, "curve_note": curve_note}
+    for arm, other_name, t, cls, hd, ht in zip(arms, against, tests, classes, holm_diff, holm_tost):
+        t = {**t, "p_difference_holm": hd["p_adj"], "p_tost_holm": ht["p_adj"], "against": other_name}
         if cls == "unresolved" and t["sd"]:
             t["seeds_needed"] = fair.seeds_needed(t["sd"], tuple(margin["nats"]), mean=t["mean"])
         out["arms"][arm] = {"tests": t, "class": cls}
@@ -278,14 +286,15 @@ def section(ctx):
             continue
         ci90 = [t.get("low"), t.get("high")]
         need = str(t["seeds_needed"]) if t.get("seeds_needed") else ""
-        rows.append([f"{ctx.arms[arm]['label']} (`{arm}`)", f"{t['mean']:+.3f}" if t.get("mean") is not None else "-",
+        rows.append([f"{ctx.arms[arm]['label']} (`{arm}`)", f"`{t.get('against', ctx.reference)}`",
+                     f"{t['mean']:+.3f}" if t.get("mean") is not None else "-",
                      "-" if ci90[0] is None else f"[{ci90[0]:+.3f}, {ci90[1]:+.3f}]",
                      _p(t.get("p_difference")), _p(t.get("p_difference_holm")), _p(t.get("p_tost")),
                      _p(t.get("p_tost_holm")),
                      fmt_ceg(c.get("ceg")), f"**{c['class']}**", need])
     md = "\n\n".join(lines) + "\n\n" + table(
-        ["arm", "paired difference (nats)", "90% CI (TOST)", "p (difference)", "Holm", "p (equivalence)", "Holm",
-         "CEG [95% CI]", "verdict", "seeds for TOST (if unresolved)"], rows)
+        ["arm", "against", "paired difference (nats)", "90% CI (TOST)", "p (difference)", "Holm", "p (equivalence)",
+         "Holm", "CEG [95% CI]", "verdict", "seeds for TOST (if unresolved)"], rows)
     fit = comp.get("fit")
     figures: list = []
     if fit:

@@ -183,3 +183,37 @@ def test_mup_tuning_refuses_arms_that_do_not_train_under_mup(tmp_path):
                            tune={"lr": [1e-3, 2e-3], "mup": True}))
     with pytest.raises(RecipeError, match="arm w64 trains with model.parametrization=standard"):
         experiment_tuning.mup_base_arm(resolve_arms(spec))
+
+
+def test_verdicts_must_be_reference_or_pairs_with_a_compare_arm(tmp_path):
+    with pytest.raises(RecipeError, match="verdicts='all': must be reference"):
+        load_spec(_spec(tmp_path, verdicts="all"))
+    with pytest.raises(RecipeError, match="verdicts=pairs: no arm names a compare: arm"):
+        resolve_arms(load_spec(_spec(tmp_path, verdicts="pairs")))
+
+
+class _Group:
+    def __init__(self, arm: str, losses: dict):
+        self.arm, self._losses, self.runs = arm, losses, {}
+
+    def losses(self) -> dict:
+        return self._losses
+
+
+def test_pairs_verdicts_test_each_arm_against_its_compare_arm():
+    """Muon 0.10 nats below AdamW on every seed, MTP equal to next-token: with verdicts: pairs each is tested
+    against its own partner (against the reference, the MTP arm would be 'worse' by 0.3 nats)."""
+    from types import SimpleNamespace
+
+    losses = {"adamw": {0: 4.00, 1: 4.02, 2: 3.98, 3: 4.01}, "muon": {0: 3.90, 1: 3.921, 2: 3.879, 3: 3.911},
+              "ds": {0: 4.30, 1: 4.32, 2: 4.28, 3: 4.31}, "ds-mtp": {0: 4.301, 1: 4.319, 2: 4.2805, 3: 4.3101}}
+    groups = {a: _Group(a, v) for a, v in losses.items()}
+    arms = {"adamw": {}, "muon": {"compare": "adamw"}, "ds": {}, "ds-mtp": {"compare": "ds"}}
+    for verdicts, expected in [("pairs", {"muon": ("adamw", "better"), "ds-mtp": ("ds", "equivalent")}),
+                               ("reference", {"muon": ("adamw", "better"), "ds": ("adamw", "worse"),
+                                              "ds-mtp": ("adamw", "worse")})]:
+        ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}, "verdicts": verdicts}, reference="adamw", arms=arms,
+                              group=groups.get, arm_groups=lambda: list(groups.values()), curve_rows=[])
+        out = experiment_ceg.compare(ctx)
+        got = {a: (c["tests"]["against"], c["class"].split()[0]) for a, c in out["arms"].items()}
+        assert got == expected, verdicts
