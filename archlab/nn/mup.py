@@ -85,13 +85,16 @@ def readout_mult(cfg: ModelConfig) -> float:
 
 
 def _block_matrices(model: nn.Module) -> Iterator[tuple[nn.Parameter, bool]]:
-    """(parameter, is output-like) for every matrix (>= 2 dims) of the model's blocks."""
+    """(parameter, is output-like) for every matrix (>= 2 dims) of the model's blocks, and of its
+    multi-token-prediction modules (their 2D -> D projection and block), which train like blocks."""
     from archlab.nn.moe.router import Router
 
-    gates = {id(mod.gate.weight) for mod in model.blocks.modules() if isinstance(mod, Router)}
-    for p in model.blocks.parameters():
-        if p.ndim >= 2:
-            yield p, id(p) in gates
+    stacks = [model.blocks] + ([model.mtp] if isinstance(getattr(model, "mtp", None), nn.Module) else [])
+    gates = {id(mod.gate.weight) for stack in stacks for mod in stack.modules() if isinstance(mod, Router)}
+    for stack in stacks:
+        for p in stack.parameters():
+            if p.ndim >= 2:
+                yield p, id(p) in gates
 
 
 def hidden_matrices(model: nn.Module) -> set[int]:

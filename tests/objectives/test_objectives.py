@@ -145,3 +145,17 @@ def test_a_targets_window_of_the_wrong_length_is_refused():
     x = window(cfg, S=8)
     with pytest.raises(ValueError, match=r"with 2 MTP modules, targets are \(B, S or S \+ 2\)"):
         model(x[:, :8], targets=x[:, 1:-1])
+
+
+def test_mtp_modules_follow_mup_like_the_blocks():
+    """Under muP the modules' matrices are hidden matrices: init sigma / sqrt(m), lr / m, as the blocks'."""
+    from archlab.nn.mup import hidden_matrices
+
+    cfg = recipe("llama/tiny", 1, "model.parametrization=mup", "model.mup_base_width=16", "model.d_model=64")
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    hidden = hidden_matrices(model)
+    assert id(model.mtp[0].proj.weight) in hidden and id(model.blocks[0].attn.wqkv.weight) in hidden
+    stds = [float(model.mtp[0].proj.weight.std()), float(model.blocks[0].attn.wqkv.weight.std())]
+    for std in stds:  # m = 64 / 16 = 4: 0.02 / 2
+        assert abs(std - 0.01) < 0.001
