@@ -33,7 +33,7 @@ def test_trainer_step_saves_what_the_cost_model_predicts(tiny_cfg, recipe, mode)
         assert trainer.model.checkpointing == mode
         x_BS1 = trainer.batches.get(0, 0).to(trainer.device)
         B, S = x_BS1.shape[0], x_BS1.shape[1] - 1
-        measured = saved_activation_bytes(trainer.model, x_BS1, loss_fn=lambda m, x: sum(trainer._forward_loss(x)))
+        measured = saved_activation_bytes(trainer.model, x_BS1, loss_fn=lambda m, x: trainer._forward_loss(x).total)
         predicted = activation_memory(cfg, B, S, dtype="fp32", device="cpu", checkpointing=mode)
         assert predicted.total == measured["total"]
     finally:
