@@ -50,9 +50,26 @@ not points.
 Degenerate inputs (one model size, one budget, too few points, NaN losses) give a status string
 in every result and table, never a traceback.
 
+Checks of the fits:
+
+- Approaches 2 and 3 side by side: a3 - a2 with a 95% interval (their bootstrap draws paired at
+  random, as if independent: conservative) and "agree" when it holds 0
+  (:meth:`FamilyStudy.agreement`). Approach 2's own interval still treats its budgets' minima as
+  independent, although a trunk's branches appear at every budget.
+- A prediction that can fail (``--holdout size``, the default, or ``budget``): approach 3 refitted
+  without the largest model size (or compute budget) predicts the losses left out, with a 95%
+  prediction interval (:func:`holdout_prediction`); the table gives measured, predicted, error and
+  whether each falls inside.
+- Families as compute multipliers (``--pairs REF:FAM``, or every family against ``--reference``,
+  default dense): m(C) = how many times the compute REF needs to reach, compute-optimally, the loss
+  FAM reaches compute-optimally at C (:class:`MultiplierCurve`), from the two approach-3 fits with
+  each family's measured k, a band over their bootstrap fits, only over the C both measured; a pair
+  with an MoE family also under N = active and N = total.
+
 Outputs (``--out DIR``): loss_vs_flops.png, loss_vs_tokens.png, dense_vs_moe.png, isoflop.png
 (loss against N per budget with parabolas and minima; N* against C), loss_nd.png (loss against D
-per N with the fitted L(N, D)), fits.json (every number) and fits.md (the tables, also printed).
+per N with the fitted L(N, D)), compute_multiplier.png (m(C) per pair with its band, one panel
+per N), fits.json (every number) and fits.md (the tables, also printed).
 
 Python API (numerics in :mod:`analysis.scaling_fits`, figures in :mod:`analysis.scaling_plots`,
 all importable from here):
@@ -65,6 +82,8 @@ all importable from here):
 - ``envelope_exponent(curves, sizes, ...) -> EnvelopeExponent``: approach 1 (``envelope``,
   ``pareto_frontier``).
 - ``pooled_std(groups) -> NoiseFloor``: the seed noise floor.
+- ``cluster_labels(points)``: the bootstrap's independent units; ``holdout_prediction(N, D, L, ...)``;
+  ``multiplier_curve(ref_study, study)``, ``family_pairs(...)``.
 - ``collect(runs)``, ``average_seeds(points, curves)``, ``study_family(...) -> FamilyStudy``,
   ``analyse(inputs, out, ...)``: from run folders to every result above (``main`` is the CLI).
 '''

@@ -297,25 +297,26 @@ def plot_compute_multiplier(curves: list, n_labels: dict, path: Path) -> Path:
     compute both families measured only (no extrapolation); m = 1 is drawn dashed."""
     plt = pyplot()
     kinds = list(dict.fromkeys(c.n_kind for c in curves)) or ["-"]
-    fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 5), squeeze=False)
+    pairs = list(dict.fromkeys((c.reference, c.family) for c in curves))
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 5.2), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
         mine = [c for c in curves if c.n_kind == kind]
         drawn = [c for c in mine if c.status == OK and c.C]
-        for j, c in enumerate(drawn):
-            color = f"C{j % 10}"
+        for c in drawn:
+            color = f"C{pairs.index((c.reference, c.family)) % 10}"  # one colour per pair in every panel
             ax.plot(c.C, c.multiplier, color=color, lw=1.8, label=f"{c.family} vs {c.reference}")
             if c.lo:
                 ax.fill_between(c.C, c.lo, c.hi, color=color, alpha=0.18, lw=0, label=f"{c.family}: 95% band")
         if drawn:
             ax.axhline(1.0, color="grey", ls="--", lw=1, label="m = 1: equally efficient")
             ax.set_xscale("log")
-            ax.set_yscale("log")
+            _plain_log_y(ax)
         else:
             _note(ax, "no pair with fits over a common compute range:\n"
                   + "\n".join(f"{c.family} vs {c.reference}: {c.status}" for c in mine) if mine else "one family")
         label = n_labels.get(kind, kind)
-        style_axes(ax, f"Compute multiplier at equal N = {label}\n(reference's FLOPs / family's FLOPs for the "
-                   "family's compute-optimal loss)", "training compute C of the family (FLOPs)",
-                   "compute multiplier m (×)")
+        style_axes(ax, "\n".join(textwrap.wrap(f"Compute multiplier, fits with N = {label}", 60)
+                                 + ["(reference's FLOPs / family's FLOPs, at the family's compute-optimal loss)"]),
+                   "training compute C of the family (FLOPs)", "compute multiplier m (×)")
     fig.tight_layout()
     return save_figure(fig, path)
