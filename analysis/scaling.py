@@ -43,9 +43,10 @@ other definition (``with_head``: + the head's D x V matmul, tied or untied; ``un
 ``total``; ``active``) and tables alpha, beta and a side by side ("Sensitivity to the definition of N").
 
 Cooldown branches of one WSD trunk share its noise (its data order and weights up to the branch
-step), as do the seed groups built from them: the bootstrap of approach 3 resamples whole clusters
-(:func:`cluster_labels`: points whose runs share a trunk, through summary.json ``branch_from``),
-not points.
+step), as do the seed groups built from them: the bootstraps of approaches 3 and 2 resample whole
+clusters (:func:`cluster_labels`: points whose runs share a trunk, through summary.json
+``branch_from``), not points; approach 2's jointly over its budgets, where one trunk has a branch
+at each.
 
 Degenerate inputs (one model size, one budget, too few points, NaN losses) give a status string
 in every result and table, never a traceback.
@@ -54,8 +55,7 @@ Checks of the fits:
 
 - Approaches 2 and 3 side by side: a3 - a2 with a 95% interval (their bootstrap draws paired at
   random, as if independent: conservative) and "agree" when it holds 0
-  (:meth:`FamilyStudy.agreement`). Approach 2's own interval still treats its budgets' minima as
-  independent, although a trunk's branches appear at every budget.
+  (:meth:`FamilyStudy.agreement`).
 - A prediction that can fail (``--holdout size``, the default, or ``budget``): approach 3 refitted
   without the largest model size (or compute budget) predicts the losses left out, with a 95%
   prediction interval (:func:`holdout_prediction`); the table gives measured, predicted, error and
@@ -683,7 +683,7 @@ def study_family(points: list[Point], curves: list, noise: NoiseFloor, *, n_kind
     opt = compute_optimal(nd, C_ref, k) if k else ComputeOptimal(status=nd.status, message="no parameter count")
     sem = [noise.std / math.sqrt(p.n_seeds) for p in ps] if noise.status == OK else None
     iso = isoflop_profiles(N, C, L, tolerance=budget_tolerance, tags=tags,
-                           L_err=[p.loss_std for p in ps], point_sem=sem, n_boot=n_boot, seed=seed)
+                           L_err=[p.loss_std for p in ps], point_sem=sem, n_boot=n_boot, seed=seed, clusters=clusters)
     sizes = {p.run: n for p, n in zip(ps, N)}
     env = envelope_exponent([c for c in curves if c[0] in sizes], sizes, n_boot=n_boot, seed=seed)
     return FamilyStudy(family=ps[0].family if ps else "", n_kind=n_kind, runs=[p.run for p in ps], N=N.tolist(),
@@ -910,7 +910,8 @@ def exponent_table(studies: dict[str, FamilyStudy]) -> str:
                      f"{st.agreement()['verdict']} |")
     lines += ["", "Approach 1: N of the run on the lowest-loss-per-FLOP envelope of the validation curves against C "
               "(envelope points won by the smallest or largest size left out; interval: bootstrap over runs). "
-              "Approach 2: N*(C) through the bracketed IsoFLOP minima (interval: the minima's bootstrap draws). "
+              "Approach 2: N*(C) through the bracketed IsoFLOP minima (interval: the minima's bootstrap draws; with "
+              "WSD trunks, whole trunks resampled jointly over the budgets). "
               "Approach 3: beta / (alpha + beta) of the L(N, D) fit. b = 1 - a is the exponent of D_opt when "
               "C = k N D with k constant. Approaches 2 and 3 agree when the 95% interval of a3 - a2 (their bootstrap "
               "draws paired at random, as if independent: wider than a joint interval) holds 0."]

@@ -727,16 +727,22 @@ class IsoFLOPResult:
 
 def isoflop_profiles(N: Sequence[float], C: Sequence[float], L: Sequence[float], *, tolerance: float = 0.1,
                      tags: Optional[Sequence[Optional[float]]] = None, L_err: Optional[Sequence[float]] = None,
-                     point_sem: Optional[Sequence[float]] = None, n_boot: int = 200, seed: int = 0) -> IsoFLOPResult:
+                     point_sem: Optional[Sequence[float]] = None, n_boot: int = 200, seed: int = 0,
+                     clusters: Optional[Sequence] = None) -> IsoFLOPResult:
     """Chinchilla approach 2 on points (N parameters, C training FLOPs, L loss): group by budget
     (:func:`group_budgets`), fit each budget's parabola (:func:`fit_isoflop_profile`), then
     N*(C) ∝ C^a through the convex, bracketed minima (:func:`fit_log_log`, its interval from the
-    minima's bootstrap draws)."""
+    minima's bootstrap draws). With ``clusters`` (one label per point; e.g. a WSD trunk, whose
+    branches sit at every budget) the interval of a comes from a joint bootstrap instead: whole
+    clusters resampled (or, with fewer than ``ND_CLUSTER_MIN``, each cluster's residuals flipped
+    together) and every budget's parabola and the line refitted on each replicate, since the minima
+    of different budgets then share noise."""
     N, C, L = (np.asarray(x, dtype=float) for x in (N, C, L))
     L_err = np.zeros_like(N) if L_err is None else np.asarray(L_err, dtype=float)
     sem = None if point_sem is None else np.asarray(point_sem, dtype=float)
     profiles = []
-    for j, g in enumerate(group_budgets(C, tolerance=tolerance, tags=tags)):
+    groups = group_budgets(C, tolerance=tolerance, tags=tags)
+    for j, g in enumerate(groups):
         tag = None if tags is None else tags[g[0]]
         budget = float(tag) if tag is not None else float(np.exp(np.mean(np.log(C[g]))))
         profiles.append(fit_isoflop_profile(N[g], L[g], budget=budget, C=C[g], L_err=L_err[g],
@@ -762,11 +768,58 @@ def isoflop_profiles(N: Sequence[float], C: Sequence[float], L: Sequence[float],
                                 log_y_samples=samples if all(s is not None for s in samples) else None,
                                 n_boot=n_boot, seed=seed)
     res.status = res.power_law.status
+    if clusters is not None and res.power_law.status == OK:
+        _joint_cluster_bootstrap(res.power_law, [(p, g) for p, g in zip(profiles, groups) if p.status == OK], N, L,
+                                 np.asarray([str(c) for c in clusters]), n_boot, seed)
     left_out = len(profiles) - len(usable)
     res.message = "; ".join(m for m in (res.power_law.message,
                                         f"{left_out} of {len(profiles)} budgets left out (see their status)"
                                         if left_out else "") if m)
     return res
+
+
+def _joint_cluster_bootstrap(pl: LogLogFit, usable: list, N, L, labels, n_boot: int, seed: int) -> None:
+    """Replace ``pl``'s interval by a joint cluster bootstrap over the usable budgets (see
+    :func:`isoflop_profiles`); left as it is when no cluster holds two points."""
+    idx_all = np.concatenate([g for _, g in usable])
+    members, inv_all = _cluster_members(labels[idx_all], len(idx_all))
+    if members is None:
+        return
+    G = len(members)
+    inv = dict(zip(idx_all.tolist(), inv_all.tolist()))
+    resample = G >= ND_CLUSTER_MIN
+    rng = np.random.default_rng(seed)
+    lx = np.log([p.budget for p, _ in usable])
+    samples = []
+    for _ in range(n_boot):
+        if resample:
+            weight = np.bincount(rng.integers(0, G, G), minlength=G)
+        else:
+            sign = rng.choice([-1.0, 1.0], G)
+        ys = []
+        for p, g in usable:
+            x = np.log(N[g]) - p.x0
+            if resample:
+                take = np.repeat(np.arange(len(g)), weight[[inv[i] for i in g]])
+                if len(np.unique(x[take])) < 3:
+                    break
+                xb, Lb = x[take], L[g][take]
+            else:
+                pred = np.polyval(p.coef, x)
+                xb, Lb = x, pred + (L[g] - pred) * sign[[inv[i] for i in g]]
+            xm = _parabola_min(xb, Lb)[1]
+            if not math.isfinite(xm):
+                break
+            ys.append(xm + p.x0)
+        else:
+            samples.append(np.polyfit(lx, ys, 1))
+    pl.n_boot = len(samples)
+    how = f"clusters ({G})" if resample else f"residuals, one sign per cluster ({G})"
+    pl.ci_method = how + ", joint over budgets"
+    pl.samples, pl.ci = None, {}
+    if len(samples) >= 10:
+        pl.samples = np.asarray(samples)
+        pl.ci = {"slope": _interval(pl.samples[:, 0]), "log_prefactor": _interval(pl.samples[:, 1])}
 
 
 # --------------------------------------------------------------------------------------------
