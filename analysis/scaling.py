@@ -5,7 +5,8 @@ the compute-optimal allocation and three estimates of its exponent, with seed no
     python -m analysis.scaling design SPEC [--propose C_MIN C_MAX]   # before training: :mod:`analysis.scaling_design`
 
 Each finished run is a point: N = its parameters (``--n-kind``, from the recipe via
-``archlab.costs.param_counts``), D = tokens seen, C = training FLOPs (D x the run's training
+``archlab.costs.param_counts``; one definition for every family and every approach, named in
+every table and axis), D = tokens seen, C = training FLOPs (D x the run's training
 FLOPs per token, archlab's cost model) and L = final validation loss (nats/token). Runs that are
 the same point (recipe and overrides equal but for ``train.seed`` and bookkeeping such as the run
 name, and the same tokens) are seeds of one point: the fits use their mean loss, the plots show
@@ -29,12 +30,46 @@ A run that failed, did not finish or diverged, and a WSD stable trunk (summary.j
 - Approach 1: the lowest-loss-per-FLOP envelope of the validation curves; N of the run on it
   against C gives a. The three estimates of a are tabled side by side.
 
+N, by default (``non_embedding``): Kaplan et al. (2020)'s non-embedding parameters, with the LM
+head left out whether it is tied to the token table or not. Kaplan et al. exclude the embedding
+tables; a tied head *is* the token table, so counting an untied head (archlab.costs'
+``non_embedding``) would give a LLaMA-style model V*D more parameters than a tied model of the
+same shape: a family-dependent shift of N that is large at small sizes (the head is a big share
+of a tiny model) and so moves alpha and a between families for a bookkeeping reason. Leaving the
+head out of both makes N the blocks only; the head's compute stays in C (measured FLOPs). Pearce
+& Song (2024) show the fitted exponents move with this choice (counting embeddings or not
+reconciles Kaplan's and Chinchilla's exponents), so the report also fits every family under each
+other definition (``with_head``: + the head's D x V matmul, tied or untied; ``untied_head``;
+``total``; ``active``) and tables alpha, beta and a side by side ("Sensitivity to the definition of N").
+
+Cooldown branches of one WSD trunk share its noise (its data order and weights up to the branch
+step), as do the seed groups built from them: the bootstraps of approaches 3 and 2 resample whole
+clusters (:func:`cluster_labels`: points whose runs share a trunk, through summary.json
+``branch_from``), not points; approach 2's jointly over its budgets, where one trunk has a branch
+at each.
+
 Degenerate inputs (one model size, one budget, too few points, NaN losses) give a status string
 in every result and table, never a traceback.
 
+Checks of the fits:
+
+- Approaches 2 and 3 side by side: a3 - a2 with a 95% interval (their bootstrap draws paired at
+  random, as if independent: conservative) and "agree" when it holds 0
+  (:meth:`FamilyStudy.agreement`).
+- A prediction that can fail (``--holdout size``, the default, or ``budget``): approach 3 refitted
+  without the largest model size (or compute budget) predicts the losses left out, with a 95%
+  prediction interval (:func:`holdout_prediction`); the table gives measured, predicted, error and
+  whether each falls inside.
+- Families as compute multipliers (``--pairs REF:FAM``, or every family against ``--reference``,
+  default dense): m(C) = how many times the compute REF needs to reach, compute-optimally, the loss
+  FAM reaches compute-optimally at C (:class:`MultiplierCurve`), from the two approach-3 fits with
+  each family's measured k, a band over their bootstrap fits, only over the C both measured; a pair
+  with an MoE family also under N = active and N = total.
+
 Outputs (``--out DIR``): loss_vs_flops.png, loss_vs_tokens.png, dense_vs_moe.png, isoflop.png
 (loss against N per budget with parabolas and minima; N* against C), loss_nd.png (loss against D
-per N with the fitted L(N, D)), fits.json (every number) and fits.md (the tables, also printed).
+per N with the fitted L(N, D)), compute_multiplier.png (m(C) per pair with its band, one panel
+per N), fits.json (every number) and fits.md (the tables, also printed).
 
 Python API (numerics in :mod:`analysis.scaling_fits`, figures in :mod:`analysis.scaling_plots`,
 all importable from here):
@@ -47,6 +82,8 @@ all importable from here):
 - ``envelope_exponent(curves, sizes, ...) -> EnvelopeExponent``: approach 1 (``envelope``,
   ``pareto_frontier``).
 - ``pooled_std(groups) -> NoiseFloor``: the seed noise floor.
+- ``cluster_labels(points)``: the bootstrap's independent units; ``holdout_prediction(N, D, L, ...)``;
+  ``multiplier_curve(ref_study, study)``, ``family_pairs(...)``.
 - ``collect(runs)``, ``average_seeds(points, curves)``, ``study_family(...) -> FamilyStudy``,
   ``analyse(inputs, out, ...)``: from run folders to every result above (``main`` is the CLI).
 '''
@@ -67,34 +104,43 @@ from omegaconf import OmegaConf
 from scipy.optimize import least_squares, nnls
 
 from analysis.runs import SWEEP_MANIFEST, RunError, expand_inputs, write_json_atomic, write_text_atomic
+from analysis.scaling_design import compute_multiplier
 from analysis.scaling_fits import (  # noqa: F401  (re-exported: the API of analysis.scaling)
+    HOLDOUT_BY,
     OK,
     ComputeOptimal,
     EnvelopeExponent,
+    HoldoutPrediction,
     IsoFLOPProfile,
     IsoFLOPResult,
     LogLogFit,
     NDFit,
     NoiseFloor,
+    _interval,
     compute_optimal,
+    difference_interval,
     envelope,
     envelope_exponent,
     fit_isoflop_profile,
     fit_log_log,
     fit_loss_nd,
     group_budgets,
+    holdout_prediction,
     isoflop_profiles,
     json_safe,
     pareto_frontier,
     pooled_std,
+    sample_fits,
 )
 from analysis.scaling_plots import (
+    plot_compute_multiplier,
     plot_dense_vs_moe,
     plot_isoflop,
     plot_loss_nd,
     plot_loss_vs_flops,
     plot_loss_vs_tokens,
 )
+from archlab.train.checkpoint import CKPT_DIR
 
 MIN_POINTS = 4  # 3 parameters (E, A, alpha) + at least one degree of freedom
 RANGE_SLACK = 1.05  # dense-vs-MoE comparisons reach 5% beyond a dense family's range
@@ -304,11 +350,15 @@ def _bootstrap(fit: PowerLawFit, theta: np.ndarray, x: np.ndarray, L: np.ndarray
 # points from runs
 # --------------------------------------------------------------------------------------------
 
-N_KINDS = {  # --n-kind -> what N counts (archlab.costs.param_counts)
-    "non_embedding": "non-embedding parameters",  # Kaplan's N; all experts of an MoE; an untied LM head counts
-    "total": "total parameters",  # embeddings included
-    "active": "active non-embedding parameters",  # what one token uses: MoE's K routed + shared experts
+N_KINDS = {  # --n-kind -> what N counts, as named in every table and figure (see the module docstring)
+    "non_embedding": "non-embedding parameters, LM head excluded",  # Kaplan's N, tied or untied alike (default)
+    "with_head": "non-embedding parameters + LM head",  # the head's D x V matmul counted, tied or untied alike
+    "untied_head": "non-embedding parameters, untied LM head only",  # archlab.costs' non_embedding: tied != untied
+    "active": "active non-embedding parameters, LM head excluded",  # one token's: MoE's K routed + shared experts
+    "total": "total parameters",  # embeddings and an untied head included
 }
+N_COUNTS = {"non_embedding": "non_embedding_no_head", "with_head": "non_embedding_with_head",
+            "untied_head": "non_embedding", "active": "active_no_head", "total": "total"}  # archlab.costs.param_counts
 # recipe keys ignored when recognising the seeds of one point: the seed itself, and keys that
 # name, place or log a run without changing what it learns
 SEED_KEYS = ("train.seed",)
@@ -340,15 +390,49 @@ class Point:
     loss_std: float = 0.0  # std of the loss over the seeds (ddof 1; 0 for one seed)
     seed_runs: list = field(default_factory=list)
     seed_losses: list = field(default_factory=list)
+    units: list = field(default_factory=list)  # independent units of its runs: a branch's trunk folder, else the run
+
+
+def n_of_counts(counts: dict, kind: str) -> float:
+    """N of kind ``kind`` (a key of ``N_KINDS``) from a run's ``archlab.costs.param_counts`` dict."""
+    if kind not in N_KINDS:
+        raise ValueError(f"n_kind {kind!r}: valid are {', '.join(N_KINDS)}")
+    return float(counts[N_COUNTS[kind]])
 
 
 def n_params(p: Point, kind: str) -> float:
-    """The N of a point: non_embedding | total | active (non-embedding parameters one token uses)."""
-    if kind not in N_KINDS:
-        raise ValueError(f"n_kind {kind!r}: valid are {', '.join(N_KINDS)}")
-    c = p.params
-    return float({"non_embedding": c["non_embedding"], "total": c["total"],
-                  "active": c["active"] - c["embedding"]}[kind])
+    """The N of a point (a key of ``N_KINDS``)."""
+    return n_of_counts(p.params, kind)
+
+
+def trunk_of(run) -> Optional[str]:
+    """The run folder a cooldown branch started from (summary.json ``branch_from``, else the recipe's
+    ``train.branch_from``: a checkpoint ``<trunk>/checkpoints/step_...``), None for other runs."""
+    src = (run.summary or {}).get("branch_from") or run.recipe.train.get("branch_from")
+    if not src:
+        return None
+    path = Path(str(src))
+    return str(path.parent.parent if path.parent.name == CKPT_DIR else path)
+
+
+def cluster_labels(points: list[Point]) -> list[int]:
+    """One label per point; points share a label when their runs share a trunk, directly or through
+    other points (a seed group of branches joins the trunks of all its seeds). A run that is not a
+    branch is its own unit. These are the independent units that the bootstrap resamples."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for p in points:
+        units = p.units or [p.run]
+        for u in units[1:]:
+            parent[find(u)] = find(units[0])
+    roots: dict[str, int] = {}
+    return [roots.setdefault(find((p.units or [p.run])[0]), len(roots)) for p in points]
 
 
 def seed_key(recipe, tokens: Optional[float]) -> str:
@@ -400,13 +484,15 @@ def collect(runs) -> tuple[list[Point], list[dict], dict[str, list[tuple[str, np
             continue
         tokens = r.tokens_seen
         seed = r.recipe.train.get("seed")
+        trunk = trunk_of(r)
         points.append(Point(run=r.name, family=r.family, is_moe=r.is_moe, flops=r.training_flops(tokens),
                             loss=float(r.final_val_loss), tokens=tokens, params_total=r.params["total"],
                             params_active=r.params["active"], flops_per_token=r.flops_per_token,
                             params=dict(r.params), seed=None if seed is None else int(seed),
                             group=seed_key(r.recipe, tokens),
                             budget=_sweep_budgets(r.path.parent, manifests).get(r.name),
-                            seed_runs=[r.name], seed_losses=[float(r.final_val_loss)]))
+                            seed_runs=[r.name], seed_losses=[float(r.final_val_loss)],
+                            units=[trunk or str(r.path)]))
         rows = [v for v in r.val_rows if v.get("tokens") and math.isfinite(v["loss"])]
         if rows:
             t = np.array([v["tokens"] for v in rows], dtype=float)
@@ -445,6 +531,7 @@ def average_seeds(points: list[Point], curves: dict) -> tuple[list[Point], dict,
         first = ps[0]
         out.append(replace(first, loss=float(L.mean()), loss_std=float(L.std(ddof=1)) if len(L) > 1 else 0.0,
                            n_seeds=len(ps), seed_runs=[p.run for p in ps], seed_losses=L.tolist(),
+                           units=sorted({u for p in ps for u in (p.units or [p.run])}),
                            tokens=float(np.mean([p.tokens for p in ps])), flops=float(np.mean([p.flops for p in ps]))))
         losses.setdefault(fam, []).append(L.tolist())
         cs = [by_run[p.run] for p in ps if p.run in by_run]
@@ -464,13 +551,15 @@ def fit_families(points: list[Point], n_boot: int, huber_delta: float, seed: int
 
 def compare_dense_moe(points: list[Point], fits: dict[str, PowerLawFit]) -> list[dict]:
     """For every MoE point: each dense family's loss at the same training FLOPs (from its fit,
-    within the fitted range) and at the same active parameters (interpolated in log N between
+    within the fitted range) and at the same active parameters (N of kind "active": non-embedding,
+    LM head excluded, as every N of this module; interpolated in log N between
     that family's runs with the same token count, within their range). "Within" allows
     ``RANGE_SLACK`` (5%) beyond the ends: an MoE built to match a dense size sits just past it."""
     out = []
     dense_fams = sorted({p.family for p in points if not p.is_moe})
     for m in (p for p in points if p.is_moe):
-        row = {"run": m.run, "family": m.family, "flops": m.flops, "params_active": m.params_active,
+        n_m = n_params(m, "active")
+        row = {"run": m.run, "family": m.family, "flops": m.flops, "params_active": m.params_active, "N_active": n_m,
                "loss": m.loss, "dense_families": dense_fams, "equal_flops": {}, "equal_active_params": {}}
         for fam in dense_fams:
             ds = [p for p in points if p.family == fam]
@@ -480,11 +569,10 @@ def compare_dense_moe(points: list[Point], fits: dict[str, PowerLawFit]) -> list
                 L = float(f.predict(m.flops))
                 row["equal_flops"][fam] = {"loss": L, "moe_minus_dense": m.loss - L}
             same_t = sorted((p for p in ds if abs(p.tokens - m.tokens) <= 0.05 * m.tokens),
-                            key=lambda p: p.params_active)
-            if (len(same_t) >= 2 and same_t[0].params_active / RANGE_SLACK <= m.params_active
-                    <= same_t[-1].params_active * RANGE_SLACK):  # np.interp holds the end values
-                L = float(np.interp(np.log(m.params_active), [np.log(p.params_active) for p in same_t],
-                                    [p.loss for p in same_t]))
+                            key=lambda p: n_params(p, "active"))
+            n_t = [n_params(p, "active") for p in same_t]
+            if len(same_t) >= 2 and n_t[0] / RANGE_SLACK <= n_m <= n_t[-1] * RANGE_SLACK:  # np.interp holds the ends
+                L = float(np.interp(np.log(n_m), np.log(n_t), [p.loss for p in same_t]))
                 row["equal_active_params"][fam] = {"loss": L, "moe_minus_dense": m.loss - L}
         out.append(row)
     return out
@@ -517,14 +605,47 @@ class FamilyStudy:
     iso: IsoFLOPResult
     env: EnvelopeExponent
     noise: NoiseFloor
+    clusters: list = field(default_factory=list)  # per point: its independent unit (trunk), see cluster_labels
+    holdout: Optional[HoldoutPrediction] = None  # approach 3 without the largest size (or budget), predicting it
 
     def to_json(self) -> dict:
         out = {k: getattr(self, k) for k in ("family", "n_kind", "runs", "N", "D", "C", "L", "L_err", "n_seeds", "k",
-                                             "k_range", "C_ref")}
+                                             "k_range", "C_ref", "clusters")}
         out.update(loss_nd=self.nd.to_json(), compute_optimal=self.optimum.to_json(),
                    compute_optimal_6nd=self.optimum_6nd.to_json(), isoflop=self.iso.to_json(),
-                   envelope=self.env.to_json(), noise=self.noise.to_json())
+                   envelope=self.env.to_json(), noise=self.noise.to_json(), agreement=self.agreement(),
+                   holdout=self.holdout.to_json() if self.holdout else None)
         return json_safe(out)
+
+    def agreement(self, seed: int = 0) -> dict:
+        """Do approaches 2 and 3 agree on a? Their difference a3 - a2 with a 95% interval (bootstrap
+        draws of each, paired at random: conservative, see :func:`difference_interval`), and whether
+        their own intervals overlap. ``agree``: the difference interval holds 0 (None when either
+        estimate or its draws are missing)."""
+        pl, nd = self.iso.power_law, self.nd
+        a2 = pl.slope if pl is not None and pl.status == OK else None
+        a3 = nd.a_opt if nd.status == OK else None
+        out = {"a_approach_2": a2, "a_approach_2_ci": pl.ci.get("slope") if a2 is not None else None,
+               "a_approach_3": a3, "a_approach_3_ci": nd.ci.get("a_opt") if a3 is not None else None,
+               "difference": None, "difference_ci": None, "intervals_overlap": None, "agree": None}
+        if a2 is None or a3 is None:
+            missing = [name for name, v in (("approach 2", a2), ("approach 3", a3)) if v is None]
+            return {**out, "verdict": f"cannot tell: no estimate from {' and '.join(missing)}"}
+        out["difference"] = a3 - a2
+        c2, c3 = out["a_approach_2_ci"], out["a_approach_3_ci"]
+        if c2 and c3:
+            out["intervals_overlap"] = bool(c2[0] <= c3[1] and c3[0] <= c2[1])
+        if pl.samples is None or nd.samples is None:
+            return {**out, "verdict": "cannot tell: no bootstrap draws of both"}
+        al, be = nd.samples[:, 2], nd.samples[:, 4]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            iv = difference_interval(pl.samples[:, 0], be / (al + be), seed=seed)
+        if iv is None:
+            return {**out, "verdict": "cannot tell: too few bootstrap draws"}
+        out["difference_ci"] = iv
+        out["agree"] = bool(iv[0] <= 0.0 <= iv[1])
+        verdict = "agree" if out["agree"] else "disagree"
+        return {**out, "verdict": f"{verdict}: a3 - a2 = {a3 - a2:+.3f} [{iv[0]:+.3f}, {iv[1]:+.3f}]"}
 
     def exponents(self) -> dict:
         """The three estimates of a in N_opt ∝ C^a: value, 95% interval, status, message."""
@@ -542,8 +663,11 @@ class FamilyStudy:
 
 def study_family(points: list[Point], curves: list, noise: NoiseFloor, *, n_kind: str = "non_embedding",
                  n_boot: int = 200, huber_delta: float = 1e-3, seed: int = 0, budget_tolerance: float = 0.1,
-                 ref_flops: Optional[float] = None) -> FamilyStudy:
-    """Approaches 1-3 on one family's seed-averaged points and curves (see the module docstring)."""
+                 ref_flops: Optional[float] = None, holdout: Optional[str] = None,
+                 n_polish: Optional[int] = 20) -> FamilyStudy:
+    """Approaches 1-3 on one family's seed-averaged points and curves (see the module docstring);
+    with ``holdout`` ("size" | "budget") also approach 3 without the largest size or budget,
+    predicting the points left out (:func:`holdout_prediction`)."""
     ps = sorted(points, key=lambda p: (n_params(p, n_kind), p.tokens))
     N = np.array([n_params(p, n_kind) for p in ps])
     D = np.array([p.tokens for p in ps])
@@ -553,12 +677,13 @@ def study_family(points: list[Point], curves: list, noise: NoiseFloor, *, n_kind
     k = float(np.median(ks)) if len(ks) else None
     C_ref = float(ref_flops) if ref_flops else (float(C.max()) if len(C) else None)
     tags = [p.budget for p in ps]
+    clusters = cluster_labels(ps)
     nd = fit_loss_nd(N, D, L, huber_delta=huber_delta, n_boot=n_boot, seed=seed, C=C, budget_tolerance=budget_tolerance,
-                     budget_tags=tags)
+                     budget_tags=tags, clusters=clusters, n_polish=n_polish)
     opt = compute_optimal(nd, C_ref, k) if k else ComputeOptimal(status=nd.status, message="no parameter count")
     sem = [noise.std / math.sqrt(p.n_seeds) for p in ps] if noise.status == OK else None
     iso = isoflop_profiles(N, C, L, tolerance=budget_tolerance, tags=tags,
-                           L_err=[p.loss_std for p in ps], point_sem=sem, n_boot=n_boot, seed=seed)
+                           L_err=[p.loss_std for p in ps], point_sem=sem, n_boot=n_boot, seed=seed, clusters=clusters)
     sizes = {p.run: n for p, n in zip(ps, N)}
     env = envelope_exponent([c for c in curves if c[0] in sizes], sizes, n_boot=n_boot, seed=seed)
     return FamilyStudy(family=ps[0].family if ps else "", n_kind=n_kind, runs=[p.run for p in ps], N=N.tolist(),
@@ -566,7 +691,101 @@ def study_family(points: list[Point], curves: list, noise: NoiseFloor, *, n_kind
                        n_seeds=[p.n_seeds for p in ps], k=k,
                        k_range=[float(ks.min()), float(ks.max())] if len(ks) else None, C_ref=C_ref, nd=nd,
                        optimum=opt, optimum_6nd=compute_optimal(nd, C_ref, 6.0) if C_ref else opt, iso=iso,
-                       env=env, noise=noise)
+                       env=env, noise=noise, clusters=clusters,
+                       holdout=None if holdout is None else holdout_prediction(
+                           N, D, L, by=holdout, C=C, budget_tags=tags, budget_tolerance=budget_tolerance,
+                           clusters=clusters, huber_delta=huber_delta, n_boot=n_boot, seed=seed, n_polish=n_polish))
+
+
+# --------------------------------------------------------------------------------------------
+# families as compute multipliers
+# --------------------------------------------------------------------------------------------
+
+MOE_KINDS = ("active", "total")  # an MoE family is also compared at equal active and at equal total parameters
+
+
+def family_pairs(families: Sequence[str], pairs: Optional[Sequence[str]] = None,
+                 reference: Optional[str] = None) -> list[tuple[str, str]]:
+    """(reference, family) pairs: ``pairs`` as "REF:FAM" strings, else every family against
+    ``reference`` (default: "dense" when present, else the first family by name)."""
+    fams = sorted(families)
+    if pairs:
+        out = []
+        for text in pairs:
+            ref, sep, fam = str(text).partition(":")
+            if not sep or ref not in fams or fam not in fams or ref == fam:
+                raise ValueError(f"--pairs {text!r}: must be REF:FAM, two different families of {', '.join(fams)}")
+            out.append((ref, fam))
+        return out
+    ref = reference or ("dense" if "dense" in fams else (fams[0] if fams else None))
+    if reference is not None and reference not in fams:
+        raise ValueError(f"--reference {reference!r}: valid are {', '.join(fams)}")
+    return [(ref, f) for f in fams if f != ref]
+
+
+@dataclass
+class MultiplierCurve:
+    """m(C) = C' / C, C' the compute at which ``reference`` reaches, compute-optimally, the loss that
+    ``family`` reaches compute-optimally at C (:func:`analysis.scaling_design.compute_multiplier` on
+    the two approach-3 fits, C = k N D with each family's measured k, so C is training FLOPs). m > 1:
+    ``family`` is m times more compute-efficient than the reference at C. Only over the C range
+    both families measured. Band: 95% over the two families' bootstrap fits, draw i with draw i."""
+
+    reference: str
+    family: str
+    n_kind: str
+    status: str
+    message: str = ""
+    k_reference: Optional[float] = None
+    k_family: Optional[float] = None
+    C: list = field(default_factory=list)
+    multiplier: list = field(default_factory=list)
+    lo: list = field(default_factory=list)
+    hi: list = field(default_factory=list)
+    n_boot: int = 0
+
+    def to_json(self) -> dict:
+        return json_safe({**asdict(self), "N": N_KINDS[self.n_kind]})
+
+
+def multiplier_curve(ref: FamilyStudy, other: FamilyStudy, n_grid: int = 25) -> MultiplierCurve:
+    """The compute multiplier of ``other`` against ``ref`` (two studies with one N kind) on a grid of C
+    over their common measured range."""
+    out = MultiplierCurve(reference=ref.family, family=other.family, n_kind=ref.n_kind, status=OK,
+                          k_reference=ref.k, k_family=other.k)
+    for st in (ref, other):
+        if st.nd.status != OK or not st.k:
+            out.status, out.message = st.nd.status if st.nd.status != OK else "no-k", \
+                f"{st.family}: no L(N, D) fit ({st.nd.message or 'no parameter count'})"
+            return out
+    lo, hi = max(min(ref.C), min(other.C)), min(max(ref.C), max(other.C))
+    if not lo < hi:
+        out.status, out.message = "no-common-compute", (f"{ref.family} spans C {min(ref.C):.3g}-{max(ref.C):.3g}, "
+                                                        f"{other.family} {min(other.C):.3g}-{max(other.C):.3g} FLOPs")
+        return out
+    grid = np.geomspace(lo, hi, n_grid)
+    out.C = grid.tolist()
+    out.multiplier = [compute_multiplier(ref.nd, other.nd, c, ref.k, other.k) for c in grid]
+    draws = [[compute_multiplier(r, o, c, ref.k, other.k) for c in grid]
+             for r, o in zip(sample_fits(ref.nd), sample_fits(other.nd))]
+    out.n_boot = len(draws)
+    if draws:
+        ivs = [_interval(np.asarray(col)) for col in np.asarray(draws, dtype=float).T]
+        if all(iv is not None for iv in ivs):
+            out.lo, out.hi = [iv[0] for iv in ivs], [iv[1] for iv in ivs]
+    if not out.lo:
+        out.message = f"{out.n_boot} paired bootstrap fits: no band (need >= 10)"
+    return out
+
+
+def compute_multipliers(sens: dict[str, dict[str, FamilyStudy]], pairs: list[tuple[str, str]], n_kind: str,
+                        is_moe: dict[str, bool]) -> list[MultiplierCurve]:
+    """Each pair at the report's N; a pair with an MoE family also at N = active and N = total."""
+    out = []
+    for ref, fam in pairs:
+        kinds = [n_kind] + ([k for k in MOE_KINDS if k != n_kind] if is_moe.get(ref) or is_moe.get(fam) else [])
+        out += [multiplier_curve(sens[ref][kind], sens[fam][kind]) for kind in kinds]
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -595,12 +814,13 @@ def fits_table(fits: dict[str, PowerLawFit]) -> str:
     return "\n".join(lines)
 
 
-def points_table(points: list[Point]) -> str:
-    lines = ["| run | family | params (total / active) | tokens | training FLOPs | final val loss | seeds |",
-             "|---|---|---|---|---|---|---|"]
+def points_table(points: list[Point], n_kind: str = "non_embedding") -> str:
+    lines = [f"| run | family | N: {N_KINDS[n_kind]} | params (total / active) | tokens | training FLOPs "
+             "| final val loss | seeds |", "|---|---|---|---|---|---|---|---|"]
     for p in sorted(points, key=lambda p: (p.family, p.flops)):
         seeds = f"{p.n_seeds} (std {p.loss_std:.4f}: {', '.join(p.seed_runs)})" if p.n_seeds > 1 else "1"
-        lines.append(f"| {p.run} | {p.family} | {p.params_total:,} / {p.params_active:,} | {p.tokens:.3g} | "
+        lines.append(f"| {p.run} | {p.family} | {n_params(p, n_kind):,.0f} | {p.params_total:,} / {p.params_active:,} "
+                     f"| {p.tokens:.3g} | "
                      f"{p.flops:.3g} | {p.loss:.4f} | {seeds} |")
     return "\n".join(lines)
 
@@ -675,8 +895,8 @@ def isoflop_table(studies: dict[str, FamilyStudy]) -> str:
 
 def exponent_table(studies: dict[str, FamilyStudy]) -> str:
     """The three estimates of a in N_opt ∝ C^a side by side (b = 1 - a for D_opt when C ∝ N D)."""
-    lines = ["| family | N | approach 1: envelope | approach 2: IsoFLOP minima | approach 3: L(N, D) fit |",
-             "|---|---|---|---|---|"]
+    lines = ["| family | N | approach 1: envelope | approach 2: IsoFLOP minima | approach 3: L(N, D) fit "
+             "| approaches 2 and 3 |", "|---|---|---|---|---|---|"]
 
     def cell(e: dict) -> str:
         if e["status"] != OK or e["a"] is None:
@@ -686,12 +906,92 @@ def exponent_table(studies: dict[str, FamilyStudy]) -> str:
     for fam, st in studies.items():
         ex = st.exponents()
         lines.append(f"| {fam} | {N_KINDS[st.n_kind]} | {cell(ex['approach_1_envelope'])} | "
-                     f"{cell(ex['approach_2_isoflop'])} | {cell(ex['approach_3_loss_nd'])} |")
+                     f"{cell(ex['approach_2_isoflop'])} | {cell(ex['approach_3_loss_nd'])} | "
+                     f"{st.agreement()['verdict']} |")
     lines += ["", "Approach 1: N of the run on the lowest-loss-per-FLOP envelope of the validation curves against C "
               "(envelope points won by the smallest or largest size left out; interval: bootstrap over runs). "
-              "Approach 2: N*(C) through the bracketed IsoFLOP minima (interval: the minima's bootstrap draws). "
+              "Approach 2: N*(C) through the bracketed IsoFLOP minima (interval: the minima's bootstrap draws; with "
+              "WSD trunks, whole trunks resampled jointly over the budgets). "
               "Approach 3: beta / (alpha + beta) of the L(N, D) fit. b = 1 - a is the exponent of D_opt when "
-              "C = k N D with k constant."]
+              "C = k N D with k constant. Approaches 2 and 3 agree when the 95% interval of a3 - a2 (their bootstrap "
+              "draws paired at random, as if independent: wider than a joint interval) holds 0."]
+    return "\n".join(lines)
+
+
+def n_sensitivity(sens: dict[str, dict[str, FamilyStudy]]) -> dict:
+    """family -> N kind -> alpha, beta, a (approach 3) and a (approach 2), each with its interval."""
+    out = {}
+    for fam, by_kind in sens.items():
+        out[fam] = {}
+        for kind, st in by_kind.items():
+            f, pl = st.nd, st.iso.power_law
+            out[fam][kind] = json_safe({
+                "meaning": N_KINDS[kind], "N_range": [min(st.N), max(st.N)] if st.N else None,
+                "status": f.status, "alpha": f.alpha, "alpha_ci": f.ci.get("alpha"), "beta": f.beta,
+                "beta_ci": f.ci.get("beta"), "a_approach_3": f.a_opt, "a_approach_3_ci": f.ci.get("a_opt"),
+                "a_approach_2": pl.slope if pl and pl.status == OK else None,
+                "a_approach_2_ci": pl.ci.get("slope") if pl and pl.status == OK else None})
+    return out
+
+
+def n_sensitivity_table(sens: dict[str, dict[str, FamilyStudy]], n_kind: str) -> str:
+    """The fitted exponents under each definition of N, side by side (the default first, marked)."""
+    lines = ["| family | N | N range | alpha | beta | a (approach 3) | a (approach 2) | status |",
+             "|---|---|---|---|---|---|---|---|"]
+    for fam, by_kind in n_sensitivity(sens).items():
+        for kind, r in sorted(by_kind.items(), key=lambda kv: kv[0] != n_kind):
+            name = N_KINDS[kind] + (" (used)" if kind == n_kind else "")
+            rng = f"{r['N_range'][0]:.3g}-{r['N_range'][1]:.3g}" if r["N_range"] else "-"
+            lines.append(f"| {fam} | {name} | {rng} | {_v(r['alpha'], r['alpha_ci'])} | "
+                         f"{_v(r['beta'], r['beta_ci'])} | {_v(r['a_approach_3'], r['a_approach_3_ci'])} | "
+                         f"{_v(r['a_approach_2'], r['a_approach_2_ci'])} | {r['status']} |")
+    return "\n".join(lines)
+
+
+def multiplier_table(curves: list[MultiplierCurve]) -> str:
+    if not curves:
+        return "(one family: no compute multiplier)"
+    lines = ["| reference | family | compared at equal N = | C range (FLOPs) | m at the smallest C [95%] "
+             "| m at the middle C | m at the largest C | status |", "|---|---|---|---|---|---|---|---|"]
+
+    def at(c: MultiplierCurve, j: int) -> str:
+        return _v(c.multiplier[j], [c.lo[j], c.hi[j]] if c.lo else None, ".3g")
+
+    for c in curves:
+        if c.status != OK:
+            lines.append(f"| {c.reference} | {c.family} | {N_KINDS[c.n_kind]} | - | - | - | - | {_status(c)} |")
+            continue
+        mid = len(c.C) // 2
+        lines.append(f"| {c.reference} | {c.family} | {N_KINDS[c.n_kind]} | {c.C[0]:.3g}-{c.C[-1]:.3g} | "
+                     f"{at(c, 0)} | {at(c, mid)} (C = {c.C[mid]:.3g}) | {at(c, -1)} | {_status(c)} |")
+    lines += ["", "m(C): the reference family needs m times the compute to reach, compute-optimally, the loss the "
+              "family reaches compute-optimally at C (from the two approach-3 fits, C = k N D with each family's "
+              "measured k; m > 1: the family is more compute-efficient). Band: 95% over paired bootstrap fits. The N "
+              "of a row "
+              "changes the fits (and k), not what C is: an MoE family is fitted with N = its active and with N = its "
+              "total parameters."]
+    return "\n".join(lines)
+
+
+def holdout_table(studies: dict[str, FamilyStudy]) -> str:
+    lines = ["| family | held out | fitted on | N | D (tokens) | measured (nats) | predicted [95% prediction interval] "
+             "| error (predicted / measured - 1) | inside |", "|---|---|---|---|---|---|---|---|---|"]
+    for fam, st in studies.items():
+        h = st.holdout
+        if h is None:
+            continue
+        what = (f"largest size N = {h.held_N:.3g}" if h.by == "size" and h.held_N else
+                f"largest budget C = {h.held_budget:.3g} FLOPs" if h.held_budget else h.by)
+        if h.status != OK:
+            lines.append(f"| {fam} | {what} | {h.n_fit} points | - | - | - | - | - | {_status(h)} |")
+            continue
+        for r in h.rows:
+            lines.append(f"| {fam} | {what} | {h.n_fit} points | {r['N']:.3g} | {r['D']:.3g} | {r['measured']:.4f} | "
+                         f"{_v(r['predicted'], [r['lo'], r['hi']], '.4f')} | {r['rel_error']:+.2%} | "
+                         f"{'yes' if r['inside'] else 'NO'} |")
+    lines += ["", "Approach 3 refitted without the held-out points, then asked for their losses: "
+              + "; ".join(f"{fam}: {st.holdout.n_inside} of {len(st.holdout.rows)} inside" for fam, st in
+                          studies.items() if st.holdout is not None and st.holdout.status == OK) + "."]
     return "\n".join(lines)
 
 
@@ -708,7 +1008,7 @@ def comparison_table(rows: list[dict]) -> str:
     if not rows:
         return "(no MoE runs: no dense-vs-MoE comparison)"
     lines = ["| MoE run | loss | dense family | dense loss at equal FLOPs (MoE - dense) "
-             "| dense loss at equal active params (MoE - dense) |",
+             f"| dense loss at equal N = {N_KINDS['active']} (MoE - dense) |",
              "|---|---|---|---|---|"]
 
     def cell(d):
@@ -727,13 +1027,40 @@ def comparison_table(rows: list[dict]) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+def n_sensitivity_studies(points: list[Point], studies: dict[str, FamilyStudy], noise: dict, n_kind: str,
+                          **fit_kw) -> dict[str, dict[str, FamilyStudy]]:
+    """family -> N kind -> its study (approaches 2 and 3; no envelope) under every kind of ``N_KINDS``;
+    a kind that gives a family the same N as one already fitted reuses that study (e.g. a dense
+    family's active count is its non-embedding count)."""
+    sens: dict[str, dict[str, FamilyStudy]] = {}
+    for fam, st in studies.items():
+        ps = [p for p in points if p.family == fam]
+        done = {tuple(st.N): st}
+        sens[fam] = {n_kind: st}
+        for kind in N_KINDS:
+            if kind == n_kind:
+                continue
+            key = tuple(sorted(n_params(p, kind) for p in ps))
+            same = next((s for n, s in done.items() if tuple(sorted(n)) == key), None)
+            sens[fam][kind] = replace(same, n_kind=kind) if same is not None else \
+                study_family(ps, [], noise[fam], n_kind=kind, **fit_kw)
+            done.setdefault(tuple(sens[fam][kind].N), sens[fam][kind])
+    return sens
+
+
 def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber_delta: float = 1e-3,
             seed: int = 0, *, n_kind: str = "non_embedding", budget_tolerance: float = 0.1,
-            ref_flops: Optional[float] = None) -> dict:
+            ref_flops: Optional[float] = None, holdout: Optional[str] = "size", pairs: Optional[Sequence[str]] = None,
+            reference: Optional[str] = None, n_polish: Optional[int] = 20) -> dict:
     """Read the runs, fit each family (L(C) and approaches 1-3), write the plots and tables to
-    ``out``; return the results (what fits.json holds, plus ``studies``: FamilyStudy per family)."""
+    ``out``; return the results (what fits.json holds, plus ``studies``: FamilyStudy per family, and
+    ``sensitivity_studies``: family -> N kind -> FamilyStudy). ``holdout``: "size" | "budget" | None,
+    what approach 3 predicts without having seen it; ``pairs`` ("REF:FAM") or ``reference``: the
+    families compared as compute multipliers; ``n_polish``: grid starts polished per L(N, D) fit."""
     if n_kind not in N_KINDS:
         raise ValueError(f"--n-kind {n_kind!r}: valid are {', '.join(N_KINDS)}")
+    if holdout is not None and holdout not in HOLDOUT_BY:
+        raise ValueError(f"--holdout {holdout!r}: valid are {', '.join(HOLDOUT_BY)}, none")
     runs, problems = expand_inputs(inputs)
     run_points, excluded, run_curves = collect(runs)
     excluded = [{"run": p, "status": "unreadable", "reason": why} for p, why in problems] + excluded
@@ -744,11 +1071,16 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
     noise = {fam: pooled_std(g) for fam, g in sorted(seed_losses.items())}
     overall = pooled_std([g for gs in seed_losses.values() for g in gs])
     fits = fit_families(points, n_boot, huber_delta, seed)
+    pair_list = family_pairs(list(fits), pairs, reference)
     comparisons = compare_dense_moe(points, fits)
+    fit_kw = dict(n_boot=n_boot, huber_delta=huber_delta, seed=seed, budget_tolerance=budget_tolerance,
+                  ref_flops=ref_flops, n_polish=n_polish)
     studies = {fam: study_family([p for p in points if p.family == fam], curves.get(fam, []), noise[fam],
-                                 n_kind=n_kind, n_boot=n_boot, huber_delta=huber_delta, seed=seed,
-                                 budget_tolerance=budget_tolerance, ref_flops=ref_flops)
+                                 n_kind=n_kind, holdout=holdout, **fit_kw)
                for fam in sorted(fits)}
+    sens = n_sensitivity_studies(points, studies, noise, n_kind, **fit_kw)
+    is_moe = {fam: any(p.is_moe for p in points if p.family == fam) for fam in studies}
+    multipliers = compute_multipliers(sens, pair_list, n_kind, is_moe)
     result = {
         "model": "L(C) = E + A * C^(-alpha); C = training FLOPs, L = final validation loss (nats/token)",
         "fit": {"loss": "huber on log L", "huber_delta": huber_delta, "bootstrap_resamples": n_boot,
@@ -762,6 +1094,10 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
                          "for C = k N D with k the measured training FLOPs per token per parameter (and k = 6)",
         "scaling_nd": {fam: st.to_json() for fam, st in studies.items()},
         "exponents": {fam: json_safe(st.exponents()) for fam, st in studies.items()},
+        "n_sensitivity": n_sensitivity(sens),
+        "approaches_2_and_3": {fam: json_safe(st.agreement()) for fam, st in studies.items()},
+        "holdout": {fam: st.holdout.to_json() for fam, st in studies.items() if st.holdout is not None},
+        "compute_multipliers": [c.to_json() for c in multipliers],
         "noise": {"overall": overall.to_json(), "families": {fam: nf.to_json() for fam, nf in noise.items()}},
         "excluded": excluded,
         "dense_vs_moe": comparisons,
@@ -774,8 +1110,13 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
         "## Compute-optimal allocation from L(N, D)", optimum_table(studies),
         "## IsoFLOP profiles (approach 2)", isoflop_table(studies),
         "## Exponent a of N_opt ∝ C^a: three estimates (95% intervals)", exponent_table(studies),
+        "## Sensitivity to the definition of N (approaches 3 and 2 refitted under each)",
+        n_sensitivity_table(sens, n_kind),
+        f"## Held-out prediction (approach 3 without the largest {holdout})" if holdout else
+        "## Held-out prediction", holdout_table(studies) if holdout else "(not asked for: --holdout none)",
+        "## Families as compute multipliers", multiplier_table(multipliers),
         "## Seed noise", floor, noise_table(noise, overall),
-        "## Points (finished runs; seed groups at their mean)", points_table(points),
+        "## Points (finished runs; seed groups at their mean)", points_table(points, n_kind),
         "## Dense vs MoE", comparison_table(comparisons),
         "## Excluded runs", "\n".join(f"- {e['run']}: {e['status']} ({e['reason']})" for e in excluded) or "(none)",
     ])
@@ -789,16 +1130,19 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
             if r.status == "finished":
                 by_family.setdefault(r.family, []).append(r)
         plot_loss_vs_flops(points, fits, curves, out / "loss_vs_flops.png")
-        plot_loss_vs_tokens(by_family, out / "loss_vs_tokens.png")
-        plot_dense_vs_moe(points, fits, out / "dense_vs_moe.png")
+        plot_loss_vs_tokens(by_family, out / "loss_vs_tokens.png", lambda r: n_of_counts(r.params, n_kind),
+                            N_KINDS[n_kind])
+        plot_dense_vs_moe(points, fits, out / "dense_vs_moe.png", lambda p: n_params(p, "active"), N_KINDS["active"])
         plot_isoflop(studies, N_KINDS[n_kind], out / "isoflop.png")
         plot_loss_nd(studies, N_KINDS[n_kind], out / "loss_nd.png")
+        plot_compute_multiplier(multipliers, N_KINDS, out / "compute_multiplier.png")
     result["studies"] = studies
+    result["sensitivity_studies"] = sens
     return result
 
 
-OUTPUTS = ("loss_vs_flops.png", "loss_vs_tokens.png", "dense_vs_moe.png", "isoflop.png", "loss_nd.png", "fits.json",
-           "fits.md")
+OUTPUTS = ("loss_vs_flops.png", "loss_vs_tokens.png", "dense_vs_moe.png", "isoflop.png", "loss_nd.png",
+           "compute_multiplier.png", "fits.json", "fits.md")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -823,6 +1167,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "agree within this fraction (default 0.1)")
     ap.add_argument("--ref-flops", type=float, default=None,
                     help="compute (FLOPs) at which to state N_opt, D_opt and D/N (default: each family's largest run)")
+    ap.add_argument("--holdout", choices=[*HOLDOUT_BY, "none"], default="size",
+                    help="approach 3 refitted without the largest model size or the largest compute budget, "
+                         "predicting the losses left out with 95%% prediction intervals (default size)")
+    ap.add_argument("--pairs", nargs="+", metavar="REF:FAM",
+                    help="families compared as compute multipliers (how much compute REF needs for FAM's "
+                         "compute-optimal loss), e.g. dense:llama llama:mixtral (default: all against --reference)")
+    ap.add_argument("--reference", default=None,
+                    help="the family every other is compared with when --pairs is not given "
+                         "(default: dense if present, else the first family by name)")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     args = ap.parse_args(argv)
     try:
@@ -835,7 +1188,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.ref_flops is not None and not args.ref_flops > 0:
             raise ValueError(f"--ref-flops {args.ref_flops}: must be positive")
         result = analyse(args.inputs, args.out, args.bootstrap, args.huber_delta, args.seed, n_kind=args.n_kind,
-                         budget_tolerance=args.budget_tolerance, ref_flops=args.ref_flops)
+                         budget_tolerance=args.budget_tolerance, ref_flops=args.ref_flops,
+                         holdout=None if args.holdout == "none" else args.holdout, pairs=args.pairs,
+                         reference=args.reference)
     except (RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

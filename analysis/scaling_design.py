@@ -392,13 +392,15 @@ def draw_losses(plan: Plan, law: Law, noise: Noise, rng: np.random.Generator) ->
     return (law.loss(plan.N, plan.D)[None, :] * np.exp(eps_SP)).mean(axis=0)
 
 
-def compute_multiplier(ref: NDFit, other: NDFit, C: float) -> float:
+def compute_multiplier(ref: NDFit, other: NDFit, C: float, k_ref: float = 6.0, k_other: float = 6.0) -> float:
     """k = C_ref(L_other,opt(C)) / C: how much more compute the reference family needs for the loss the
-    other reaches compute-optimally at C (C = 6 N D). On the law form L_opt(C) = E + K C^-g exactly,
-    g = alpha beta / (alpha + beta). NaN without both fits; inf when the other beats the reference's E."""
+    other reaches compute-optimally at C (C = k N D with each family's ``k_ref`` / ``k_other``, 6 by
+    default; the measured training FLOPs per token per parameter make C each family's real FLOPs).
+    On the law form L_opt(C) = E + K C^-g exactly, g = alpha beta / (alpha + beta), whatever k.
+    NaN without both fits; inf when the other beats the reference's E."""
     if ref.status != OK or other.status != OK or not (ref.alpha > 0 and ref.beta > 0):
         return math.nan
-    L_ref, L_other = compute_optimal(ref, C).L_opt, compute_optimal(other, C).L_opt
+    L_ref, L_other = compute_optimal(ref, C, k_ref).L_opt, compute_optimal(other, C, k_other).L_opt
     if L_other is None or not math.isfinite(L_other):
         return math.nan
     if L_other <= ref.E:

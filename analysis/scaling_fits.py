@@ -92,6 +92,7 @@ ND_PARAMS = ("E", "A", "alpha", "B", "beta")
 ND_MIN_POINTS = 6  # 5 parameters + at least one degree of freedom
 ND_MIN_DISTINCT = 3  # A/N^alpha + a shared constant needs 3 distinct N (likewise D)
 ND_PAIRS_MIN_POINTS = 10  # below this, bootstrap residuals (twice the parameters, as fit_power_law's 6 for 3)
+ND_CLUSTER_MIN = 5  # fewer clusters (trunks) than this: flip each cluster's residuals instead of resampling clusters
 EXP_MAX = 5.0  # upper bound of alpha and beta
 # Hoffmann et al. 2022 (appendix D.2) / Besiroglu et al. 2024: 5 x 5 x 5 x 6 x 6 = 4,500 starts
 GRID_ALPHA = GRID_BETA = np.arange(0.0, 2.01, 0.5)
@@ -136,7 +137,7 @@ class NDFit:
     D_range: Optional[list] = None
     ci: dict = field(default_factory=dict)
     n_boot: int = 0
-    ci_method: str = ""  # "points" | "residuals"
+    ci_method: str = ""  # "points" | "residuals" | "clusters (G)" | "residuals, one sign per cluster (G)"
     samples: Optional[np.ndarray] = field(default=None, repr=False)  # (n_boot, 5): E, A, alpha, B, beta
 
     def to_json(self) -> dict:
@@ -276,7 +277,8 @@ def _nd_check(N, D, L) -> tuple[Optional[str], str, np.ndarray]:
 
 def fit_loss_nd(N: Sequence[float], D: Sequence[float], L: Sequence[float], *, huber_delta: float = 1e-3,
                 n_boot: int = 200, seed: int = 0, n_polish: Optional[int] = 20, C: Optional[Sequence[float]] = None,
-                budget_tolerance: float = 0.1, budget_tags: Optional[Sequence[Optional[float]]] = None) -> NDFit:
+                budget_tolerance: float = 0.1, budget_tags: Optional[Sequence[Optional[float]]] = None,
+                clusters: Optional[Sequence] = None) -> NDFit:
     """Fit L(N, D) = E + A / N^alpha + B / D^beta (Chinchilla approach 3) with bootstrap intervals.
 
     N: parameters, D: training tokens, L: loss (nats/token), one entry per point (seed groups
@@ -286,6 +288,12 @@ def fit_loss_nd(N: Sequence[float], D: Sequence[float], L: Sequence[float], *, h
     kept. The bootstrap resamples points (>= ``ND_PAIRS_MIN_POINTS``; resamples with fewer than 3
     distinct N or D are skipped) or else log residuals, inflated by sqrt(n / (n - 5)), and starts
     each refit from the full fit and the resample's best grid start.
+
+    ``clusters`` (one label per point): points that share a label are not independent, e.g. the
+    cooldown branches of one WSD trunk, which share its noise. The bootstrap then resamples whole
+    clusters (with >= ``ND_CLUSTER_MIN`` of them and >= ``ND_PAIRS_MIN_POINTS`` points), else flips
+    the sign of each cluster's residuals together (a wild cluster bootstrap, Rademacher signs).
+    Resampling points as if independent would understate the intervals.
 
     With ``C`` (each point's training FLOPs; ``budget_tags`` as :func:`group_budgets`) points that
     all share one compute budget are refused as "one-budget": along one budget D is a function
@@ -327,7 +335,8 @@ def fit_loss_nd(N: Sequence[float], D: Sequence[float], L: Sequence[float], *, h
     _fill_nd(fit, theta, u0, v0)
     r = _nd_parts(theta, u, v)[0] - log_L
     fit.rms_log_residual = float(np.sqrt(np.mean(r ** 2)))
-    _nd_bootstrap(fit, theta, N, D, L, u0, v0, n_boot, huber_delta, seed)
+    labels = None if clusters is None else np.asarray([str(c) for c in clusters])[ok]
+    _nd_bootstrap(fit, theta, N, D, L, u0, v0, n_boot, huber_delta, seed, labels)
     return fit
 
 
@@ -349,23 +358,42 @@ def _exp(x: float) -> float:
     return math.exp(x) if x < 709 else math.inf
 
 
-def _nd_bootstrap(fit: NDFit, theta, N, D, L, u0, v0, n_boot, delta, seed) -> None:
+def _cluster_members(labels: Optional[np.ndarray], n: int) -> tuple[Optional[list], Optional[np.ndarray]]:
+    """(indices of each cluster, cluster index of each point), or (None, None) when every point is its own."""
+    if labels is None:
+        return None, None
+    _, inv = np.unique(labels, return_inverse=True)
+    n_clusters = int(inv.max()) + 1 if n else 0
+    if n_clusters >= n:
+        return None, None
+    return [np.flatnonzero(inv == g) for g in range(n_clusters)], inv
+
+
+def _nd_bootstrap(fit: NDFit, theta, N, D, L, u0, v0, n_boot, delta, seed, labels=None) -> None:
     rng = np.random.default_rng(seed)
     n = len(N)
     u_all, v_all = np.log(N) - u0, np.log(D) - v0
     log_fit = _nd_parts(theta, u_all, v_all)[0]
     resid = np.log(L) - log_fit
     resid = (resid - resid.mean()) * math.sqrt(n / max(n - 5, 1))
-    pairs = n >= ND_PAIRS_MIN_POINTS
-    fit.ci_method = "points" if pairs else "residuals"
+    members, inv = _cluster_members(labels, n)
+    n_units = len(members) if members else n
+    pairs = n >= ND_PAIRS_MIN_POINTS and (members is None or n_units >= ND_CLUSTER_MIN)
+    if members:
+        fit.ci_method = f"clusters ({n_units})" if pairs else f"residuals, one sign per cluster ({n_units})"
+    else:
+        fit.ci_method = "points" if pairs else "residuals"
     grid = _hoffmann_grid(u0, v0)
     samples = []
     for _ in range(n_boot):
         if pairs:
-            idx = rng.integers(0, n, n)
+            idx = (rng.integers(0, n, n) if members is None else
+                   np.concatenate([members[g] for g in rng.integers(0, n_units, n_units)]))
             if _nd_check(N[idx], D[idx], L[idx])[0] is not None:
                 continue
             u, v, Lb = u_all[idx], v_all[idx], L[idx]
+        elif members:  # wild cluster bootstrap: a cluster's residuals keep their pattern and flip together
+            u, v, Lb = u_all, v_all, np.exp(log_fit + resid * rng.choice([-1.0, 1.0], n_units)[inv])
         else:
             u, v, Lb = u_all, v_all, np.exp(log_fit + resid[rng.integers(0, n, n)])
         g = grid[int(np.argmin(_nd_grid_objectives(grid, u, v, np.log(Lb), delta)))]
@@ -699,16 +727,22 @@ class IsoFLOPResult:
 
 def isoflop_profiles(N: Sequence[float], C: Sequence[float], L: Sequence[float], *, tolerance: float = 0.1,
                      tags: Optional[Sequence[Optional[float]]] = None, L_err: Optional[Sequence[float]] = None,
-                     point_sem: Optional[Sequence[float]] = None, n_boot: int = 200, seed: int = 0) -> IsoFLOPResult:
+                     point_sem: Optional[Sequence[float]] = None, n_boot: int = 200, seed: int = 0,
+                     clusters: Optional[Sequence] = None) -> IsoFLOPResult:
     """Chinchilla approach 2 on points (N parameters, C training FLOPs, L loss): group by budget
     (:func:`group_budgets`), fit each budget's parabola (:func:`fit_isoflop_profile`), then
     N*(C) ∝ C^a through the convex, bracketed minima (:func:`fit_log_log`, its interval from the
-    minima's bootstrap draws)."""
+    minima's bootstrap draws). With ``clusters`` (one label per point; e.g. a WSD trunk, whose
+    branches sit at every budget) the interval of a comes from a joint bootstrap instead: whole
+    clusters resampled (or, with fewer than ``ND_CLUSTER_MIN``, each cluster's residuals flipped
+    together) and every budget's parabola and the line refitted on each replicate, since the minima
+    of different budgets then share noise."""
     N, C, L = (np.asarray(x, dtype=float) for x in (N, C, L))
     L_err = np.zeros_like(N) if L_err is None else np.asarray(L_err, dtype=float)
     sem = None if point_sem is None else np.asarray(point_sem, dtype=float)
     profiles = []
-    for j, g in enumerate(group_budgets(C, tolerance=tolerance, tags=tags)):
+    groups = group_budgets(C, tolerance=tolerance, tags=tags)
+    for j, g in enumerate(groups):
         tag = None if tags is None else tags[g[0]]
         budget = float(tag) if tag is not None else float(np.exp(np.mean(np.log(C[g]))))
         profiles.append(fit_isoflop_profile(N[g], L[g], budget=budget, C=C[g], L_err=L_err[g],
@@ -734,11 +768,58 @@ def isoflop_profiles(N: Sequence[float], C: Sequence[float], L: Sequence[float],
                                 log_y_samples=samples if all(s is not None for s in samples) else None,
                                 n_boot=n_boot, seed=seed)
     res.status = res.power_law.status
+    if clusters is not None and res.power_law.status == OK:
+        _joint_cluster_bootstrap(res.power_law, [(p, g) for p, g in zip(profiles, groups) if p.status == OK], N, L,
+                                 np.asarray([str(c) for c in clusters]), n_boot, seed)
     left_out = len(profiles) - len(usable)
     res.message = "; ".join(m for m in (res.power_law.message,
                                         f"{left_out} of {len(profiles)} budgets left out (see their status)"
                                         if left_out else "") if m)
     return res
+
+
+def _joint_cluster_bootstrap(pl: LogLogFit, usable: list, N, L, labels, n_boot: int, seed: int) -> None:
+    """Replace ``pl``'s interval by a joint cluster bootstrap over the usable budgets (see
+    :func:`isoflop_profiles`); left as it is when no cluster holds two points."""
+    idx_all = np.concatenate([g for _, g in usable])
+    members, inv_all = _cluster_members(labels[idx_all], len(idx_all))
+    if members is None:
+        return
+    G = len(members)
+    inv = dict(zip(idx_all.tolist(), inv_all.tolist()))
+    resample = G >= ND_CLUSTER_MIN
+    rng = np.random.default_rng(seed)
+    lx = np.log([p.budget for p, _ in usable])
+    samples = []
+    for _ in range(n_boot):
+        if resample:
+            weight = np.bincount(rng.integers(0, G, G), minlength=G)
+        else:
+            sign = rng.choice([-1.0, 1.0], G)
+        ys = []
+        for p, g in usable:
+            x = np.log(N[g]) - p.x0
+            if resample:
+                take = np.repeat(np.arange(len(g)), weight[[inv[i] for i in g]])
+                if len(np.unique(x[take])) < 3:
+                    break
+                xb, Lb = x[take], L[g][take]
+            else:
+                pred = np.polyval(p.coef, x)
+                xb, Lb = x, pred + (L[g] - pred) * sign[[inv[i] for i in g]]
+            xm = _parabola_min(xb, Lb)[1]
+            if not math.isfinite(xm):
+                break
+            ys.append(xm + p.x0)
+        else:
+            samples.append(np.polyfit(lx, ys, 1))
+    pl.n_boot = len(samples)
+    how = f"clusters ({G})" if resample else f"residuals, one sign per cluster ({G})"
+    pl.ci_method = how + ", joint over budgets"
+    pl.samples, pl.ci = None, {}
+    if len(samples) >= 10:
+        pl.samples = np.asarray(samples)
+        pl.ci = {"slope": _interval(pl.samples[:, 0]), "log_prefactor": _interval(pl.samples[:, 1])}
 
 
 # --------------------------------------------------------------------------------------------
@@ -890,3 +971,128 @@ def pooled_std(groups: Sequence[Sequence[float]]) -> NoiseFloor:
         return NoiseFloor(status=NO_SEEDS, n_runs=n_runs,
                           message="no point was trained with more than one seed: noise floor unknown")
     return NoiseFloor(status=OK, std=math.sqrt(ss / dof), dof=dof, n_groups=n_groups, n_runs=n_runs)
+
+
+# --------------------------------------------------------------------------------------------
+# checks of the fits: agreement of two estimates, a held-out prediction
+# --------------------------------------------------------------------------------------------
+
+
+def sample_fits(fit: NDFit) -> list[NDFit]:
+    """One exact :class:`NDFit` per bootstrap draw of ``fit`` (empty without draws), for functions
+    that take a fit (e.g. :func:`compute_optimal`)."""
+    if fit.samples is None:
+        return []
+    return [NDFit(n_points=fit.n_points, status=OK, E=float(E), A=float(A), alpha=float(al), B=float(B),
+                  beta=float(be), a_opt=float(be / (al + be)) if al + be > 0 else None)
+            for E, A, al, B, be in fit.samples]
+
+
+def difference_interval(x_samples, y_samples, *, n: int = 2000, seed: int = 0) -> Optional[list]:
+    """95% interval of y - x from bootstrap draws of two estimates, paired at random (as if their
+    errors were independent; two estimates from the same data err together, so this is wider than
+    the interval of a joint bootstrap: a conservative test of disagreement). None with < 10 draws
+    of either."""
+    x = np.asarray(x_samples, dtype=float)
+    y = np.asarray(y_samples, dtype=float)
+    x, y = x[np.isfinite(x)], y[np.isfinite(y)]
+    if len(x) < 10 or len(y) < 10:
+        return None
+    rng = np.random.default_rng(seed)
+    return _interval(y[rng.integers(0, len(y), n)] - x[rng.integers(0, len(x), n)])
+
+
+HOLDOUT_BY = ("size", "budget")
+
+
+@dataclass
+class HoldoutPrediction:
+    """Approach 3 fitted without the largest model size (``by="size"``: every point of that N) or
+    the largest compute budget (``by="budget"``), asked for the held-out losses. Per held-out point:
+    N, D, the measured loss, the prediction, its 95% prediction interval (the bootstrap fits'
+    predictions, each times exp of a log residual of the fit drawn at random: the fit's uncertainty
+    and a point's own scatter), the relative error and whether the measurement falls inside."""
+
+    by: str
+    status: str
+    message: str = ""
+    n_fit: int = 0
+    n_held: int = 0
+    held_N: Optional[float] = None  # by="size": the N held out
+    held_budget: Optional[float] = None  # by="budget": its C (FLOPs)
+    rows: list = field(default_factory=list)  # dicts: N, D, measured, predicted, lo, hi, rel_error, inside
+    n_inside: int = 0
+    passed: Optional[bool] = None  # every held-out point inside its interval
+    fit: Optional[NDFit] = field(default=None, repr=False)
+
+    def to_json(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "fit"}
+        d["fit"] = None if self.fit is None else {k: getattr(self.fit, k) for k in (*ND_PARAMS, "status", "ci_method",
+                                                                                      "n_boot")}
+        return json_safe(d)
+
+
+def holdout_prediction(N: Sequence[float], D: Sequence[float], L: Sequence[float], *, by: str = "size",
+                       C: Optional[Sequence[float]] = None, budget_tags: Optional[Sequence[Optional[float]]] = None,
+                       budget_tolerance: float = 0.1, clusters: Optional[Sequence] = None, huber_delta: float = 1e-3,
+                       n_boot: int = 200, seed: int = 0, n_polish: Optional[int] = 20) -> HoldoutPrediction:
+    """Fit L(N, D) on all but the largest size (or budget: needs ``C``) and predict what was left out
+    (see :class:`HoldoutPrediction`). A prediction that can fail: the fit never sees the held-out points."""
+    if by not in HOLDOUT_BY:
+        raise ValueError(f"holdout by {by!r}: valid are {', '.join(HOLDOUT_BY)}")
+    N, D, L = (np.asarray(x, dtype=float).ravel() for x in (N, D, L))
+    ok = _finite_positive(N, D, L)
+    res = HoldoutPrediction(by=by, status=OK)
+    if by == "budget":
+        if C is None:
+            res.status, res.message = NO_BUDGET, "holdout by budget needs each point's training FLOPs"
+            return res
+        C = np.asarray(C, dtype=float).ravel()
+        groups = group_budgets(np.where(ok, C, np.nan), tolerance=budget_tolerance, tags=budget_tags)
+        if len(groups) < 2:
+            res.status, res.message = ONE_BUDGET, "one compute budget: nothing to fit without it"
+            return res
+        held = np.zeros(len(N), dtype=bool)
+        held[groups[-1]] = True
+        top = groups[-1]
+        tag = None if budget_tags is None else budget_tags[top[0]]
+        res.held_budget = float(tag) if tag is not None else float(np.exp(np.mean(np.log(C[top]))))
+    else:
+        if not ok.any():
+            res.status, res.message = NO_FINITE, "no finite point"
+            return res
+        res.held_N = float(N[ok].max())
+        held = ok & (N == res.held_N)
+    train = ok & ~held
+    res.n_fit, res.n_held = int(train.sum()), int(held.sum())
+
+    def sub(x):
+        return None if x is None else [x[i] for i in np.flatnonzero(train)]
+
+    fit = fit_loss_nd(N[train], D[train], L[train], huber_delta=huber_delta, n_boot=n_boot, seed=seed,
+                      n_polish=n_polish, C=None if C is None else C[train], budget_tolerance=budget_tolerance,
+                      budget_tags=sub(budget_tags), clusters=sub(clusters))
+    res.fit = fit
+    if fit.status != OK:
+        res.status, res.message = fit.status, f"fit without the held-out points: {fit.message}"
+        return res
+    if fit.samples is None:
+        res.status, res.message = FAILED, f"{fit.n_boot} bootstrap fits: no prediction interval (need >= 10)"
+        return res
+    r = np.log(L[train]) - np.log(fit.predict(N[train], D[train]))
+    r = (r - r.mean()) * math.sqrt(len(r) / max(len(r) - 5, 1))
+    rng = np.random.default_rng(seed + 1)
+    E, A, alpha, B, beta = (s[:, None] for s in fit.samples.T)
+    Nh, Dh, Lh = N[held], D[held], L[held]
+    with np.errstate(over="ignore", invalid="ignore"):
+        draws = (E + A * Nh[None, :] ** (-alpha) + B * Dh[None, :] ** (-beta))  # (n_boot, n_held)
+        draws = draws * np.exp(r[rng.integers(0, len(r), draws.shape)])
+    pred = fit.predict(Nh, Dh)
+    for j in range(len(Nh)):
+        iv = _interval(draws[:, j])
+        inside = bool(iv[0] <= Lh[j] <= iv[1])
+        res.rows.append({"N": float(Nh[j]), "D": float(Dh[j]), "measured": float(Lh[j]), "predicted": float(pred[j]),
+                         "lo": iv[0], "hi": iv[1], "rel_error": float(pred[j] / Lh[j] - 1.0), "inside": inside})
+    res.n_inside = sum(row["inside"] for row in res.rows)
+    res.passed = res.n_inside == len(res.rows)
+    return res

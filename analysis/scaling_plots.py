@@ -98,39 +98,49 @@ def plot_loss_vs_flops(points, fits, curves, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def plot_loss_vs_tokens(runs_by_family: dict[str, list], path: Path) -> Path:
+def plot_loss_vs_tokens(runs_by_family: dict[str, list], path: Path, n_of=None, n_label: str = "active") -> Path:
     """One panel per family: validation loss against tokens seen, one line per run, one colour and
-    one legend entry per model size (runs of a size, e.g. a WSD trunk and its branches or several
-    seeds, share them)."""
+    one legend entry per model size N = ``n_of(run)`` (the fits' N, named ``n_label``; default the
+    active count; runs of a size, e.g. a WSD trunk and its branches or several seeds, share them)."""
+    if n_of is None:
+        def n_of(r):
+            return r.params["active"]
+
     plt = pyplot()
     fams = sorted(runs_by_family)
     fig, axes = plt.subplots(1, len(fams), figsize=(5 * len(fams), 4.2), squeeze=False, sharey=True)
     cmap = plt.get_cmap("viridis")
     for ax, fam in zip(axes[0], fams):
-        runs = sorted(runs_by_family[fam], key=lambda r: r.params["active"])
-        sizes = sorted({r.params["active"] for r in runs})
+        runs = sorted(runs_by_family[fam], key=n_of)
+        sizes = sorted({n_of(r) for r in runs})
         labelled: set = set()
         for r in runs:
             rows = [v for v in r.val_rows if v.get("tokens")]
             if not rows:
                 continue
-            size = r.params["active"]
+            size = n_of(r)
             color = cmap(sizes.index(size) / max(1, len(sizes) - 1) * 0.9)
-            n_runs = sum(q.params["active"] == size for q in runs)
-            label = None if size in labelled else f"{size / 1e6:.2f}M active ({n_runs} runs)"
+            n_runs = sum(n_of(q) == size for q in runs)
+            label = None if size in labelled else f"N = {size / 1e6:.3g}M ({n_runs} runs)"
             labelled.add(size)
             ax.plot([v["tokens"] for v in rows], [v["loss"] for v in rows], "o-", ms=2.5, lw=1, color=color,
                     alpha=0.8, label=label)
         ax.set_xscale("log")
         style_axes(ax, f"{fam}: validation loss vs tokens", "tokens seen (count)", "validation loss (nats/token)",
-                   legend_title="model size")
+                   legend_title=f"model size N: {n_label}")
     fig.tight_layout()
     return save_figure(fig, path)
 
 
-def plot_dense_vs_moe(points, fits, path: Path) -> Path:
+def plot_dense_vs_moe(points, fits, path: Path, n_of=None,
+                      n_label: str = "active parameters per token, embeddings included") -> Path:
     """Left: loss against training FLOPs (equal compute). Right: loss against active parameters
-    per token (equal active size), lines joining runs of one family with the same token count."""
+    per token ``n_of(point)``, named ``n_label`` (equal active size), lines joining runs of one
+    family with the same token count."""
+    if n_of is None:
+        def n_of(p):
+            return p.params_active
+
     plt = pyplot()
     fams = sorted({p.family for p in points})
     col = _colors(fams)
@@ -150,17 +160,17 @@ def plot_dense_vs_moe(points, fits, path: Path) -> Path:
             return ("flops", p.budget) if p.budget else ("tokens", round(p.tokens, -3))
 
         for k in sorted({key(p) for p in ps}):
-            same = sorted((p for p in ps if key(p) == k), key=lambda p: p.params_active)
-            bx.plot([p.params_active for p in same], [p.loss for p in same], color=col[fam],
+            same = sorted((p for p in ps if key(p) == k), key=n_of)
+            bx.plot([n_of(p) for p in same], [p.loss for p in same], color=col[fam],
                     marker=_marker(moe), ls="--" if moe else "-",
                     label=f"{fam} ({kind}), {k[1]:.3g} {'FLOPs' if k[0] == 'flops' else 'tokens'}")
     _log_x(ax, [p.flops for p in points])
-    _log_x(bx, [p.params_active for p in points])
+    _log_x(bx, [n_of(p) for p in points])
     style_axes(ax, "Dense vs MoE at equal training compute\n(lines: fitted L(C), dashed for MoE)",
                "training compute C (FLOPs)", "final validation loss (nats/token)")
     style_axes(bx, "Dense vs MoE at equal active parameters\n(MoE: K routed + shared experts + router; "
                "lines: one budget)",
-               "active parameters per token (count, embeddings included)", "final validation loss (nats/token)")
+               f"N: {n_label} (count)", "final validation loss (nats/token)")
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -278,5 +288,35 @@ def plot_loss_nd(studies: dict, n_label: str, path: Path) -> Path:
             head.append(SEED_BARS)
         style_axes(ax, "\n".join(head), "training tokens D (count)", "final validation loss (nats/token)",
                    legend_title=f"{n_label} N")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_compute_multiplier(curves: list, n_labels: dict, path: Path) -> Path:
+    """One panel per N definition: each pair's compute multiplier m(C) with its 95% band, over the
+    compute both families measured only (no extrapolation); m = 1 is drawn dashed."""
+    plt = pyplot()
+    kinds = list(dict.fromkeys(c.n_kind for c in curves)) or ["-"]
+    pairs = list(dict.fromkeys((c.reference, c.family) for c in curves))
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 5.2), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        mine = [c for c in curves if c.n_kind == kind]
+        drawn = [c for c in mine if c.status == OK and c.C]
+        for c in drawn:
+            color = f"C{pairs.index((c.reference, c.family)) % 10}"  # one colour per pair in every panel
+            ax.plot(c.C, c.multiplier, color=color, lw=1.8, label=f"{c.family} vs {c.reference}")
+            if c.lo:
+                ax.fill_between(c.C, c.lo, c.hi, color=color, alpha=0.18, lw=0, label=f"{c.family}: 95% band")
+        if drawn:
+            ax.axhline(1.0, color="grey", ls="--", lw=1, label="m = 1: equally efficient")
+            ax.set_xscale("log")
+            _plain_log_y(ax)
+        else:
+            _note(ax, "no pair with fits over a common compute range:\n"
+                  + "\n".join(f"{c.family} vs {c.reference}: {c.status}" for c in mine) if mine else "one family")
+        label = n_labels.get(kind, kind)
+        style_axes(ax, "\n".join(textwrap.wrap(f"Compute multiplier, fits with N = {label}", 60)
+                                 + ["(reference's FLOPs / family's FLOPs, at the family's compute-optimal loss)"]),
+                   "training compute C of the family (FLOPs)", "compute multiplier m (×)")
     fig.tight_layout()
     return save_figure(fig, path)

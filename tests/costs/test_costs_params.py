@@ -58,3 +58,20 @@ def test_untied_head_is_not_embedding():
     untied = param_counts(archlab.load_recipe("recipes/dense/tiny.yaml", ["model.tie_embeddings=false"]))
     assert untied.total - tied.total == untied.lm_head == 8192 * 96
     assert untied.embedding == tied.embedding == 8192 * 96 + 1024 * 96  # tokens + learned positions
+
+
+def test_counts_without_and_with_the_head_agree_for_tied_and_untied_models():
+    """non_embedding_no_head leaves the LM head out and non_embedding_with_head counts its D x V
+    matmul, tied or untied: the same number for both; non_embedding differs by the untied head."""
+    tied = param_counts(archlab.load_recipe("recipes/dense/tiny.yaml"))
+    untied = param_counts(archlab.load_recipe("recipes/dense/tiny.yaml", ["model.tie_embeddings=false"]))
+    head = 8192 * 96
+    assert tied.output_projection == untied.output_projection == head
+    assert tied.non_embedding_no_head == untied.non_embedding_no_head == tied.non_embedding
+    assert tied.non_embedding_with_head == untied.non_embedding_with_head == tied.non_embedding + head
+    assert untied.non_embedding - tied.non_embedding == head
+    assert tied.active_no_head == untied.active_no_head == tied.non_embedding_no_head  # dense: all active
+    llama = param_counts(archlab.load_recipe("recipes/llama/tiny.yaml"))  # untied head
+    assert llama.lm_head and llama.active_no_head == llama.active - llama.embedding - llama.lm_head
+    d = untied.as_dict()
+    assert d["non_embedding_no_head"] == untied.non_embedding_no_head and d["output_projection"] == head
