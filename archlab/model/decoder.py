@@ -6,8 +6,8 @@ A model type is one class registered in :data:`MODELS` under its ``model.type`` 
 the encoder (:mod:`archlab.model.encoder`, BERT) built on it. Each states ``causal`` (what its
 attention layers are built with: each attention variant says whether it can run without the causal
 mask), ``options`` (the ``model`` keys only it reads: ``archlab.config.options`` refuses them on another
-type), ``validate`` (its rules on the ``model`` node) and ``num_params``; ``build_parts`` builds the
-parts only it has.
+type), ``validate`` (its rules on the ``model`` node), ``num_params`` and the HF families that express it
+(``hf_export``); ``build_parts`` builds the parts only it has.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from archlab.config.schema import ModelConfig
 from archlab.model.checkpointing import check_mode, checkpointed_block
 from archlab.nn.attention import KVCache, LayerKVCache, attention_class, build_attention
+from archlab.nn.component import Exportable
 from archlab.nn.ffn import build_ffn, ffn_class
 from archlab.nn.loss import linear_cross_entropy
 from archlab.nn.mtp import MTPModule
@@ -92,7 +93,7 @@ class Block(nn.Module):
 
 
 @MODELS.register("decoder")
-class Decoder(nn.Module):
+class Decoder(Exportable, nn.Module):
     """Token embedding (+ absolute positions) -> blocks -> final norm (pre-LN) -> LM head.
 
     ``checkpointing``: ``none | full | selective``, how the blocks keep activations for backward
@@ -102,6 +103,8 @@ class Decoder(nn.Module):
 
     causal: ClassVar[bool] = True  # each query sees the keys at or before its position
     options: ClassVar[frozenset[str]] = frozenset({"mtp_depth"})  # the model keys only this type reads
+    hf_export = {f: "causal LM" for f in ("gpt2", "llama", "mistral", "mixtral", "qwen3_moe", "deepseek_v3")}
+    hf_unsupported = "a causal decoder: this family's class is an encoder"
 
     @classmethod
     def validate(cls, m, prefix: str = "model") -> None:
