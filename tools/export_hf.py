@@ -35,9 +35,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def verify(model, out: Path, seq_len: int = 32) -> float:
     """Max |logit difference| between archlab and the reloaded HF model; raises if not close."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
-    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    auto = AutoModelForCausalLM if getattr(model, "causal", True) else AutoModelForMaskedLM  # an encoder: BERT
+    hf = auto.from_pretrained(out, dtype=torch.float32).eval()
     model = model.float().eval()
     ids = torch.randint(0, model.cfg.vocab_size, (2, min(seq_len, model.cfg.max_seq_len)))
     with torch.no_grad():

@@ -1,8 +1,9 @@
 """Options belong to their variant: a recipe key that has no effect in its recipe is refused.
 
-A *choice* is a key whose value selects a variant: ``model.attention.type`` an entry of
-``ATTENTIONS``, ``train.schedule`` one of the learning-rate schedules (``SCHEDULES``). Each variant states the
-keys of the choice's node that it reads: a component's ``options`` (``archlab.nn.component``), a
+A *choice* is a key whose value selects a variant: ``model.type`` an entry of ``MODELS`` (decoder,
+encoder: ``archlab.model``), ``model.attention.type`` an entry of ``ATTENTIONS``, ``train.schedule`` one
+of the learning-rate schedules (``SCHEDULES``). Each variant states the keys of the choice's node that it
+reads: a model type's and a component's ``options`` (``archlab.model.decoder``, ``archlab.nn.component``), a
 data source's ``options`` (``archlab.data.sources``), a schedule's and an optimizer's ``options``
 (``archlab.optim``: ``train.schedule``, ``train.optimizer``), an objective's ``options``
 (``archlab.objectives``: ``train.objective``) and ``PARAMETRIZATION_OPTIONS``
@@ -80,6 +81,12 @@ def _data_sources() -> dict[str, frozenset[str]]:
     return registry_options(SOURCES)
 
 
+def _model_types() -> dict[str, frozenset[str]]:
+    from archlab.model.build import MODELS  # archlab.model imports the config package: resolved here
+
+    return registry_options(MODELS)
+
+
 @dataclass(frozen=True)
 class Choice:
     """A key whose value selects which keys of a node take effect."""
@@ -114,6 +121,8 @@ class Condition:
 
 CHOICES: dict[str, list[Choice]] = {
     "model": [
+        # the model type first: a key of another type is refused before its components are asked
+        Choice("", "type", "model.type", "model type", ModelConfig, _model_types),
         Choice("attention", "attention.type", "attention.type", "attention", AttentionConfig,
                lambda: registry_options(ATTENTIONS)),
         Choice("norm", "norm.type", "norm.type", "norm", NormConfig, lambda: registry_options(NORMS)),

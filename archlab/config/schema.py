@@ -30,6 +30,9 @@ __all__ = ["AttentionConfig", "BalanceConfig", "DataConfig", "FFNConfig", "Model
 
 @dataclass
 class ModelConfig:
+    # decoder (causal attention: GPT, LLaMA...) | encoder (bidirectional attention: BERT, trained by
+    # train.objective=mlm); archlab/model/decoder.py, archlab/model/encoder.py
+    type: str = "decoder"
     vocab_size: int = 4096
     max_seq_len: int = 256  # positions the model is built for (learned table size, RoPE cache)
     d_model: int = 128
@@ -56,6 +59,12 @@ class ModelConfig:
     # multi-token prediction (DeepSeek-V3): this many sequential MTP modules, trained by train.objective=mtp
     # and dropped at inference and export (archlab/nn/mtp.py). 0 = none
     mtp_depth: int = 0
+    # encoder (BERT): a norm (norm.type) on the summed token and position embeddings, before the blocks
+    embed_norm: bool = False
+    # encoder (BERT's MLM head): dense D -> D, the FFN's activation and a norm between the last block and the
+    # LM head (archlab/nn/heads.py)
+    head_transform: bool = False
+    head_bias: bool = False  # encoder (BERT's MLM head): a bias on the LM head's logits
 
     @property
     def kv_heads(self) -> int:
@@ -129,10 +138,13 @@ class TrainConfig:
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW (under muon: its AdamW groups)
     eps: float = 1e-8  # AdamW (under muon: its AdamW groups)
     muon: MuonConfig = field(default_factory=MuonConfig)  # optimizer muon: momentum, nesterov, ns_steps, adjust_lr_fn
-    # causal_lm (next-token prediction) | mtp (DeepSeek-V3's multi-token prediction: model.mtp_depth modules);
-    # archlab/objectives/
+    # causal_lm (next-token prediction) | mtp (DeepSeek-V3's multi-token prediction: model.mtp_depth modules)
+    # | mlm (BERT's masked-token prediction: model.type encoder); archlab/objectives/
     objective: str = "causal_lm"
     mtp_weight: float = 0.3  # objective mtp: lambda, the MTP loss's weight (DeepSeek-V3: 0.3, later 0.1)
+    # objective mlm: share of positions selected for prediction (BERT: 0.15; of them 80% masked, 10% a random
+    # id, 10% kept)
+    mlm_probability: float = 0.15
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     precision: str = "auto"  # auto (bf16 where supported, else fp32) | fp32 | bf16
     compile: bool = False  # torch.compile the model
@@ -173,7 +185,7 @@ class TrainConfig:
 @dataclass
 class Recipe:
     name: str = "unnamed"
-    family: str = "custom"  # dense | llama | vanilla | mixtral | deepseek | custom
+    family: str = "custom"  # dense | llama | vanilla | mixtral | deepseek | bert | custom
     description: str = ""
     compare_with: Optional[str] = None  # MoE: the dense recipe with equal active parameters
     base: Optional[str] = None  # a recipe file this one extends (relative path); resolved at load

@@ -48,8 +48,11 @@ def _fraction(key: str, value: float, hi_open: bool = True) -> None:
 def validate_model(m, prefix: str = "model") -> None:
     """Model rules. ``m`` is the ``model`` node of a recipe (DictConfig or ModelConfig): the
     shared sizes here, then each component's own rules, asked of the component itself."""
+    from archlab.model.build import MODELS, model_class  # archlab.model imports this package: resolved here
+
     _positive(m, prefix, "vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads")
     # every type name first, so that a component's rules may ask another component
+    _one_of(f"{prefix}.type", m.type, MODELS.names())
     _one_of(f"{prefix}.attention.type", m.attention.type, ATTENTIONS.names())
     _one_of(f"{prefix}.norm.type", m.norm.type, NORMS.names())
     _one_of(f"{prefix}.position.type", m.position.type, POSITIONS.names())
@@ -65,6 +68,7 @@ def validate_model(m, prefix: str = "model") -> None:
     norm_class(m).validate(m, prefix)
     position_class(m).validate(m, prefix)
     ffn_class(m).validate(m, prefix)
+    model_class(m).validate(m, prefix)  # e.g. an encoder's components must run without the causal mask
     _fraction(f"{prefix}.dropout", m.dropout)
     _positive(m, prefix, "init_std")
     validate_parametrization(m, prefix)
@@ -114,7 +118,9 @@ def validate_moe(e, n_layers: int, prefix: str, routers) -> None:
 SHARD_FORMATS = ["auto", "llmc", "nanogpt", "archlab"]
 
 
-def validate_data(d, model) -> None:
+def validate_data(d, model, reserved: int = 0) -> None:
+    """Data rules; ``reserved``: ids at the top of the vocabulary the training objective uses itself (masked
+    LM: its mask id), which the tokenizer must leave free."""
     _one_of("data.source", d.source, ["stdlib", "shakespeare", "text", "hf", "tokens"])
     check_data_options(d)  # a key of another source
     if d.source == "text" and not d.paths:
@@ -130,11 +136,13 @@ def validate_data(d, model) -> None:
     if d.tokenizer not in ("bpe", "byte") and not str(d.tokenizer).endswith(".json"):
         _fail("data.tokenizer", d.tokenizer,
               "must be bpe, byte or the path of a Hugging Face tokenizers file (*.json, e.g. gpt2's tokenizer.json)")
-    if d.tokenizer == "byte" and model.vocab_size < 257:
-        _fail("model.vocab_size", model.vocab_size, "the byte tokenizer needs 256 byte ids + 1 end-of-text id (>= 257)")
-    if d.tokenizer == "bpe" and d.source != "tokens" and model.vocab_size < 260:
+    also = f", + {reserved} id(s) the objective reserves" if reserved else ""
+    if d.tokenizer == "byte" and model.vocab_size < 257 + reserved:
         _fail("model.vocab_size", model.vocab_size,
-              "a byte-level BPE needs at least 256 byte ids + special tokens (>= 260)")
+              f"the byte tokenizer needs 256 byte ids + 1 end-of-text id{also} (>= {257 + reserved})")
+    if d.tokenizer == "bpe" and d.source != "tokens" and model.vocab_size < 260 + reserved:
+        _fail("model.vocab_size", model.vocab_size,
+              f"a byte-level BPE needs at least 256 byte ids + special tokens{also} (>= {260 + reserved})")
     if d.eot_id is not None and not 0 <= d.eot_id < model.vocab_size:
         _fail("data.eot_id", d.eot_id, f"must lie in [0, model.vocab_size={model.vocab_size}) (or null)")
     if not 0.0 < d.val_fraction < 0.5:
@@ -201,5 +209,7 @@ def validate_trackers(t) -> None:
 def validate(cfg) -> None:
     """Check a whole recipe; raise :class:`RecipeError` on the first broken rule."""
     validate_model(cfg.model)
-    validate_data(cfg.data, cfg.model)
+    objective = cfg.train.objective
+    reserved = OBJECTIVES.get(objective).reserved_ids(cfg.model) if objective in OBJECTIVES else 0
+    validate_data(cfg.data, cfg.model, reserved)
     validate_train(cfg.train, cfg.model)

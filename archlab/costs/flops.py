@@ -14,7 +14,7 @@ can be checked against a measured count):
   the weighted sum of V. Causal masking does not remove work from SDPA's math kernel, and the
   PaLM/Chinchilla/Kaplan formulas count the square too. The useful (unmasked) part is
   (S+1)/(2S) of it: ``FlopsBreakdown.attention_causal_useful`` reports it separately; it is
-  never added to the total.
+  never added to the total. An encoder (bidirectional attention) uses the whole square.
 - A training step costs 3x the forward: the backward of every matmul is two matmuls of the
   same size (grad wrt input and grad wrt weight).
 - MoE layers count what a token actually uses: its K routed experts, the shared experts and
@@ -46,6 +46,8 @@ class FlopsBreakdown:
     lm_head: float  # D -> V logits
     seq_len: int
     mtp: float = 0.0  # multi-token prediction (objective mtp): its modules' projections, blocks and head calls
+    head_transform: float = 0.0  # an encoder's MLM head transform (BERT): dense D -> D before the LM head
+    causal: bool = True  # the attention is causal (a decoder); an encoder's uses the whole square
 
     @property
     def total(self) -> float:
@@ -58,18 +60,23 @@ class FlopsBreakdown:
 
     @property
     def attention_causal_useful(self) -> float:
-        """The part of :attr:`attention` not masked out by causality: (S+1)/(2S) of the square."""
+        """The part of :attr:`attention` not masked out by causality: (S+1)/(2S) of the square for a
+        decoder; all of it for an encoder, which masks nothing."""
+        if not self.causal:
+            return self.attention
         return self.attention * (self.seq_len + 1) / (2 * self.seq_len)
 
     def components(self) -> dict[str, float]:
         """Component name -> forward FLOPs per token; the values sum to :attr:`total`."""
         d = asdict(self)
         d.pop("seq_len")
+        d.pop("causal")
         return d
 
     def scaled(self, factor: float) -> "FlopsBreakdown":
         """The same breakdown times ``factor`` (3 for a training step)."""
-        return FlopsBreakdown(**{k: v * factor for k, v in self.components().items()}, seq_len=self.seq_len)
+        return FlopsBreakdown(**{k: v * factor for k, v in self.components().items()}, seq_len=self.seq_len,
+                              causal=self.causal)
 
 
 def ffn_flops(cfg: ModelConfig, hidden: int) -> float:
@@ -98,6 +105,7 @@ def forward_flops(model_cfg, seq_len: int, objective: str | None = None) -> Flop
     ``train.objective``, else ``mtp`` for a model with MTP modules, else ``causal_lm``).
     """
     from archlab.config.load import model_config
+    from archlab.model import model_class
     from archlab.objectives import objective_class, objective_name
 
     head = objective_class(objective_name(model_cfg, objective)).forward_flops
@@ -117,6 +125,7 @@ def forward_flops(model_cfg, seq_len: int, objective: str | None = None) -> Flop
         router=n_moe * router,
         **head(cfg, seq_len),  # the LM head (and what only the objective runs, e.g. MTP modules)
         seq_len=seq_len,
+        causal=model_class(cfg).causal,
     )
 
 

@@ -72,8 +72,10 @@ if torch.ops.aten.addmm_ not in flop_registry:
 def training_loss(model: nn.Module, x_BW: Tensor, loss: str = "fused") -> Tensor:
     """What back-propagates for one training window, as the trainer computes it: the objective the model
     implies (``archlab.objectives``: causal LM on a (B, S+1) window; MTP on (B, S+1+K) for a model with K
-    MTP modules) through its ``loss`` (``Trainer._forward_loss``: the fused LM head, no logits).
-    ``loss="logits"``: the reference cross-entropy on the (B, S, V) logits (causal LM only)."""
+    MTP modules; masked LM on (B, S) for an encoder, the masks of step 0) through its ``loss``
+    (``Trainer._forward_loss``: the fused LM head, no logits).
+    ``loss="logits"``: the reference cross-entropy on the (B, S, V) logits (causal LM; masked LM with the
+    same masks)."""
     from archlab.objectives import objective_class, objective_name
 
     if loss == "fused":
@@ -82,6 +84,10 @@ def training_loss(model: nn.Module, x_BW: Tensor, loss: str = "fused") -> Tensor
     if loss == "logits":
         if getattr(model.cfg, "mtp_depth", 0):
             raise ValueError("loss='logits': the reference loss is causal LM's; an MTP model's loss is fused only")
+        if not getattr(model, "causal", True):  # masked LM: the same masks, cross-entropy on the logits
+            inputs, targets = objective_class("mlm")(_MeasureRecipe(model.cfg)).select(x_BW, 0, 0, 0)
+            out = model(inputs)
+            return lm_loss(out.logits, targets) + out.aux_loss.float()
         out = model(x_BW[:, :-1])
         return lm_loss(out.logits, x_BW[:, 1:]) + out.aux_loss.float()
     raise ValueError(f"loss={loss!r}: must be one of {', '.join(LOSSES)}")

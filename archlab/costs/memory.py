@@ -43,8 +43,9 @@ it saved and counts nothing):
   keeps E*C rows (C = the largest expert load);
 - dropout (p > 0): one mask per dropout, in the activation dtype on CPU, bool on CUDA;
 - model level: the token window (int64; the trainer reads (B, S+1) ids, the inputs and targets
-  are views of it and the embedding keeps the whole window), learned position ids, RoPE cos/sin
-  tables (fp32, shared by all layers), the final norm, and the LM head + loss by ``loss``:
+  are views of it and the embedding keeps the whole window; masked LM: the (B, S) masked inputs),
+  learned position ids, RoPE cos/sin tables (fp32, shared by all layers), the final norm (an
+  encoder's embedding norm), and the LM head + loss (an encoder's head transform) by ``loss``:
   ``fused`` (default: what the trainer runs, ``archlab.nn.loss.linear_cross_entropy``) keeps the
   gradients wrt its input h (N x D) and the head's weight (V x D), computed in the forward, and
   the count of counted tokens; ``logits`` (the reference ``archlab.nn.loss.lm_loss`` on the
@@ -205,8 +206,11 @@ def kv_cache_bytes(model_cfg, batch: int, context: int, dtype: str = "bf16") -> 
     each attention variant keeps it (MHA/GQA/MQA: 2 * G * Dh per position; a sliding window: at
     most W - 1 positions; MLA: the latent and the RoPE key)."""
     from archlab.config.load import model_config
+    from archlab.model import model_class
 
     cfg = model_config(model_cfg)
+    if not model_class(cfg).causal:
+        raise NotImplementedError(f"model.type={cfg.type}: an encoder keeps no KV cache (it does not generate)")
     _check_choice("dtype", dtype, list(DTYPE_BYTES))
     _check_positive(batch=batch, context=context)
     attention = attention_class(cfg)
@@ -362,6 +366,8 @@ def _model_bytes(s: _Shape, loss: str, checkpointing: str, objective: str) -> di
         # learned: the position ids; RoPE: cos/sin, shared by all layers (checkpointing: inside the blocks)
         "positions": float(positions.saved_bytes(s, checkpointing)),
         "head": n * _norm_bytes(s, D) if cfg.norm.placement == "pre" else 0.0,  # the final norm
+        # an encoder's norm on the summed embeddings (BERT): its input and statistics
+        "embed_norm": n * _norm_bytes(s, D) if getattr(cfg, "embed_norm", False) else 0.0,
         **head.saved_bytes(s, loss, checkpointing),  # loss (and e.g. the MTP modules)
     }
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from archlab.config.schema import ModelConfig
+from archlab.model.build import model_class
 from archlab.model.decoder import Decoder, _moe_layer_cls
 from archlab.nn.positions import position_class
 
@@ -79,7 +80,7 @@ def param_counts(model_cfg) -> ParamCounts:
     from archlab.config.load import model_config
 
     cfg = model_config(model_cfg)
-    total = Decoder.num_params(cfg)
+    total = model_class(cfg).num_params(cfg)
     embedding = cfg.vocab_size * cfg.d_model + position_class(cfg).num_params(cfg)
     lm_head = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.d_model
     routed = inactive = 0

@@ -40,7 +40,8 @@ class TokenBatches:
     """Random training windows: ``get(step, micro)`` -> LongTensor (B, S + ahead), ``ahead`` 1 by default.
 
     The objective (``archlab.objectives``) splits a window into inputs and targets (causal LM: inputs
-    ``x[:, :-1]``, targets ``x[:, 1:]``); ``ahead`` is how many ids past the S inputs it needs. At each
+    ``x[:, :-1]``, targets ``x[:, 1:]``); ``ahead`` is how many ids past the S inputs it needs (masked LM:
+    0, its targets are its inputs' own ids). At each
     step, W*A*B window starts are drawn uniformly over the valid starts of ``tokens``; rank r at
     micro-step m takes the slice
     ``[(m*W + r)*B : (m*W + r + 1)*B]`` of them, so ranks never share a drawn window and the
@@ -49,8 +50,8 @@ class TokenBatches:
 
     def __init__(self, tokens: np.ndarray, seq_len: int, micro_batch_size: int, grad_accum: int,
                  rank: int = 0, world_size: int = 1, seed: int = 0, ahead: int = 1):
-        if ahead < 1:
-            raise ValueError(f"ahead={ahead}: a window holds at least the next token past the inputs (>= 1)")
+        if ahead < 0:
+            raise ValueError(f"ahead={ahead}: the ids past the S inputs a window holds cannot be negative")
         check_length(tokens, seq_len + ahead - 1, "training split")
         _check_rank(rank, world_size)
         if micro_batch_size < 1 or grad_accum < 1:

@@ -67,8 +67,31 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def _tokenizer_vocab(data_cfg, model_vocab_size: int) -> int:
-    """The tokenizer's vocabulary size: the model's for BPE, always 257 for bytes."""
+    """The tokenizer's vocabulary size: the model's for BPE (less the ids the objective reserves), always
+    257 for bytes."""
     return BYTE_VOCAB_SIZE if data_cfg.tokenizer == "byte" else model_vocab_size
+
+
+def reserved_ids(cfg) -> int:
+    """Ids at the top of the model's vocabulary that the recipe's training objective uses itself (masked LM:
+    its mask id) and no tokenizer id may reach (``archlab.objectives``); 0 without a ``train`` node."""
+    train = cfg.get("train") if hasattr(cfg, "get") else getattr(cfg, "train", None)
+    if train is None:
+        return 0
+    from archlab.objectives import OBJECTIVES  # imports torch: resolved when data is prepared
+
+    name = str(getattr(train, "objective", None) or "causal_lm")
+    return OBJECTIVES.get(name).reserved_ids(cfg.model) if name in OBJECTIVES else 0
+
+
+def check_reserved_ids(cfg, tokenizer: Tokenizer) -> None:
+    """The tokenizer's ids stay below the ids the objective reserves at the top of the vocabulary."""
+    reserved = reserved_ids(cfg)
+    free = int(cfg.model.vocab_size) - reserved
+    if reserved and tokenizer.vocab_size > free:
+        raise DataError(f"model.vocab_size={int(cfg.model.vocab_size)}: train.objective={cfg.train.objective} "
+                        f"uses the last {reserved} id(s) of the vocabulary itself, and the tokenizer has "
+                        f"{tokenizer.vocab_size} ids; set model.vocab_size >= {tokenizer.vocab_size + reserved}")
 
 
 def cache_key(corpus: Corpus, data_cfg, vocab_size: int, tokenizer: Optional[Tokenizer] = None) -> str:
@@ -226,8 +249,8 @@ def _prepare_text(cfg) -> PreparedData:
     file_tokenizer = _file_tokenizer(data_cfg, int(cfg.model.vocab_size))
     if file_tokenizer is not None:
         vocab_size = file_tokenizer.vocab_size
-    else:
-        vocab_size = _tokenizer_vocab(data_cfg, int(cfg.model.vocab_size))
+    else:  # a tokenizer trained here leaves the ids the objective reserves free (causal LM: none)
+        vocab_size = _tokenizer_vocab(data_cfg, int(cfg.model.vocab_size) - reserved_ids(cfg))
     corpus = build_corpus(data_cfg)
     key = cache_key(corpus, data_cfg, vocab_size, file_tokenizer)
     folder = Path(os.path.expanduser(str(data_cfg.cache_dir))) / f"{corpus.family}-{key[:16]}"
@@ -251,6 +274,7 @@ def prepare_data(cfg) -> PreparedData:
         data = prepare_tokens(cfg)
     else:
         data = _prepare_text(cfg)
+    check_reserved_ids(cfg, data.tokenizer)
     train_cfg = cfg.get("train") if hasattr(cfg, "get") else None
     if train_cfg is not None:
         check_length(data.train, int(train_cfg.seq_len), "training split")

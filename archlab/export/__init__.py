@@ -1,10 +1,11 @@
 """Export to Hugging Face ``transformers`` formats (one registered exporter per family).
 
 Importing this package registers every exporter: dense families in ``hf`` (GPT-2, LLaMA) and
-sliding-window attention in ``mistral``, MoE families in ``mixtral`` (Mixtral, Qwen3-MoE).
+sliding-window attention in ``mistral``, MoE families in ``mixtral`` (Mixtral, Qwen3-MoE), MLA in
+``deepseek``, encoders in ``bert`` (BertForMaskedLM).
 """
 
-from archlab.export import deepseek, mistral, mixtral  # noqa: F401  (register the MLA, sliding-window and MoE exporters)
+from archlab.export import bert, deepseek, mistral, mixtral  # noqa: F401  (register the exporters)
 from archlab.export.hf import EXPORTERS, HFExporter, export_hf, find_exporter, to_hf_model
 
 __all__ = ["EXPORTERS", "HFExporter", "export_hf", "find_exporter", "to_hf_model"]

@@ -42,9 +42,10 @@ EXPORTERS: Registry = Registry("hf exporter")
 
 
 class HFExporter:
-    """One architecture family -> one ``transformers`` causal-LM class."""
+    """One architecture family -> one ``transformers`` causal-LM (or, for an encoder, masked-LM) class."""
 
     hf_class_name: str = ""  # attribute of the ``transformers`` module, e.g. "LlamaForCausalLM"
+    tied_head_key: str = "lm_head.weight"  # the head's weight, left to ``tie_weights`` when tied to the embedding
 
     def matches(self, cfg: ModelConfig) -> Optional[str]:
         """None when this family expresses ``cfg`` exactly, else the reason it cannot."""
@@ -88,7 +89,7 @@ def to_hf_model(model: Decoder, eos_id: Optional[int] = None):
     hf = exporter.hf_class()(config).float()
     sd = {k: v.detach().float().contiguous() for k, v in exporter.state_dict(model).items()}
     missing, unexpected = hf.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    missing = [k for k in missing if not (k == exporter.tied_head_key and config.tie_word_embeddings)]
     if missing or unexpected:
         raise RuntimeError(f"{exporter.hf_class_name} state dict mismatch: missing {missing}, unexpected {unexpected}")
     if config.tie_word_embeddings:
@@ -103,7 +104,8 @@ def export_hf(
     eos_id: Optional[int] = None,
     overwrite: bool = False,
 ) -> Path:
-    """Write ``model`` as a folder that ``AutoModelForCausalLM.from_pretrained`` loads.
+    """Write ``model`` as a folder that ``AutoModelForCausalLM.from_pretrained`` loads (an encoder:
+    ``AutoModelForMaskedLM``).
 
     Weights go through ``save_pretrained`` (safetensors). With ``tokenizer_file`` (a ``tokenizers``
     JSON), the folder also gets a fast tokenizer. The folder is written next to ``out_dir`` and
@@ -155,9 +157,12 @@ def _save_tokenizer(tokenizer_file: Path, folder: Path, eos_id: Optional[int]) -
 def component_reasons(cfg: ModelConfig, family: str) -> Optional[str]:
     """None when every component of ``cfg`` says the HF ``family`` expresses it (their
     ``hf_export``), else the first component's reason (``archlab.nn.component.Exportable``)."""
+    from archlab.model.build import model_class
+
     if cfg.scale_embeddings:  # a decoder-level fact every exported family shares
         return "scale_embeddings=true: this class does not multiply the token embedding by sqrt(d_model)"
-    parts = [(f"attention.type={cfg.attention.type}", attention_class(cfg)),
+    parts = [(f"model.type={cfg.type}", model_class(cfg)),
+             (f"attention.type={cfg.attention.type}", attention_class(cfg)),
              (f"norm.type={cfg.norm.type}", norm_class(cfg)),
              (f"position.type={cfg.position.type}", position_class(cfg)),
              (f"ffn.type={cfg.ffn.type}", ffn_class(cfg))]

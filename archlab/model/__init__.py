@@ -1,7 +1,9 @@
-"""Model assembly and generation."""
+"""Model assembly and generation: the decoder (``model.type: decoder``) and the encoder (``encoder``)."""
 
-from archlab.model.build import build_model, num_params
-from archlab.model.decoder import Block, Decoder, ModelOutput
+from archlab.model.build import build_model, model_class, num_params
+from archlab.model.decoder import MODELS, Block, Decoder, ModelOutput
+from archlab.model.encoder import Encoder
 from archlab.model.generate import generate
 
-__all__ = ["Block", "Decoder", "ModelOutput", "build_model", "generate", "num_params"]
+__all__ = ["MODELS", "Block", "Decoder", "Encoder", "ModelOutput", "build_model", "generate", "model_class",
+           "num_params"]

@@ -1,4 +1,5 @@
-"""``build_model(cfg)``: a recipe (or its model node) -> :class:`Decoder`."""
+"""``build_model(cfg)``: a recipe (or its model node) -> the model its ``model.type`` names
+(:class:`Decoder` or :class:`Encoder`)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,26 @@ from omegaconf import DictConfig
 from archlab.config.load import model_config
 from archlab.config.schema import ModelConfig
 from archlab.config.validate import validate_model
-from archlab.model.decoder import Decoder
+from archlab.model import encoder  # noqa: F401  (registers model.type encoder)
+from archlab.model.decoder import MODELS, Decoder
+
+
+def model_class(cfg) -> type[Decoder]:
+    """The class of the model type a ``model`` node names (``model.type``)."""
+    return MODELS.get(getattr(cfg, "type", "decoder"))
 
 
 def build_model(cfg: Union[DictConfig, ModelConfig], device: Optional[Union[str, torch.device]] = None) -> Decoder:
-    """Build the decoder a recipe describes. ``device="meta"`` builds without allocating."""
+    """Build the model a recipe describes. ``device="meta"`` builds without allocating."""
     mcfg = model_config(cfg)
     validate_model(mcfg)
     if device is None:
-        return Decoder(mcfg)
+        return model_class(mcfg)(mcfg)
     with torch.device(device):
-        return Decoder(mcfg)
+        return model_class(mcfg)(mcfg)
 
 
 def num_params(cfg: Union[DictConfig, ModelConfig]) -> int:
     """Total parameters of the model a recipe describes, without building it."""
-    return Decoder.num_params(model_config(cfg))
+    mcfg = model_config(cfg)
+    return model_class(mcfg).num_params(mcfg)

@@ -1,13 +1,20 @@
-"""The decoder-only transformer that stacks the building blocks a recipe names.
+"""The decoder-only transformer that stacks the building blocks a recipe names (``model.type: decoder``).
 
 Shape legend: B batch, S sequence, D model dim, V vocabulary.
+
+A model type is one class registered in :data:`MODELS` under its ``model.type`` name: this one, and
+the encoder (:mod:`archlab.model.encoder`, BERT) built on it. Each states ``causal`` (what its
+attention layers are built with: each attention variant says whether it can run without the causal
+mask), ``options`` (the ``model`` keys only it reads: ``archlab.config.options`` refuses them on another
+type), ``validate`` (its rules on the ``model`` node), ``num_params`` and the HF families that express it
+(``hf_export``); ``build_parts`` builds the parts only it has.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 from torch import Tensor, nn
@@ -15,12 +22,16 @@ from torch import Tensor, nn
 from archlab.config.schema import ModelConfig
 from archlab.model.checkpointing import check_mode, checkpointed_block
 from archlab.nn.attention import KVCache, LayerKVCache, attention_class, build_attention
+from archlab.nn.component import Exportable
 from archlab.nn.ffn import build_ffn, ffn_class
 from archlab.nn.loss import linear_cross_entropy
 from archlab.nn.mtp import MTPModule
 from archlab.nn.mup import readout_mult, rescale_init
 from archlab.nn.norms import build_norm, norm_params
 from archlab.nn.positions import PosContext, build_positions, position_class
+from archlab.registry import Registry
+
+MODELS: Registry = Registry("model")
 
 
 @dataclass
@@ -46,11 +57,11 @@ class Block(nn.Module):
     post-LN (2017):          x = norm(x + f(x))
     """
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, causal: bool = True):
         super().__init__()
         self.pre = cfg.norm.placement == "pre"
         self.attn_norm = build_norm(cfg, dim=cfg.d_model)
-        self.attn = build_attention(cfg, layer=layer)
+        self.attn = build_attention(cfg, layer=layer, causal=causal)  # causal=False: an encoder's
         self.ffn_norm = build_norm(cfg, dim=cfg.d_model)
         self.is_moe = cfg.is_moe_layer(layer)
         if self.is_moe:
@@ -81,13 +92,23 @@ class Block(nn.Module):
         return self.ffn_norm(x + self.drop(h)), aux
 
 
-class Decoder(nn.Module):
+@MODELS.register("decoder")
+class Decoder(Exportable, nn.Module):
     """Token embedding (+ absolute positions) -> blocks -> final norm (pre-LN) -> LM head.
 
     ``checkpointing``: ``none | full | selective``, how the blocks keep activations for backward
     in training forwards (:mod:`archlab.model.checkpointing`); the trainer sets it from
     ``train.activation_checkpointing``. Outputs and gradients are the same in every mode.
     """
+
+    causal: ClassVar[bool] = True  # each query sees the keys at or before its position
+    options: ClassVar[frozenset[str]] = frozenset({"mtp_depth"})  # the model keys only this type reads
+    hf_export = {f: "causal LM" for f in ("gpt2", "llama", "mistral", "mixtral", "qwen3_moe", "deepseek_v3")}
+    hf_unsupported = "a causal decoder: this family's class is an encoder"
+
+    @classmethod
+    def validate(cls, m, prefix: str = "model") -> None:
+        """Rules of this model type on the ``model`` node (the decoder has none of its own)."""
 
     def __init__(self, cfg: ModelConfig, checkpointing: str = "none"):
         super().__init__()
@@ -96,7 +117,7 @@ class Decoder(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.positions = build_positions(cfg)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i, causal=self.causal) for i in range(cfg.n_layers))
         # post-LN already normalises each block's output; pre-LN needs a last norm
         self.final_norm = build_norm(cfg, dim=cfg.d_model) if cfg.norm.placement == "pre" else nn.Identity()
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -104,9 +125,13 @@ class Decoder(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0  # the input side only
         self.readout_mult = readout_mult(cfg)  # muP: logits * 1/m (tied or not); 1 under standard
+        self.build_parts(cfg)
+        self.init_weights()
+
+    def build_parts(self, cfg: ModelConfig) -> None:
+        """The parts only this model type has, before the weights are initialised."""
         if cfg.mtp_depth:  # multi-token prediction (archlab/nn/mtp.py): training only, dropped at export
             self.mtp = nn.ModuleList(MTPModule(cfg) for _ in range(cfg.mtp_depth))
-        self.init_weights()
 
     @property
     def checkpointing(self) -> str:
@@ -163,11 +188,7 @@ class Decoder(nn.Module):
         past = kv_cache.length if kv_cache is not None else 0
         self.positions.check_length(past + S)  # on Python ints: no host read of a tensor value
         pos = torch.arange(past, past + S, device=input_ids.device)  # (S,)
-        tok = self.embed(input_ids)  # (B, S, D)
-        if self.embed_scale != 1.0:
-            tok = tok * self.embed_scale
-        x = self.positions.embed(tok, pos)  # (B, S, D)
-        x = self.drop(x)
+        x = self.drop(self.embed_tokens(input_ids, pos))  # (B, S, D)
         ctx = self.positions.context(pos, torch.arange(past + S, device=input_ids.device))
         aux_total = x.new_zeros(())
         recompute = self.checkpointing != "none" and kv_cache is None and torch.is_grad_enabled()
@@ -183,7 +204,7 @@ class Decoder(nn.Module):
                 aux_total = aux_total + aux
         h = self.final_norm(x)  # (B, S, D)
         if targets is None:
-            logits_BSV = self.lm_head(self._readout(h))
+            logits_BSV = self.head_logits(h)
             return ModelOutput(logits=logits_BSV, aux_loss=aux_total, kv_cache=kv_cache)
         loss = self._head_loss(h, targets[:, :S])
         ahead = targets.shape[1] - S
@@ -206,6 +227,17 @@ class Decoder(nn.Module):
             mtp_losses.append(self._head_loss(module.out_norm(x), targets[:, k:S + k]))
         return ModelOutput(logits=None, aux_loss=aux_total, kv_cache=kv_cache, loss=loss,
                            mtp_losses=torch.stack(mtp_losses))
+
+    def embed_tokens(self, input_ids_BS: Tensor, pos_S: Tensor) -> Tensor:
+        """Token embeddings (scaled when ``scale_embeddings``) with the absolute positions added: (B, S, D)."""
+        tok = self.embed(input_ids_BS)  # (B, S, D)
+        if self.embed_scale != 1.0:
+            tok = tok * self.embed_scale
+        return self.positions.embed(tok, pos_S)
+
+    def head_logits(self, h_BSD: Tensor) -> Tensor:
+        """The LM head's logits (B, S, V) of the last hidden states (after the final norm)."""
+        return self.lm_head(self._readout(h_BSD))
 
     def _readout(self, h_BSD: Tensor) -> Tensor:
         """muP: lm_head(h) / m, applied to h (D values per token, not V); the identity under standard."""

@@ -31,9 +31,10 @@ IGNORE_INDEX = -100  # targets with this id do not count (torch's cross_entropy 
 CHUNK_BYTES = 32 * 2**20
 
 
-def _forward_eager(h: Tensor, w: Tensor, targets_N: Tensor, valid_N: Tensor, chunk: int, need_h: bool,
-                   need_w: bool) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
-    """(summed loss, grad_h, grad_W) without autograd, eager: every chunk writes its logits and
+def _forward_eager(h: Tensor, w: Tensor, b: Optional[Tensor], targets_N: Tensor, valid_N: Tensor, chunk: int,
+                   need_h: bool, need_w: bool, need_b: bool
+                   ) -> tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+    """(summed loss, grad_h, grad_W, grad_b) without autograd, eager: every chunk writes its logits and
     probabilities into the same two (C, V) buffers (a fresh C x V tensor per chunk can be a fresh
     mapping from the allocator, glibc maps every allocation of 32 MB and more anew, and its page
     faults cost about as much as the softmax, measured on CPU). The loss reads log-sum-exp off the
@@ -48,19 +49,25 @@ def _forward_eager(h: Tensor, w: Tensor, targets_N: Tensor, valid_N: Tensor, chu
     h_kept = h * keep_N1 if need_w else None
     grad_h = torch.empty_like(h) if need_h else None
     grad_w = (torch.empty_like(w) if N else torch.zeros_like(w)) if need_w else None  # chunk 0 writes it
+    grad_b = torch.zeros(V, dtype=torch.float32, device=h.device) if need_b else None
     logits_buf = h.new_empty(min(chunk, N), V)
     probs_buf = h.new_empty(min(chunk, N), V, dtype=torch.float32)
     losses = [h.new_zeros(0, dtype=torch.float32)]
     for i in range(-(-N // chunk)):
         rows = slice(i * chunk, (i + 1) * chunk)
         h_CD, t_C1 = h[rows], t_N1[rows]
-        logits_CV = torch.mm(h_CD, w.T, out=logits_buf[:h_CD.shape[0]])
+        if b is None:
+            logits_CV = torch.mm(h_CD, w.T, out=logits_buf[:h_CD.shape[0]])
+        else:
+            logits_CV = torch.addmm(b, h_CD, w.T, out=logits_buf[:h_CD.shape[0]])
         probs_CV = torch.softmax(logits_CV, 1, dtype=torch.float32, out=probs_buf[:h_CD.shape[0]])
         lse_C1 = logits_CV.amax(1, keepdim=True).float() - probs_CV.amax(1, keepdim=True).log()
         losses.append((lse_C1 - logits_CV.gather(1, t_C1).float()).squeeze(1))
-        if not (need_h or need_w):
+        if not (need_h or need_w or need_b):
             continue
         dlogits_CV = probs_CV.scatter_add_(1, t_C1, probs_CV.new_full(t_C1.shape, -1.0)).to(h.dtype)  # - onehot
+        if need_b:  # the counted rows' sum (elementwise: no matmul)
+            grad_b += (dlogits_CV * keep_N1[rows]).sum(0, dtype=torch.float32)
         if need_h:
             torch.mm(dlogits_CV, w, out=grad_h[rows])
         if need_w and i == 0:
@@ -69,11 +76,12 @@ def _forward_eager(h: Tensor, w: Tensor, targets_N: Tensor, valid_N: Tensor, chu
             grad_w.addmm_(dlogits_CV.T, h_kept[rows])
     if need_h:
         grad_h.mul_(keep_N1)
-    return (torch.cat(losses) * valid_N).sum(), grad_h, grad_w
+    return (torch.cat(losses) * valid_N).sum(), grad_h, grad_w, grad_b
 
 
-def _forward_compiled(h: Tensor, w: Tensor, targets_N: Tensor, valid_N: Tensor, chunk: int, need_h: bool,
-                      need_w: bool) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+def _forward_compiled(h: Tensor, w: Tensor, b: Optional[Tensor], targets_N: Tensor, valid_N: Tensor, chunk: int,
+                      need_h: bool, need_w: bool, need_b: bool
+                      ) -> tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
     """:func:`_forward_eager` in the form torch.compile handles best (measured 5-10% faster
     compiled than the eager form): log-softmax and its exp in place, so that the compiled graph
     fuses them into one loop over the chunk's logits buffer, and no buffers of our own (the
@@ -81,15 +89,17 @@ def _forward_compiled(h: Tensor, w: Tensor, targets_N: Tensor, valid_N: Tensor, 
     the host whether any token is ignored (a graph break)."""
     grad_h = torch.empty_like(h) if need_h else None
     grad_w = torch.zeros_like(w) if need_w else None
+    grad_b = h.new_zeros(w.shape[0], dtype=torch.float32) if need_b else None
     total = h.new_zeros((), dtype=torch.float32)
     # the chunk count, not N, sets the loop: under dynamic shapes torch.compile then guards on
     # ceil(N / chunk) instead of specialising on N
     for i in range(-(-h.shape[0] // chunk)):
         start, stop = i * chunk, (i + 1) * chunk
         h_CD, t_C, ok_C = h[start:stop], targets_N[start:stop].clamp_min(0), valid_N[start:stop]
-        logp_CV = torch.log_softmax((h_CD @ w.T).float(), dim=-1)
+        logits_CV = h_CD @ w.T if b is None else torch.addmm(b, h_CD, w.T)
+        logp_CV = torch.log_softmax(logits_CV.float(), dim=-1)
         total -= (logp_CV.gather(1, t_C[:, None]).squeeze(1) * ok_C).sum()
-        if not (need_h or need_w):
+        if not (need_h or need_w or need_b):
             continue
         dlogits_CV = logp_CV.exp_()  # softmax, in place
         dlogits_CV[torch.arange(len(t_C), device=t_C.device), t_C] -= 1.0  # - onehot
@@ -99,45 +109,54 @@ def _forward_compiled(h: Tensor, w: Tensor, targets_N: Tensor, valid_N: Tensor, 
             torch.mm(dlogits_CV, w, out=grad_h[start:stop]).mul_(keep_C1)
         if need_w:
             grad_w.addmm_(dlogits_CV.T, h_CD * keep_C1)
-    return total, grad_h, grad_w
+        if need_b:
+            grad_b += (dlogits_CV * keep_C1).sum(0, dtype=torch.float32)
+    return total, grad_h, grad_w, grad_b
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
-    """Per chunk of C tokens: logits = h W^T and the loss, then softmax - onehot, the gradient
-    wrt the logits, consumed at once by grad_h = dlogits W and grad_W += dlogits^T h; backward
-    only scales them."""
+    """Per chunk of C tokens: logits = h W^T (+ b) and the loss, then softmax - onehot, the gradient
+    wrt the logits, consumed at once by grad_h = dlogits W, grad_W += dlogits^T h and grad_b += its
+    column sums; backward only scales them."""
 
     @staticmethod
-    def forward(ctx, h_ND: Tensor, weight_VD: Tensor, targets_N: Tensor, chunk: int) -> Tensor:
+    def forward(ctx, h_ND: Tensor, weight_VD: Tensor, targets_N: Tensor, chunk: int,
+                bias_V: Optional[Tensor] = None) -> Tensor:
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_b = bias_V is not None and ctx.needs_input_grad[4]
         dtype = torch.promote_types(h_ND.dtype, weight_VD.dtype)  # no autocast in here: explicit dtypes
         with torch.autocast(h_ND.device.type, enabled=False):
             h, w = h_ND.to(dtype), weight_VD.to(dtype)
+            b = None if bias_V is None else bias_V.to(dtype)
             valid_N = targets_N != IGNORE_INDEX
             forward = _forward_compiled if torch.compiler.is_compiling() else _forward_eager
-            total, grad_h, grad_w = forward(h, w, targets_N, valid_N, chunk, need_h, need_w)
+            total, grad_h, grad_w, grad_b = forward(h, w, b, targets_N, valid_N, chunk, need_h, need_w, need_b)
         denom = valid_N.sum().clamp_min(1)  # a tensor: the count stays on the device
         ctx.save_for_backward(None if grad_h is None else grad_h.to(h_ND.dtype),
-                              None if grad_w is None else grad_w.to(weight_VD.dtype), denom)
+                              None if grad_w is None else grad_w.to(weight_VD.dtype),
+                              None if grad_b is None else grad_b.to(bias_V.dtype), denom)
         return total / denom
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor):
-        grad_h, grad_w, denom = ctx.saved_tensors
+        grad_h, grad_w, grad_b, denom = ctx.saved_tensors
         scale = grad_loss / denom
         return (None if grad_h is None else grad_h * scale.to(grad_h.dtype),
-                None if grad_w is None else grad_w * scale.to(grad_w.dtype), None, None)
+                None if grad_w is None else grad_w * scale.to(grad_w.dtype), None, None,
+                None if grad_b is None else grad_b * scale.to(grad_b.dtype))
 
 
-def linear_cross_entropy(h_ND: Tensor, weight_VD: Tensor, targets_N: Tensor, chunk: Optional[int] = None) -> Tensor:
-    """mean over counted tokens of cross_entropy(h @ weight^T, targets), computed in chunks of
-    ``chunk`` tokens; equals ``F.cross_entropy(h @ weight.T, targets)`` (fp32 accumulation).
-    Targets equal to -100 are ignored. The default chunk holds CHUNK_BYTES of fp32 logits."""
+def linear_cross_entropy(h_ND: Tensor, weight_VD: Tensor, targets_N: Tensor, chunk: Optional[int] = None,
+                         bias_V: Optional[Tensor] = None) -> Tensor:
+    """mean over counted tokens of cross_entropy(h @ weight^T + bias, targets), computed in chunks of
+    ``chunk`` tokens; equals ``F.cross_entropy(F.linear(h, weight, bias), targets)`` (fp32 accumulation).
+    Targets equal to -100 are ignored. The default chunk holds CHUNK_BYTES of fp32 logits. ``bias_V``: an
+    output bias (BERT's MLM head), or None."""
     if h_ND.ndim != 2 or targets_N.shape != h_ND.shape[:1]:
         raise ValueError(f"expected h (N, D) and targets (N,), got {tuple(h_ND.shape)} and {tuple(targets_N.shape)}")
     if chunk is None:
         chunk = max(1, CHUNK_BYTES // (4 * weight_VD.shape[0]))
-    return _LinearCrossEntropy.apply(h_ND, weight_VD, targets_N, chunk)
+    return _LinearCrossEntropy.apply(h_ND, weight_VD, targets_N, chunk, bias_V)
 
 
 def lm_loss(logits_BSV: Tensor, targets_BS: Tensor, reduction: str = "mean") -> Tensor:

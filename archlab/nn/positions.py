@@ -11,8 +11,8 @@ A position encoding has four hooks, and each class overrides only the ones it us
 - ``context(q_pos_S, k_pos_T)``: what attention needs, computed once per forward and shared by all
   layers: RoPE's cos/sin tables or ALiBi's additive bias;
 and states its facts (``archlab.nn.component``): ``max_length`` (None: any length),
-``rotates_qk`` / ``score_bias`` (what attention receives), ``num_params``, ``saved_bytes``,
-``validate``, HF families.
+``rotates_qk`` / ``score_bias`` (what attention receives), ``supports_bidirectional`` (valid in an
+encoder, whose attention has no causal mask), ``num_params``, ``saved_bytes``, ``validate``, HF families.
 
 Formulas: ``../shared/REFERENCES.md`` (Positions) and the seeds on extrapolation.
 """
@@ -67,6 +67,8 @@ class PositionEncoding(Exportable, nn.Module):
     options: ClassVar[frozenset[str]] = frozenset()  # the keys of model.position it reads (besides type)
     rotates_qk: ClassVar[bool] = False  # attention rotates q and k by ctx.cos / ctx.sin
     score_bias: ClassVar[bool] = False  # attention adds ctx.bias to its scores (an explicit mask)
+    supports_bidirectional: ClassVar[bool] = True  # valid without the causal mask (an encoder)
+    bidirectional_unsupported: ClassVar[str] = ""  # why not, when it is not
 
     def __init__(self, cfg: "ModelConfig"):
         super().__init__()
@@ -101,7 +103,8 @@ class PositionEncoding(Exportable, nn.Module):
 
 @POSITIONS.register("none")
 class NoPE(PositionEncoding):
-    """No position information (NoPE): the causal mask alone breaks permutation symmetry."""
+    """No position information (NoPE): the causal mask alone breaks permutation symmetry. In an encoder
+    (no mask) nothing does: the model sees a bag of tokens, an ablation baseline."""
 
     hf_unsupported = "no position encoding (NoPE): no Hugging Face class of this family has that"
 
@@ -110,7 +113,7 @@ class NoPE(PositionEncoding):
 class LearnedPositions(PositionEncoding):
     """A trained table of max_seq_len vectors added to the embeddings (GPT-2/3)."""
 
-    hf_export = {"gpt2": "wpe"}
+    hf_export = {"gpt2": "wpe", "bert": "position_embeddings"}
     hf_unsupported = "learned absolute positions: this family uses RoPE"
 
     def __init__(self, cfg: "ModelConfig"):
@@ -282,7 +285,7 @@ class RotaryPositions(PositionEncoding):
     options = frozenset({"rope_base", "rope_scaling"})
     rotates_qk = True
     hf_export = {f: "rope" for f in _ROPE_FAMILIES}
-    hf_unsupported = "RoPE: GPT-2 has learned absolute positions only"
+    hf_unsupported = "RoPE: GPT-2 and BERT have learned absolute positions only"
 
     def __init__(self, cfg: "ModelConfig"):
         super().__init__(cfg)
@@ -341,6 +344,9 @@ class ALiBi(PositionEncoding):
     """Attention with Linear Biases: score(i, j) -= m_h * (i - j). No parameters, no embedding."""
 
     score_bias = True
+    supports_bidirectional = False
+    bidirectional_unsupported = ("ALiBi's bias here is the causal form -m (i - j); its symmetric form -m |i - j| "
+                                 "is not implemented")
     hf_unsupported = "ALiBi: no Hugging Face class of this family has linear attention biases"
 
     def __init__(self, cfg: "ModelConfig"):

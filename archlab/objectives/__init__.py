@@ -1,10 +1,10 @@
 """Training objectives, one registry (``train.objective``): ``causal_lm`` (:mod:`.causal_lm`: next-token
-prediction, GPT) and ``mtp`` (:mod:`.mtp`: DeepSeek-V3's multi-token prediction on top of it). The
-protocol is :class:`.base.Objective`.
+prediction, GPT), ``mtp`` (:mod:`.mtp`: DeepSeek-V3's multi-token prediction on top of it) and ``mlm``
+(:mod:`.mlm`: BERT's masked-token prediction, for an encoder). The protocol is :class:`.base.Objective`.
 
     objective = objective_for(cfg)                  # the class train.objective names, holding the recipe
     batches = TokenBatches(tokens, S, ..., ahead=objective.ahead(cfg.model))   # windows of S + ahead ids
-    loss = objective.loss(model, x_BW)              # Loss: total (back-propagated), main, aux, parts
+    loss = objective.loss(model, x_BW, step=step, micro=micro)   # Loss: total (back-propagated), main, aux, parts
 
 This package sits outside ``archlab.train`` because the cost model (``archlab.costs``) asks the
 objectives for their FLOPs and saved bytes, and ``archlab.train`` imports the cost model.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from archlab.objectives import causal_lm, mtp  # noqa: F401  (registration)
+from archlab.objectives import causal_lm, mlm, mtp  # noqa: F401  (registration)
 from archlab.objectives.base import OBJECTIVES, Loss, Objective, objective_class, objective_name
 
 

@@ -9,14 +9,20 @@ An objective is one class registered in :data:`OBJECTIVES` under the name a reci
 - ``options``: the ``train`` keys it reads (``archlab.config.options`` refuses a recipe that sets a key
   only other objectives read); ``validate(cfg)``: its rules on the recipe (``archlab.errors.fail``);
 - ``ahead(m)``: how many ids past the S inputs one training window holds (causal LM: 1, the next
-  token); the batches are windows of S + ahead ids (``archlab.data.TokenBatches``);
+  token; masked LM: 0); the batches are windows of S + ahead ids (``archlab.data.TokenBatches``);
+- ``reserved_ids(m)``: ids at the top of the vocabulary the objective uses itself and the tokenizer
+  must never produce (masked LM: 1, its mask id); the data layer trains the tokenizer without them;
 - ``split(x_BW)``: the model's inputs and targets of a window: the one place the shift is written;
-- ``loss(model, x_BW)``: a :class:`Loss` (what back-propagates, and its named parts) of one training window
-  through the (possibly wrapped) model: the trainer's micro-step, the benchmarks' step and the cost
-  model's measured step all call it;
-- ``eval_sums(model, x_BS1)``: (summed loss, counted targets) of a validation window of S + 1 ids on the
-  model's logits; validation rows name the metric (``eval_metric``) so that losses of different
-  objectives are never compared by accident;
+- ``loss(model, x_BW, step=, micro=)``: a :class:`Loss` (what back-propagates, and its named parts) of one
+  training window through the (possibly wrapped) model: the trainer's micro-step, the benchmarks' step and
+  the cost model's measured step all call it. ``step`` and ``micro`` (which of the step's micro batches:
+  ``micro * world_size + rank``) seed whatever randomness the objective draws (masked LM: which tokens it
+  masks), so that a resumed run draws the same;
+- ``eval_sums(model, x_BS1, index=)``: the sums (``eval_keys``: causal LM (summed loss, counted targets))
+  of a validation window of S + 1 ids on the model's logits (``index``: the window batch's number, for an
+  objective that draws), and ``eval_row(sums)``: the validation row's numbers from the sums over all
+  windows. Rows name the metric so that losses of different objectives are never compared by accident
+  (causal LM: ``loss``, ``ppl``; masked LM: ``metric: mlm``, ``mlm_loss``, ``mlm_accuracy``);
 - ``forward_flops(cfg, S)`` and ``saved_bytes(s, loss, checkpointing)``: what it adds to the model's
   matmul FLOPs per input token and to the bytes kept for backward (the LM head and the loss), read by
   ``archlab.costs``.
@@ -26,6 +32,7 @@ A new objective is one module in this package and its import in ``archlab/object
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -59,6 +66,7 @@ class Objective:
     name: ClassVar[str]
     options: ClassVar[frozenset[str]] = frozenset()
     eval_metric: ClassVar[str] = "next-token cross-entropy (nats)"
+    eval_keys: ClassVar[tuple[str, ...]] = ("loss", "count")  # what eval_sums returns, in order
 
     @classmethod
     def validate(cls, cfg: Any) -> None:
@@ -68,6 +76,11 @@ class Objective:
     def ahead(cls, m: Any) -> int:
         """Ids past the S inputs in one training window."""
         return 1
+
+    @classmethod
+    def reserved_ids(cls, m: Any) -> int:
+        """Ids at the top of the vocabulary (``m.vocab_size - reserved ...``) the objective uses itself."""
+        return 0
 
     @classmethod
     def split(cls, x_BW: Tensor, ahead: int) -> tuple[Tensor, Tensor]:
@@ -80,11 +93,11 @@ class Objective:
         self.t, self.m = cfg.train, cfg.model
         self.window_ahead = self.ahead(self.m)  # ids past the S inputs in one training window
 
-    def loss(self, model: nn.Module, x_BW: Tensor) -> Loss:
+    def loss(self, model: nn.Module, x_BW: Tensor, *, step: int = 0, micro: int = 0) -> Loss:
         raise NotImplementedError
 
     @torch.no_grad()
-    def eval_sums(self, model: nn.Module, x_BS1: Tensor) -> tuple[Tensor, int]:
+    def eval_sums(self, model: nn.Module, x_BS1: Tensor, *, index: int = 0) -> tuple[Tensor, int]:
         """(summed next-token cross-entropy over the window, number of targets): the main model's
         validation loss, on its logits (the trainer's evaluation)."""
         from archlab.nn.loss import lm_loss
@@ -92,6 +105,12 @@ class Objective:
         inputs, targets = self.split(x_BS1, 1)
         logits = model(inputs).logits
         return lm_loss(logits, targets, reduction="sum"), targets.numel()
+
+    @classmethod
+    def eval_row(cls, sums: dict[str, float]) -> dict[str, Any]:
+        """The validation row's numbers from the sums of every window (``eval_keys``)."""
+        loss = sums["loss"] / sums["count"]
+        return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "eval_tokens": int(sums["count"])}
 
     @classmethod
     def forward_flops(cls, cfg: Any, seq_len: int) -> dict[str, float]:
@@ -109,12 +128,14 @@ def objective_class(name: str) -> type[Objective]:
 
 
 def objective_name(cfg: Any, objective: str | None = None) -> str:
-    """``objective``, else a full recipe's ``train.objective``, else what a model config implies (``mtp``
-    when it has multi-token-prediction modules, else ``causal_lm``)."""
+    """``objective``, else a full recipe's ``train.objective``, else what a model config implies (``mlm``
+    for an encoder, ``mtp`` when it has multi-token-prediction modules, else ``causal_lm``)."""
     if objective is not None:
         return objective
     train = getattr(cfg, "train", None) if not hasattr(cfg, "d_model") else None
     if train is not None and train.get("objective"):
         return str(train.objective)
     model = cfg.model if train is not None else cfg
+    if getattr(model, "type", "decoder") == "encoder":
+        return "mlm"
     return "mtp" if getattr(model, "mtp_depth", 0) else "causal_lm"

@@ -43,7 +43,7 @@ class MultiTokenPrediction(Objective):
     def ahead(cls, m: Any) -> int:
         return 1 + m.mtp_depth
 
-    def loss(self, model: nn.Module, x_BW: Tensor) -> Loss:
+    def loss(self, model: nn.Module, x_BW: Tensor, *, step: int = 0, micro: int = 0) -> Loss:
         inputs, targets = self.split(x_BW, self.window_ahead)
         out = model(inputs, targets=targets)  # targets (B, S + K): the main loss and the K modules' losses
         mtp = out.mtp_losses.float().mean()

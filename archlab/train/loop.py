@@ -73,7 +73,7 @@ def flops_per_token(cfg: DictConfig) -> tuple[float, str]:
         m = cfg.model
         n = archlab.num_params(cfg)
         return 6.0 * n + 6.0 * m.n_layers * cfg.train.seq_len * m.d_model, "fallback 6N + 6*L*S*D"
-    return float(training_flops_per_token(archlab.model_config(cfg), cfg.train.seq_len)), \
+    return float(training_flops_per_token(archlab.model_config(cfg), cfg.train.seq_len, str(cfg.train.objective))), \
         "archlab.costs.training_flops_per_token"
 
 
@@ -301,7 +301,8 @@ class Trainer:
                 index_T = self.tracer.sample(self.step + 1, inputs_BS.numel())
                 start_trace(self.model, index_T.to(self.device))
             with self.accelerator.accumulate(self.model_t):
-                loss = self._forward_loss(x_BW)
+                # which of the step's W*A micro batches this is (TokenBatches' order): seeds the objective's draws
+                loss = self._forward_loss(x_BW, micro * self.info.world_size + self.info.rank)
                 if traced and micro == 0:
                     stop_trace(self.model)  # the step's first forward only (not a recomputation, not micro 1...)
                     token_ids_T = inputs_BS.reshape(-1).index_select(0, index_T.to(x_BW.device))
@@ -322,11 +323,12 @@ class Trainer:
         return {"loss": float(reduced[0]) / W, "aux_loss": float(reduced[1]) / W, "grad_norm": grad_norm,
                 "parts": {k: float(v) / W for k, v in zip(names, reduced[2:])}}  # the objective's other terms
 
-    def _forward_loss(self, x_BW: Tensor) -> Loss:
+    def _forward_loss(self, x_BW: Tensor, micro: int = 0) -> Loss:
         """The objective's loss of one micro batch through the wrapped model (``train.objective``: causal
-        LM's LM head and cross-entropy run fused, without materialising the (B, S, V) logits)."""
+        LM's LM head and cross-entropy run fused, without materialising the (B, S, V) logits). ``micro``:
+        the micro batch's number within the step over all ranks."""
         with self.accelerator.autocast():
-            return self.objective.loss(self.model_t, x_BW)
+            return self.objective.loss(self.model_t, x_BW, step=self.step, micro=micro)
 
     def _nonfinite_message(self, loss: float, grad_norm: float) -> str:
         keep = f"the last good checkpoint is {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written yet"
@@ -375,7 +377,8 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, multiplier: int = 1) -> dict[str, Any]:
-        """Validation loss at context ``multiplier * seq_len``: token-loss sums and counts all-reduced."""
+        """Validation loss at context ``multiplier * seq_len``: the objective's sums (``eval_keys``: token-loss
+        sums and counts) all-reduced, then its row (``eval_row``: causal LM's ``loss``, masked LM's ``mlm_loss``)."""
         from archlab.data import DataError, eval_windows
 
         t, m = self.cfg.train, self.cfg.model
@@ -390,7 +393,8 @@ class Trainer:
             windows = eval_windows(self.data.val, S, B, t.eval_batches, self.info.rank, self.info.world_size)
         except DataError as e:
             return {**row, "skipped": str(e)}
-        sums = torch.zeros(2, dtype=torch.float64)
+        keys = self.objective.eval_keys
+        sums = torch.zeros(len(keys), dtype=torch.float64)
         windows = list(windows)
         # where each forward is a collective (tokens exchanged between ranks, partitioned parameters
         # gathered), every rank runs as many forwards as the busiest one; the extra ones (a window of
@@ -401,15 +405,13 @@ class Trainer:
         self.model.eval()
         for i in range(n_forwards):
             x_BS1 = (windows[i] if i < len(windows) else torch.zeros(1, S + 1, dtype=torch.long)).to(self.device)
-            with self.accelerator.autocast():
-                loss_sum, count = self.objective.eval_sums(net, x_BS1)
+            with self.accelerator.autocast():  # index: the window batch's number over all ranks
+                parts = self.objective.eval_sums(net, x_BS1, index=i * self.info.world_size + self.info.rank)
             if i < len(windows):
-                sums[0] += float(loss_sum)
-                sums[1] += count
+                sums += torch.tensor([float(p) for p in parts], dtype=torch.float64)
         self.model.train()
         sums = all_reduce_sum(sums)
-        loss = float(sums[0] / sums[1])
-        return {**row, "loss": loss, "ppl": math.exp(min(loss, 50.0)), "eval_tokens": int(sums[1])}
+        return {**row, **self.objective.eval_row({k: float(v) for k, v in zip(keys, sums)})}
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -548,6 +550,8 @@ class Trainer:
         summary.update({
             "final_train_loss": train[-1]["loss"] if train else None,
             "final_val_loss": {str(r["context_len"]): r.get("loss") for r in final_val if "loss" in r},
+            **({"final_val_mlm_loss": {str(r["context_len"]): r["mlm_loss"] for r in final_val if "mlm_loss" in r}}
+               if any("mlm_loss" in r for r in final_val) else {}),
             "final_val_skipped": {str(r["context_len"]): r["skipped"] for r in final_val if "skipped" in r},
             "unigram_entropy_train": self.unigram_entropy,
             "mean_tokens_per_s": (sum(r["tokens_per_s"] for r in train) / len(train)) if train else None,

@@ -18,7 +18,7 @@ import archlab
 from archlab import RecipeError
 from archlab.config.options import CHOICES, CONDITIONS, _get, leaf_keys
 from archlab.config.schema import TrainConfig
-from archlab.model.decoder import Decoder
+from archlab.model import model_class
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA = ROOT / "recipes/llama/tiny.yaml"
@@ -30,12 +30,15 @@ SMALL = ["model.vocab_size=300", "model.max_seq_len=32", "model.d_model=32", "mo
          "train.seq_len=32"]
 # what a recipe of the schema defaults needs besides the selector to select a variant validly
 SETUP = {
+    ("model", "type", "encoder"): ["train.objective=mlm"],
     ("model", "attention.type", "sliding_window"): ["model.attention.window=8"],
     ("model", "attention.type", "mla"): ["model.position.type=rope", "model.attention.kv_lora_rank=16",
                                          "model.attention.qk_rope_head_dim=4", "model.attention.qk_nope_head_dim=8",
                                          "model.attention.v_head_dim=8"],
     ("model", "position.rope_scaling.type", "*"): ["model.position.type=rope"],
     ("model", "moe.router.type", "*"): ["model.moe.num_experts=4", "model.moe.expert_hidden=16"],
+    ("train", "objective", "mlm"): ["model.type=encoder"],
+    ("train", "objective", "mtp"): ["model.mtp_depth=1"],
     ("data", "source", "text"): ["data.paths=[corpus.txt]"],
     ("data", "source", "hf"): ["data.hf_dataset=wikitext"],
     ("data", "source", "tokens"): ["data.train_shards=shards/train_*.bin"],
@@ -47,6 +50,7 @@ VALUES = {
     "model.position.rope_scaling.type": "linear",
     "model.position.rope_scaling.original_max_seq_len": 16,
     "model.mup_base_width": 16,
+    "train.mlm_probability": 0.25,
     "data.paths": ["corpus.txt"],
     "data.hf_dataset": "wikitext",
     "data.hf_config": "wikitext-2-raw-v1",
@@ -63,6 +67,7 @@ VALUES = {
 }
 # every Registry in archlab: the choice it backs (section, selector), or why it selects no keys
 REGISTRIES = {
+    "archlab.model.decoder.MODELS": ("model", "type"),
     "archlab.nn.attention.base.ATTENTIONS": ("model", "attention.type"),
     "archlab.nn.norms.NORMS": ("model", "norm.type"),
     "archlab.nn.positions.POSITIONS": ("model", "position.type"),
@@ -221,15 +226,15 @@ def _same_model(overrides: list[str], key: str, value) -> None:
     b = copy.deepcopy(a)
     _set(b, key, value)
     torch.manual_seed(0)
-    model_a = Decoder(a).eval()
+    model_a = model_class(a)(a).eval()
     torch.manual_seed(0)
-    model_b = Decoder(b).eval()  # built without validation: the key's value reaches the model
+    model_b = model_class(b)(b).eval()  # built without validation: the key's value reaches the model
     sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
     assert sd_a.keys() == sd_b.keys() and all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a), key
     ids = torch.randint(0, a.vocab_size, (2, 24))
     with torch.no_grad():
         assert torch.equal(model_a(ids).logits, model_b(ids).logits), key
-    assert Decoder.num_params(a) == Decoder.num_params(b), key
+    assert model_class(a).num_params(a) == model_class(b).num_params(b), key
 
 
 @pytest.mark.parametrize("section,choice,variant,key,users", MODEL_CASES)

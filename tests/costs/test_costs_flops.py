@@ -9,6 +9,7 @@ import archlab
 from archlab.costs import forward_flops, forward_flops_per_token, training_flops, training_flops_per_token
 from archlab.costs.flops import ffn_flops
 from archlab.costs.measure import flops_by_component, measured_flops
+from archlab.objectives import objective_for
 from costs_cases import model_recipes, random_overrides, shrink
 
 B, S = 1, 16
@@ -20,7 +21,9 @@ def test_flops_match_flop_counter_for_every_recipe(path):
     """Training total within 1%, and each forward component within 1%."""
     cfg = archlab.load_recipe(path, shrink(path))
     model = archlab.build_model(cfg).train()
-    ids = torch.randint(0, cfg.model.vocab_size, (B, S + 1))  # the trainer's window: S inputs, S targets
+    # the trainer's window: S inputs and the ids the objective needs past them (causal LM 1, masked LM 0)
+    ids = torch.randint(0, cfg.model.vocab_size - objective_for(cfg).reserved_ids(cfg.model),
+                          (B, S + objective_for(cfg).window_ahead))
     measured = measured_flops(model, ids)["total"] / (B * S)  # the fused LM-head loss, as the trainer
     assert training_flops_per_token(archlab.model_config(cfg), S) == pytest.approx(measured, rel=0.01)
     # per component on the logits path: the fused loss runs the head's backward matmuls in its forward

@@ -14,6 +14,7 @@ import torch
 import archlab
 from archlab.costs import activation_memory, kv_cache_bytes, model_state_memory, param_counts, training_memory
 from archlab.costs.measure import real_routed_rows, saved_activation_bytes, training_loss
+from archlab.objectives import objective_for
 from costs_cases import model_recipes, random_overrides, shrink
 
 B, S = 2, 64
@@ -24,7 +25,9 @@ MODES = ("none", "full", "selective")
 def _saved(cfg, dtype: str = "fp32", checkpointing: str = "none", loss: str = "fused") -> int:
     model = archlab.build_model(cfg).train().to(DTYPES[dtype])
     model.checkpointing = checkpointing
-    x_BS1 = torch.randint(0, cfg.model.vocab_size, (B, S + 1))  # the trainer's window: inputs and targets
+    # the trainer's window: S inputs and the ids the objective needs past them (causal LM 1, masked LM 0)
+    x_BS1 = torch.randint(0, cfg.model.vocab_size - objective_for(cfg).reserved_ids(cfg.model),
+                          (B, S + objective_for(cfg).window_ahead))
     return saved_activation_bytes(model, x_BS1, loss=loss)["total"]
 
 

@@ -80,3 +80,27 @@ def test_no_tokens_give_zero_loss_and_zero_gradients():
     loss = linear_cross_entropy(h, w, torch.zeros(0, dtype=torch.long))
     loss.backward()
     assert loss.item() == 0 and w.grad.abs().sum() == 0 and h.grad.shape == (0, 8)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1000])
+@pytest.mark.parametrize("compiled_form", [False, True])
+def test_an_output_bias_gives_the_loss_and_gradients_of_the_biased_logits(chunk, compiled_form, monkeypatch):
+    """BERT's MLM head: logits h W^T + b. Both forms (eager and the one torch.compile traces) against
+    cross-entropy on F.linear(h, W, b), most targets ignored as in masked-token prediction."""
+    import archlab.nn.loss as loss_module
+
+    if compiled_form:
+        monkeypatch.setattr(loss_module.torch.compiler, "is_compiling", lambda: True)
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(40, 8, generator=g).requires_grad_()
+    w = (torch.randn(30, 8, generator=g) * 0.3).requires_grad_()
+    b = torch.randn(30, generator=g).requires_grad_()
+    t = torch.randint(0, 30, (40,), generator=g)
+    t[torch.rand(40, generator=g) < 0.8] = -100
+    ref = lm_loss(torch.nn.functional.linear(h, w, b), t)
+    ref_grads = torch.autograd.grad(ref * 1.5, (h, w, b))
+    loss = linear_cross_entropy(h, w, t, chunk=chunk, bias_V=b)
+    grads = torch.autograd.grad(loss * 1.5, (h, w, b))
+    torch.testing.assert_close(loss, ref)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want)

@@ -55,3 +55,25 @@ def test_mtp_trains_logs_its_loss_apart_and_resumes_exactly(tiny_cfg, rows):
     for a, b in zip(train_rows[4:], again):
         assert (a["step"], a["loss"], a["mtp_loss"], a["grad_norm"]) == (b["step"], b["loss"], b["mtp_loss"],
                                                                          b["grad_norm"])
+
+
+def test_mlm_trains_an_encoder_reports_masked_metrics_and_resumes_exactly(tiny_cfg, rows):
+    mlm = ("train.ckpt_every=100", "train.ckpt_steps=[4]", "train.eval_context_multipliers=[1]",
+           "model.n_heads=2")
+    full = train(tiny_cfg(*mlm, "train.run_name=full", recipe="bert/tiny"))
+    assert full["status"] == "completed"
+    train_rows = rows(full["run_dir"])
+    assert train_rows[-1]["loss"] < train_rows[0]["loss"]  # the masked-token loss falls
+    val = rows(full["run_dir"], "val")
+    assert val and all(r["metric"] == "mlm" and "loss" not in r for r in val)
+    assert all(0.0 <= r["mlm_accuracy"] <= 1.0 and r["mlm_loss"] > 0 and 0 < r["eval_tokens"] for r in val)
+    assert full["final_val_loss"] == {} and set(full["final_val_mlm_loss"]) == {"32"}
+    # a new run from the checkpoint at step 4 repeats steps 5..8 exactly (the same masks drawn)
+    resumed = train(tiny_cfg(*mlm, "train.run_name=again",
+                             f"train.resume={full['run_dir']}/checkpoints/step_00000004", recipe="bert/tiny"))
+    again = [r for r in rows(resumed["run_dir"]) if r["step"] > 4]
+    assert [r["step"] for r in again] == [5, 6, 7, 8]
+    for a, b in zip(train_rows[4:], again):
+        assert (a["step"], a["loss"], a["grad_norm"]) == (b["step"], b["loss"], b["grad_norm"])
+    final = [r for r in rows(resumed["run_dir"], "val") if r.get("final")]
+    assert final[0]["mlm_loss"] == [r for r in val if r.get("final")][0]["mlm_loss"]

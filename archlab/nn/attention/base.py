@@ -5,9 +5,13 @@ G key/value heads, Dh head dim.
 
 A variant is one class in one module of this package, registered in ``ATTENTIONS``; its
 options are a dataclass in the same module, composed into ``AttentionConfig`` by the package
-``__init__``. Besides ``forward(x_BSD, ctx, cache)`` it states (site argument: ``layer``, since
-a recipe may give layers different windows):
+``__init__``. Besides ``forward(x_BSD, ctx, cache)`` it states (site arguments: ``layer``, since
+a recipe may give layers different windows, and ``causal``, whether a query sees only the keys at or
+before its position (a decoder) or every key (an encoder); the model type decides, the variant says
+whether it can):
 
+- ``supports_bidirectional``: whether it runs without the causal mask (``causal=False``); a variant
+  that cannot is refused for an encoder (``archlab.model.encoder``);
 - ``validate(m, prefix)``: its rules on the ``model`` node;
 - ``options``: the keys of ``model.attention`` it reads (``archlab.nn.component``);
 - ``rotary_dim(cfg)``: the channels RoPE rotates per head;
@@ -97,9 +101,14 @@ class Attention(Exportable, nn.Module):
     """Base of every variant; see the module docstring for the protocol."""
 
     options: ClassVar[frozenset[str]] = frozenset({"bias", "dropout", "scale"})  # every variant reads these
+    supports_bidirectional: ClassVar[bool] = False  # runs with causal=False (an encoder's attention)
+    bidirectional_unsupported: ClassVar[str] = "this attention variant has only a causal form"
 
-    def __init__(self, cfg: "ModelConfig", *, layer: int):
+    def __init__(self, cfg: "ModelConfig", *, layer: int, causal: bool = True):
         super().__init__()
+        if not causal and not self.supports_bidirectional:
+            raise ValueError(f"{type(self).__name__}: causal=False: {self.bidirectional_unsupported}")
+        self.causal = causal  # False: every query sees every key (no mask)
 
     def new_cache(self) -> LayerKVCache:
         return LayerKVCache()
@@ -141,5 +150,5 @@ def attention_class(cfg) -> type[Attention]:
     return ATTENTIONS.get(cfg.attention.type)
 
 
-def build_attention(cfg: "ModelConfig", *, layer: int) -> Attention:
-    return attention_class(cfg)(cfg, layer=layer)
+def build_attention(cfg: "ModelConfig", *, layer: int, causal: bool = True) -> Attention:
+    return attention_class(cfg)(cfg, layer=layer, causal=causal)

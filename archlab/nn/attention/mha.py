@@ -1,5 +1,6 @@
-"""``attention.type: mha``: causal multi-head attention with grouped key/value heads (MHA, GQA,
-MQA by ``n_kv_heads``) and a KV cache.
+"""``attention.type: mha``: multi-head attention with grouped key/value heads (MHA, GQA, MQA by
+``n_kv_heads``): causal with a KV cache (a decoder), or bidirectional (``causal=False``: an encoder,
+BERT; every query sees every key, no mask).
 
 Shape legend: B batch, S query length, T key length (cache + S), D model dim,
 H query heads, G key/value heads (H % G == 0), Dh head dim, N = B*S tokens.
@@ -31,18 +32,21 @@ def uses_math_sdpa(s: ActShape) -> bool:
 
 @ATTENTIONS.register("mha")
 class CausalSelfAttention(Attention):
-    """softmax(q k^T * scale + bias + causal mask) v, then the output projection.
+    """softmax(q k^T * scale + bias + causal mask) v, then the output projection; without the causal
+    mask when built with ``causal=False``.
 
     Q, K and V come from one fused projection (one GEMM); torch's SDPA does the attention, with
     an additive float mask when ALiBi or a partly filled KV cache needs one.
     """
 
     options = Attention.options | {"qk_norm"}
-    hf_export = {"gpt2": "c_attn", "llama": "q/k/v_proj", "mixtral": "q/k/v_proj", "qwen3_moe": "q/k/v_proj"}
+    supports_bidirectional = True
+    hf_export = {"bert": "query/key/value", "gpt2": "c_attn", "llama": "q/k/v_proj", "mixtral": "q/k/v_proj",
+                 "qwen3_moe": "q/k/v_proj"}
     hf_unsupported = "full causal attention: this family's layers all use a sliding window or latent attention"
 
-    def __init__(self, cfg: "ModelConfig", *, layer: int):
-        super().__init__(cfg, layer=layer)
+    def __init__(self, cfg: "ModelConfig", *, layer: int, causal: bool = True):
+        super().__init__(cfg, layer=layer, causal=causal)
         self.n_heads, self.n_kv_heads, self.d_head = cfg.n_heads, cfg.kv_heads, cfg.d_head
         a = cfg.attention
         self.wqkv = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv_heads) * self.d_head, bias=a.bias)
@@ -175,19 +179,22 @@ class CausalSelfAttention(Attention):
         if cache is not None:
             past = cache.length
             k, v = cache.update(k, v)  # (B, G, T, Dh)
-        mask = self._mask(S, past, ctx, x_BSD)
+        mask = self._mask(S, past, ctx, x_BSD, self.causal)
         # enable_gqa: query head h reads K/V head h // (H/G) without materialising repeated K/V.
         # is_causal reads no S: one query on one key is causal either way, and under dynamic
         # shapes torch.compile would pass S > 1 as a symbolic bool, which SDPA refuses
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None and past == 0,
+            q, k, v, attn_mask=mask, is_causal=self.causal and mask is None and past == 0,
             dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
             enable_gqa=self.n_kv_heads != self.n_heads)  # (B, H, S, Dh)
         return self.out(y)
 
     @staticmethod
-    def _mask(S: int, past: int, ctx: PosContext, x: Tensor) -> Optional[Tensor]:
-        """None when SDPA's own causal flag suffices; else an additive (H|1, S, T) float mask."""
+    def _mask(S: int, past: int, ctx: PosContext, x: Tensor, causal: bool = True) -> Optional[Tensor]:
+        """None when SDPA's own causal flag suffices (or, without causality, nothing is masked); else an
+        additive (H|1, S, T) float mask."""
+        if not causal:
+            return None if ctx.bias is None else ctx.bias.to(x.dtype)
         if ctx.bias is None and (past == 0 or S == 1):
             return None
         T = past + S

@@ -132,8 +132,11 @@ class MultiHeadLatentAttention(Attention):
     hf_export = {"deepseek_v3": "q_a/q_b/kv_a/kv_b_proj"}
     hf_unsupported = "multi-head latent attention: only DeepSeek-V3 among the exported families has it"
 
-    def __init__(self, cfg: "ModelConfig", *, layer: int):
-        super().__init__(cfg, layer=layer)
+    bidirectional_unsupported = ("its absorbed decoding path and its DeepSeek-V3 export are causal; latent "
+                                 "attention without the causal mask is not implemented: use mha")
+
+    def __init__(self, cfg: "ModelConfig", *, layer: int, causal: bool = True):
+        super().__init__(cfg, layer=layer, causal=causal)
         P, R, V, C, _ = _dims(cfg)
         self.n_heads, self.dims = cfg.n_heads, (P, R, V, C)
         self.wqkv = LatentProjections(cfg)
