@@ -204,15 +204,16 @@ def model_state_memory(model_cfg, precision: str = "bf16", zero_stage: int = 0, 
 def kv_cache_bytes(model_cfg, batch: int, context: int, dtype: str = "bf16") -> float:
     """Inference cache of ``batch`` sequences at ``context`` positions, summed over the layers as
     each attention variant keeps it (MHA/GQA/MQA: 2 * G * Dh per position; a sliding window: at
-    most W - 1 positions; MLA: the latent and the RoPE key)."""
+    most W - 1 positions; MLA: the latent and the RoPE key). An encoder keeps none: 0 (it reads its
+    whole window in one forward and generates nothing; ``new_kv_cache`` and ``generate`` refuse it)."""
     from archlab.config.load import model_config
     from archlab.model import model_class
 
     cfg = model_config(model_cfg)
-    if not model_class(cfg).causal:
-        raise NotImplementedError(f"model.type={cfg.type}: an encoder keeps no KV cache (it does not generate)")
     _check_choice("dtype", dtype, list(DTYPE_BYTES))
     _check_positive(batch=batch, context=context)
+    if not model_class(cfg).causal:
+        return 0.0
     attention = attention_class(cfg)
     return batch * sum(attention.kv_cache_bytes(cfg, context, layer=i, dtype_bytes=DTYPE_BYTES[dtype])
                        for i in range(cfg.n_layers))
