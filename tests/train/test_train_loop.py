@@ -30,8 +30,8 @@ def _signal_after(monkeypatch, step: int, sig=signal.SIGINT):
 def _nan_loss_at(monkeypatch, step: int):
     original = Trainer._forward_loss
 
-    def forward_loss(self, x):
-        loss = original(self, x)
+    def forward_loss(self, x, micro=0):
+        loss = original(self, x, micro)
         if self.step + 1 == step:
             loss.main = loss.main * float("nan")
             loss.total = loss.main + loss.aux
@@ -55,8 +55,8 @@ class _NanGrad(torch.autograd.Function):
 def _nan_grad_at(monkeypatch, step: int):
     original = Trainer._forward_loss
 
-    def forward_loss(self, x):
-        loss = original(self, x)
+    def forward_loss(self, x, micro=0):
+        loss = original(self, x, micro)
         if self.step + 1 == step:
             loss.main = _NanGrad.apply(loss.main)
             loss.total = loss.main + loss.aux
