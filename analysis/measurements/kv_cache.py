@@ -63,7 +63,11 @@ def plot_kv(ctx: Context, data: list[dict], path):
         a.minorticks_off()
     xlabel = "KV cache per token of context (bytes, bf16, log scale)"
     style_axes(ax, "Final validation loss (95% CI over seeds)", xlabel, "final validation loss (nats/token)",
-               grid="both")
+               legend=False, grid="both")
     style_axes(ax_d, f"Paired difference to {ctx.arms[ctx.reference]['label']} (95% CI)", xlabel,
                "loss minus the reference's (nats/token, same seeds)", legend=False, grid="both")
+    # one legend for both panels (the colours are the arms'), below them: inside, it covered error bars
+    handles, labels = ax.get_legend_handles_labels()
+    fig.tight_layout()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.01), ncol=min(3, len(labels)), fontsize=8)
     return save_figure(fig, path)
