@@ -203,6 +203,40 @@ def top_tokens(spec: dict, decode, n: int = 8, min_count: int = 5) -> list[list[
     return out
 
 
+def maxvio_of_choices(experts_NK: np.ndarray, num_experts: int, batch_tokens: int) -> dict[str, float]:
+    """MaxVio (Wang et al. 2024: max over experts of load / mean load - 1) of one layer's routing
+    decisions on held-out tokens: ``global`` over all N tokens, ``batch`` the mean over consecutive
+    batches of ``batch_tokens`` tokens (their MaxVio_batch; a shorter tail is dropped)."""
+    load_E = np.bincount(experts_NK.reshape(-1), minlength=num_experts).astype(np.float64)
+    n_batches = max(1, experts_NK.shape[0] // batch_tokens)
+    per_batch = []
+    for b in range(n_batches):
+        chunk = experts_NK[b * batch_tokens:(b + 1) * batch_tokens]
+        counts = np.bincount(chunk.reshape(-1), minlength=num_experts).astype(np.float64)
+        per_batch.append(counts.max() / counts.mean() - 1.0)
+    return {"global": float(load_E.max() / load_E.mean() - 1.0), "batch": float(np.mean(per_batch))}
+
+
+def held_out_maxvio(run_dir, max_tokens: int = 32768) -> dict:
+    """MaxVio of a run's final weights on its own validation split, as Wang et al. (2024) report it (at the
+    end of training, on held-out data): per MoE layer ``global`` and ``batch`` (batches of the run's
+    global batch in tokens), and their means over layers."""
+    from archlab.data import prepare_data
+    from archlab.train.checkpoint import load_model
+
+    model, cfg = load_model(run_dir)
+    t = cfg.train
+    S = int(t.seq_len)
+    ids = np.asarray(prepare_data(cfg).val[:max_tokens], dtype=np.int64)
+    topk = capture_topk(model, to_windows(ids, S))
+    E = int(cfg.model.moe.num_experts)
+    batch_tokens = int(t.micro_batch_size) * int(t.grad_accum) * S
+    layers = {layer: maxvio_of_choices(e_NK, E, batch_tokens) for layer, e_NK in topk.items()}
+    return {"layers": layers, "tokens": int(len(ids) // S * S), "batch_tokens": batch_tokens,
+            "global": float(np.mean([v["global"] for v in layers.values()])),
+            "batch": float(np.mean([v["batch"] for v in layers.values()]))}
+
+
 def coactivation(experts_NK: np.ndarray, num_experts: int) -> np.ndarray:
     """(E, E) matrix C[a, b] = N(a, b) / N(a): over tokens that chose expert a, the share that
     also chose b, counting every pair of the K chosen experts. Diagonal 0; rows of experts never

@@ -1,7 +1,9 @@
-"""``routing: {heatmaps}``: per MoE arm the expert-load imbalance MaxVio over training (from the
-runs' routing records, ``analysis.routing``) against its final validation loss, and the
-expert-load heat maps of the arms listed in ``heatmaps`` (their first finished seed). Nothing to
-compute beyond the run folders.
+"""``routing: {heatmaps, held_out_tokens}``: per MoE arm the expert-load imbalance MaxVio over training
+(from the runs' routing records, ``analysis.routing``) and at the end of training on held-out data (the
+final weights on ``held_out_tokens`` tokens of the validation split, default 32768, as Wang et al. 2024
+report it; computed after training and cached under ``<out>/measurements/routing/``) against its final
+validation loss, and the expert-load heat maps of the arms listed in ``heatmaps`` (their first finished
+seed).
 
 Shape legend: T routing records, E experts, L layers.
 """
@@ -13,9 +15,11 @@ from typing import Optional
 import numpy as np
 
 from analysis.experiments import Context, Section, errbar, figure_md, fmt_ci, fmt_count, t_interval, table
-from analysis.measurements.base import Measurement, check_names, register
+from analysis.measurements.base import Measurement, cached, check_int, check_names, measurement_folder, register
 from analysis.plotting import COLORS, pyplot, save_figure, style_axes
 from analysis.runs import open_run
+
+HELD_OUT_TOKENS = 32768  # validation tokens the end-of-training MaxVio is measured on
 
 
 @register
@@ -24,15 +28,39 @@ class Routing(Measurement):
 
     name = "routing"
     title = "Load balancing: MaxVio against validation loss"
-    keys = ("heatmaps",)
+    keys = ("heatmaps", "held_out_tokens")
 
     def check(self, settings, where: str) -> dict:
         s = super().check(settings, where)
         check_names(s, "heatmaps", where)
+        check_int(s, "held_out_tokens", where)
         return s
+
+    def run(self, record: dict, log=print) -> dict:
+        """Held-out MaxVio at the end of training of every finished run (cached per run)."""
+        from analysis.routing import held_out_maxvio
+
+        tokens = int(self.settings(record).get("held_out_tokens", HELD_OUT_TOKENS))
+        folder = measurement_folder(record) / "routing"
+        out = {}
+        for r in record["runs"]:
+            try:
+                run = open_run(r["run_dir"])
+            except Exception:  # a missing or broken run: the report lists it elsewhere
+                continue
+            if run.status != "finished" or run.recipe.model.get("moe") is None:
+                continue
+            path = folder / f"{r['point']}.json"
+            if not path.is_file():
+                log(f"routing: held-out MaxVio of {r['point']}")
+            out[r["point"]] = cached(path, {"run_dir": r["run_dir"], "tokens": tokens},
+                                     lambda r=r: held_out_maxvio(r["run_dir"], tokens))
+        return out
 
     def section(self, ctx: Context) -> Section:
         conf = ctx.spec["measurements"].get("routing") or {}
+        held_out = ctx.measures.get(self.name) or {}
+        held_tokens = int(conf.get("held_out_tokens", HELD_OUT_TOKENS))
         rows, data = [], []
         for g in ctx.arm_groups():
             per_seed = {s: maxvio(r["run_dir"]) for s, r in g.runs.items() if r["status"] in ("finished", "diverged")}
@@ -41,20 +69,28 @@ class Routing(Measurement):
                 continue
             glob = t_interval([v["global"] for v in per_seed.values()])
             batch = t_interval([v["batch"] for v in per_seed.values()])
+            held = [held_out[r["point"]] for r in g.runs.values() if r["point"] in held_out]
+            end_glob = t_interval([h["global"] for h in held])
+            end_batch = t_interval([h["batch"] for h in held])
             data.append({"arm": g.arm, "label": g.label, "family": g.costs["family"], "loss": g.loss,
-                         "maxvio_global": glob, "maxvio_batch": batch, "vs_reference": g.vs_reference,
+                         "maxvio_global": glob, "maxvio_batch": batch, "maxvio_end_global": end_glob,
+                         "maxvio_end_batch": end_batch, "vs_reference": g.vs_reference,
                          "parent": ctx.arms[g.arm]["parent"], "vs_parent": g.vs_parent,
                          "per_seed": {str(s): v for s, v in per_seed.items()}})
             balance = ctx.arms[g.arm]["own"]
             rows.append([f"{g.label} (`{g.arm}`)", g.costs["family"], " ".join(f"`{o}`" for o in balance) or "-",
                          fmt_ci(g.loss), fmt_ci(g.vs_reference, signed=True) if g.vs_reference else "reference",
-                         fmt_ci(glob, 3), fmt_ci(batch, 3), fmt_count(g.speed())])
+                         fmt_ci(glob, 3), fmt_ci(batch, 3), fmt_ci(end_glob, 3), fmt_ci(end_batch, 3),
+                         fmt_count(g.speed())])
         md = ("MaxVio = max over experts of load / mean load - 1 (0: perfectly balanced). Global: the expert loads "
               "summed over all routing records of training (every `train.routing_every` steps), per MoE layer, then "
               "averaged over layers; per record: each record's MaxVio (a window of steps), averaged over training and "
-              "layers (Wang et al. 2024 call the per-batch figure MaxVio_batch).\n\n"
+              "layers (Wang et al. 2024 call the per-batch figure MaxVio_batch). At the end, held out: the final "
+              f"weights on {held_tokens} tokens of the validation split, over all of them (global) and per batch "
+              "of the training step's size (batch), averaged over layers: the figure Wang et al. report.\n\n"
               + table(["arm", "family", "balancing overrides", "final val loss", "vs reference (paired)",
-                       "MaxVio global", "MaxVio per record", "tokens/s"], rows))
+                       "MaxVio global (training)", "MaxVio per record (training)", "MaxVio global (end, held out)",
+                       "MaxVio_batch (end, held out)", "tokens/s"], rows))
         figures: list[str] = []
         md += figure_md(figures, plot_maxvio(data, ctx.out / "maxvio_vs_loss.png"), "MaxVio against validation loss")
         for arm in conf.get("heatmaps") or []:

@@ -130,7 +130,7 @@ def test_every_measurement_module_registers_one_measurement_under_its_name():
     ("extrapolation", {"multipliers": [1, 2], "tokens": 2048, "arms": ["rope"],
                        "variants": {"pi": {"arm": "rope", "label": "PI", "set": ["a.b={factor}"]}}}),
     ("init_grad_norms", {"depths": [2, 3], "batches": 1, "seeds": [0], "arms": ["pre-ln"]}),
-    ("routing", {"heatmaps": ["a", "b"]}),
+    ("routing", {"heatmaps": ["a", "b"]}), ("routing", {"held_out_tokens": 4096}),
 ])
 def test_valid_settings_pass_unchanged(name, settings):
     assert MEASUREMENTS[name].check(settings, f"measurements.{name}") == (settings or {})
@@ -147,6 +147,7 @@ def test_valid_settings_pass_unchanged(name, settings):
     ("init_grad_norms", {"depths": [2], "seeds": [-1]}, "measurements.init_grad_norms.seeds=[-1]"),
     ("init_grad_norms", {"batches": True}, "measurements.init_grad_norms.batches=True"),
     ("routing", {"heatmaps": "a"}, "measurements.routing.heatmaps='a': expected a list of arm names"),
+    ("routing", {"held_out_tokens": 0}, "measurements.routing.held_out_tokens=0: expected an integer >= 1"),
     ("throughput", {"steps": 0}, "measurements.throughput.steps=0: expected an integer >= 1"),
     ("throughput", [10, 5], "measurements.throughput=[10, 5]: expected a mapping of settings (steps, rounds)"),
 ])

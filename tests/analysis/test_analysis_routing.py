@@ -13,8 +13,10 @@ from analysis.routing import (
     analyse,
     capture_topk,
     coactivation,
+    held_out_maxvio,
     load_matrix,
     main,
+    maxvio_of_choices,
     moe_routers,
     saturation,
     specialisation,
@@ -150,3 +152,28 @@ def test_routing_program_fails_clearly(analysis_runs, tmp_path, capsys):
     for args, message in cases:
         assert main(args + ["--out", out]) == 2, args
         assert message in capsys.readouterr().err, args
+
+
+def test_maxvio_of_choices_over_all_tokens_and_per_batch():
+    # E = 4, K = 1: loads 4, 2, 1, 1 over 8 tokens -> max / mean - 1 = 4 / 2 - 1 = 1
+    e = np.array([[0], [0], [0], [0], [1], [1], [2], [3]])
+    assert maxvio_of_choices(e, 4, batch_tokens=8) == {"global": 1.0, "batch": 1.0}
+    # two batches of 4 tokens: [0, 0, 0, 0] (max 4, mean 1: 3) and [1, 1, 2, 3] (2 / 1 - 1 = 1); global stays 1
+    assert maxvio_of_choices(e, 4, batch_tokens=4) == {"global": 1.0, "batch": 2.0}
+    balanced = np.array([[0, 1], [2, 3], [1, 0], [3, 2]])  # K = 2, every expert twice
+    assert maxvio_of_choices(balanced, 4, batch_tokens=8)["global"] == 0.0
+
+
+def test_held_out_maxvio_reads_the_final_weights_on_the_validation_split(analysis_runs):
+    from archlab.data import prepare_data
+    from archlab.train.checkpoint import load_model
+
+    run = analysis_runs["deepseek-d32"]
+    got = held_out_maxvio(run, max_tokens=1024)
+    model, cfg = load_model(run)
+    S = int(cfg.train.seq_len)
+    ids = np.asarray(prepare_data(cfg).val[:1024], dtype=np.int64)
+    windows = torch.from_numpy(ids[: len(ids) // S * S].reshape(-1, S).copy())
+    e = capture_topk(model, windows)["layer1"]
+    assert got["layers"]["layer1"] == maxvio_of_choices(e, cfg.model.moe.num_experts, got["batch_tokens"])
+    assert got["tokens"] == windows.numel() and got["global"] == got["layers"]["layer1"]["global"] >= 0
