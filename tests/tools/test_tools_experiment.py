@@ -253,11 +253,11 @@ def test_quick_norm_placement_measures_every_depth_and_grid_cell(quick):
     _, report = quick("norm-placement")
     data = json.loads((report / "report.json").read_text())
     groups = data["sections"]["init_grad_norms"]["groups"]
-    assert sorted((g["arm"], g["depth"]) for g in groups) == [("post-ln", 2), ("post-ln", 3), ("pre-ln", 2),
-                                                              ("pre-ln", 3)]
+    assert sorted((g["arm"], g["depth"]) for g in groups) == [("post-ln", 2), ("post-ln", 3), ("post-ln-2017", 2),
+                                                              ("post-ln-2017", 3), ("pre-ln", 2), ("pre-ln", 3)]
     assert all(len(g["per_layer_mean"]) == g["depth"] and min(g["per_layer_mean"]) > 0 for g in groups)
     cells = data["sections"]["stability"]["cells"]
-    assert len(cells) == 2 * 2 and all(c["outcomes"][0] in ("learned", "did not learn", "diverged") for c in cells)
+    assert len(cells) == 3 * 2 and all(c["outcomes"][0] in ("learned", "did not learn", "diverged") for c in cells)
 
 
 def test_quick_balancing_reports_maxvio_per_arm(quick):
