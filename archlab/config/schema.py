@@ -31,7 +31,8 @@ __all__ = ["AttentionConfig", "BalanceConfig", "DataConfig", "FFNConfig", "Model
 @dataclass
 class ModelConfig:
     # decoder (causal attention: GPT, LLaMA...) | encoder (bidirectional attention: BERT, trained by
-    # train.objective=mlm); archlab/model/decoder.py, archlab/model/encoder.py
+    # train.objective=mlm) | encoder_decoder (T5: an encoder stack and a decoder stack with cross-attention, n_layers
+    # each, trained by train.objective=span_corruption); archlab/model/{decoder,encoder,encoder_decoder}.py
     type: str = "decoder"
     vocab_size: int = 4096
     max_seq_len: int = 256  # positions the model is built for (learned table size, RoPE cache)
@@ -139,12 +140,16 @@ class TrainConfig:
     eps: float = 1e-8  # AdamW (under muon: its AdamW groups)
     muon: MuonConfig = field(default_factory=MuonConfig)  # optimizer muon: momentum, nesterov, ns_steps, adjust_lr_fn
     # causal_lm (next-token prediction) | mtp (DeepSeek-V3's multi-token prediction: model.mtp_depth modules)
-    # | mlm (BERT's masked-token prediction: model.type encoder); archlab/objectives/
+    # | mlm (BERT's masked-token prediction: model.type encoder) | span_corruption (T5's: model.type
+    # encoder_decoder); archlab/objectives/
     objective: str = "causal_lm"
     mtp_weight: float = 0.3  # objective mtp: lambda, the MTP loss's weight (DeepSeek-V3: 0.3, later 0.1)
     # objective mlm: share of positions selected for prediction (BERT: 0.15; of them 80% masked, 10% a random
     # id, 10% kept)
     mlm_probability: float = 0.15
+    # objective span_corruption (T5): share of a window's ids dropped as noise, and their mean span length
+    span_noise_density: float = 0.15
+    span_mean_length: float = 3.0
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     precision: str = "auto"  # auto (bf16 where supported, else fp32) | fp32 | bf16
     compile: bool = False  # torch.compile the model

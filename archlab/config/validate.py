@@ -209,7 +209,5 @@ def validate_trackers(t) -> None:
 def validate(cfg) -> None:
     """Check a whole recipe; raise :class:`RecipeError` on the first broken rule."""
     validate_model(cfg.model)
-    objective = cfg.train.objective
-    reserved = OBJECTIVES.get(objective).reserved_ids(cfg.model) if objective in OBJECTIVES else 0
-    validate_data(cfg.data, cfg.model, reserved)
-    validate_train(cfg.train, cfg.model)
+    validate_train(cfg.train, cfg.model)  # first: the objective's reserved ids read its train keys
+    validate_data(cfg.data, cfg.model, OBJECTIVES.get(cfg.train.objective).reserved_ids(cfg))

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from archlab.config.schema import ModelConfig
+from omegaconf import DictConfig
+
+from archlab.config.schema import ModelConfig, TrainConfig
 from archlab.nn.attention import attention_class
 from archlab.nn.ffn import ffn_class
 
@@ -47,6 +49,7 @@ class FlopsBreakdown:
     seq_len: int
     mtp: float = 0.0  # multi-token prediction (objective mtp): its modules' projections, blocks and head calls
     head_transform: float = 0.0  # an encoder's MLM head transform (BERT): dense D -> D before the LM head
+    cross_attention: float = 0.0  # an encoder-decoder's cross-attention: projections (K/V of the memory) and core
     causal: bool = True  # the attention is causal (a decoder); an encoder's uses the whole square
 
     @property
@@ -108,10 +111,13 @@ def forward_flops(model_cfg, seq_len: int, objective: str | None = None) -> Flop
     from archlab.model import model_class
     from archlab.objectives import objective_class, objective_name
 
-    head = objective_class(objective_name(model_cfg, objective)).forward_flops
+    name = objective_name(model_cfg, objective)
+    head = objective_class(name).forward_flops
     cfg = model_config(model_cfg)
     if seq_len <= 0:
         raise ValueError(f"seq_len={seq_len}: must be a positive number of tokens")
+    if cfg.type == "encoder_decoder":
+        return encoder_decoder_flops(model_cfg, seq_len, head(cfg, seq_len)["lm_head"])
     L = cfg.n_layers
     attention = attention_class(cfg)
     per_layer = [attention.forward_flops(cfg, seq_len, layer=i) for i in range(L)]  # the variant's own count
@@ -127,6 +133,44 @@ def forward_flops(model_cfg, seq_len: int, objective: str | None = None) -> Flop
         seq_len=seq_len,
         causal=model_class(cfg).causal,
     )
+
+
+def sequence_lengths(model_cfg, seq_len: int) -> tuple[int, int]:
+    """An encoder-decoder's (encoder input M, decoder targets T) for a text window of ``seq_len`` ids: span
+    corruption's (a recipe's ``train.span_*`` settings, else T5's defaults)."""
+    from archlab.objectives.span_corruption import span_counts
+
+    train = model_cfg.train if isinstance(model_cfg, DictConfig) and "train" in model_cfg else None
+    density = float(train.span_noise_density) if train is not None else TrainConfig.span_noise_density
+    mean = float(train.span_mean_length) if train is not None else TrainConfig.span_mean_length
+    n, k = span_counts(seq_len, density, mean)
+    return seq_len - n + k, n + k
+
+
+def encoder_decoder_flops(model_cfg, seq_len: int, head: float) -> FlopsBreakdown:
+    """An encoder-decoder's forward FLOPs per text token of a window of S = ``seq_len`` ids: the encoder runs
+    on its M input ids (full M x M square), the decoder on its T targets (self-attention over T, cross-attention
+    over M, the LM head), and the memory's K/V projection once per encoder token; each summed over its tokens
+    and divided by S (``head``: the LM head's FLOPs per decoder token, the objective's). Per target token:
+    multiply by S / T (``sequence_lengths``). ``causal`` is False: the encoder's square is all useful, and the
+    decoder's self-attention (T of the M + T tokens) is reported whole too."""
+    from archlab.config.load import model_config
+    from archlab.nn.attention.cross import CrossAttention
+
+    cfg = model_config(model_cfg)
+    M, T = sequence_lengths(model_cfg, seq_len)
+    L, attention = cfg.n_layers, attention_class(cfg)
+    keys = ("qkv_proj", "out_proj", "attn_scores", "attn_values")
+    enc = [attention.forward_flops(cfg, M, layer=i) for i in range(L)]
+    dec = [attention.forward_flops(cfg, T, layer=i) for i in range(L)]
+    attn = {k: (M * sum(f[k] for f in enc) + T * sum(f[k] for f in dec)) / seq_len for k in keys}
+    cross = CrossAttention.forward_flops(cfg, M)
+    per_decoder_token = cross["q_proj"] + cross["out_proj"] + cross["scores"] + cross["values"]
+    return FlopsBreakdown(
+        **attn, mlp=L * (M + T) * ffn_flops(cfg, cfg.ffn_hidden) / seq_len, experts=0.0, router=0.0,
+        lm_head=T * head / seq_len,
+        cross_attention=L * (T * per_decoder_token + M * cross["kv_proj"]) / seq_len,
+        seq_len=seq_len, causal=False)
 
 
 def training_flops(model_cfg, seq_len: int, objective: str | None = None) -> FlopsBreakdown:

@@ -84,6 +84,10 @@ def training_loss(model: nn.Module, x_BW: Tensor, loss: str = "fused") -> Tensor
     if loss == "logits":
         if getattr(model.cfg, "mtp_depth", 0):
             raise ValueError("loss='logits': the reference loss is causal LM's; an MTP model's loss is fused only")
+        if getattr(model.cfg, "type", "decoder") == "encoder_decoder":  # span corruption: the same spans
+            encoder, decoder, targets = objective_class("span_corruption")(_MeasureRecipe(model.cfg)).corrupt(
+                x_BW, 0, 0, 0)
+            return lm_loss(model(encoder, decoder).logits, targets)
         if not getattr(model, "causal", True):  # masked LM: the same masks, cross-entropy on the logits
             inputs, targets = objective_class("mlm")(_MeasureRecipe(model.cfg)).select(x_BW, 0, 0, 0)
             out = model(inputs)
@@ -152,10 +156,15 @@ def flops_by_component(per_module: dict[str, float]) -> dict[str, float]:
     what ``attn`` counts beyond its two projections. Module attribution is reliable for the
     forward only: the counter attributes backward ops to the modules still on its stack.
     """
-    out = dict.fromkeys(["qkv_proj", "out_proj", "attention", "mlp", "experts", "router", "lm_head"], 0.0)
+    out = dict.fromkeys(["qkv_proj", "out_proj", "attention", "mlp", "experts", "router", "lm_head",
+                         "cross_attention"], 0.0)
     for name, flops in per_module.items():
         parts = name.split(".")
-        if parts[-1] == "wqkv":
+        if "cross" in parts[:-1]:
+            continue  # counted whole by the cross-attention module itself
+        if parts[-1] == "cross":
+            out["cross_attention"] += flops
+        elif parts[-1] == "wqkv":
             out["qkv_proj"] += flops
         elif parts[-1] == "wo":
             out["out_proj"] += flops

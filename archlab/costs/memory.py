@@ -201,11 +201,14 @@ def model_state_memory(model_cfg, precision: str = "bf16", zero_stage: int = 0, 
 # ----------------------------------------------------------------------------- KV cache
 
 
-def kv_cache_bytes(model_cfg, batch: int, context: int, dtype: str = "bf16") -> float:
+def kv_cache_bytes(model_cfg, batch: int, context: int, dtype: str = "bf16", memory_len: int | None = None) -> float:
     """Inference cache of ``batch`` sequences at ``context`` positions, summed over the layers as
     each attention variant keeps it (MHA/GQA/MQA: 2 * G * Dh per position; a sliding window: at
     most W - 1 positions; MLA: the latent and the RoPE key). An encoder keeps none: 0 (it reads its
-    whole window in one forward and generates nothing; ``new_kv_cache`` and ``generate`` refuse it)."""
+    whole window in one forward and generates nothing; ``new_kv_cache`` and ``generate`` refuse it). An
+    encoder-decoder: its decoder's self-attention cache of ``context`` generated positions, plus each decoder
+    layer's cross-attention keys/values of the ``memory_len`` (default ``context``) encoder positions,
+    computed once per sequence (``CrossAttention.kv_cache_bytes``)."""
     from archlab.config.load import model_config
     from archlab.model import model_class
 
@@ -215,8 +218,14 @@ def kv_cache_bytes(model_cfg, batch: int, context: int, dtype: str = "bf16") -> 
     if not model_class(cfg).causal:
         return 0.0
     attention = attention_class(cfg)
-    return batch * sum(attention.kv_cache_bytes(cfg, context, layer=i, dtype_bytes=DTYPE_BYTES[dtype])
-                       for i in range(cfg.n_layers))
+    total = sum(attention.kv_cache_bytes(cfg, context, layer=i, dtype_bytes=DTYPE_BYTES[dtype])
+                for i in range(cfg.n_layers))
+    if cfg.type == "encoder_decoder":
+        from archlab.nn.attention.cross import CrossAttention
+
+        memory = context if memory_len is None else memory_len
+        total += cfg.n_layers * CrossAttention.kv_cache_bytes(cfg, memory, dtype_bytes=DTYPE_BYTES[dtype])
+    return batch * total
 
 
 # ----------------------------------------------------------------------------- activations
@@ -394,6 +403,8 @@ def activation_memory(model_cfg, batch: int, seq_len: int, dtype: str = "bf16", 
     _check_choice("loss", loss, LOSSES)
     mode = checkpoint_mode(checkpointing)
     act = DTYPE_BYTES[dtype]
+    if cfg.type == "encoder_decoder":
+        return encoder_decoder_activations(model_cfg, batch, seq_len, act, device, mode, loss, objective)
     s = _Shape(cfg, batch, seq_len, act, act if device == "cpu" else 1, device)
     full = [_layer_bytes(s, i) for i in range(cfg.n_layers)]
     model = _model_bytes(s, loss, mode, objective)
@@ -404,6 +415,53 @@ def activation_memory(model_cfg, batch: int, seq_len: int, dtype: str = "bf16", 
     else:
         kept = tuple(_selective_layer_bytes(s, i) for i in range(cfg.n_layers))
     peak = max(sum(f.values()) - sum(k.values()) for f, k in zip(full, kept))
+    return ActivationMemory(layers=kept, model=model, checkpointing=mode, recompute_peak=peak)
+
+
+def encoder_decoder_activations(model_cfg, batch: int, seq_len: int, act: int, device: str, mode: str, loss: str,
+                                objective: str) -> ActivationMemory:
+    """An encoder-decoder's activations for a text window of ``seq_len`` ids: the encoder's layers on its M
+    input ids, the decoder's on its T targets (``archlab.costs.flops.sequence_lengths``), each decoder layer's
+    cross-attention norm and cross-attention (:class:`archlab.nn.attention.cross.CrossAttention`), and once
+    the memory (the encoder's output, the K/V projections' shared input). Model level: the encoder and
+    decoder ids (the embedding's indices), each stack's positions and final norm, the head and loss on the T
+    targets. ``full`` checkpointing: each block keeps its input (the memory is an input of every decoder
+    block, the same tensor); ``selective``: each block keeps its input and its matmul and attention outputs, the
+cross-attention's included."""
+    from archlab.config.load import model_config
+    from archlab.costs.flops import sequence_lengths
+    from archlab.nn.attention.cross import CrossAttention
+    from archlab.objectives import objective_class
+
+    cfg = model_config(model_cfg)
+    M, T = sequence_lengths(model_cfg, seq_len)
+    mask = act if device == "cpu" else 1
+    enc, dec = _Shape(cfg, batch, M, act, mask, device), _Shape(cfg, batch, T, act, mask, device)
+    D = cfg.d_model
+    layers = []
+    for i in range(cfg.n_layers):
+        layers.append({f"encoder_{k}": v for k, v in _layer_bytes(enc, i).items()})
+    for i in range(cfg.n_layers):
+        cross = CrossAttention.saved_bytes(dec, M)
+        layers.append({**{f"decoder_{k}": v for k, v in _layer_bytes(dec, i).items()},
+                       "cross_norm": dec.n * _norm_bytes(dec, D), "cross_attention": cross,
+                       "cross_dropout": dec.n * D * mask if cfg.dropout > 0 else 0})  # its residual branch's
+    positions = position_class(cfg)
+    drops = (enc.n + dec.n) * D * mask * 2 if cfg.dropout > 0 else 0  # after each embedding, after each stack
+    model = {"embedding": (enc.n + dec.n) * ID_BYTES + drops,
+             "positions": float(positions.saved_bytes(enc, mode) + positions.saved_bytes(dec, mode)),
+             "head": (enc.n + dec.n) * _norm_bytes(dec, D) if cfg.norm.placement == "pre" else 0.0,
+             "memory": float(enc.n * D * act),
+             **objective_class(objective).saved_bytes(dec, loss, mode)}
+    if mode == "none":
+        return ActivationMemory(layers=tuple(layers), model=model)
+    if mode == "full":
+        kept = tuple({"checkpoint": float(n * D * act)} for n in [enc.n] * cfg.n_layers + [dec.n] * cfg.n_layers)
+    else:
+        cross = CrossAttention.selective_saved_bytes(dec, M)
+        kept = tuple([_selective_layer_bytes(enc, i) for i in range(cfg.n_layers)]
+                     + [{**_selective_layer_bytes(dec, i), "cross_attention": cross} for i in range(cfg.n_layers)])
+    peak = max(sum(f.values()) - sum(k.values()) for f, k in zip(layers, kept))
     return ActivationMemory(layers=kept, model=model, checkpointing=mode, recompute_peak=peak)
 
 

@@ -3,7 +3,8 @@
 Every count comes from the components' own ``num_params`` (``Decoder``, ``MoELayer``...); this
 module only regroups them. Conventions:
 
-- embedding = the token table (V*D) + a learned position table; an untied LM head is NOT
+- embedding = the token table (V*D) + the position tables (learned positions; T5's relative bias, one per
+  stack of an encoder-decoder); an untied LM head is NOT
   embedding (it is a D x V matmul every token pays), so non-embedding = total - embedding
   includes it (OLMo-core's convention; Kaplan's N excludes the LM head only when it is tied).
 - non_embedding_no_head = non_embedding without the LM head, tied or untied: the blocks (and final
@@ -81,7 +82,7 @@ def param_counts(model_cfg) -> ParamCounts:
 
     cfg = model_config(model_cfg)
     total = model_class(cfg).num_params(cfg)
-    embedding = cfg.vocab_size * cfg.d_model + position_class(cfg).num_params(cfg)
+    embedding = cfg.vocab_size * cfg.d_model + model_class(cfg).stacks * position_class(cfg).num_params(cfg)
     lm_head = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.d_model
     routed = inactive = 0
     n_moe = n_moe_layers(cfg)

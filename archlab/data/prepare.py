@@ -81,7 +81,7 @@ def reserved_ids(cfg) -> int:
     from archlab.objectives import OBJECTIVES  # imports torch: resolved when data is prepared
 
     name = str(getattr(train, "objective", None) or "causal_lm")
-    return OBJECTIVES.get(name).reserved_ids(cfg.model) if name in OBJECTIVES else 0
+    return OBJECTIVES.get(name).reserved_ids(cfg) if name in OBJECTIVES else 0
 
 
 def check_reserved_ids(cfg, tokenizer: Tokenizer) -> None:

@@ -1,5 +1,5 @@
 """``build_model(cfg)``: a recipe (or its model node) -> the model its ``model.type`` names
-(:class:`Decoder` or :class:`Encoder`)."""
+(:class:`Decoder`, :class:`Encoder` or :class:`EncoderDecoder`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from archlab.config.load import model_config
 from archlab.config.schema import ModelConfig
 from archlab.config.validate import validate_model
-from archlab.model import encoder  # noqa: F401  (registers model.type encoder)
+from archlab.model import encoder, encoder_decoder  # noqa: F401  (register model.type encoder, encoder_decoder)
 from archlab.model.decoder import MODELS, Decoder
 
 

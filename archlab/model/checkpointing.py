@@ -79,20 +79,27 @@ def _recomputing(block: nn.Module):
     return flag_set((m for m in block.modules() if hasattr(m, "record_stats")), "record_stats", False)
 
 
-def checkpointed_block(block: nn.Module, mode: str, x_BSD: Tensor, ctx) -> tuple[Tensor, Optional[Tensor]]:
+def checkpointed_block(block: nn.Module, mode: str, x_BSD: Tensor, ctx,
+                       memory: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
     """``block(x_BSD, ctx)`` under ``mode`` (``full`` or ``selective``): the same outputs, what is
-    kept for backward as the module docstring says."""
+    kept for backward as the module docstring says. ``memory``: an encoder-decoder's encoder output, which
+    its decoder blocks' cross-attention reads (``block(x, ctx, None, memory)``)."""
     kwargs = {"context_fn": selective_contexts} if check_mode(mode) == "selective" else {}
+    inputs = (x_BSD,) if memory is None else (x_BSD, memory)
+
+    def call(x: Tensor, *mem: Tensor):
+        return block(x, ctx) if not mem else block(x, ctx, None, *mem)
+
     if torch.compiler.is_compiling():  # the compiled backward recomputes graph ops, never Python code
-        return checkpoint(block, x_BSD, ctx, use_reentrant=False, **kwargs)
+        return checkpoint(call, *inputs, use_reentrant=False, **kwargs)
     calls = 0
 
-    def run(x: Tensor):
+    def run(x: Tensor, *mem: Tensor):
         nonlocal calls
         calls += 1
         if calls == 1:
-            return block(x, ctx)
+            return call(x, *mem)
         with _recomputing(block):  # backward's second forward
-            return block(x, ctx)
+            return call(x, *mem)
 
-    return checkpoint(run, x_BSD, use_reentrant=False, **kwargs)
+    return checkpoint(run, *inputs, use_reentrant=False, **kwargs)

@@ -102,9 +102,11 @@ class Decoder(Exportable, nn.Module):
     """
 
     causal: ClassVar[bool] = True  # each query sees the keys at or before its position
+    block_class: ClassVar[type[Block]] = Block  # one layer of the stack the LM head reads
+    stacks: ClassVar[int] = 1  # stacks of blocks, each with its own position encoding
     options: ClassVar[frozenset[str]] = frozenset({"mtp_depth"})  # the model keys only this type reads
     hf_export = {f: "causal LM" for f in ("gpt2", "llama", "mistral", "mixtral", "qwen3_moe", "deepseek_v3")}
-    hf_unsupported = "a causal decoder: this family's class is an encoder"
+    hf_unsupported = "a causal decoder (one stack): this family's class is an encoder or an encoder-decoder"
 
     @classmethod
     def validate(cls, m, prefix: str = "model") -> None:
@@ -115,9 +117,9 @@ class Decoder(Exportable, nn.Module):
         self.cfg = cfg
         self.checkpointing = checkpointing
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.positions = build_positions(cfg)
+        self.positions = build_positions(cfg, causal=self.causal)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, i, causal=self.causal) for i in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(self.block_class(cfg, i, causal=self.causal) for i in range(cfg.n_layers))
         # post-LN already normalises each block's output; pre-LN needs a last norm
         self.final_norm = build_norm(cfg, dim=cfg.d_model) if cfg.norm.placement == "pre" else nn.Identity()
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)

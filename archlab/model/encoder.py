@@ -49,7 +49,8 @@ class Encoder(Decoder):
     causal = False
     options = frozenset({"embed_norm", "head_transform", "head_bias"})
     hf_export = {"bert": "masked LM"}
-    hf_unsupported = "an encoder (bidirectional attention): this family's class is a causal decoder"
+    hf_unsupported = ("an encoder (bidirectional attention): this family's class is a causal decoder or "
+                      "an encoder-decoder")
 
     @classmethod
     def validate(cls, m, prefix: str = "model") -> None:

@@ -28,6 +28,21 @@ def filter_logits(logits_BV: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tens
     return logits_BV
 
 
+def pick(logits_BV: Tensor, temperature: float, top_k: int, top_p: float, generator: Optional[torch.Generator],
+         eos_id: Optional[int], done_B: Tensor) -> Tensor:
+    """The next id of each sequence (B,): argmax at temperature 0, else a draw from the filtered
+    distribution; a finished sequence (``done_B``, updated in place) repeats ``eos_id``."""
+    if temperature == 0:
+        nxt = logits_BV.argmax(-1)
+    else:
+        probs = filter_logits(logits_BV / temperature, top_k, top_p).softmax(-1)
+        nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if eos_id is not None:
+        nxt = torch.where(done_B, torch.full_like(nxt, eos_id), nxt)
+        done_B |= nxt == eos_id
+    return nxt
+
+
 @torch.no_grad()
 def generate(
     model: Decoder,
@@ -51,17 +66,46 @@ def generate(
     logits = model(input_ids, kv_cache=cache).logits[:, -1]  # (B, V)
     done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
     for step in range(max_new_tokens):
-        if temperature == 0:
-            nxt = logits.argmax(-1)
-        else:
-            probs = filter_logits(logits / temperature, top_k, top_p).softmax(-1)
-            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        if eos_id is not None:
-            nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
-            done |= nxt == eos_id
+        nxt = pick(logits, temperature, top_k, top_p, generator, eos_id, done)
         out = torch.cat([out, nxt[:, None]], dim=1)
         if step + 1 == max_new_tokens or (eos_id is not None and bool(done.all())):
             break  # the last token needs no forward pass of its own
         logits = model(nxt[:, None], kv_cache=cache).logits[:, -1]
+    model.train(was_training)
+    return out
+
+
+@torch.no_grad()
+def generate_seq2seq(
+    model,
+    input_ids: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_id: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+    start_id: Optional[int] = None,
+) -> Tensor:
+    """An encoder-decoder's output for ``input_ids`` (B, M): (B, 1 + new) decoder ids, starting with
+    ``start_id`` (default: the span-corruption start id, the vocabulary's last row).
+
+    The input is encoded once; each decoder step reads its self-attention cache and each layer's
+    cross-attention keys/values of the encoder's output, projected at the first step and reused
+    (:class:`archlab.model.encoder_decoder.Seq2SeqCache`). temperature 0 is greedy decoding.
+    """
+    from archlab.objectives.span_corruption import start_id as default_start
+
+    was_training = model.training
+    model.eval()
+    cache = model.new_kv_cache(input_ids)
+    first = default_start(model.cfg.vocab_size) if start_id is None else start_id
+    out = torch.full((input_ids.shape[0], 1), first, dtype=input_ids.dtype, device=input_ids.device)
+    done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    for _ in range(max_new_tokens):
+        logits = model(None, out[:, -1:], kv_cache=cache).logits[:, -1]  # (B, V)
+        out = torch.cat([out, pick(logits, temperature, top_k, top_p, generator, eos_id, done)[:, None]], dim=1)
+        if eos_id is not None and bool(done.all()):
+            break
     model.train(was_training)
     return out

@@ -120,8 +120,8 @@ class ReluMLP(FFN):
     saved tensor of both the relu and the down projection (F per token)."""
 
     hidden_saved = 1
-    hf_export = {"gpt2": "relu", "bert": "relu"}
-    hf_unsupported = "a ReLU MLP: this family's MLP is SwiGLU"
+    hf_export = {"gpt2": "relu", "bert": "relu", "t5": "relu"}
+    hf_unsupported = "a ReLU MLP: this family's MLP is SwiGLU or GELU"
 
     @staticmethod
     def activate(h: Tensor) -> Tensor:

@@ -67,7 +67,7 @@ class LayerNorm(Norm, nn.LayerNorm):
 
     options = Norm.options | {"bias"}
     hf_export = {"gpt2": "layernorm", "bert": "LayerNorm"}
-    hf_unsupported = "LayerNorm: this family uses RMSNorm"
+    hf_unsupported = "LayerNorm with a mean: this family uses RMSNorm"
 
     def __init__(self, cfg: "ModelConfig", *, dim: int):
         nn.LayerNorm.__init__(self, dim, eps=cfg.norm.eps, bias=cfg.norm.bias)
@@ -87,7 +87,7 @@ class RMSNorm(Norm, nn.RMSNorm):
     """x / rms(x) * gamma: no centring, no bias (Zhang & Sennrich 2019; LLaMA)."""
 
     hf_export = {"llama": "rmsnorm", "mistral": "rmsnorm", "mixtral": "rmsnorm", "qwen3_moe": "rmsnorm",
-                 "deepseek_v3": "rmsnorm"}
+                 "deepseek_v3": "rmsnorm", "t5": "T5LayerNorm"}
     hf_unsupported = "RMSNorm: GPT-2 and BERT use LayerNorm"
 
     def __init__(self, cfg: "ModelConfig", *, dim: int):

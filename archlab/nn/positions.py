@@ -45,8 +45,10 @@ class RopeScalingConfig:
 
 @dataclass
 class PositionConfig:
-    type: str = "learned"  # learned | sinusoidal | rope | alibi | none (NoPE)
+    type: str = "learned"  # learned | sinusoidal | rope | alibi | relative (T5's bucketed bias) | none (NoPE)
     rope_base: float = 10000.0
+    relative_buckets: int = 32  # relative: buckets of offsets (T5: 32; half exact, half log-spaced)
+    relative_max_distance: int = 128  # relative: offsets at or past this share the last bucket (T5: 128)
     rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
 
 
@@ -70,8 +72,9 @@ class PositionEncoding(Exportable, nn.Module):
     supports_bidirectional: ClassVar[bool] = True  # valid without the causal mask (an encoder)
     bidirectional_unsupported: ClassVar[str] = ""  # why not, when it is not
 
-    def __init__(self, cfg: "ModelConfig"):
+    def __init__(self, cfg: "ModelConfig", *, causal: bool = True):
         super().__init__()
+        self.causal = causal  # the stack's attention is causal (a decoder) or sees both sides (an encoder)
 
     @staticmethod
     def max_length(cfg: "ModelConfig") -> Optional[int]:
@@ -116,8 +119,8 @@ class LearnedPositions(PositionEncoding):
     hf_export = {"gpt2": "wpe", "bert": "position_embeddings"}
     hf_unsupported = "learned absolute positions: this family uses RoPE"
 
-    def __init__(self, cfg: "ModelConfig"):
-        super().__init__(cfg)
+    def __init__(self, cfg: "ModelConfig", *, causal: bool = True):
+        super().__init__(cfg, causal=causal)
         self.max_seq_len = cfg.max_seq_len
         self.table = nn.Embedding(cfg.max_seq_len, cfg.d_model)
 
@@ -153,8 +156,8 @@ class SinusoidalPositions(PositionEncoding):
 
     hf_unsupported = "sinusoidal positions: no Hugging Face decoder class of this family has them"
 
-    def __init__(self, cfg: "ModelConfig"):
-        super().__init__(cfg)
+    def __init__(self, cfg: "ModelConfig", *, causal: bool = True):
+        super().__init__(cfg, causal=causal)
         d = cfg.d_model
         inv = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
         self.register_buffer("inv_freq", inv, persistent=False)
@@ -287,8 +290,8 @@ class RotaryPositions(PositionEncoding):
     hf_export = {f: "rope" for f in _ROPE_FAMILIES}
     hf_unsupported = "RoPE: GPT-2 and BERT have learned absolute positions only"
 
-    def __init__(self, cfg: "ModelConfig"):
-        super().__init__(cfg)
+    def __init__(self, cfg: "ModelConfig", *, causal: bool = True):
+        super().__init__(cfg, causal=causal)
         inv_freq, temp = rope_inv_freq(cfg.rotary_dim, cfg.position.rope_base, cfg.position.rope_scaling,
                                        cfg.max_seq_len)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
@@ -349,8 +352,8 @@ class ALiBi(PositionEncoding):
                                  "is not implemented")
     hf_unsupported = "ALiBi: no Hugging Face class of this family has linear attention biases"
 
-    def __init__(self, cfg: "ModelConfig"):
-        super().__init__(cfg)
+    def __init__(self, cfg: "ModelConfig", *, causal: bool = True):
+        super().__init__(cfg, causal=causal)
         self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
 
     def context(self, q_pos_S: Tensor, k_pos_T: Tensor) -> PosContext:
@@ -358,9 +361,70 @@ class ALiBi(PositionEncoding):
         return PosContext(bias=-self.slopes[:, None, None] * dist)  # (H, S, T)
 
 
+def relative_bucket(offset: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
+    """T5's bucket of each key-minus-query offset (Raffel et al. 2020, Mesh TensorFlow): bidirectional, half
+    the buckets for keys after the query; then half of the rest exact (offsets 0 .. n/2 - 1), the others
+    log-spaced up to ``max_distance``, beyond which all offsets share the last bucket. A causal stack sees
+    only keys at or before the query: every later offset counts as 0."""
+    bucket = torch.zeros_like(offset)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (offset > 0).long() * num_buckets
+        distance = offset.abs()
+    else:
+        distance = (-offset).clamp(min=0)
+    exact = num_buckets // 2
+    log_ratio = torch.log(distance.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+    large = (exact + (log_ratio * (num_buckets - exact)).long()).clamp(max=num_buckets - 1)
+    return bucket + torch.where(distance < exact, distance, large)
+
+
+@POSITIONS.register("relative")
+class RelativeBias(PositionEncoding):
+    """T5's relative position bias: a learned scalar per head and offset bucket, added to the attention
+    scores of every layer of a stack (one table per stack, shared by its layers; an encoder's buckets are
+    bidirectional, a decoder's one-sided). No embedding, any length (offsets past ``relative_max_distance``
+    share a bucket)."""
+
+    options = frozenset({"relative_buckets", "relative_max_distance"})
+    score_bias = True
+    hf_export = {"t5": "relative_attention_bias"}
+    hf_unsupported = "T5's relative position bias: no Hugging Face class of this family has it"
+
+    def __init__(self, cfg: "ModelConfig", *, causal: bool = True):
+        super().__init__(cfg, causal=causal)
+        p = cfg.position
+        self.num_buckets, self.max_distance = p.relative_buckets, p.relative_max_distance
+        self.table = nn.Embedding(p.relative_buckets, cfg.n_heads)  # (buckets, H)
+
+    def context(self, q_pos_S: Tensor, k_pos_T: Tensor) -> PosContext:
+        offset = k_pos_T[None, :] - q_pos_S[:, None]  # (S, T): key position - query position
+        bucket = relative_bucket(offset, not self.causal, self.num_buckets, self.max_distance)
+        return PosContext(bias=self.table(bucket).permute(2, 0, 1))  # (H, S, T)
+
+    @staticmethod
+    def num_params(cfg: "ModelConfig") -> int:
+        return cfg.position.relative_buckets * cfg.n_heads
+
+    @staticmethod
+    def saved_bytes(s: ActShape, checkpointing: str) -> float:
+        return s.seq_len * s.seq_len * ID_BYTES  # the (S, S) bucket ids the table lookup keeps
+
+    @classmethod
+    def validate(cls, m, prefix: str = "model") -> None:
+        p, key = m.position, f"{prefix}.position"
+        if p.relative_buckets < 4 or p.relative_buckets % 2:
+            fail(f"{key}.relative_buckets", p.relative_buckets, "must be an even number >= 4 (T5: 32): half of "
+                 "them hold keys after the query in an encoder, and half of each half exact offsets")
+        if p.relative_max_distance <= p.relative_buckets // 2:
+            fail(f"{key}.relative_max_distance", p.relative_max_distance,
+                 f"must exceed relative_buckets / 2 = {p.relative_buckets // 2} (the exact offsets; T5: 128)")
+
+
 def position_class(cfg: "ModelConfig") -> type[PositionEncoding]:
     return POSITIONS.get(cfg.position.type)
 
 
-def build_positions(cfg: "ModelConfig") -> PositionEncoding:
-    return position_class(cfg)(cfg)
+def build_positions(cfg: "ModelConfig", *, causal: bool = True) -> PositionEncoding:
+    """The position encoding of one stack; ``causal``: its attention sees only earlier keys (a decoder's)."""
+    return position_class(cfg)(cfg, causal=causal)

@@ -10,8 +10,9 @@ An objective is one class registered in :data:`OBJECTIVES` under the name a reci
   only other objectives read); ``validate(cfg)``: its rules on the recipe (``archlab.errors.fail``);
 - ``ahead(m)``: how many ids past the S inputs one training window holds (causal LM: 1, the next
   token; masked LM: 0); the batches are windows of S + ahead ids (``archlab.data.TokenBatches``);
-- ``reserved_ids(m)``: ids at the top of the vocabulary the objective uses itself and the tokenizer
-  must never produce (masked LM: 1, its mask id); the data layer trains the tokenizer without them;
+- ``reserved_ids(cfg)``: ids at the top of the vocabulary the objective uses itself and the tokenizer
+  must never produce (masked LM: 1, its mask id; span corruption: its start id and sentinels); the data
+  layer trains the tokenizer without them;
 - ``split(x_BW)``: the model's inputs and targets of a window: the one place the shift is written;
 - ``loss(model, x_BW, step=, micro=)``: a :class:`Loss` (what back-propagates, and its named parts) of one
   training window through the (possibly wrapped) model: the trainer's micro-step, the benchmarks' step and
@@ -78,8 +79,9 @@ class Objective:
         return 1
 
     @classmethod
-    def reserved_ids(cls, m: Any) -> int:
-        """Ids at the top of the vocabulary (``m.vocab_size - reserved ...``) the objective uses itself."""
+    def reserved_ids(cls, cfg: Any) -> int:
+        """Ids at the top of the vocabulary (``vocab_size - reserved ...``) the objective uses itself, for the
+        recipe ``cfg`` (its ``model`` and ``train`` nodes)."""
         return 0
 
     @classmethod
@@ -136,6 +138,7 @@ def objective_name(cfg: Any, objective: str | None = None) -> str:
     if train is not None and train.get("objective"):
         return str(train.objective)
     model = cfg.model if train is not None else cfg
-    if getattr(model, "type", "decoder") == "encoder":
-        return "mlm"
+    kind = getattr(model, "type", "decoder")
+    if kind in ("encoder", "encoder_decoder"):
+        return "mlm" if kind == "encoder" else "span_corruption"
     return "mtp" if getattr(model, "mtp_depth", 0) else "causal_lm"

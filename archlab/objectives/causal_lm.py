@@ -37,6 +37,9 @@ class CausalLM(Objective):
 
     @classmethod
     def validate(cls, cfg: Any) -> None:
+        if cfg.model.type == "encoder_decoder":
+            fail("train.objective", cfg.train.objective, "model.type=encoder_decoder writes targets behind an "
+                 "encoded input: train it with train.objective=span_corruption")
         if cfg.model.type == "encoder":
             fail("train.objective", cfg.train.objective, "model.type=encoder sees both sides of every position, "
                  "the next token included: train it with train.objective=mlm")

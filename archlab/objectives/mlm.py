@@ -93,7 +93,7 @@ class MaskedLM(Objective):
         return 0
 
     @classmethod
-    def reserved_ids(cls, m: Any) -> int:
+    def reserved_ids(cls, cfg: Any) -> int:
         return 1  # the mask id, the vocabulary's last row
 
     def select(self, x_BS: Tensor, stream: int, step: int, micro: int) -> tuple[Tensor, Tensor]:

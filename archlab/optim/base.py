@@ -56,7 +56,7 @@ def param_roles(model: nn.Module) -> list[tuple[str, nn.Parameter, str]]:
     - ``router``: an MoE router's gate matrix (width -> experts: output-like);
     - ``hidden``: every other matrix of the decoder's blocks (attention, FFN, shared experts) and the
       routed experts' stacked (E, in, out) weights; the multi-token-prediction modules' projections and
-      blocks likewise, and an encoder's MLM head transform;
+      blocks likewise, an encoder's MLM head transform and an encoder-decoder's encoder blocks;
     - ``readout``: a matrix outside the blocks that is not an embedding (an untied LM head).
     """
     embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
@@ -66,8 +66,8 @@ def param_roles(model: nn.Module) -> list[tuple[str, nn.Parameter, str]]:
     if isinstance(blocks, nn.Module):
         from archlab.nn.moe.router import Router
 
-        stacks = [blocks] + [part for part in (getattr(model, "mtp", None), getattr(model, "head_transform", None))
-                             if isinstance(part, nn.Module)]
+        parts = ("mtp", "head_transform", "encoder_blocks")  # MTP modules, BERT's head, T5's encoder stack
+        stacks = [blocks] + [getattr(model, p) for p in parts if isinstance(getattr(model, p, None), nn.Module)]
         in_blocks = {id(p) for stack in stacks for p in stack.parameters()}
         gates = {id(mod.gate.weight) for stack in stacks for mod in stack.modules() if isinstance(mod, Router)}
     out = []

@@ -31,6 +31,8 @@ SMALL = ["model.vocab_size=300", "model.max_seq_len=32", "model.d_model=32", "mo
 # what a recipe of the schema defaults needs besides the selector to select a variant validly
 SETUP = {
     ("model", "type", "encoder"): ["train.objective=mlm"],
+    ("model", "type", "encoder_decoder"): ["train.objective=span_corruption", "model.position.type=relative",
+                                           "train.eval_context_multipliers=[1]"],
     ("model", "attention.type", "sliding_window"): ["model.attention.window=8"],
     ("model", "attention.type", "mla"): ["model.position.type=rope", "model.attention.kv_lora_rank=16",
                                          "model.attention.qk_rope_head_dim=4", "model.attention.qk_nope_head_dim=8",
@@ -38,6 +40,8 @@ SETUP = {
     ("model", "position.rope_scaling.type", "*"): ["model.position.type=rope"],
     ("model", "moe.router.type", "*"): ["model.moe.num_experts=4", "model.moe.expert_hidden=16"],
     ("train", "objective", "mlm"): ["model.type=encoder"],
+    ("train", "objective", "span_corruption"): ["model.type=encoder_decoder", "model.position.type=relative",
+                                                "train.eval_context_multipliers=[1]"],
     ("train", "objective", "mtp"): ["model.mtp_depth=1"],
     ("data", "source", "text"): ["data.paths=[corpus.txt]"],
     ("data", "source", "hf"): ["data.hf_dataset=wikitext"],
@@ -232,8 +236,9 @@ def _same_model(overrides: list[str], key: str, value) -> None:
     sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
     assert sd_a.keys() == sd_b.keys() and all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a), key
     ids = torch.randint(0, a.vocab_size, (2, 24))
+    args = (ids, ids[:, :9]) if a.type == "encoder_decoder" else (ids,)  # an encoder-decoder reads decoder ids too
     with torch.no_grad():
-        assert torch.equal(model_a(ids).logits, model_b(ids).logits), key
+        assert torch.equal(model_a(*args).logits, model_b(*args).logits), key
     assert model_class(a).num_params(a) == model_class(b).num_params(b), key
 
 

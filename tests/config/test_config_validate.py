@@ -16,7 +16,7 @@ INVALID = [
     (DENSE, ["model.nonsense=1"], ["unknown key", "model.nonsense"]),
     (DENSE, ["nonsense=1"], ["unknown key", "nonsense"]),
     (DENSE, ["model.norm.type=batchnorm"], ["model.norm.type='batchnorm'", "must be one of", "layernorm, rmsnorm"]),
-    (DENSE, ["model.position.type=relative"], ["model.position.type='relative'", "alibi", "learned", "rope"]),
+    (DENSE, ["model.position.type=t5"], ["model.position.type='t5'", "alibi", "learned", "relative", "rope"]),
     (DENSE, ["model.ffn.type=geglu"], ["model.ffn.type='geglu'", "gelu, relu, swiglu"]),
     (DENSE, ["model.norm.placement=middle"], ["model.norm.placement='middle'", "pre, post"]),
     (DENSE, ["model.d_model=100", "model.n_heads=3"],

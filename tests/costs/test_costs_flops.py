@@ -22,7 +22,7 @@ def test_flops_match_flop_counter_for_every_recipe(path):
     cfg = archlab.load_recipe(path, shrink(path))
     model = archlab.build_model(cfg).train()
     # the trainer's window: S inputs and the ids the objective needs past them (causal LM 1, masked LM 0)
-    ids = torch.randint(0, cfg.model.vocab_size - objective_for(cfg).reserved_ids(cfg.model),
+    ids = torch.randint(0, cfg.model.vocab_size - objective_for(cfg).reserved_ids(cfg),
                           (B, S + objective_for(cfg).window_ahead))
     measured = measured_flops(model, ids)["total"] / (B * S)  # the fused LM-head loss, as the trainer
     assert training_flops_per_token(archlab.model_config(cfg), S) == pytest.approx(measured, rel=0.01)

@@ -26,7 +26,7 @@ def _saved(cfg, dtype: str = "fp32", checkpointing: str = "none", loss: str = "f
     model = archlab.build_model(cfg).train().to(DTYPES[dtype])
     model.checkpointing = checkpointing
     # the trainer's window: S inputs and the ids the objective needs past them (causal LM 1, masked LM 0)
-    x_BS1 = torch.randint(0, cfg.model.vocab_size - objective_for(cfg).reserved_ids(cfg.model),
+    x_BS1 = torch.randint(0, cfg.model.vocab_size - objective_for(cfg).reserved_ids(cfg),
                           (B, S + objective_for(cfg).window_ahead))
     return saved_activation_bytes(model, x_BS1, loss=loss)["total"]
 
@@ -226,6 +226,22 @@ def test_kv_cache_matches_the_cache_tensors(path):
     held = sum(layer.k.nbytes + layer.v.nbytes for layer in cache.layers)
     assert kv_cache_bytes(cfg, batch=3, context=41, dtype="fp32") == held
     assert kv_cache_bytes(cfg, batch=3, context=41, dtype="bf16") == held / 2
+
+
+@pytest.mark.parametrize("overrides", [[], ["model.n_kv_heads=2"]])
+def test_encoder_decoder_cache_holds_the_decoder_positions_and_the_memory_once(overrides):
+    """Self-attention K/V of the decoded positions, cross-attention K/V of the M encoder positions, projected at
+    the first step and not grown after."""
+    cfg = archlab.load_recipe("recipes/t5/tiny.yaml", overrides)
+    model = archlab.build_model(cfg).eval()
+    cache = model.new_kv_cache(torch.randint(0, 100, (3, 30)))
+    with torch.no_grad():
+        model(None, torch.randint(0, 100, (3, 5)), kv_cache=cache)
+        model(None, torch.randint(0, 100, (3, 1)), kv_cache=cache)
+    held = sum(layer.k.nbytes + layer.v.nbytes for layer in cache.layers + cache.cross)
+    assert all(layer.k.shape[2] == 30 for layer in cache.cross)
+    assert kv_cache_bytes(cfg, batch=3, context=6, memory_len=30, dtype="fp32") == held
+    assert kv_cache_bytes(cfg, batch=3, context=6, memory_len=30, dtype="bf16") == held / 2
 
 
 def test_bad_activation_settings_are_rejected():

@@ -13,7 +13,8 @@ def _built_counts(cfg) -> dict[str, int]:
     """Counted on the module (meta device: no memory): total, embedding, routed experts, active."""
     model = archlab.build_model(cfg, device="meta")
     total = sum(p.numel() for p in model.parameters())  # tied weights appear once
-    embedding = model.embed.weight.numel() + sum(p.numel() for p in model.positions.parameters())
+    tables = [model.positions] + ([model.encoder_positions] if hasattr(model, "encoder_positions") else [])
+    embedding = model.embed.weight.numel() + sum(p.numel() for t in tables for p in t.parameters())
     routed = inactive = 0
     for block in model.blocks:
         if block.is_moe:

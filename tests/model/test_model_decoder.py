@@ -37,7 +37,8 @@ def test_recipe_loads_builds_and_counts_its_parameters(path):
     model = archlab.build_model(cfg, device=device)
     assert sum(p.numel() for p in model.parameters()) == expected
     if device is None:
-        out = model(torch.randint(0, cfg.model.vocab_size, (2, 8)))
+        ids = torch.randint(0, cfg.model.vocab_size, (2, 8))
+        out = model(ids, ids) if cfg.model.type == "encoder_decoder" else model(ids)  # T5 also reads decoder ids
         assert out.logits.shape == (2, 8, cfg.model.vocab_size)
         assert out.aux_loss.shape == () and torch.isfinite(out.logits).all()
 
@@ -89,7 +90,8 @@ ATTENTION_OPTIONS = {  # small settings of each attention variant (a window shor
     "mla": AttentionConfig(type="mla", q_lora_rank=12, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8,
                            v_head_dim=8),
 }
-REFUSED_PAIRS = {("sliding_window", "alibi")} | {("mla", p) for p in ("learned", "sinusoidal", "alibi", "none")}
+REFUSED_PAIRS = {("sliding_window", "alibi"), ("sliding_window", "relative")} | {
+    ("mla", p) for p in ("learned", "sinusoidal", "alibi", "relative", "none")}
 
 
 def attention_tiny(attention: str, position: str, **kw) -> ModelConfig:

@@ -119,7 +119,7 @@ def test_each_attention_and_position_states_whether_it_runs_without_the_mask():
     (["model.mtp_depth=1"], r"^model.mtp_depth=1: only used by model.type decoder; this recipe's model type is "
                             r"encoder$"),
     (["train.objective=causal_lm"], r"^train.objective='causal_lm': model.type=encoder sees both sides"),
-    (["model.type=transformer"], r"^model.type='transformer': must be one of: decoder, encoder$"),
+    (["model.type=transformer"], r"^model.type='transformer': must be one of: decoder, encoder, encoder_decoder$"),
 ])
 def test_what_an_encoder_cannot_have_is_refused_by_name(overrides, message):
     with pytest.raises(RecipeError, match=message):

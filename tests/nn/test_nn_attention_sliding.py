@@ -132,7 +132,7 @@ def test_banded_flops_match_flop_counter(S):
     ("model.attention.window=0", "window=0: sliding_window needs a window of at least 1"),
     ("model.attention.window=null", "window=None: sliding_window needs a window"),
     ("model.attention.global_every=-1", "global_every=-1: must be >= 0"),
-    ("model.position.type=alibi", "no additive score bias (ALiBi)"),
+    ("model.position.type=alibi", "no additive score bias (ALiBi, relative)"),
 ])
 def test_invalid_windows_are_refused_by_name(override, message):
     with pytest.raises(RecipeError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -110,3 +110,18 @@ def test_sinusoidal_matches_formula():
             angle = p / 10000 ** (2 * i / d)
             assert pe[p, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-5)
             assert pe[p, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-5)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("buckets, reach", [(32, 128), (8, 20), (16, 16)])
+def test_relative_buckets_equal_t5s(bidirectional, buckets, reach):
+    """T5's bucketing (transformers' ``T5Attention._relative_position_bucket``) on offsets -300 ... 300."""
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    from archlab.nn.positions import relative_bucket
+
+    offset = torch.arange(-300, 301)[None, :] - torch.arange(0, 5)[:, None]
+    ours = relative_bucket(offset, bidirectional, buckets, reach)
+    theirs = T5Attention._relative_position_bucket(offset, bidirectional, buckets, reach)
+    assert torch.equal(ours, theirs)
+    assert int(ours.max()) == buckets - 1 and int(ours.min()) == 0

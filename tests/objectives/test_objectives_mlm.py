@@ -37,7 +37,7 @@ def ids(B: int, S: int, seed: int = 0, V: int = 299) -> torch.Tensor:
 def test_windows_hold_s_ids_and_the_mask_id_is_the_last_row():
     cfg = bert()
     mlm = objective_for(cfg)
-    assert mlm.window_ahead == 0 and mlm.reserved_ids(cfg.model) == 1 and mask_id(cfg.model) == 299
+    assert mlm.window_ahead == 0 and mlm.reserved_ids(cfg) == 1 and mask_id(cfg.model) == 299
     tokens = np.arange(1000)
     batches = TokenBatches(tokens, 16, 2, 1, seed=3, ahead=0)
     x = batches.get(5)

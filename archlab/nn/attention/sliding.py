@@ -87,7 +87,7 @@ class SlidingWindowAttention(CausalSelfAttention):
             fail(f"{prefix}.attention.global_every", a.global_every, "must be >= 0 (0 = every layer local)")
         if position_class(m).score_bias:
             fail(f"{prefix}.position.type", m.position.type,
-                 "sliding_window attention takes no additive score bias (ALiBi); use rope or none")
+                 "sliding_window attention takes no additive score bias (ALiBi, relative); use rope or none")
 
     @classmethod
     def core_keys(cls, cfg: "ModelConfig", seq_len: int, *, layer: int) -> float:
