@@ -23,7 +23,8 @@ An objective is one class registered in :data:`OBJECTIVES` under the name a reci
   of a validation window of S + 1 ids on the model's logits (``index``: the window batch's number, for an
   objective that draws), and ``eval_row(sums)``: the validation row's numbers from the sums over all
   windows. Rows name the metric so that losses of different objectives are never compared by accident
-  (causal LM: ``loss``, ``ppl``; masked LM: ``metric: mlm``, ``mlm_loss``, ``mlm_accuracy``);
+  (causal LM: ``loss``, ``ppl``; masked LM: ``metric: mlm``, ``mlm_loss``, ``mlm_accuracy``), its loss under
+  ``eval_loss_key``;
 - ``forward_flops(cfg, S)`` and ``saved_bytes(s, loss, checkpointing)``: what it adds to the model's
   matmul FLOPs per input token and to the bytes kept for backward (the LM head and the loss), read by
   ``archlab.costs``.
@@ -68,6 +69,7 @@ class Objective:
     options: ClassVar[frozenset[str]] = frozenset()
     eval_metric: ClassVar[str] = "next-token cross-entropy (nats)"
     eval_keys: ClassVar[tuple[str, ...]] = ("loss", "count")  # what eval_sums returns, in order
+    eval_loss_key: ClassVar[str] = "loss"  # the validation row's loss (the run summary's final_val_<key>)
 
     @classmethod
     def validate(cls, cfg: Any) -> None:

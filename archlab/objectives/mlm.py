@@ -78,6 +78,7 @@ class MaskedLM(Objective):
     options = frozenset({"mlm_probability"})
     eval_metric = "mlm: masked-token cross-entropy (nats) and accuracy on the selected positions"
     eval_keys = ("loss", "correct", "count")
+    eval_loss_key = "mlm_loss"
 
     @classmethod
     def validate(cls, cfg: Any) -> None:

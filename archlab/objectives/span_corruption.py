@@ -101,6 +101,7 @@ class SpanCorruption(Objective):
     options = frozenset({"span_noise_density", "span_mean_length"})
     eval_metric = "span_corruption: cross-entropy (nats) and accuracy on the decoder's targets (spans and sentinels)"
     eval_keys = ("loss", "correct", "count")
+    eval_loss_key = "span_loss"
 
     @classmethod
     def validate(cls, cfg: Any) -> None:

@@ -550,8 +550,9 @@ class Trainer:
         summary.update({
             "final_train_loss": train[-1]["loss"] if train else None,
             "final_val_loss": {str(r["context_len"]): r.get("loss") for r in final_val if "loss" in r},
-            **({"final_val_mlm_loss": {str(r["context_len"]): r["mlm_loss"] for r in final_val if "mlm_loss" in r}}
-               if any("mlm_loss" in r for r in final_val) else {}),
+            # another objective's own loss (masked LM: mlm_loss; span corruption: span_loss), never under "loss"
+            **({f"final_val_{key}": {str(r["context_len"]): r[key] for r in final_val if key in r}}
+               if (key := self.objective.eval_loss_key) != "loss" and any(key in r for r in final_val) else {}),
             "final_val_skipped": {str(r["context_len"]): r["skipped"] for r in final_val if "skipped" in r},
             "unigram_entropy_train": self.unigram_entropy,
             "mean_tokens_per_s": (sum(r["tokens_per_s"] for r in train) / len(train)) if train else None,

@@ -30,9 +30,10 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
-def _launch(args: list[str], probe: Path, overrides: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
+def _launch(args: list[str], probe: Path, overrides: list[str], timeout: int = 240,
+            recipe: Path = RECIPE) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "accelerate.commands.launch", *args, str(ROOT / "tests/train/train_shard_probe.py"),
-           str(probe), str(RECIPE), *overrides]
+           str(probe), str(recipe), *overrides]
     p = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=timeout)
     assert p.returncode == 0, p.stderr[-3000:]
     _check_clean_exit(probe)
@@ -111,6 +112,19 @@ def test_ddp_muon_two_processes_match_one_process(setup, tmp_path):
     one, two = _losses(ref["run_dir"]), _losses(run)
     assert one != setup["ref"]  # Muon, not AdamW
     np.testing.assert_allclose(two, one, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family, launch", [("bert", "ddp"), ("t5", "ddp"), ("t5", "zero2")])
+def test_encoder_and_encoder_decoder_under_ddp_and_zero2_match_one_process(setup, tmp_path, family, launch):
+    """BERT (masked LM) and T5 (span corruption) under 2 processes: the 1-process losses at the same global
+    batch (each rank draws its own micro batch's masks or spans by its index in the step)."""
+    args = (["--multi_gpu", "--num_processes", "2"] if launch == "ddp"
+            else ["--config_file", str(ROOT / "recipes/launch/zero2.yaml")])
+    recipe = ROOT / f"recipes/{family}/tiny.yaml"
+    ref = train(archlab.load_recipe(recipe, [*setup["base"], "train.grad_accum=2", f"train.run_name={family}-ref"]))
+    _launch(args, tmp_path / "probe.json", [*setup["base"], f"train.run_name={family}-{launch}"], timeout=400,
+            recipe=recipe)
+    np.testing.assert_allclose(_losses(setup["out"] / f"{family}-{launch}"), _losses(ref["run_dir"]), rtol=2e-5)
 
 
 def test_deepspeed_zero2_matches_and_resumes(setup, tmp_path):
