@@ -77,7 +77,8 @@ def main_table(ctx: Context, cell: str = "") -> str:
         c = comp.get(g.arm, {})
         ceg = fmt_ceg(c.get("ceg")) + (" (calibration: should include 1)" if g.arm == ctx.reference and
                                        c.get("ceg") else "")
-        rows.append([f"{g.label} (`{g.arm}`)", tuned_lr(ctx, g.arm), fmt_ci(g.loss),
+        loss = fmt_ci(g.loss) + (f" ({g.metric})" if g.metric != "loss" else "")  # another objective's loss
+        rows.append([f"{g.label} (`{g.arm}`)", tuned_lr(ctx, g.arm), loss,
                      fmt_ci(g.vs_reference, signed=True) if g.vs_reference
                      else ("reference" if g.arm == ctx.reference else "-"), ceg, c.get("class", "-"), vs_parent,
                      fmt_count(g.measured()["tokens"]), *cost_cells(g), loss_note(g, ctx)])
@@ -110,7 +111,9 @@ def plot_losses(ctx: Context, path: Path, cell: str = "") -> Optional[Path]:
             title_note = f"; unigram entropy {h:.2f}, off the axis"
         else:
             ax.axvline(h, color="0.5", ls="--", lw=1, label="unigram entropy (no learning)")
-    ax.set_yticks(range(len(groups)), [g.label for g in reversed(groups)])
+    # an arm of another objective says which loss it reports: the positions on the axis are not comparable
+    ax.set_yticks(range(len(groups)), [g.label + (f" [{g.metric}]" if g.metric != "loss" else "")
+                                       for g in reversed(groups)])
     n = max(len(g.runs) for g in groups)
     style_axes(ax, f"{ctx.spec['name']}: final validation loss ({n} seed{'s' if n > 1 else ''} per arm{title_note})",
                "final validation loss (nats/token, lower is better)", "arm", grid="x")

@@ -90,16 +90,17 @@ def _manifests(record: dict) -> dict[str, dict]:
 
 def run_row(run: dict, manifest: dict) -> dict:
     """Everything the report uses of one run: status, losses, throughput, memory, time."""
-    row = {**run, "status": "missing", "reason": "", "val_loss": None, "final_val": {}, "tokens": None,
-           "training_flops": None, "flops_per_token": None, "tokens_per_s": None, "unigram_entropy": None,
-           "elapsed_s": manifest.get("elapsed_s"), "peak_rss_bytes": manifest.get("peak_rss_bytes"),
-           "learned": None}
+    row = {**run, "status": "missing", "reason": "", "val_loss": None, "metric": "loss", "final_val": {},
+           "tokens": None, "training_flops": None, "flops_per_token": None, "tokens_per_s": None,
+           "unigram_entropy": None, "elapsed_s": manifest.get("elapsed_s"),
+           "peak_rss_bytes": manifest.get("peak_rss_bytes"), "learned": None}
     try:
         r = open_run(run["run_dir"])
     except RunError as e:
         return {**row, "reason": str(e)}
     s = r.summary or {}
-    row.update(status=r.status, reason=r.reason, val_loss=r.final_val_loss, final_val=s.get("final_val_loss") or {},
+    row.update(status=r.status, reason=r.reason, val_loss=r.final_val_loss, metric=r.loss_key,
+               final_val=s.get("final_val_loss") or {},
                tokens=s.get("tokens"), training_flops=s.get("training_flops"), flops_per_token=s.get("flops_per_token"),
                tokens_per_s=run_tokens_per_s(run["run_dir"]), unigram_entropy=s.get("unigram_entropy_train"))
     if r.status == "finished" and _finite(row["val_loss"]) and _finite(row["unigram_entropy"]):
@@ -127,14 +128,18 @@ def run_tokens_per_s(run_dir) -> Optional[float]:
 def arm_costs(arm: dict) -> dict:
     """Cost-model numbers of an arm from its recipe: parameters, FLOPs per token, KV-cache bytes."""
     from archlab.config import load_recipe, model_config
-    from archlab.costs import kv_cache_bytes, param_counts, training_flops_per_token
+    from archlab.costs import kv_cache_bytes, param_counts, training_flops_per_token, training_memory
 
     cfg = load_recipe(arm["recipe"], arm["overrides"])
     pc = param_counts(cfg).as_dict()
+    # one rank's training step as these runs take it: fp32 on the CPU, the recipe's micro batch, AdamW states
+    memory = training_memory(cfg, int(cfg.train.micro_batch_size), int(cfg.train.seq_len), precision="fp32",
+                             device="cpu")
     return {"params_total": pc["total"], "params_active": pc["active"], "params_non_embedding": pc["non_embedding"],
             "flops_per_token": float(training_flops_per_token(model_config(cfg), int(cfg.train.seq_len))),
             "kv_bytes_per_token": float(kv_cache_bytes(cfg, batch=1, context=1, dtype="bf16")),
-            "seq_len": int(cfg.train.seq_len), "family": str(cfg.family)}
+            "seq_len": int(cfg.train.seq_len), "family": str(cfg.family), "train_memory_bytes": memory["total"],
+            "activation_bytes": memory["activations"]}
 
 
 @dataclass
@@ -162,6 +167,11 @@ class Group:
 
     def losses(self) -> dict:
         return {s: r["val_loss"] for s, r in self.runs.items() if r["status"] == "finished"}
+
+    @property
+    def metric(self) -> str:
+        """The validation loss its runs report: ``loss`` (next token), ``mlm_loss``, ``span_loss``."""
+        return next(iter(self.runs.values()))["metric"] if self.runs else "loss"
 
     def measured(self) -> dict:
         speeds = [r["tokens_per_s"] for r in self.runs.values() if _finite(r["tokens_per_s"])]
@@ -222,14 +232,16 @@ def build_context(record: dict, measures: dict, out: Path) -> Context:
     groups = dict(sorted(groups.items(), key=lambda kv: (kv[0][1], order[kv[0][0]])))
     for (arm, tag), g in groups.items():
         g.loss = t_interval(list(g.losses().values()))
+        # losses of different objectives (next-token, masked-token, span) measure different things: only arms
+        # sharing the objective are differenced
         ref = groups.get((record["spec"]["reference"], tag))
-        if ref is not None and arm != ref.arm:
+        if ref is not None and arm != ref.arm and ref.metric == g.metric:
             g.vs_reference = paired_difference(g.losses(), ref.losses())
         parent = groups.get((arms[arm]["parent"], tag)) if arms[arm]["parent"] else None
-        if parent is not None:
+        if parent is not None and parent.metric == g.metric:
             g.vs_parent = paired_difference(g.losses(), parent.losses())
         other = groups.get((arms[arm].get("compare"), tag)) if arms[arm].get("compare") else None
-        if other is not None:
+        if other is not None and other.metric == g.metric:
             g.vs_compare = paired_difference(g.losses(), other.losses())
     curve_rows = [run_row(r, manifests.get(r["point"], {})) for r in record.get("ceg_runs", [])]
     return Context(record=record, arms=arms, rows=rows, groups=groups, measures=measures, out=out,

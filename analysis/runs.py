@@ -79,11 +79,19 @@ class Run:
     def train_rows(self) -> list[dict]:
         return [r for r in self.metrics if r.get("kind", "train") == "train" and "loss" in r]
 
+    @cached_property
+    def loss_key(self) -> str:
+        """The validation rows' loss of this run's objective (causal LM and MTP: ``loss``; masked LM:
+        ``mlm_loss``; span corruption: ``span_loss``): losses under different keys are never compared."""
+        from archlab.objectives import objective_class, objective_name
+
+        return objective_class(objective_name(self.recipe)).eval_loss_key
+
     @property
     def val_rows(self) -> list[dict]:
-        """Validation rows at the training context length, in step order."""
+        """Validation rows at the training context length, in step order (rows holding the objective's loss)."""
         rows = [r for r in self.metrics if r.get("kind") == "val" and r.get("context_multiplier", 1) == 1
-                and "loss" in r]
+                and self.loss_key in r]
         return sorted(rows, key=lambda r: r.get("step", 0))
 
     @cached_property
@@ -120,12 +128,14 @@ class Run:
 
     @property
     def final_val_loss(self) -> Optional[float]:
-        """The last validation loss at the training context (summary first, else the last row)."""
-        final = (self.summary or {}).get("final_val_loss")  # {context length: loss}
+        """The last validation loss of the run's objective (:attr:`loss_key`) at the training context (summary
+        first, else the last row)."""
+        key = self.loss_key
+        final = (self.summary or {}).get("final_val_loss" if key == "loss" else f"final_val_{key}")  # {context: loss}
         if isinstance(final, dict) and isinstance(final.get(str(self.seq_len)), (int, float)):
             return float(final[str(self.seq_len)])
         rows = self.val_rows
-        return float(rows[-1]["loss"]) if rows else None
+        return float(rows[-1][key]) if rows else None
 
     def training_flops(self, tokens: Optional[float] = None) -> Optional[float]:
         t = self.tokens_seen if tokens is None else tokens

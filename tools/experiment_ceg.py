@@ -207,8 +207,8 @@ def compare(ctx) -> dict:
         # the family: every arm against the reference, or (verdicts: pairs) every arm against its `compare:` arm
         other_name = ctx.arms[g.arm].get("compare") if pairs else ctx.reference
         other = ctx.group(other_name) if other_name else None
-        if other is None or g.arm == other_name:
-            continue
+        if other is None or g.arm == other_name or other.metric != g.metric:
+            continue  # (losses of different objectives are not compared)
         seeds = sorted(set(g.losses()) & set(other.losses()))
         if not seeds:
             continue
@@ -226,7 +226,7 @@ def compare(ctx) -> dict:
             t["seeds_needed"] = fair.seeds_needed(t["sd"], tuple(margin["nats"]), mean=t["mean"])
         out["arms"][arm] = {"tests": t, "class": cls}
     for g in ctx.arm_groups():
-        if fit is None or not g.losses():
+        if fit is None or not g.losses() or (ref is not None and g.metric != ref.metric):
             continue
         c_arm = _compute(g)
         res = fair.compute_equivalent_gain(ref_curves, g.losses(), c_arm)

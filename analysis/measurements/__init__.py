@@ -21,9 +21,12 @@ it is imported below; to add a measurement, write its module and import it here.
 - ``kv_cache``: validation loss against KV-cache bytes per token.
 - ``throughput``: every arm's training step timed side by side (interleaved rounds).
 - ``val_sampling``: the validation set's own sampling error (bootstrap over windows) beside the seed intervals.
+- ``cloze``: one held-out id per window, each model type (decoder, encoder, encoder-decoder) through its own
+  interface: the task arms of different objectives are compared on.
 """
 
 from analysis.measurements import (  # noqa: F401  (each registers its measurement)
+    cloze,
     extrapolation,
     init_grad_norms,
     kv_cache,

@@ -119,9 +119,9 @@ def test_every_measurement_module_registers_one_measurement_under_its_name():
         assert isinstance(m, Measurement) and m.name == name and m.title
         assert type(m).__module__ == f"analysis.measurements.{name}"
         assert type(m).section is not Measurement.section, name  # every measurement has a report section
-    # what runs after training: the five that compute beyond the run folders
+    # what runs after training: the six that compute beyond the run folders
     assert sorted(n for n, m in MEASUREMENTS.items() if type(m).run is not Measurement.run) == [
-        "extrapolation", "init_grad_norms", "routing", "throughput", "val_sampling"]
+        "cloze", "extrapolation", "init_grad_norms", "routing", "throughput", "val_sampling"]
     assert [n for n, m in MEASUREMENTS.items() if m.last] == ["throughput"]
 
 

@@ -193,8 +193,8 @@ def test_verdicts_must_be_reference_or_pairs_with_a_compare_arm(tmp_path):
 
 
 class _Group:
-    def __init__(self, arm: str, losses: dict):
-        self.arm, self._losses, self.runs = arm, losses, {}
+    def __init__(self, arm: str, losses: dict, metric: str = "loss"):
+        self.arm, self._losses, self.runs, self.metric = arm, losses, {}, metric
 
     def losses(self) -> dict:
         return self._losses
@@ -217,3 +217,15 @@ def test_pairs_verdicts_test_each_arm_against_its_compare_arm():
         out = experiment_ceg.compare(ctx)
         got = {a: (c["tests"]["against"], c["class"].split()[0]) for a, c in out["arms"].items()}
         assert got == expected, verdicts
+
+
+def test_verdicts_leave_out_arms_of_another_objective():
+    """A masked-LM arm's mlm_loss is not tested against a causal LM's loss, however the numbers compare."""
+    from types import SimpleNamespace
+
+    groups = {"gpt": _Group("gpt", {0: 4.0, 1: 4.1, 2: 4.05}), "gpt-8": _Group("gpt-8", {0: 3.9, 1: 3.95, 2: 3.92}),
+              "bert": _Group("bert", {0: 5.0, 1: 5.1, 2: 5.05}, metric="mlm_loss")}
+    ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}}, reference="gpt", arms={a: {} for a in groups},
+                          group=groups.get, arm_groups=lambda: list(groups.values()), curve_rows=[])
+    out = experiment_ceg.compare(ctx)
+    assert set(out["arms"]) == {"gpt-8"} and out["arms"]["gpt-8"]["class"].startswith("better")

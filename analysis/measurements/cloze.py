@@ -1,0 +1,132 @@
+"""``cloze: {windows, seed}``: every finished run scored on one held-out id per validation window
+(``analysis.cloze``: a causal decoder from the left side, an encoder with the mask id there, an
+encoder-decoder with a one-id span behind a sentinel), ``windows`` items (default 512) at positions drawn
+with ``seed`` (default 0); cached under ``<out>/measurements/cloze/``. The report: per arm the accuracy and
+the answer's negative log-likelihood over seeds, the paired difference to the reference arm (same items,
+same seeds), and the parameters, memory and speed beside them: the one task arms of different objectives
+are compared on. Refused when the runs' tokenizers differ (the items would not be the same text).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from analysis.experiments import (
+    Context,
+    Section,
+    errbar,
+    figure_md,
+    fmt_bytes,
+    fmt_ci,
+    fmt_count,
+    paired_difference,
+    t_interval,
+    table,
+)
+from analysis.measurements.base import Measurement, cached, check_int, measurement_folder, register
+from analysis.plotting import COLORS, pyplot, save_figure, style_axes
+
+
+@register
+class Cloze(Measurement):
+    """One held-out id per window, predicted through each model type's own interface."""
+
+    name = "cloze"
+    title = "Cloze: one held-out id per window, each model type through its own interface"
+    keys = ("windows", "seed")
+    quick = {"windows": 32}
+
+    def check(self, settings, where: str) -> dict:
+        s = super().check(settings, where)
+        check_int(s, "windows", where)
+        check_int(s, "seed", where, minimum=0)
+        return s
+
+    def run(self, record: dict, log=print) -> list[dict]:
+        from analysis.cloze import cloze_scores
+
+        m = self.settings(record)
+        windows, seed = int(m.get("windows", 512)), int(m.get("seed", 0))
+        folder = measurement_folder(record) / self.name
+        out = []
+        for run in record["runs"]:
+            if not (Path(run["run_dir"]) / "summary.json").is_file():
+                continue
+            path = folder / f"{run['point']}.json"
+            if not path.is_file():
+                log(f"cloze: {run['point']}")
+            settings = {"windows": windows, "seed": seed, "run_dir": run["run_dir"]}
+            result = cached(path, settings, lambda: cloze_scores(run["run_dir"], windows, seed))
+            out.append({"arm": run["arm"], "seed": run["seed"], "point": run["point"], "result": result})
+        tokenizers = {r["result"]["tokenizer"] for r in out}
+        if len(tokenizers) > 1:
+            raise ValueError(f"cloze: the runs' tokenizers differ ({sorted(tokenizers)}): the items would not be the "
+                             "same text; give every arm the same BPE size (model.vocab_size less the ids its "
+                             "objective reserves)")
+        return out
+
+    def section(self, ctx: Context) -> Section:
+        results = ctx.measures.get("cloze") or []
+        by_arm: dict[str, dict[int, dict]] = {}
+        for r in results:
+            by_arm.setdefault(r["arm"], {})[r["seed"]] = r["result"]
+        ref = by_arm.get(ctx.reference, {})
+        rows, data = [], []
+        for g in ctx.arm_groups():
+            res = by_arm.get(g.arm)
+            if not res:
+                continue
+            acc = {s: x["accuracy"] for s, x in res.items()}
+            nll = {s: x["nll"] for s, x in res.items()}
+            d = {"arm": g.arm, "label": g.label, "model_type": next(iter(res.values()))["model_type"],
+                 "accuracy": t_interval(list(acc.values())), "nll": t_interval(list(nll.values())),
+                 "vs_reference_accuracy": paired_difference(acc, {s: x["accuracy"] for s, x in ref.items()})
+                 if g.arm != ctx.reference and ref else None,
+                 "vs_reference_nll": paired_difference(nll, {s: x["nll"] for s, x in ref.items()})
+                 if g.arm != ctx.reference and ref else None,
+                 "params": g.costs["params_total"], "tokens_per_s": g.speed(),
+                 "train_memory_bytes": g.costs.get("train_memory_bytes"), "activation_bytes": g.costs.get(
+                     "activation_bytes"), "peak_rss_bytes": g.measured()["peak_rss_bytes"]}
+            data.append(d)
+            vs = (f"{fmt_ci(d['vs_reference_accuracy'], signed=True)} / {fmt_ci(d['vs_reference_nll'], signed=True)}"
+                  if d["vs_reference_accuracy"] else "reference")
+            rows.append([f"{g.label} (`{g.arm}`)", d["model_type"], fmt_ci(d["accuracy"]), fmt_ci(d["nll"]), vs,
+                         fmt_count(d["params"]), fmt_count(d["tokens_per_s"]),
+                         f"{fmt_bytes(d['train_memory_bytes'])} ({fmt_bytes(d['activation_bytes'])} activations)",
+                         fmt_bytes(d["peak_rss_bytes"])])
+        items = next(iter(results), {}).get("result", {}).get("items", 0)
+        md = (f"{items} validation windows, one id each at a position drawn uniformly from [S/8, 7S/8); the same "
+              "items for every run (one tokenizer). A causal decoder predicts it from the ids before it only; an "
+              "encoder from both sides (the mask id in its place); an encoder-decoder from both sides (a one-id "
+              "span behind its first sentinel, the decoder fed [start, sentinel]). Distributions renormalised over "
+              "the text ids. Intervals: 95% t over seeds; differences paired by seed.\n\n"
+              + "Memory: the cost model's training step (fp32 weights, gradients and AdamW states, and the "
+              "activations of one micro batch; `archlab.costs.training_memory`) and the runs' measured peak resident "
+              "memory (the whole process: Python, torch, the corpus).\n\n"
+              + table(["arm", "model type", "accuracy [95% CI]", "NLL of the answer (nats) [95% CI]",
+                       f"vs `{ctx.reference}`: accuracy / NLL (paired)", "params", "tokens/s",
+                       "training memory (cost model)", "peak RSS (measured)"], rows))
+        figures: list[str] = []
+        md += figure_md(figures, plot_cloze(data, ctx.out / "cloze.png"), "cloze accuracy and NLL per arm")
+        return Section(self.title, md, figures, {"arms": data})
+
+
+def plot_cloze(data: list[dict], path):
+    """Left: accuracy per arm; right: the answer's NLL per arm; each with its interval over seeds."""
+    pts = [d for d in data if d["accuracy"].get("mean") is not None]
+    if not pts:
+        return None
+    plt = pyplot()
+    fig, (ax_a, ax_n) = plt.subplots(1, 2, figsize=(12, 0.5 * len(pts) + 2.2), sharey=True)
+    for i, d in enumerate(pts):
+        y = len(pts) - 1 - i
+        for ax, key in ((ax_a, "accuracy"), (ax_n, "nll")):
+            iv = d[key]
+            ax.errorbar([iv["mean"]], [y], xerr=errbar(iv), fmt="o", color=COLORS[i % len(COLORS)], capsize=4)
+    ax_a.set_yticks(range(len(pts)), [d["label"] for d in reversed(pts)])
+    style_axes(ax_a, "Cloze accuracy (95% CI over seeds)", "accuracy (share of items, higher is better)", "arm",
+               legend=False, grid="x")
+    style_axes(ax_n, "NLL of the held-out id (95% CI)", "negative log-likelihood (nats, lower is better)", "",
+               legend=False, grid="x")
+    fig.tight_layout()
+    return save_figure(fig, path)

@@ -1,0 +1,50 @@
+"""Cloze items and scores: the same items for every run, each model type read through its own interface (a
+decoder from the left only, an encoder and an encoder-decoder from both sides), distributions over the text
+ids only."""
+
+import numpy as np
+import pytest
+import torch
+
+import archlab
+from analysis.cloze import cloze_items, cloze_log_probs
+
+TEXT = 290  # text ids of the models below (the ids above: mask, start, sentinels)
+
+
+def _model(recipe: str, vocab: int):
+    cfg = archlab.load_recipe(f"recipes/{recipe}.yaml", [f"model.vocab_size={vocab}", "model.n_layers=1",
+                                                         "train.seq_len=32"])
+    torch.manual_seed(0)
+    return archlab.build_model(cfg).eval()
+
+
+def test_items_are_deterministic_and_leave_context_on_both_sides():
+    tokens = np.arange(10_000) % TEXT
+    x, pos = cloze_items(tokens, 64, 40, seed=3)
+    x2, pos2 = cloze_items(tokens, 64, 40, seed=3)
+    assert torch.equal(x, x2) and torch.equal(pos, pos2) and x.shape == (40, 64)
+    assert int(pos.min()) >= 8 and int(pos.max()) < 56
+    assert not torch.equal(pos, cloze_items(tokens, 64, 40, seed=4)[1])
+
+
+@pytest.mark.parametrize("recipe, vocab, kind, sees_right", [
+    ("dense/tiny", 300, "decoder", False), ("bert/tiny", 300, "encoder", True),
+    ("t5/tiny", 300, "encoder_decoder", True)])
+def test_each_model_type_reads_its_own_context(recipe, vocab, kind, sees_right):
+    model = _model(recipe, vocab)
+    if kind == "encoder_decoder":
+        with torch.no_grad():
+            model.embed.weight.mul_(0.1)  # off the unit-scale table's regime (every logit favouring the input id)
+    x = torch.randint(0, TEXT, (4, 32))
+    pos = torch.tensor([10, 12, 20, 25])
+    lp = cloze_log_probs(model, kind, x, pos, TEXT)
+    assert lp.shape == (4, TEXT)
+    torch.testing.assert_close(lp.exp().sum(-1), torch.ones(4))  # a distribution over the text ids
+    right = x.clone()
+    right[:, -1] = (x[:, -1] + 1) % TEXT  # the last id: right of every item
+    answer = x.clone()
+    answer[torch.arange(4), pos] = (x[torch.arange(4), pos] + 1) % TEXT  # the held-out id itself
+    torch.testing.assert_close(cloze_log_probs(model, kind, answer, pos, TEXT), lp)  # never read
+    changed = cloze_log_probs(model, kind, right, pos, TEXT)
+    assert (not torch.allclose(changed, lp)) == sees_right
