@@ -88,16 +88,10 @@ def ffn_flops(cfg: ModelConfig, hidden: int) -> float:
 
 
 def moe_layer_flops(cfg: ModelConfig) -> tuple[float, float]:
-    """(experts, router) FLOPs per token of one MoE layer.
+    """(experts, router) FLOPs per token of one MoE layer (the layer says: ``MoELayer.forward_flops``)."""
+    from archlab.nn.moe.layer import MoELayer
 
-    experts = K routed experts + the shared experts, each an FFN of ``ffn.type`` (the
-    gate-weighted sum of the K outputs is elementwise and counts zero); router = 2 * D * E.
-    """
-    m = cfg.moe
-    shared_hidden = m.shared_hidden if m.shared_hidden is not None else m.expert_hidden
-    experts = m.top_k * ffn_flops(cfg, m.expert_hidden)
-    experts += m.n_shared_experts * ffn_flops(cfg, shared_hidden)
-    return experts, 2.0 * cfg.d_model * m.num_experts
+    return MoELayer.forward_flops(cfg)
 
 
 def forward_flops(model_cfg, seq_len: int, objective: str | None = None) -> FlopsBreakdown:

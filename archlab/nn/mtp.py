@@ -73,15 +73,17 @@ class MTPModule(nn.Module):
     def forward_flops(cfg: "ModelConfig", seq_len: int) -> dict[str, float]:
         """Forward matmul FLOPs per token of one module, by part: the projection, the block's attention and
         FFN (or experts and router), and the shared LM head it calls (2 * D * V)."""
-        from archlab.costs.flops import ffn_flops, moe_layer_flops
         from archlab.nn.attention import attention_class
+        from archlab.nn.ffn import ffn_class
 
         D, layer = cfg.d_model, mtp_layer(cfg)
         attn = sum(attention_class(cfg).forward_flops(cfg, seq_len, layer=layer).values())
         if cfg.is_moe_layer(layer):
-            ffn = sum(moe_layer_flops(cfg))
+            from archlab.nn.moe.layer import MoELayer
+
+            ffn = sum(MoELayer.forward_flops(cfg))
         else:
-            ffn = ffn_flops(cfg, cfg.ffn_hidden)
+            ffn = ffn_class(cfg).forward_flops(cfg, hidden=cfg.ffn_hidden)
         return {"proj": 2.0 * 2 * D * D, "attention": attn, "ffn": ffn, "lm_head": 2.0 * D * cfg.vocab_size}
 
     @staticmethod

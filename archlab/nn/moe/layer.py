@@ -88,6 +88,17 @@ class MoELayer(nn.Module):
         return (m.top_k * expert_params(cfg.ffn.type, cfg.d_model, m.expert_hidden)
                 + _shared_params(cfg) + router_class(cfg).num_params(cfg))
 
+    @staticmethod
+    def forward_flops(cfg: ModelConfig) -> tuple[float, float]:
+        """(experts, router) matmul FLOPs per token: K routed experts + the shared experts, each an FFN of
+        ``ffn.type`` (the gate-weighted sum of the K outputs is elementwise and counts zero); router 2 * D * E."""
+        m = cfg.moe
+        ffn = ffn_class(cfg)
+        shared_hidden = m.shared_hidden if m.shared_hidden is not None else m.expert_hidden
+        experts = m.top_k * ffn.forward_flops(cfg, hidden=m.expert_hidden)
+        experts += m.n_shared_experts * ffn.forward_flops(cfg, hidden=shared_hidden)
+        return experts, 2.0 * cfg.d_model * m.num_experts
+
     @torch.no_grad()
     def init_weights(self, std: float, residual_std: float) -> None:
         nn.init.normal_(self.router.gate.weight, 0.0, std)
