@@ -19,6 +19,7 @@ from analysis.experiments import (
     _finite,
     build_context,
     cost_cells,
+    errbar,
     figure_md,
     fmt_bytes,
     fmt_ci,
@@ -85,21 +86,40 @@ def main_table(ctx: Context, cell: str = "") -> str:
     return table(header, rows)
 
 
+def paired_rows(ctx: Context, cell: str = "") -> list[tuple[Group, str, dict]]:
+    """(arm, the arm it is differenced against, the paired difference) for every arm the claims rest on: its
+    ``compare:`` arm under ``verdicts: pairs`` (or when it names one), else the reference; never across objectives
+    (the difference is absent there)."""
+    pairs = ctx.spec.get("verdicts", "reference") == "pairs"
+    out = []
+    for g in ctx.arm_groups(cell):
+        other = ctx.arms[g.arm].get("compare")
+        if other and g.vs_compare:
+            out.append((g, other, g.vs_compare))
+        elif not pairs and g.vs_reference:
+            out.append((g, ctx.reference, g.vs_reference))
+    return out
+
+
 def plot_losses(ctx: Context, path: Path, cell: str = "") -> Optional[Path]:
-    """One row per arm: each seed's final validation loss and the mean with its 95% interval."""
+    """Left: each arm's final validation loss, every seed and the mean with its 95% interval. Right: the paired
+    (same-seed) differences the claims rest on, with their 95% intervals and the equivalence margin."""
     groups = [g for g in ctx.arm_groups(cell) if g.loss.get("mean") is not None]
     if not groups:
         return None
+    diffs = [d for d in paired_rows(ctx, cell) if d[2].get("mean") is not None]
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(groups) + 1.6))
+    height = 0.45 * max(len(groups), len(diffs)) + 1.8
+    if diffs:
+        fig, (ax, ax_d) = plt.subplots(1, 2, figsize=(14, height), gridspec_kw={"width_ratios": [3, 2]})
+    else:
+        fig, ax = plt.subplots(figsize=(8, height))
     for i, g in enumerate(groups):
         y = len(groups) - 1 - i
         losses = list(g.losses().values())
         ax.scatter(losses, [y] * len(losses), color=COLORS[0], s=14, alpha=0.5, zorder=3,
                    label="one seed" if i == 0 else None)
-        lo, hi = g.loss["low"], g.loss["high"]
-        err = [[g.loss["mean"] - lo], [hi - g.loss["mean"]]] if lo is not None else None
-        ax.errorbar([g.loss["mean"]], [y], xerr=err, fmt="D", color=COLORS[3], capsize=4, zorder=4,
+        ax.errorbar([g.loss["mean"]], [y], xerr=errbar(g.loss), fmt="D", color=COLORS[3], capsize=4, zorder=4,
                     label="mean, 95% t-interval" if i == 0 else None)
     unigram = [r["unigram_entropy"] for g in groups for r in g.runs.values() if _finite(r["unigram_entropy"])]
     title_note = ""
@@ -108,15 +128,30 @@ def plot_losses(ctx: Context, path: Path, cell: str = "") -> Optional[Path]:
         seen = [v for g in groups for v in g.losses().values() if _finite(v)]
         spread = max(seen) - min(seen) if seen else 0.0
         if seen and h - max(seen) > 3 * max(spread, 0.05):  # a line that far off would squeeze the data: say it
-            title_note = f"; unigram entropy {h:.2f}, off the axis"
+            title_note = f"; unigram {h:.2f} off the axis"
         else:
             ax.axvline(h, color="0.5", ls="--", lw=1, label="unigram entropy (no learning)")
     # an arm of another objective says which loss it reports: the positions on the axis are not comparable
     ax.set_yticks(range(len(groups)), [g.label + (f" [{g.metric}]" if g.metric != "loss" else "")
                                        for g in reversed(groups)])
     n = max(len(g.runs) for g in groups)
-    style_axes(ax, f"{ctx.spec['name']}: final validation loss ({n} seed{'s' if n > 1 else ''} per arm{title_note})",
-               "final validation loss (nats/token, lower is better)", "arm", grid="x")
+    style_axes(ax, f"Final validation loss ({n} seed{'s' if n > 1 else ''} per arm{title_note})",
+               "final validation loss (nats/token, lower is better)", "", grid="x")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / height), ncol=3, fontsize=8)
+    if diffs:
+        margin = (ctx.spec.get("margin") or {}).get("nats")
+        if margin:
+            ax_d.axvspan(-margin, margin, color="0.85", zorder=0, label=f"equivalence margin +-{margin:g} nats")
+        ax_d.axvline(0.0, color="0.3", lw=0.8)
+        for i, (g, other, d) in enumerate(diffs):
+            y = len(diffs) - 1 - i
+            ax_d.errorbar([d["mean"]], [y], xerr=errbar(d), fmt="o", color=COLORS[i % len(COLORS)], capsize=4)
+        ax_d.set_yticks(range(len(diffs)), [f"{g.arm} - {o}" for g, o, _ in reversed(diffs)])  # the arms' names
+        style_axes(ax_d, "Paired difference (same seeds), 95% CI", "arm's loss minus the other's (nats/token)", "",
+                   legend=False, grid="x")
+        if margin:
+            ax_d.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / height), fontsize=8)
+    fig.tight_layout()
     return save_figure(fig, path)
 
 
