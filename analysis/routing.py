@@ -426,24 +426,36 @@ def _grid(plt, n: int, w: float = 4.2, h: float = 3.4, ncols_max: int = 4):
     return fig, list(axes.flat[:n])
 
 
-def plot_load_heatmaps(series: dict[str, dict], run_name: str, path: Path) -> Optional[Path]:
+def load_vmax(series: dict[str, dict]) -> Optional[float]:
+    """The largest expert-load share over every layer and record of a run (None without routing records)."""
+    loads = [load_matrix(s) for s in series.values()]
+    loads = [x for x in loads if x is not None]
+    return max(float(x.max()) for x in loads) if loads else None
+
+
+def plot_load_heatmaps(series: dict[str, dict], run_name: str, path: Path, vmax: Optional[float] = None
+                       ) -> Optional[Path]:
+    """Expert load over training, one panel per MoE layer, all on one colour scale (0 to ``vmax``, default the
+    run's largest share, at least twice the uniform share): pass the same ``vmax`` to compare runs."""
     plt = pyplot()
     layers = [layer for layer in series if load_matrix(series[layer]) is not None]
     if not layers:
         return None
+    E = load_matrix(series[layers[0]]).shape[1]
+    top = max(2.0 / E, vmax if vmax is not None else load_vmax(series))
     fig, axes = _grid(plt, len(layers), w=5.0, h=3.6, ncols_max=2)
+    im = None
     for ax, layer in zip(axes, layers):
         load_TE = load_matrix(series[layer])
         steps = series[layer]["step"]
-        E = load_TE.shape[1]
         im = ax.imshow(load_TE.T, aspect="auto", origin="lower", cmap="magma", interpolation="nearest",
-                       extent=(steps[0], steps[-1], -0.5, E - 0.5), vmin=0, vmax=max(2.0 / E, float(load_TE.max())))
-        cb = fig.colorbar(im, ax=ax)
-        cb.set_label(f"share of routed slots (uniform = 1/{E})")
+                       extent=(steps[0], steps[-1], -0.5, E - 0.5), vmin=0, vmax=top)
         style_axes(ax, f"{layer}: expert load over training", "training step", "expert id", legend=False)
         ax.grid(False)
-    fig.suptitle(f"{run_name}: expert load per MoE layer (colour bar = legend)")
+    fig.suptitle(f"{run_name}: expert load per MoE layer (one colour scale for every panel)")
     fig.tight_layout()
+    cb = fig.colorbar(im, ax=axes, shrink=0.9)
+    cb.set_label(f"share of routed slots (uniform = 1/{E})")
     return save_figure(fig, path)
 
 

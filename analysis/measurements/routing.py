@@ -93,15 +93,18 @@ class Routing(Measurement):
                        "MaxVio_batch (end, held out)", "tokens/s"], rows))
         figures: list[str] = []
         md += figure_md(figures, plot_maxvio(data, ctx.out / "maxvio_vs_loss.png"), "MaxVio against validation loss")
+        from analysis.routing import load_vmax, plot_load_heatmaps, training_series
+
+        maps = []  # the listed arms' first finished runs, drawn on one colour scale so that they compare
         for arm in conf.get("heatmaps") or []:
             g = ctx.group(arm)
             run = next((r for r in (g.runs.values() if g else []) if r["status"] == "finished"), None)
-            if run is None:
-                continue
-            from analysis.routing import plot_load_heatmaps, training_series
-
-            path = plot_load_heatmaps(training_series(open_run(run["run_dir"])), f"{g.label} (seed {run['seed']})",
-                                      ctx.out / f"load_heatmap_{arm}.png")
+            if run is not None:
+                maps.append((arm, g, run, training_series(open_run(run["run_dir"]))))
+        tops = [t for t in (load_vmax(series) for *_, series in maps) if t is not None]
+        for arm, g, run, series in maps:
+            path = plot_load_heatmaps(series, f"{g.label} (seed {run['seed']})", ctx.out / f"load_heatmap_{arm}.png",
+                                      vmax=max(tops) if tops else None)
             md += figure_md(figures, path, f"load heatmap of {arm}")
         return Section(self.title, md, figures, {"arms": data})
 

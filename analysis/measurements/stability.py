@@ -118,8 +118,10 @@ def plot_stability(ctx: Context, arms: list[str], row_key: str, col_key: Optiona
                     M[i, j] = min(mean, unigram)
                 label = "div" if "diverged" in outcomes else ("no\nlearn" if "did not learn" in outcomes else "")
                 text = f"{mean:.2f}" if mean is not None else ""
+                # viridis is dark at the low end (low loss) and bright at the high end: white text on the dark half
+                dark = mean is not None and min(mean, unigram) < (vmin + unigram) / 2
                 ax.text(j, i, text + ("\n" + label if label else ""), ha="center", va="center", fontsize=7,
-                        color="white" if mean is None or mean > (vmin + unigram) / 2 else "black")
+                        color="white" if dark else "black")
         image = ax.imshow(M, cmap="viridis", vmin=vmin, vmax=unigram, aspect="auto")
         ax.set_xticks(range(len(cols)), cols)
         ax.set_yticks(range(len(rows)), rows)
@@ -128,7 +130,9 @@ def plot_stability(ctx: Context, arms: list[str], row_key: str, col_key: Optiona
     if image is not None:
         cbar = fig.colorbar(image, ax=axes[0].tolist(), shrink=0.9)
         cbar.set_label("final val loss (nats/token)")
+    # centred over the panels, not over the figure (the colour bar takes the right edge)
+    centre = (axes[0][0].get_position().x0 + axes[0][-1].get_position().x1) / 2
     fig.suptitle("Final validation loss per setting, mean over seeds; colours capped at the unigram entropy\n"
-                 "(div: a seed diverged; no learn: a seed stayed at the unigram loss)", fontsize=10,
+                 "(div: a seed diverged; no learn: a seed stayed at the unigram loss)", fontsize=10, x=centre,
                  y=1.0 + 0.4 / (0.55 * len(rows) + 2.2))
     return save_figure(fig, path)
