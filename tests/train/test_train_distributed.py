@@ -121,7 +121,8 @@ def test_encoder_and_encoder_decoder_under_ddp_and_zero2_match_one_process(setup
     args = (["--multi_gpu", "--num_processes", "2"] if launch == "ddp"
             else ["--config_file", str(ROOT / "recipes/launch/zero2.yaml")])
     recipe = ROOT / f"recipes/{family}/tiny.yaml"
-    ref = train(archlab.load_recipe(recipe, [*setup["base"], "train.grad_accum=2", f"train.run_name={family}-ref"]))
+    ref = train(archlab.load_recipe(recipe, [*setup["base"], "train.grad_accum=2",
+                                             f"train.run_name={family}-{launch}-ref"]))
     _launch(args, tmp_path / "probe.json", [*setup["base"], f"train.run_name={family}-{launch}"], timeout=400,
             recipe=recipe)
     np.testing.assert_allclose(_losses(setup["out"] / f"{family}-{launch}"), _losses(ref["run_dir"]), rtol=2e-5)
