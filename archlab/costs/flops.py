@@ -19,6 +19,9 @@ can be checked against a measured count):
   same size (grad wrt input and grad wrt weight).
 - MoE layers count what a token actually uses: its K routed experts, the shared experts and
   the router projection (2*D*E), never the experts it was not sent to.
+- An encoder-decoder counts per text token of the window (the trainer's tokens): the encoder on its
+  input ids, the decoder on its targets, cross-attention and the LM head on the targets, all divided
+  by the window length (:func:`encoder_decoder_flops`).
 """
 
 from __future__ import annotations

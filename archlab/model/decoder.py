@@ -2,12 +2,14 @@
 
 Shape legend: B batch, S sequence, D model dim, V vocabulary.
 
-A model type is one class registered in :data:`MODELS` under its ``model.type`` name: this one, and
-the encoder (:mod:`archlab.model.encoder`, BERT) built on it. Each states ``causal`` (what its
+A model type is one class registered in :data:`MODELS` under its ``model.type`` name: this one, the
+encoder (:mod:`archlab.model.encoder`, BERT) and the encoder-decoder (:mod:`archlab.model.encoder_decoder`,
+T5) built on it. Each states ``causal`` (what its
 attention layers are built with: each attention variant says whether it can run without the causal
 mask), ``options`` (the ``model`` keys only it reads: ``archlab.config.options`` refuses them on another
 type), ``validate`` (its rules on the ``model`` node), ``num_params`` and the HF families that express it
-(``hf_export``); ``build_parts`` builds the parts only it has.
+(``hf_export``), ``block_class`` (its layer) and ``stacks`` (stacks of blocks, each with its own position
+encoding); ``build_parts`` builds the parts only it has.
 """
 
 from __future__ import annotations
