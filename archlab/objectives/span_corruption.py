@@ -73,8 +73,8 @@ def noise_mask(rows: int, seq_len: int, noise: int, spans: int, generator: torch
     """(rows, seq_len) bool: ``noise`` ids in ``spans`` spans, alternating with non-noise, non-noise first."""
     lengths = torch.stack([_compositions(rows, seq_len - noise, spans, generator),
                            _compositions(rows, noise, spans, generator)], dim=2).flatten(1)  # (rows, 2k)
-    is_noise = torch.tensor([False, True]).repeat(spans)  # the segments' kinds, in order
-    return torch.stack([is_noise.repeat_interleave(row) for row in lengths])
+    is_noise = torch.tensor([False, True]).repeat(rows * spans)  # every row's segments' kinds, in order
+    return is_noise.repeat_interleave(lengths.flatten()).view(rows, seq_len)  # each row's lengths sum to seq_len
 
 
 def corrupt(x_BS: Tensor, noise_BS: Tensor, vocab_size: int, spans: int) -> tuple[Tensor, Tensor, Tensor]:
