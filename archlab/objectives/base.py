@@ -127,6 +127,23 @@ class Objective:
         raise NotImplementedError
 
 
+def scored_targets(logits_BSV: Tensor, targets_BS: Tensor) -> tuple[Tensor, Tensor, int]:
+    """(summed cross-entropy, correct argmax predictions, counted targets) over the targets that are not -100:
+    the validation sums of an objective scored on chosen positions (masked LM, span corruption)."""
+    from archlab.nn.loss import IGNORE_INDEX, lm_loss
+
+    counted = targets_BS != IGNORE_INDEX
+    correct = (logits_BSV.argmax(-1) == targets_BS)[counted].sum()
+    return lm_loss(logits_BSV, targets_BS, reduction="sum"), correct, int(counted.sum())
+
+
+def accuracy_row(metric: str, prefix: str, sums: dict[str, float]) -> dict[str, Any]:
+    """The validation row of :func:`scored_targets`' sums: ``metric``, ``<prefix>_loss``, ``<prefix>_accuracy``."""
+    n = sums["count"]
+    return {"metric": metric, f"{prefix}_loss": sums["loss"] / n, f"{prefix}_accuracy": sums["correct"] / n,
+            "eval_tokens": int(n)}
+
+
 def objective_class(name: str) -> type[Objective]:
     return OBJECTIVES.get(name)
 

@@ -32,8 +32,8 @@ from torch import Tensor, nn
 
 from archlab.errors import fail
 from archlab.nn.heads import HeadTransform
-from archlab.nn.loss import IGNORE_INDEX, lm_loss
-from archlab.objectives.base import OBJECTIVES, Loss, Objective
+from archlab.nn.loss import IGNORE_INDEX
+from archlab.objectives.base import OBJECTIVES, Loss, Objective, accuracy_row, scored_targets
 from archlab.objectives.causal_lm import head_loss_bytes
 
 MASK_SHARE, RANDOM_SHARE = 0.8, 0.1  # of the selected positions; the remaining 0.1 keep their id
@@ -111,16 +111,11 @@ class MaskedLM(Objective):
     def eval_sums(self, model: nn.Module, x_BS1: Tensor, *, index: int = 0) -> tuple[Tensor, Tensor, int]:
         """(summed cross-entropy, correct argmax predictions, selected positions) of the window's first S ids."""
         inputs, targets = self.select(x_BS1[:, :-1], EVAL_STREAM, 0, index)
-        logits_BSV = model(inputs).logits
-        selected = targets != IGNORE_INDEX
-        correct = (logits_BSV.argmax(-1) == targets)[selected].sum()
-        return lm_loss(logits_BSV, targets, reduction="sum"), correct, int(selected.sum())
+        return scored_targets(model(inputs).logits, targets)
 
     @classmethod
     def eval_row(cls, sums: dict[str, float]) -> dict[str, Any]:
-        n = sums["count"]
-        return {"metric": "mlm", "mlm_loss": sums["loss"] / n, "mlm_accuracy": sums["correct"] / n,
-                "eval_tokens": int(n)}
+        return accuracy_row("mlm", "mlm", sums)
 
     @classmethod
     def forward_flops(cls, cfg: Any, seq_len: int) -> dict[str, float]:

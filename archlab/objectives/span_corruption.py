@@ -36,8 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from archlab.errors import fail
-from archlab.nn.loss import lm_loss
-from archlab.objectives.base import OBJECTIVES, Loss, Objective
+from archlab.objectives.base import OBJECTIVES, Loss, Objective, accuracy_row, scored_targets
 from archlab.objectives.causal_lm import head_loss_bytes
 from archlab.objectives.mlm import EVAL_STREAM, TRAIN_STREAM, draw_generator
 
@@ -147,15 +146,11 @@ class SpanCorruption(Objective):
     def eval_sums(self, model: nn.Module, x_BS1: Tensor, *, index: int = 0) -> tuple[Tensor, Tensor, int]:
         """(summed cross-entropy, correct argmax predictions, targets) of the window's first S ids."""
         encoder, decoder, targets = self.corrupt(x_BS1[:, :-1], EVAL_STREAM, 0, index)
-        logits_BTV = model(encoder, decoder).logits
-        correct = (logits_BTV.argmax(-1) == targets).sum()
-        return lm_loss(logits_BTV, targets, reduction="sum"), correct, targets.numel()
+        return scored_targets(model(encoder, decoder).logits, targets)
 
     @classmethod
     def eval_row(cls, sums: dict[str, float]) -> dict[str, Any]:
-        n = sums["count"]
-        return {"metric": "span_corruption", "span_loss": sums["loss"] / n, "span_accuracy": sums["correct"] / n,
-                "eval_tokens": int(n)}
+        return accuracy_row("span_corruption", "span", sums)
 
     @classmethod
     def forward_flops(cls, cfg: Any, seq_len: int) -> dict[str, float]:
