@@ -25,7 +25,8 @@ paired t-test of "no difference" and two one-sided tests (TOST) of equivalence w
 A CEG margin [0.9, 1.1] is turned into nats at the budget on the fitted curve
 (``analysis.fair.loss_margin_from_ceg``); without a curve the margin is +-0.02 nats (or
 ``margin: {nats: m}``). The report's family of comparisons (every arm against the reference; with
-``verdicts: pairs``, every arm that names a ``compare:`` arm against that arm, e.g. AdamW/Muon pairs) is
+``verdicts: pairs``, every arm that names a ``compare:`` arm against that arm, e.g. AdamW/Muon pairs; a
+side arm only against its ``compare:`` arm, if it names one) is
 corrected with Holm's step-down method, separately for the difference and the equivalence tests;
 each comparison is "better", "worse", "equivalent within the margin" or "unresolved".
 
@@ -204,8 +205,10 @@ def compare(ctx) -> dict:
     pairs = spec.get("verdicts", "reference") == "pairs"
     arms, tests, against = [], [], []
     for g in ctx.arm_groups():
-        # the family: every arm against the reference, or (verdicts: pairs) every arm against its `compare:` arm
-        other_name = ctx.arms[g.arm].get("compare") if pairs else ctx.reference
+        # the family: every arm against the reference, or (verdicts: pairs) every arm against its `compare:` arm;
+        # a side arm (a control, e.g. a time-matched copy) only against its `compare:` arm, if it names one
+        arm = ctx.arms[g.arm]
+        other_name = arm.get("compare") if pairs or arm.get("side") else ctx.reference
         other = ctx.group(other_name) if other_name else None
         if other is None or g.arm == other_name or other.metric != g.metric:
             continue  # (losses of different objectives are not compared)

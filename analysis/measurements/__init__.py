@@ -19,6 +19,8 @@ it is imported below; to add a measurement, write its module and import it here.
 - ``routing``: MoE load imbalance (MaxVio) against validation loss; load heat maps.
 - ``wall_clock``: equal training FLOPs against equal training time (time-matched arms).
 - ``kv_cache``: validation loss against KV-cache bytes per token.
+- ``moe_breakdown``: each feed-forward layer's time phase by phase (router, dispatch, experts, combine), MoE
+  against the dense FFN, beside the whole training step.
 - ``throughput``: every arm's training step timed side by side (interleaved rounds).
 - ``val_sampling``: the validation set's own sampling error (bootstrap over windows) beside the seed intervals.
 - ``cloze``: one held-out id per window, each model type (decoder, encoder, encoder-decoder) through its own
@@ -31,6 +33,7 @@ from analysis.measurements import (  # noqa: F401  (each registers its measureme
     init_grad_norms,
     kv_cache,
     ladder,
+    moe_breakdown,
     routing,
     stability,
     throughput,

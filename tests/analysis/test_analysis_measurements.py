@@ -121,7 +121,7 @@ def test_every_measurement_module_registers_one_measurement_under_its_name():
         assert type(m).section is not Measurement.section, name  # every measurement has a report section
     # what runs after training: the six that compute beyond the run folders
     assert sorted(n for n, m in MEASUREMENTS.items() if type(m).run is not Measurement.run) == [
-        "cloze", "extrapolation", "init_grad_norms", "routing", "throughput", "val_sampling"]
+        "cloze", "extrapolation", "init_grad_norms", "moe_breakdown", "routing", "throughput", "val_sampling"]
     assert [n for n, m in MEASUREMENTS.items() if m.last] == ["throughput"]
 
 
@@ -131,6 +131,7 @@ def test_every_measurement_module_registers_one_measurement_under_its_name():
                        "variants": {"pi": {"arm": "rope", "label": "PI", "set": ["a.b={factor}"]}}}),
     ("init_grad_norms", {"depths": [2, 3], "batches": 1, "seeds": [0], "arms": ["pre-ln"]}),
     ("routing", {"heatmaps": ["a", "b"]}), ("routing", {"held_out_tokens": 4096}),
+    ("moe_breakdown", {"rounds": 5, "repeats": 10, "windows": 16}),
 ])
 def test_valid_settings_pass_unchanged(name, settings):
     assert MEASUREMENTS[name].check(settings, f"measurements.{name}") == (settings or {})
@@ -149,6 +150,8 @@ def test_valid_settings_pass_unchanged(name, settings):
     ("routing", {"heatmaps": "a"}, "measurements.routing.heatmaps='a': expected a list of arm names"),
     ("routing", {"held_out_tokens": 0}, "measurements.routing.held_out_tokens=0: expected an integer >= 1"),
     ("throughput", {"steps": 0}, "measurements.throughput.steps=0: expected an integer >= 1"),
+    ("moe_breakdown", {"repeats": 0}, "measurements.moe_breakdown.repeats=0: expected an integer >= 1"),
+    ("moe_breakdown", {"phases": 3}, "measurements.moe_breakdown: unknown keys ['phases']"),
     ("throughput", [10, 5], "measurements.throughput=[10, 5]: expected a mapping of settings (steps, rounds)"),
 ])
 def test_bad_settings_fail_naming_the_key(name, settings, message):

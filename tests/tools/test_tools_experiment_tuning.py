@@ -229,3 +229,18 @@ def test_verdicts_leave_out_arms_of_another_objective():
                           group=groups.get, arm_groups=lambda: list(groups.values()), curve_rows=[])
     out = experiment_ceg.compare(ctx)
     assert set(out["arms"]) == {"gpt-8"} and out["arms"]["gpt-8"]["class"].startswith("better")
+
+
+def test_side_arms_are_tested_only_against_their_compare_arm():
+    """A time-matched control (side, no compare:) joins no family; a side arm naming compare: is tested
+    against that arm, not the reference."""
+    from types import SimpleNamespace
+
+    groups = {"dense": _Group("dense", {0: 4.0, 1: 4.1, 2: 4.05}), "moe": _Group("moe", {0: 3.9, 1: 3.95, 2: 3.92}),
+              "dense-time": _Group("dense-time", {0: 4.1, 1: 4.2, 2: 4.15}),
+              "deep": _Group("deep", {0: 3.7, 1: 3.75, 2: 3.72})}
+    arms = {"dense": {}, "moe": {}, "dense-time": {"side": True}, "deep": {"side": True, "compare": "moe"}}
+    ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}}, reference="dense", arms=arms, group=groups.get,
+                          arm_groups=lambda: list(groups.values()), curve_rows=[])
+    out = experiment_ceg.compare(ctx)
+    assert {a: c["tests"]["against"] for a, c in out["arms"].items()} == {"moe": "dense", "deep": "moe"}
