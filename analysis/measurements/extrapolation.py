@@ -176,61 +176,71 @@ def _mean_curve(curves: list[dict]) -> dict:
     return {"bin_width": width, "loss": arr.mean(axis=0).tolist(), "n": len(curves)}
 
 
-def _growth_curve(v: dict, ms: list[int]) -> list[float]:
-    """Mean over seeds of loss(m L) - loss(L), paired by seed, at each multiplier m of ``ms``."""
+def _growth_curve(v: dict, ms: list[int]) -> list[dict]:
+    """At each multiplier m of ``ms``: the t-interval over seeds of loss(m L) - loss(L), paired by seed."""
     base = v["per_multiplier"][ms[0]]["by_seed"]
-    out = []
-    for m in ms:
-        here = v["per_multiplier"][m]["by_seed"]
-        diffs = [here[s] - base[s] for s in here if s in base]
-        out.append(sum(diffs) / len(diffs) if diffs else float("nan"))
-    return out
+    return [paired_difference(v["per_multiplier"][m]["by_seed"], base) for m in ms]
 
 
 def plot_extrapolation(ctx: Context, rows_data: list[dict], multipliers: list[int], path):
-    """Left: the loss at each evaluated length with its interval. Right: the paired increase over
-    the loss at L, zoomed so that one encoding that blows up does not flatten the others."""
+    """Left: the loss at each evaluated length, the trained encodings with their intervals over seeds
+    (the evaluation-time variants dashed, their intervals on the right). Right: the paired increase
+    over the loss at L with its 95% interval, every curve at its own small offset along x so that the
+    intervals do not hide each other, zoomed so that one encoding that blows up does not flatten the
+    others."""
     plt = pyplot()
-    fig, (ax, ax_g) = plt.subplots(1, 2, figsize=(14, 5.2))
+    fig, (ax, ax_g) = plt.subplots(1, 2, figsize=(14, 5.4))
     L = rows_data[0]["train_len"]
-    tops, growth = [], {}
+    at_L, growth = [], {}
+    shown: list[float] = []
     for i, v in enumerate(rows_data):
         ms = [m for m in multipliers if m not in v["not_applicable"] and v["per_multiplier"][m]["loss"]["n"]]
+        if not ms:
+            continue
         means = [v["per_multiplier"][m]["loss"]["mean"] for m in ms]
         low = [v["per_multiplier"][m]["loss"]["low"] for m in ms]
         high = [v["per_multiplier"][m]["loss"]["high"] for m in ms]
-        style = "--" if v["variant"] != v["arm"] else "-"
+        variant = v["variant"] != v["arm"]
         color = COLORS[i % len(COLORS)]
-        ax.plot([m * L for m in ms], means, style, marker="o", color=color,
-                label=v["label"] + (" (n/a past " + f"{ms[-1] * L})" if v["not_applicable"] and ms else ""))
-        if all(x is not None for x in low):
-            ax.fill_between([m * L for m in ms], low, high, color=color, alpha=0.15)
-        tops.append(means[0] if means else None)
+        ax.plot([m * L for m in ms], means, "--" if variant else "-", marker="o", ms=4, color=color,
+                label=v["label"] + (f" (n/a past {ms[-1] * L})" if v["not_applicable"] else ""))
+        if not variant and all(x is not None for x in low):
+            ax.fill_between([m * L for m in ms], low, high, color=color, alpha=0.15, lw=0)
+        at_L.append(means[0])
+        shown += means
         if len(ms) > 1:
-            growth[v["label"]] = ([m * L for m in ms], _growth_curve(v, ms), style, color)
-    unigram = mean_unigram(ctx)
+            growth[v["label"]] = (ms, _growth_curve(v, ms), "--" if variant else "-", color)
     for a in (ax, ax_g):
         a.axvline(L, color="0.3", ls="--", lw=0.8, label=f"training context L = {L}")
         a.set_xscale("log", base=2)
         a.set_xticks([m * L for m in multipliers], [f"{m * L}" for m in multipliers])
-    finite = [t for t in tops if t is not None]
-    top = max(finite) + 0.8 if finite else None  # the trained-length losses stay readable when a variant blows up
-    if unigram and (top is None or unigram < top + 0.6):  # the unigram line only when it is near the curves
+        a.minorticks_off()
+    if at_L:  # the trained-length losses stay readable when a variant blows up at long contexts
+        top = min(max(shown), max(at_L) + 0.8)
+        ax.set_ylim(min(shown) - 0.05 * (top - min(shown)) - 0.02, top + 0.05 * (top - min(shown)) + 0.02)
+    unigram = mean_unigram(ctx)
+    if unigram and at_L and unigram < ax.get_ylim()[1]:  # the unigram line only inside the data's range
         ax.axhline(unigram, color="0.5", ls=":", lw=1, label="unigram entropy")
-        top = None if top is None else max(top, unigram + 0.1)
-    if finite:
-        ax.set_ylim(min(finite) - 0.15, top)
-    style_axes(ax, "Validation loss against evaluation context\n(shaded: 95% CI over seeds)",
+    style_axes(ax, "Validation loss against evaluation context\n(shaded: 95% CI over seeds of the trained encodings)",
                "evaluation context length (tokens, log scale)", "validation loss (nats/token)", legend=False)
-    peaks = sorted(max(abs(g) for g in c[1]) for c in growth.values())
-    clip = peaks[-2] * 1.4 + 0.02 if len(peaks) > 1 and peaks[-1] > 2.5 * peaks[-2] else None
+    peaks = sorted(max(abs(g["high"] if g.get("high") is not None else g["mean"]) for g in c[1])
+                   for c in growth.values())
+    clip = peaks[-2] * 1.3 + 0.02 if len(peaks) > 1 and peaks[-1] > 2.5 * peaks[-2] else None
     ax_g.axhline(0.0, color="0.3", lw=0.8)
-    for label, (x, y, style, color) in growth.items():
-        off = clip is not None and max(abs(g) for g in y) > clip
-        ax_g.plot(x, y, style, marker="o", color=color, label=label + (" (off scale)" if off else ""))
+    n = len(growth)
+    for j, (label, (ms, g, style, color)) in enumerate(growth.items()):
+        shift = 2 ** (0.12 * (j - (n - 1) / 2))  # a small offset along the log axis per curve
+        x = [m * L * shift for m in ms]
+        y = [d["mean"] for d in g]
+        err = None
+        if all(d.get("low") is not None for d in g):
+            err = [[d["mean"] - d["low"] for d in g], [d["high"] - d["mean"] for d in g]]
+        off = clip is not None and max(abs(v) for v in y) > clip
+        ax_g.errorbar(x, y, yerr=err, fmt=style, marker="o", ms=4, capsize=2, lw=1.2, color=color,
+                      label=label + (" (off scale)" if off else ""))
     if clip is not None:
-        ax_g.set_ylim(-clip, clip)
-    style_axes(ax_g, "Increase over the loss at L (mean of the same-seed differences)",
+        ax_g.set_ylim(-0.25 * clip, clip)
+    style_axes(ax_g, "Increase over the loss at L\n(same-seed differences: mean and 95% CI; curves offset along x)",
                "evaluation context length (tokens, log scale)", "loss(length) - loss(L) (nats/token)",
                legend=False)
     handles, labels = ax_g.get_legend_handles_labels()
@@ -247,7 +257,7 @@ def plot_per_position(ctx: Context, rows_data: list[dict], multiplier: int, path
     fig, ax = plt.subplots(figsize=(8, 5))
     L = rows_data[0]["train_len"]
     drawn = 0
-    firsts = []
+    firsts, lasts = [], []
     for i, v in enumerate(rows_data):
         curve = v["per_position"].get(multiplier)
         if curve is None:
@@ -257,14 +267,18 @@ def plot_per_position(ctx: Context, rows_data: list[dict], multiplier: int, path
         ax.plot(x, curve["loss"], "--" if v["variant"] != v["arm"] else "-", color=COLORS[i % len(COLORS)],
                 label=v["label"], lw=1.3)
         firsts.append(min(curve["loss"]))
+        lasts.append(max(curve["loss"][min(2, len(curve["loss"]) - 1):]))
         drawn += 1
     if not drawn:
         return None
-    unigram = mean_unigram(ctx)
     ax.axvline(L, color="0.3", ls="--", lw=0.8, label=f"training context L = {L}")
-    if unigram:
+    # the range of the curves past their first bins (the first positions, with almost no context, sit near
+    # the unigram loss for every encoding); the unigram line only when it falls inside that range
+    lo, hi = min(firsts), max(lasts)
+    ax.set_ylim(lo - 0.08 * (hi - lo) - 0.02, hi + 0.08 * (hi - lo) + 0.02)
+    unigram = mean_unigram(ctx)
+    if unigram and unigram < ax.get_ylim()[1]:
         ax.axhline(unigram, color="0.5", ls=":", lw=1, label="unigram entropy")
-        ax.set_ylim(min(firsts) - 0.2, unigram + 1.0)
     style_axes(ax, f"Loss per token position in windows of {multiplier}L = {multiplier * L} tokens "
                f"(mean over seeds, bins of {rows_data[0]['per_position'][multiplier]['bin_width']})"
                if multiplier in rows_data[0]["per_position"] else f"Loss per token position at {multiplier}L",

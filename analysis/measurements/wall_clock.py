@@ -17,7 +17,6 @@ from analysis.experiments import (
     figure_md,
     fmt_ci,
     fmt_count,
-    mean_unigram,
     paired_difference,
     t_interval,
     table,
@@ -110,33 +109,39 @@ def _training_seconds(g: Group) -> dict:
 
 
 def plot_curves(ctx: Context, path):
+    """Each arm's validation curve (mean over seeds, band: min to max over seeds) against training time
+    and against training compute; the time-matched arms dashed. The y-axis spans the last stretch of
+    training, where the arms separate (the first evaluations, near log V, would squash it)."""
     plt = pyplot()
     fig, (ax_t, ax_f) = plt.subplots(1, 2, figsize=(13, 5))
-    drawn = 0
     bench = all(g.bench_tokens_per_s for g in ctx.arm_groups())
+    finals, drawn = [], 0
     for i, g in enumerate(ctx.arm_groups()):
-        c = COLORS[i % len(COLORS)]
-        for j, r in enumerate(g.runs.values()):
-            if r["status"] != "finished":
-                continue
-            t, n, f, v = _val_curve(r["run_dir"])
-            if bench:
-                t = [x / g.bench_tokens_per_s for x in n]
-            label = g.label if j == 0 else None
-            ax_t.plot(t, v, color=c, lw=1.2, alpha=0.8, label=label, marker="." if j == 0 else None)
-            ax_f.plot(f, v, color=c, lw=1.2, alpha=0.8, label=label)
-            drawn += 1
+        curves = [_val_curve(r["run_dir"]) for r in g.runs.values() if r["status"] == "finished"]
+        curves = [c for c in curves if c[3]]
+        if not curves:
+            continue
+        k = min(len(c[3]) for c in curves)  # the seeds of an arm evaluate at the same steps
+        n = np.mean([c[1][:k] for c in curves], axis=0)
+        t = n / g.bench_tokens_per_s if bench else np.mean([c[0][:k] for c in curves], axis=0)
+        f = np.mean([c[2][:k] for c in curves], axis=0) / 1e12
+        v = np.array([c[3][:k] for c in curves], dtype=float)
+        color, style = COLORS[i % len(COLORS)], "--" if "match_time_of" in ctx.arms[g.arm]["budget"] else "-"
+        label = f"{g.label} ({len(curves)} seed{'s' if len(curves) > 1 else ''})"
+        for ax, x in ((ax_t, t), (ax_f, f)):
+            ax.plot(x, v.mean(axis=0), style, color=color, lw=1.5, label=label)
+            if len(curves) > 1:
+                ax.fill_between(x, v.min(axis=0), v.max(axis=0), color=color, alpha=0.15, lw=0)
+        finals.append(float(v.mean(axis=0)[-1]))
+        drawn += 1
     if not drawn:
         return None
-    unigram = mean_unigram(ctx)
-    finals = [r["val_loss"] for r in ctx.rows if _finite(r["val_loss"])]
-    for ax in (ax_t, ax_f):  # the early losses (~ log V) would squash the end of the curves
-        if unigram and finals:
-            ax.set_ylim(min(finals) - 0.1, max(unigram, max(finals)) + 0.3)
-    style_axes(ax_t, "Validation loss against training time (every seed)",
+    for ax in (ax_t, ax_f):  # the end of training readable: from below the best final loss to 0.6 nats above the worst
+        ax.set_ylim(min(finals) - 0.1, max(finals) + 0.6)
+        ax.set_xlim(0, None)
+    style_axes(ax_t, "Validation loss against training time\n(mean over seeds; band: min to max)",
                "training time (s): tokens / benchmark tokens per second" if bench
                else "training wall-clock time (s, this machine)", "validation loss (nats/token)")
-    ax_f.set_xscale("log")
-    style_axes(ax_f, "Validation loss against training compute (every seed)", "training FLOPs (log scale)",
-               "validation loss (nats/token)", grid="both")
+    style_axes(ax_f, "Validation loss against training compute\n(mean over seeds; band: min to max)",
+               "training compute (10^12 FLOPs)", "validation loss (nats/token)")
     return save_figure(fig, path)
