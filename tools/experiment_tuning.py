@@ -15,8 +15,9 @@ Procedure: a log grid at the arm's full budget (``budget_fraction: 1``), one run
 halving from shorter budgets was not chosen: the optimal lr shifts with the number of steps
 (longer runs prefer a lower peak lr), and at the budgets a CPU experiment trains (a few hundred
 steps) a shorter budget is exactly where that shift is largest. The best lr is the grid point with
-the lowest final validation loss (a diverged run counts as +inf). When that point is at an end of
-the grid, the grid extends on that side by the grid's own ratio (``lr[1] / lr[0]``) and the new
+the lowest final validation loss (a run that diverged, or did not learn: within 0.1 nats of its training
+split's unigram entropy, counts as +inf; when every lr does, the grid extends downwards). When that
+point is at an end of the grid, the grid extends on that side by the grid's own ratio (``lr[1] / lr[0]``) and the new
 point is trained; this repeats until the best point is interior (``bracketed``) or ``max_extend``
 points were added on that side (reported: "at the edge, limit hit"). The seeded runs then train
 at the chosen lr.
@@ -137,6 +138,28 @@ def final_loss(run_dir: str) -> Optional[float]:
     return float(loss) if loss is not None and math.isfinite(loss) else math.inf
 
 
+def did_not_learn(run_dir: str) -> bool:
+    """A finished run whose final validation loss is within ``LEARN_MARGIN`` of its training split's
+    unigram entropy: it learned token frequencies and nothing more (``analysis.experiments``)."""
+    from analysis.experiments import LEARN_MARGIN
+    from analysis.runs import open_run
+
+    run = open_run(run_dir)
+    loss, unigram = run.final_val_loss, (run.summary or {}).get("unigram_entropy_train")
+    if loss is None or unigram is None or not math.isfinite(loss):
+        return False
+    return loss >= float(unigram) - LEARN_MARGIN
+
+
+def score(run_dir: str) -> Optional[float]:
+    """What the lr choice minimises: the final validation loss; +inf for a run that diverged or did
+    not learn (its loss says nothing about how close its lr is to the best); None while unfinished."""
+    loss = final_loss(run_dir)
+    if loss is not None and math.isfinite(loss) and did_not_learn(run_dir):
+        return math.inf
+    return loss
+
+
 def choose(lrs: Sequence[float], losses: Sequence[Optional[float]]) -> dict:
     """The best lr of a grid and where it lies: {lr, index, side: None | 'low' | 'high'} (side: the end
     of the grid the best point sits on, so the grid must extend there)."""
@@ -144,7 +167,7 @@ def choose(lrs: Sequence[float], losses: Sequence[Optional[float]]) -> dict:
     best_loss, i = min(scored)
     side = "low" if i == 0 else "high" if i == len(lrs) - 1 else None
     if not math.isfinite(best_loss):
-        side = "low"  # every lr diverged: go lower
+        side = "low"  # every lr diverged or did not learn: go lower
     return {"lr": lrs[i], "index": i, "side": side, "loss": best_loss}
 
 
@@ -209,7 +232,7 @@ def search(spec: dict, arms, *, jobs: int = 1, threads: Optional[int] = None, lo
         again = False
         for a in arms:
             mine = sorted((r for r in recs if r["arm"] == a.name), key=lambda r: r["lr"])
-            best = choose([r["lr"] for r in mine], [final_loss(r["run_dir"]) for r in mine])
+            best = choose([r["lr"] for r in mine], [score(r["run_dir"]) for r in mine])
             side = best["side"]
             if side and extended[a.name][side] < tune["max_extend"]:
                 log(f"tuning {a.name}: best lr {best['lr']:g} at the {side} end of {lrs[a.name]}; extending")
@@ -227,10 +250,13 @@ def summarise(recs: Sequence[dict], tune: dict) -> dict:
         mine = sorted((r for r in recs if r["arm"] == arm), key=lambda r: r["lr"])
         lrs = [r["lr"] for r in mine]
         losses = [final_loss(r["run_dir"]) for r in mine]
-        best = choose(lrs, losses)
+        best = choose(lrs, [score(r["run_dir"]) for r in mine])
         out[arm] = {"lrs": lrs, "losses": [None if v is None or not math.isfinite(v) else v for v in losses],
                     "diverged": [v is not None and not math.isfinite(v) for v in losses],
-                    "lr": best["lr"], "loss": best["loss"], "bracketed": best["side"] is None,
+                    "did_not_learn": [v is not None and math.isfinite(v) and did_not_learn(r["run_dir"])
+                                      for v, r in zip(losses, mine)],
+                    "lr": best["lr"], "loss": best["loss"] if math.isfinite(best["loss"]) else None,
+                    "learned": math.isfinite(best["loss"]), "bracketed": best["side"] is None,
                     "limit_hit": best["side"] is not None, "runs": [r["point"] for r in mine]}
     return out
 
@@ -283,8 +309,11 @@ def section(ctx):
     rows = []
     for arm, t in tuning.items():
         where = "bracketed" if t["bracketed"] else "at the edge of the grid, extension limit hit"
-        losses = ", ".join("diverged" if d else f"{v:.3f}" if v is not None else "-"
-                           for v, d in zip(t["losses"], t["diverged"]))
+        if not t.get("learned", True):
+            where = "no lr of the grid learned (extension limit hit on the low side)"
+        dnl = t.get("did_not_learn") or [False] * len(t["lrs"])
+        losses = ", ".join("diverged" if d else f"{v:.3f} (did not learn)" if n else f"{v:.3f}" if v is not None
+                           else "-" for v, d, n in zip(t["losses"], t["diverged"], dnl))
         if t.get("transferred_from"):
             where += f"; muP transfer from `{t['transferred_from']}`"
         rows.append([f"{ctx.arms[arm]['label']} (`{arm}`)", ", ".join(f"{lr:g}" for lr in t["lrs"]), losses,
@@ -297,8 +326,10 @@ def section(ctx):
              else f"{tune['budget_fraction']:g} x the arm's budget")
     md = (f"Each arm's lr is chosen on its own (`tools/experiment_tuning.py`): a log grid at {share}, one run per lr "
           f"at seed {tune['seed']} (not one of the "
-          "reported seeds), the best final validation loss; the grid extends by its own ratio until the best lr is "
-          "interior. The seeded runs train at the chosen lr.\n\n"
+          "reported seeds), the best final validation loss; a run that diverged or did not learn (within "
+          "0.1 nats of the unigram entropy) counts as worst, and when no lr learned the grid extends downwards; "
+          "the grid extends by its own ratio until the best lr is interior. The seeded runs train at the chosen "
+          "lr.\n\n"
           + table(["arm", "lrs tried", "final val loss at each lr (nats/token)", "chosen lr", "where", "runs",
                    "wall min"], rows)
           + f"\n\nTuning cost: {len(runs)} runs, {tuned_s / 60:.1f} min of training "
@@ -322,7 +353,8 @@ def plot(ctx, tuning: dict, path: Path):
         finite += [v for _, v in pts]
         color = COLORS[i % len(COLORS)]
         ax.plot(*zip(*pts), "o-", color=color, label=f"{ctx.arms[arm]['label']} (chosen {t['lr']:g})")
-        ax.plot([t["lr"]], [t["loss"]], "*", color=color, markersize=14, markeredgecolor="black", zorder=5)
+        if t["loss"] is not None:
+            ax.plot([t["lr"]], [t["loss"]], "*", color=color, markersize=14, markeredgecolor="black", zorder=5)
         for lr, d in zip(t["lrs"], t["diverged"]):
             if d:
                 ax.axvline(lr, color=color, ls=":", lw=1)

@@ -83,8 +83,9 @@ def test_choose_finds_the_edge_the_grid_must_extend_to():
     assert experiment_tuning.extend([1e-3, 2e-3], "low", 2.0) == [5e-4, 1e-3, 2e-3]
 
 
-def _fake_sweep(monkeypatch, optimum: dict[str, float]):
-    """run_sweep that 'trains' every point instantly; final loss (log10(lr / optimum))^2 per arm."""
+def _fake_sweep(monkeypatch, optimum: dict[str, float], learns_below: float = math.inf):
+    """run_sweep that 'trains' every point instantly; final loss (log10(lr / optimum))^2 per arm; a run
+    whose lr is at or above ``learns_below`` ends at the unigram loss (did not learn)."""
     from tools import sweep
 
     seen = []
@@ -101,8 +102,12 @@ def _fake_sweep(monkeypatch, optimum: dict[str, float]):
         arm, lr = name.split("-lr")[0], float(name.split("-lr")[1].split("-")[0])
         return math.log10(lr / optimum[arm]) ** 2
 
+    def did_not_learn(run_dir):
+        return float(Path(run_dir).name.split("-lr")[1].split("-")[0]) >= learns_below
+
     monkeypatch.setattr(sweep, "run_sweep", run_sweep)
     monkeypatch.setattr(experiment_tuning, "final_loss", final_loss)
+    monkeypatch.setattr(experiment_tuning, "did_not_learn", did_not_learn)
     return seen
 
 
@@ -130,6 +135,25 @@ def test_tuning_reports_an_unbracketed_lr_when_the_limit_is_hit(tmp_path, monkey
     tuned, _ = experiment_tuning.run(spec, resolve_arms(spec), log=lambda *a: None)
     assert tuned["a"]["lrs"] == [1e-3, 2e-3, 4e-3, 8e-3] and not tuned["a"]["bracketed"]
     assert tuned["b"]["lrs"] == [5e-4, 1e-3, 2e-3, 4e-3] and tuned["b"]["limit_hit"]
+
+
+def test_runs_that_did_not_learn_count_as_worst_and_send_the_grid_down(tmp_path, monkeypatch):
+    """A post-LN model stuck at the unigram loss at every lr of the grid: the tuner must not pick the
+    'best' of those (noise at the unigram loss) nor extend upwards; it goes down until a run learns."""
+    spec = load_spec(_spec(tmp_path, tune={"lr": [1e-3, 2e-3, 4e-3], "max_extend": 3}))
+    spec["out"] = str(tmp_path / "out")
+    # a: optimum 8e-3 by the loss curve, but nothing at or above 1e-3 learns
+    _fake_sweep(monkeypatch, {"a": 8e-3, "b": 2e-3}, learns_below=1e-3)
+    tuned, _ = experiment_tuning.run(spec, resolve_arms(spec), log=lambda *a: None)
+    # down to 5e-4, which learns; then 2.5e-4, worse: 5e-4 is bracketed by a worse lr and one that did not learn
+    assert tuned["a"]["lrs"] == [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3]
+    assert tuned["a"]["did_not_learn"] == [False, False, True, True, True]
+    assert tuned["a"]["lr"] == 5e-4 and tuned["a"]["learned"] and tuned["a"]["bracketed"]
+    # b: nothing learns at any lr down to the limit: reported as such, never a chosen loss
+    _fake_sweep(monkeypatch, {"a": 8e-3, "b": 2e-3}, learns_below=0.0)
+    tuned, _ = experiment_tuning.run(spec, resolve_arms(spec), log=lambda *a: None)
+    assert tuned["b"]["lrs"] == [1.25e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3]
+    assert not tuned["b"]["learned"] and tuned["b"]["loss"] is None
 
 
 def test_plan_lists_the_tuning_runs_the_seeded_runs_and_the_compute_curve(tmp_path):
