@@ -6,6 +6,7 @@ beyond the run folders.
 
 from __future__ import annotations
 
+import textwrap
 from typing import Optional
 
 import numpy as np
@@ -108,41 +109,74 @@ def _draw_waterfall(ax, bars: list[dict], labels: list[str], ylim: Optional[tupl
             if b["err"]:
                 ax.errorbar([i], [b["end"]], yerr=b["err"], color="0.15", capsize=4, lw=1.2,
                             label=once("paired 95% interval of the step"))
-            if lo - 0.1 * span <= b["high"] <= hi + 0.1 * span:
-                ax.text(i, b["high"] + 0.02 * span, f"{b['delta']:+.3f}", ha="center", va="bottom", fontsize=8)
         if i + 1 < len(labels):
             ax.plot([i + 0.3, i + 0.7], [b["end"], b["end"]], color="0.5", lw=0.8, ls=":")
     ax.set_ylim(lo - 0.12 * span, hi + 0.15 * span)
-    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+    ax.set_xticks(range(len(labels)), labels)
 
 
 def plot_waterfall(ctx: Context, steps: list[Group], path) -> Optional[object]:
-    """Floating bars from each step's parent mean to its own mean, with the paired 95% interval.
-    When one step dwarfs the others (more than 5x the median size), a second panel zooms on the
-    steps after it."""
+    """Left: floating bars from each step's parent mean to its own mean (the ladder as a whole).
+    Right: each step's paired change against its parent with its 95% interval, one row per step, on
+    an axis scaled to the steps' intervals; a step that dwarfs the others (more than 5x the median
+    size) is drawn at the axis edge with an arrow and its value, so the small steps stay readable.
+    Where the spec measures CEG, each step's CEG against the reference is written beside its row."""
     bars = _waterfall_bars(ctx, steps)
     if not steps or bars[0]["kind"] == "missing":
         return None
-    labels = [g.label for g in steps]
-    sizes = [abs(b["delta"]) for b in bars if b["kind"] == "step"]
-    big = max(range(len(bars)), key=lambda k: abs(bars[k].get("delta", 0.0)))
-    zoom = len(sizes) > 2 and abs(bars[big]["delta"]) > 5 * float(np.median(sizes)) and big + 1 < len(bars)
+    numbers = [str(i) for i in range(len(steps))]  # the left panel's ticks; the right panel names each step
+    labels = [f"{i}. " + textwrap.shorten(g.label, 60, placeholder=" ...") for i, g in enumerate(steps)]
     plt = pyplot()
-    width = max(7.0, 0.85 * len(steps) + 2)
-    fig, axes = plt.subplots(2 if zoom else 1, 1, figsize=(width, 9.0 if zoom else 5.2), squeeze=False,
-                             sharex=True)
-    ax = axes[0][0]
-    _draw_waterfall(ax, bars, labels)
-    title = f"{ctx.spec['name']}: final validation loss, one change per step (bars: mean change)"
-    xlabel = "step (each adds one change to the previous)"
-    style_axes(ax, title, "" if zoom else xlabel, "final validation loss (nats/token)")
-    if zoom:
-        after = [b for b in bars[big:] if b["kind"] != "missing"]
-        ylim = (min(min(b["low"] for b in after[1:]), after[0]["end"]), max(max(b["high"] for b in after[1:]),
-                                                                             after[0]["end"]))
-        _draw_waterfall(axes[1][0], bars, labels, ylim=ylim)
-        style_axes(axes[1][0], f"zoom on the steps after '{labels[big]}'", xlabel, "final validation loss (nats/token)",
-                   legend=False)
-        ax.tick_params(axis="x", labelbottom=False)
-        fig.subplots_adjust(hspace=0.12)
+    height = max(5.2, 0.42 * len(steps) + 2.6)
+    fig, (ax, ax_d) = plt.subplots(1, 2, figsize=(15.0, height), gridspec_kw={"width_ratios": [0.8, 1.0]})
+    _draw_waterfall(ax, bars, numbers)
+    style_axes(ax, "Final validation loss, one change per step\n(bars: mean change; whiskers: paired 95% CI)",
+               "step (numbered as on the right)", "final validation loss (nats/token)")
+    _draw_step_effects(ctx, ax_d, bars, labels, [g.arm for g in steps])
+    fig.suptitle(f"{ctx.spec['name']}: the ladder", fontsize=12)
+    fig.tight_layout()
     return save_figure(fig, path)
+
+
+def _draw_step_effects(ctx: Context, ax, bars: list[dict], labels: list[str], arms: list[str]) -> None:
+    """Forest plot of the steps' paired changes (rows top to bottom in ladder order)."""
+    from tools.experiment_ceg import fmt_ceg
+
+    rows = [b for b in bars if b["kind"] == "step"]
+    if not rows:
+        ax.set_axis_off()
+        return
+    sizes = [abs(b["delta"]) for b in rows]
+    med = float(np.median(sizes))
+    big = {b["i"] for b in rows if len(rows) > 2 and abs(b["delta"]) > 5 * med}
+    inner = [b for b in rows if b["i"] not in big] or rows
+    ends = []
+    for b in inner:
+        lo_e, hi_e = (b["err"][0][0], b["err"][1][0]) if b["err"] else (0.0, 0.0)
+        ends += [b["delta"] - lo_e, b["delta"] + hi_e]
+    lim = max(abs(min(ends)), abs(max(ends)), 1e-3) * 1.15
+    ceg = (ctx.comparison or {}).get("arms", {}) if ctx.comparison else {}
+    for b in rows:
+        y = b["i"]
+        color = COLORS[2] if b["delta"] < 0 else COLORS[3]
+        if b["i"] in big:  # off scale: an arrow at the edge and the value
+            edge = lim if b["delta"] > 0 else -lim
+            ax.annotate("", xy=(edge, y), xytext=(0.55 * edge, y),
+                        arrowprops={"arrowstyle": "->", "color": color, "lw": 2})
+            ax.text(0.5 * edge, y - 0.28, f"{b['delta']:+.3f} (off scale)", ha="center", va="bottom", fontsize=8,
+                    color=color)
+            continue
+        xerr = b["err"] if b["err"] else None
+        ax.errorbar([b["delta"]], [y], xerr=xerr, fmt="o", color=color, capsize=3, lw=1.4)
+    ax.axvline(0.0, color="0.3", lw=0.8)
+    ax.set_xlim(-lim, lim)
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    if ceg:
+        for i, arm in enumerate(arms):
+            res = (ceg.get(arm) or {}).get("ceg")
+            if res and arm != ctx.reference:
+                ax.text(1.02, i, f"vs step 0: CEG {fmt_ceg(res)}", transform=ax.get_yaxis_transform(), va="center",
+                        fontsize=7)
+    style_axes(ax, "Each step against the previous one\n(paired by seed: mean and 95% CI; < 0: the step helps)",
+               "change in final validation loss (nats/token)", "", legend=False)
