@@ -138,29 +138,60 @@ def maxvio(run_dir: str) -> Optional[dict]:
 
 
 def plot_maxvio(data: list[dict], path):
-    """One panel per model family: each arm's MaxVio against its loss minus the loss of the arm it
-    extends (the family's unbalanced arm; paired by seed, which removes the spread the arms share)."""
+    """One row per arm, grouped by model family. Left: MaxVio, over training and at the end on held-out
+    data (Wang et al.'s figure) where measured, on a log axis; right: the arm's final loss minus the
+    loss of the arm it extends (the family's unbalanced arm; paired by seed, which removes the spread
+    the arms share), with 95% intervals. Rows never overlap, however close two schemes are."""
     pts = [d for d in data if d["loss"].get("mean") is not None]
     if not pts:
         return None
     plt = pyplot()
     families = list(dict.fromkeys(d["family"] for d in pts))
-    fig, axes = plt.subplots(1, len(families), figsize=(6.5 * len(families), 5.2), squeeze=False, sharey=True)
-    markers = ["o", "s", "^", "D", "v", "P", "X", "*", "h"]
-    for ax, family in zip(axes[0], families):
-        here = [d for d in pts if d["family"] == family]
-        names = {d["arm"] for d in here}
-        roots = [d["label"] for d in here if d["parent"] not in names]
-        for i, d in enumerate(here):
-            diff = d["vs_parent"] if d["parent"] in names else None
-            y, yerr = (diff["mean"], errbar(diff) if diff.get("low") is not None else None) if diff else (0.0, None)
-            label = d["label"].split(", ", 1)[-1] if ", " in d["label"] else d["label"]
-            ax.errorbar([d["maxvio_global"]["mean"]], [y], xerr=errbar(d["maxvio_global"]), yerr=yerr,
-                        fmt=markers[i % len(markers)], color=COLORS[i % len(COLORS)], capsize=3, label=label)
-        ax.axhline(0.0, color="0.3", lw=0.8)
-        style_axes(ax, f"{family}: loss change against load imbalance",
-                   "MaxVio over training (max load / mean load - 1; 0 = balanced)",
-                   f"final val loss minus {', '.join(roots)}'s (nats/token, paired)", legend=False, grid="both")
-        ax.legend(fontsize=7, loc="best")
+    rows: list[tuple[float, dict]] = []
+    y = 0.0
+    for family in families:
+        for d in (d for d in pts if d["family"] == family):
+            rows.append((y, d))
+            y += 1
+        y += 0.6  # a gap between families
+    fig, (ax_m, ax_l) = plt.subplots(1, 2, figsize=(13, 0.38 * len(rows) + 2.4), sharey=True,
+                                     gridspec_kw={"width_ratios": [1.0, 1.0]})
+    names = {d["arm"] for d in pts}
+    marked: set[str] = set()
+
+    def once(label: str):
+        if label in marked:
+            return None
+        marked.add(label)
+        return label
+
+    positive = []
+    for y, d in rows:
+        for key, fmt, color, label in (("maxvio_global", "o", COLORS[0], "over training (all steps' loads)"),
+                                       ("maxvio_end_batch", "D", COLORS[1], "end of training, held out, per batch")):
+            iv = d[key]
+            if iv.get("mean") is None or iv["mean"] <= 0:
+                continue
+            xerr = errbar(iv)
+            if xerr is not None:  # a log axis: an interval reaching 0 or below is drawn down to 1% of the mean
+                xerr[0][0] = min(xerr[0][0], 0.99 * iv["mean"])
+            ax_m.errorbar([iv["mean"]], [y], xerr=xerr, fmt=fmt, color=color, capsize=2, ms=5, label=once(label))
+            positive.append(iv["mean"])
+        diff = d["vs_parent"] if d["parent"] in names else None
+        if diff and diff.get("mean") is not None:
+            ax_l.errorbar([diff["mean"]], [y], xerr=errbar(diff), fmt="o", color=COLORS[2], capsize=2, ms=5)
+        else:
+            ax_l.plot([0.0], [y], "|", color="0.2", ms=10)
+    if positive:
+        ax_m.set_xscale("log")
+    ax_l.axvline(0.0, color="0.3", lw=0.8)
+    ax_m.set_yticks([y for y, _ in rows], [d["label"] for _, d in rows], fontsize=8)
+    ax_m.set_ylim(rows[-1][0] + 0.6, -0.6)
+    style_axes(ax_m, "Load imbalance (MaxVio; 0 = balanced)", "MaxVio = max load / mean load - 1 (log scale)", "",
+               legend=False, grid="both")
+    fig.legend(*ax_m.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8, frameon=False)
+    style_axes(ax_l, "Loss against the family's unbalanced arm\n(paired by seed, 95% CI; | : the unbalanced arm)",
+               "final val loss minus the unbalanced arm's (nats/token)", "", legend=False)
     fig.suptitle("Balancing schemes: expert-load imbalance and what it costs in loss (95% CIs over seeds)")
+    fig.tight_layout(rect=(0, 0.5 / (0.38 * len(rows) + 2.4), 1, 1))  # room for the legend below
     return save_figure(fig, path)
