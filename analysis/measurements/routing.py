@@ -3,7 +3,8 @@
 final weights on ``held_out_tokens`` tokens of the validation split, default 32768, as Wang et al. 2024
 report it; computed after training and cached under ``<out>/measurements/routing/``) against its final
 validation loss, and the expert-load heat maps of the arms listed in ``heatmaps`` (their first finished
-seed).
+seed), with the aux-loss-free selection bias of every expert against the step for those that use it (has
+it settled by the end of training?).
 
 Shape legend: T routing records, E experts, L layers.
 """
@@ -93,7 +94,7 @@ class Routing(Measurement):
                        "MaxVio_batch (end, held out)", "tokens/s"], rows))
         figures: list[str] = []
         md += figure_md(figures, plot_maxvio(data, ctx.out / "maxvio_vs_loss.png"), "MaxVio against validation loss")
-        from analysis.routing import load_vmax, plot_load_heatmaps, training_series
+        from analysis.routing import load_vmax, plot_bias, plot_load_heatmaps, training_series
 
         maps = []  # the listed arms' first finished runs, drawn on one colour scale so that they compare
         for arm in conf.get("heatmaps") or []:
@@ -106,6 +107,9 @@ class Routing(Measurement):
             path = plot_load_heatmaps(series, f"{g.label} (seed {run['seed']})", ctx.out / f"load_heatmap_{arm}.png",
                                       vmax=max(tops) if tops else None)
             md += figure_md(figures, path, f"load heatmap of {arm}")
+        for arm, g, run, series in maps:  # whether the aux-loss-free bias has settled: its trajectory per expert
+            path = plot_bias(series, f"{g.label} (seed {run['seed']})", ctx.out / f"bias_{arm}.png")
+            md += figure_md(figures, path, f"selection bias trajectories of {arm}")
         return Section(self.title, md, figures, {"arms": data})
 
 
@@ -182,8 +186,14 @@ def plot_maxvio(data: list[dict], path):
             ax_l.errorbar([diff["mean"]], [y], xerr=errbar(diff), fmt="o", color=COLORS[2], capsize=2, ms=5)
         else:
             ax_l.plot([0.0], [y], "|", color="0.2", ms=10)
-    if positive:
+    if positive:  # a log axis with plain ticks at 1-2-5 steps (no 2x10^-1 minor labels)
+        from matplotlib.ticker import NullFormatter
+
         ax_m.set_xscale("log")
+        lo, hi = min(positive) / 1.6, max(positive) * 1.6
+        ticks = [m * 10.0 ** k for k in range(-4, 3) for m in (1, 2, 5) if lo <= m * 10.0 ** k <= hi]
+        ax_m.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax_m.xaxis.set_minor_formatter(NullFormatter())
     ax_l.axvline(0.0, color="0.3", lw=0.8)
     ax_m.set_yticks([y for y, _ in rows], [d["label"] for _, d in rows], fontsize=8)
     ax_m.set_ylim(rows[-1][0] + 0.6, -0.6)
