@@ -88,15 +88,17 @@ def main_table(ctx: Context, cell: str = "") -> str:
 
 def paired_rows(ctx: Context, cell: str = "") -> list[tuple[Group, str, dict]]:
     """(arm, the arm it is differenced against, the paired difference) for every arm the claims rest on: its
-    ``compare:`` arm under ``verdicts: pairs`` (or when it names one), else the reference; never across objectives
-    (the difference is absent there)."""
-    pairs = ctx.spec.get("verdicts", "reference") == "pairs"
+    ``compare:`` arm under ``verdicts: pairs`` (or when it names one), the arm it extends under ``verdicts: parent``,
+    else the reference; never across objectives (the difference is absent there)."""
+    mode = ctx.spec.get("verdicts", "reference")
     out = []
     for g in ctx.arm_groups(cell):
         other = ctx.arms[g.arm].get("compare")
         if other and g.vs_compare:
             out.append((g, other, g.vs_compare))
-        elif not pairs and g.vs_reference:
+        elif mode == "parent" and g.vs_parent and not ctx.arms[g.arm].get("side"):
+            out.append((g, ctx.arms[g.arm]["parent"], g.vs_parent))
+        elif mode == "reference" and g.vs_reference:
             out.append((g, ctx.reference, g.vs_reference))
     return out
 

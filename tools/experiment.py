@@ -49,8 +49,9 @@ Spec file (YAML):
     ceg: {fractions: [0.25, 0.5, 1.0, 2.0], seeds: [0, 1, 2], decay_fraction: 0.2, shape: sqrt}
                                        # optional: the reference's loss against compute (tools.experiment_ceg)
     margin: {ceg: [0.9, 1.1]}          # equivalence margin of the verdicts (default), or {nats: 0.02}
-    verdicts: reference                # the verdicts' family: every arm against the reference (default), or
-                                       # pairs: every arm that names a `compare:` arm against that arm
+    verdicts: reference                # the verdicts' family: every arm against the reference (default),
+                                       # pairs: every arm that names a `compare:` arm against that arm, or
+                                       # parent: every arm against the arm it extends (a ladder's steps)
     arms:                              # in order: tables and plots follow it
       - name: vanilla
         label: 2017 Transformer        # short text for tables and plots (default: the name)
@@ -206,9 +207,10 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
     spec["ceg"] = experiment_ceg.check(spec.get("ceg"), seeds)
     spec["margin"] = experiment_ceg.check_margin(spec.get("margin"))
     spec["verdicts"] = spec.get("verdicts") or "reference"
-    if spec["verdicts"] not in ("reference", "pairs"):
-        raise RecipeError(f"verdicts={spec['verdicts']!r}: must be reference (every arm against the reference) or "
-                          "pairs (every arm that names a compare: arm against that arm)")
+    if spec["verdicts"] not in ("reference", "pairs", "parent"):
+        raise RecipeError(f"verdicts={spec['verdicts']!r}: must be reference (every arm against the reference), "
+                          "pairs (every arm that names a compare: arm against that arm) or parent (every arm against "
+                          "the arm it extends)")
     spec.setdefault("out", f"runs/experiments/{spec['name']}")
     if quick:
         spec["out"] = spec["out"].rstrip("/") + "-quick"
@@ -325,6 +327,9 @@ def resolve_arms(spec: dict) -> list[Arm]:
     if spec.get("verdicts") == "pairs" and not any(a.compare for a in arms.values()):
         raise RecipeError("verdicts=pairs: no arm names a compare: arm, so there would be no verdict; add compare: "
                           "to the arms to pair, or drop verdicts")
+    if spec.get("verdicts") == "parent" and not any(a.parent for a in arms.values() if not a.side):
+        raise RecipeError("verdicts=parent: no arm extends another, so there would be no verdict; give the arms "
+                          "extends:, or drop verdicts")
     for arm in arms.values():  # the compute curve's schedule (ceg.arms_schedule: wsd), after everything else
         arm.overrides = [*arm.overrides, *experiment_ceg.arms_schedule(spec)]
     for arm in arms.values():  # every arm's recipe must load now, not half-way through the experiment

@@ -25,8 +25,9 @@ paired t-test of "no difference" and two one-sided tests (TOST) of equivalence w
 A CEG margin [0.9, 1.1] is turned into nats at the budget on the fitted curve
 (``analysis.fair.loss_margin_from_ceg``); without a curve the margin is +-0.02 nats (or
 ``margin: {nats: m}``). The report's family of comparisons (every arm against the reference; with
-``verdicts: pairs``, every arm that names a ``compare:`` arm against that arm, e.g. AdamW/Muon pairs; a
-side arm only against its ``compare:`` arm, if it names one) is
+``verdicts: pairs``, every arm that names a ``compare:`` arm against that arm, e.g. AdamW/Muon pairs; with
+``verdicts: parent``, every arm against the arm it extends, a ladder's steps; a side arm only against its
+``compare:`` arm, if it names one) is
 corrected with Holm's step-down method, separately for the difference and the equivalence tests;
 each comparison is "better", "worse", "equivalent within the margin" or "unresolved".
 
@@ -202,13 +203,16 @@ def compare(ctx) -> dict:
         m = margin_spec.get("nats", DEFAULT_NATS)
         margin = {"nats": [-m, m], "from": f"+-{m:g} nats" + (" (no compute curve for a CEG margin)"
                                                               if "ceg" in margin_spec else "")}
-    pairs = spec.get("verdicts", "reference") == "pairs"
+    mode = spec.get("verdicts", "reference")
     arms, tests, against = [], [], []
     for g in ctx.arm_groups():
-        # the family: every arm against the reference, or (verdicts: pairs) every arm against its `compare:` arm;
-        # a side arm (a control, e.g. a time-matched copy) only against its `compare:` arm, if it names one
+        # the family: every arm against the reference, its `compare:` arm (verdicts: pairs) or the arm it extends
+        # (verdicts: parent); a side arm (a control, e.g. a time-matched copy) only against its `compare:` arm
         arm = ctx.arms[g.arm]
-        other_name = arm.get("compare") if pairs or arm.get("side") else ctx.reference
+        if mode == "pairs" or arm.get("side"):
+            other_name = arm.get("compare")
+        else:
+            other_name = arm.get("parent") if mode == "parent" else ctx.reference
         other = ctx.group(other_name) if other_name else None
         if other is None or g.arm == other_name or other.metric != g.metric:
             continue  # (losses of different objectives are not compared)
@@ -221,7 +225,8 @@ def compare(ctx) -> dict:
     classes = fair.classify(tests) if tests else []
     holm_diff = fair.holm([t["p_difference"] for t in tests])
     holm_tost = fair.holm([t["p_tost"] for t in tests])
-    family = "every arm against its `compare:` arm" if pairs else "every arm against the reference"
+    family = {"pairs": "every arm against its `compare:` arm", "parent": "every step against the arm it extends"
+              }.get(mode, "every arm against the reference")
     out = {"margin": margin, "fit": fit, "family": family, "arms": {}, "curve_note": curve_note}
     for arm, other_name, t, cls, hd, ht in zip(arms, against, tests, classes, holm_diff, holm_tost):
         t = {**t, "p_difference_holm": hd["p_adj"], "p_tost_holm": ht["p_adj"], "against": other_name}

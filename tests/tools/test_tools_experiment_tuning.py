@@ -268,3 +268,27 @@ def test_side_arms_are_tested_only_against_their_compare_arm():
                           arm_groups=lambda: list(groups.values()), curve_rows=[])
     out = experiment_ceg.compare(ctx)
     assert {a: c["tests"]["against"] for a, c in out["arms"].items()} == {"moe": "dense", "deep": "moe"}
+
+
+def test_parent_verdicts_test_each_step_of_a_ladder_against_the_step_before():
+    """verdicts: parent: a ladder a -> b -> c where b improves on a by 0.3 nats and c equals b: c is
+    'equivalent' to its parent (against the reference a it would be 'better')."""
+    from types import SimpleNamespace
+
+    groups = {"a": _Group("a", {0: 4.30, 1: 4.32, 2: 4.28, 3: 4.31}),
+              "b": _Group("b", {0: 4.00, 1: 4.02, 2: 3.98, 3: 4.01}),
+              "c": _Group("c", {0: 4.001, 1: 4.019, 2: 3.9805, 3: 4.0101})}
+    arms = {"a": {"parent": None}, "b": {"parent": "a"}, "c": {"parent": "b"}}
+    ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}, "verdicts": "parent"}, reference="a", arms=arms,
+                          group=groups.get, arm_groups=lambda: list(groups.values()), curve_rows=[])
+    out = experiment_ceg.compare(ctx)
+    got = {a: (c["tests"]["against"], c["class"].split()[0]) for a, c in out["arms"].items()}
+    assert got == {"b": ("a", "better"), "c": ("b", "equivalent")}
+    assert out["family"] == "every step against the arm it extends"
+
+
+def test_parent_verdicts_need_a_ladder(tmp_path):
+    with pytest.raises(RecipeError, match="verdicts=parent: no arm extends another"):
+        resolve_arms(load_spec(_spec(tmp_path, verdicts="parent", arms=[
+            {"name": "a", "recipe": "recipes/llama/tiny.yaml"},
+            {"name": "b", "recipe": "recipes/llama/tiny.yaml", "set": ["model.n_kv_heads=1"]}])))
