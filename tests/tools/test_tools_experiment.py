@@ -196,8 +196,11 @@ def test_quick_experiment_writes_a_complete_report(quick, root, name):
             assert len(t["lrs"]) >= len(spec["tune"]["lr"]) and t["lr"] in t["lrs"]
     if not spec.get("grid"):
         assert "## Compute-equivalent gain and verdicts" in md
+        parents = {a["name"]: a["parent"] for a in data["arms"]}
         for arm in trained:
-            if arm != spec["reference"]:
+            # verdicts: parent tests a step against the arm it extends, when that arm trained too
+            against = parents[arm] if spec.get("verdicts") == "parent" else spec["reference"]
+            if arm != spec["reference"] and against in trained:
                 assert data["comparison"]["arms"][arm]["class"] in ("better", "worse", "equivalent within the margin",
                                                                    "unresolved")
 
