@@ -35,8 +35,6 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_flop_formula
 
-from archlab.nn.loss import lm_loss
-
 LOSSES = ("fused", "logits")
 
 
@@ -78,23 +76,10 @@ def training_loss(model: nn.Module, x_BW: Tensor, loss: str = "fused") -> Tensor
     same masks)."""
     from archlab.objectives import objective_class, objective_name
 
-    if loss == "fused":
-        objective = objective_class(objective_name(model.cfg))(_MeasureRecipe(model.cfg))
-        return objective.loss(model, x_BW).total
-    if loss == "logits":
-        if getattr(model.cfg, "mtp_depth", 0):
-            raise ValueError("loss='logits': the reference loss is causal LM's; an MTP model's loss is fused only")
-        if getattr(model.cfg, "type", "decoder") == "encoder_decoder":  # span corruption: the same spans
-            encoder, decoder, targets = objective_class("span_corruption")(_MeasureRecipe(model.cfg)).corrupt(
-                x_BW, 0, 0, 0)
-            return lm_loss(model(encoder, decoder).logits, targets)
-        if not getattr(model, "causal", True):  # masked LM: the same masks, cross-entropy on the logits
-            inputs, targets = objective_class("mlm")(_MeasureRecipe(model.cfg)).select(x_BW, 0, 0, 0)
-            out = model(inputs)
-            return lm_loss(out.logits, targets) + out.aux_loss.float()
-        out = model(x_BW[:, :-1])
-        return lm_loss(out.logits, x_BW[:, 1:]) + out.aux_loss.float()
-    raise ValueError(f"loss={loss!r}: must be one of {', '.join(LOSSES)}")
+    if loss not in LOSSES:
+        raise ValueError(f"loss={loss!r}: must be one of {', '.join(LOSSES)}")
+    objective = objective_class(objective_name(model.cfg))(_MeasureRecipe(model.cfg))
+    return objective.loss(model, x_BW).total if loss == "fused" else objective.logits_loss(model, x_BW)
 
 
 class _MeasureRecipe:

@@ -208,24 +208,15 @@ def kv_cache_bytes(model_cfg, batch: int, context: int, dtype: str = "bf16", mem
     whole window in one forward and generates nothing; ``new_kv_cache`` and ``generate`` refuse it). An
     encoder-decoder: its decoder's self-attention cache of ``context`` generated positions, plus each decoder
     layer's cross-attention keys/values of the ``memory_len`` (default ``context``) encoder positions,
-    computed once per sequence (``CrossAttention.kv_cache_bytes``)."""
+    computed once per sequence (``CrossAttention.kv_cache_bytes``). The model type's class composes it
+    (``kv_cache_bytes``, ``archlab.model``)."""
     from archlab.config.load import model_config
     from archlab.model import model_class
 
     cfg = model_config(model_cfg)
     _check_choice("dtype", dtype, list(DTYPE_BYTES))
     _check_positive(batch=batch, context=context)
-    if not model_class(cfg).causal:
-        return 0.0
-    attention = attention_class(cfg)
-    total = sum(attention.kv_cache_bytes(cfg, context, layer=i, dtype_bytes=DTYPE_BYTES[dtype])
-                for i in range(cfg.n_layers))
-    if cfg.type == "encoder_decoder":
-        from archlab.nn.attention.cross import CrossAttention
-
-        memory = context if memory_len is None else memory_len
-        total += cfg.n_layers * CrossAttention.kv_cache_bytes(cfg, memory, dtype_bytes=DTYPE_BYTES[dtype])
-    return batch * total
+    return batch * model_class(cfg).kv_cache_bytes(cfg, context, DTYPE_BYTES[dtype], memory_len=memory_len)
 
 
 # ----------------------------------------------------------------------------- activations
@@ -403,8 +394,19 @@ def activation_memory(model_cfg, batch: int, seq_len: int, dtype: str = "bf16", 
     _check_choice("loss", loss, LOSSES)
     mode = checkpoint_mode(checkpointing)
     act = DTYPE_BYTES[dtype]
-    if cfg.type == "encoder_decoder":
-        return encoder_decoder_activations(model_cfg, batch, seq_len, act, device, mode, loss, objective)
+    from archlab.model import model_class  # the model type composes its stacks
+
+    return model_class(cfg).activations(model_cfg, batch, seq_len, act, device, mode, loss, objective)
+
+
+def stack_activations(model_cfg, batch: int, seq_len: int, act: int, device: str, mode: str, loss: str,
+                      objective: str) -> ActivationMemory:
+    """One stack of blocks (a decoder or an encoder) on a window of ``seq_len`` ids: each layer's saved
+    tensors as its components state them, the model level (embedding, positions, head and loss), and what
+    checkpointing keeps."""
+    from archlab.config.load import model_config
+
+    cfg = model_config(model_cfg)
     s = _Shape(cfg, batch, seq_len, act, act if device == "cpu" else 1, device)
     full = [_layer_bytes(s, i) for i in range(cfg.n_layers)]
     model = _model_bytes(s, loss, mode, objective)

@@ -100,6 +100,12 @@ class Objective:
     def loss(self, model: nn.Module, x_BW: Tensor, *, step: int = 0, micro: int = 0) -> Loss:
         raise NotImplementedError
 
+    def logits_loss(self, model: nn.Module, x_BW: Tensor, *, step: int = 0, micro: int = 0) -> Tensor:
+        """The unfused reference of :meth:`loss` (main + aux): the same inputs and targets, the cross-entropy
+        on the (B, S, V) logits (``archlab.costs.measure``'s ``loss="logits"``)."""
+        raise ValueError(f"train.objective={self.name}: its loss is fused only (no reference on the logits); "
+                         "use loss='fused'")
+
     @torch.no_grad()
     def eval_sums(self, model: nn.Module, x_BS1: Tensor, *, index: int = 0) -> tuple[Tensor, int]:
         """(summed next-token cross-entropy over the window, number of targets): the main model's

@@ -52,6 +52,13 @@ class CausalLM(Objective):
         out = model(inputs, targets=targets)
         return Loss(main=out.loss.float(), aux=out.aux_loss.float())
 
+    def logits_loss(self, model: nn.Module, x_BW: Tensor, *, step: int = 0, micro: int = 0) -> Tensor:
+        from archlab.nn.loss import lm_loss
+
+        inputs, targets = self.split(x_BW, 1)
+        out = model(inputs)
+        return lm_loss(out.logits, targets) + out.aux_loss.float()
+
     @classmethod
     def forward_flops(cls, cfg: Any, seq_len: int) -> dict[str, float]:
         return {"lm_head": 2.0 * cfg.d_model * cfg.vocab_size}

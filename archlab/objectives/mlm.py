@@ -107,6 +107,13 @@ class MaskedLM(Objective):
         out = model(inputs, targets=targets)
         return Loss(main=out.loss.float(), aux=out.aux_loss.float())
 
+    def logits_loss(self, model: nn.Module, x_BW: Tensor, *, step: int = 0, micro: int = 0) -> Tensor:
+        from archlab.nn.loss import lm_loss
+
+        inputs, targets = self.select(x_BW, TRAIN_STREAM, step, micro)  # the same masks as :meth:`loss`
+        out = model(inputs)
+        return lm_loss(out.logits, targets) + out.aux_loss.float()
+
     @torch.no_grad()
     def eval_sums(self, model: nn.Module, x_BS1: Tensor, *, index: int = 0) -> tuple[Tensor, Tensor, int]:
         """(summed cross-entropy, correct argmax predictions, selected positions) of the window's first S ids."""

@@ -142,6 +142,13 @@ class SpanCorruption(Objective):
         out = model(encoder, decoder, targets=targets)
         return Loss(main=out.loss.float(), aux=out.aux_loss.float())
 
+    def logits_loss(self, model: nn.Module, x_BW: Tensor, *, step: int = 0, micro: int = 0) -> Tensor:
+        from archlab.nn.loss import lm_loss
+
+        encoder, decoder, targets = self.corrupt(x_BW, TRAIN_STREAM, step, micro)  # the same spans as :meth:`loss`
+        out = model(encoder, decoder)
+        return lm_loss(out.logits, targets) + out.aux_loss.float()
+
     @torch.no_grad()
     def eval_sums(self, model: nn.Module, x_BS1: Tensor, *, index: int = 0) -> tuple[Tensor, Tensor, int]:
         """(summed cross-entropy, correct argmax predictions, targets) of the window's first S ids."""

@@ -57,6 +57,24 @@ def test_causal_lm_is_the_shifted_next_token_loss():
     torch.testing.assert_close(total, lm_loss(model(x[:, :-1]).logits, x[:, 1:], reduction="sum"))
 
 
+@pytest.mark.parametrize("name,more", [("deepseek/tiny", []), ("bert/tiny", []), ("t5/tiny", [])])
+def test_the_logits_reference_equals_the_fused_loss(name, more):
+    """Each objective's unfused reference (cross-entropy on the logits, the same masks or spans) equals its
+    fused training loss: the cost model measures either path of the same computation."""
+    cfg = recipe(name, 0, *more)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    x = window(cfg)
+    objective = objective_for(cfg)
+    torch.testing.assert_close(objective.logits_loss(model, x, step=3), objective.loss(model, x, step=3).total)
+
+
+def test_mtp_has_no_logits_reference():
+    cfg = recipe("deepseek/tiny", 1)
+    with pytest.raises(ValueError, match="train.objective=mtp: its loss is fused only"):
+        objective_for(cfg).logits_loss(build_model(cfg), window(cfg))
+
+
 @pytest.mark.parametrize("depth", [1, 2])
 def test_mtp_losses_follow_the_deepseek_v3_equations(depth):
     cfg = recipe("llama/tiny", depth)
