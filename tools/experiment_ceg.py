@@ -282,7 +282,8 @@ def section(ctx):
 
     comp = ctx.comparison
     m = comp["margin"]
-    lines = [f"Family: {comp['family']} ({len(comp['arms']) - ('calibration' in comp)} comparisons), "
+    n = sum(1 for c in comp["arms"].values() if c.get("tests"))
+    lines = [f"Family: {comp['family']} ({n} comparison{'' if n == 1 else 's'}), "
              f"Holm-corrected at 5% for the difference tests and, separately, for the equivalence tests (TOST). "
              f"Equivalence margin: [{m['nats'][0]:+.3f}, {m['nats'][1]:+.3f}] nats ({m['from']}). "
              "Verdicts: better / worse (the paired difference is significant after Holm), equivalent within the "
