@@ -56,6 +56,9 @@ Spec file keys (YAML; all but the recipes and one budget, tokens, flops or coold
       tokens: [2.0e6, 4.0e6]       # D of each branch: tokens at its end, the trunk's included; or
                                    # flops: [C...]: each size branches at D = C / its training FLOPs
                                    # per token (every size on each IsoFLOP line; names -cdflop<C>)
+      # budgets:                   # instead of tokens/flops: each budget its own sizes (an IsoFLOP
+      #   - {flops: 1.0e12, sizes: [s1, s2, s3]}   # grid centred on each budget's optimum; a size
+      #   - {flops: 4.0e12, sizes: [s2, s3, s4]}   # trains one trunk to its largest budget)
       decay_fraction: 0.2          # share of each branch's steps n that decays (default 0.2; a share g
                                    # of the branch step s instead is decay_fraction = g / (1 + g))
       shape: sqrt                  # 1 - sqrt (default, best in Hägele et al.) | linear
@@ -204,6 +207,15 @@ def build_points(spec: dict) -> list[Point]:
                           "(use --tokens N... or --flops C..., or 'tokens:'/'flops:'/'cooldown:' in the spec)")
     common = _as_override_list(spec.get("set"), "set")
     sizes = spec.get("sizes") or {}
+    if cooldown is not None and "sizes_at" in cooldown:
+        known = set(sizes) | {n for e in ladders.values() if isinstance(e, dict) for n in (e.get("sizes") or {})}
+        listed = {n for names in cooldown["sizes_at"].values() for n in names}
+        if listed - known:
+            raise RecipeError(f"cooldown.budgets: sizes {sorted(listed - known)} are not defined under sizes: "
+                              f"(defined: {', '.join(sorted(known)) or 'none'})")
+        if known - listed and not budgets:
+            raise RecipeError(f"cooldown.budgets: sizes {sorted(known - listed)} are in no budget, so they would "
+                              "train nothing; add them to a budget or remove them from sizes:")
     points = []
     for ladder, entry in ladders.items():
         recipe = entry.get("recipe") if isinstance(entry, dict) else entry
@@ -222,8 +234,9 @@ def build_points(spec: dict) -> list[Point]:
                 for kind, value in own.get(ladder) or budgets:
                     name = _safe("-".join(t for t in tags + [_budget_tag(kind, value)] if t))
                     points.append(Point(name=name, budget_kind=kind, budget=value, **point))
-                if cooldown is not None:
-                    points += cooldown_points(_safe("-".join(t for t in tags if t)), point, cooldown)
+                size_cooldown = _cooldown_for_size(cooldown, size)
+                if size_cooldown is not None:
+                    points += cooldown_points(_safe("-".join(t for t in tags if t)), point, size_cooldown)
     names = [p.name for p in points]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -235,7 +248,7 @@ def build_points(spec: dict) -> list[Point]:
 # WSD cooldown branches
 # --------------------------------------------------------------------------------------------
 
-COOLDOWN_KEYS = ("tokens", "flops", "decay_fraction", "shape")
+COOLDOWN_KEYS = ("tokens", "flops", "budgets", "decay_fraction", "shape")
 # set by the sweep for stable trunks and their branches; a point's own value would break the branches
 COOLDOWN_OWNED = ("train.schedule", "train.decay_steps", "train.decay_fraction", "train.decay_shape",
                   "train.ckpt_steps", "train.branch_from", "train.resume")
@@ -253,13 +266,18 @@ def cooldown_spec(value) -> Optional[dict]:
     unknown = sorted(set(value) - set(COOLDOWN_KEYS))
     if unknown:
         raise RecipeError(f"cooldown: unknown keys {unknown}; valid: {', '.join(COOLDOWN_KEYS)}")
-    if ("tokens" in value) == ("flops" in value):
-        raise RecipeError("cooldown: give exactly one of tokens: [D...] (branch ends in tokens) or flops: [C...] "
-                          "(branch ends in training FLOPs)")
-    kind = "tokens" if "tokens" in value else "flops"
-    budgets = value[kind]
-    if not isinstance(budgets, (list, tuple)) or not budgets:
-        raise RecipeError(f"cooldown.{kind}={budgets!r}: needs a list of {kind} budgets, one branch each")
+    if sum(k in value for k in ("tokens", "flops", "budgets")) != 1:
+        raise RecipeError("cooldown: give exactly one of tokens: [D...] (branch ends in tokens), flops: [C...] "
+                          "(branch ends in training FLOPs) or budgets: [{flops: C, sizes: [...]}, ...] (each "
+                          "budget its own sizes)")
+    sizes_at = None
+    if "budgets" in value:
+        kind, budgets, sizes_at = _budget_sizes(value["budgets"])
+    else:
+        kind = "tokens" if "tokens" in value else "flops"
+        budgets = value[kind]
+        if not isinstance(budgets, (list, tuple)) or not budgets:
+            raise RecipeError(f"cooldown.{kind}={budgets!r}: needs a list of {kind} budgets, one branch each")
     try:
         budgets = sorted({float(v) for v in budgets})
         fraction = float(value.get("decay_fraction", 0.2))
@@ -272,7 +290,50 @@ def cooldown_spec(value) -> Optional[dict]:
     shape = value.get("shape", "sqrt")
     if shape not in ("linear", "sqrt"):
         raise RecipeError(f"cooldown.shape={shape!r}: must be one of: linear, sqrt")
-    return {kind: budgets, "decay_fraction": fraction, "shape": shape}
+    out = {kind: budgets, "decay_fraction": fraction, "shape": shape}
+    if sizes_at is not None:
+        out["sizes_at"] = sizes_at
+    return out
+
+
+def _budget_sizes(entries) -> tuple[str, list[float], dict]:
+    """``cooldown.budgets``: ``[{flops: C, sizes: [size names]}, ...]`` (or ``tokens: D``), an IsoFLOP
+    design where each budget trains only the sizes around its optimum (``python -m analysis.scaling
+    design --propose`` plans one). Returns the kind, the budgets and {budget: size names}."""
+    where = "cooldown.budgets"
+    if not isinstance(entries, (list, tuple)) or not entries:
+        raise RecipeError(f"{where}={entries!r}: needs a list such as [{{flops: 1.0e12, sizes: [s1, s2]}}, ...]")
+    kinds, sizes_at = set(), {}
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or set(e) - {"flops", "tokens", "sizes"} or ("flops" in e) == ("tokens" in e):
+            raise RecipeError(f"{where}[{i}]={e!r}: expected {{flops: C, sizes: [...]}} or {{tokens: D, sizes: "
+                              "[...]}}")
+        kind = "flops" if "flops" in e else "tokens"
+        kinds.add(kind)
+        try:
+            budget = float(e[kind])
+        except (TypeError, ValueError):
+            raise RecipeError(f"{where}[{i}].{kind}={e[kind]!r}: not a number") from None
+        names = e.get("sizes")
+        if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
+            raise RecipeError(f"{where}[{i}].sizes={names!r}: needs a list of size names (keys of sizes:)")
+        if budget in sizes_at:
+            raise RecipeError(f"{where}[{i}]: budget {budget:g} is listed twice; merge its sizes into one entry")
+        sizes_at[budget] = list(names)
+    if len(kinds) > 1:
+        raise RecipeError(f"{where}: mixes flops and tokens budgets; give every budget in one unit")
+    return kinds.pop(), list(sizes_at), sizes_at
+
+
+def _cooldown_for_size(cooldown: Optional[dict], size: str) -> Optional[dict]:
+    """The cooldown of one size: with ``budgets:``, only the budgets that list it (None: no trunk)."""
+    if cooldown is None or "sizes_at" not in cooldown:
+        return cooldown
+    kind = "tokens" if "tokens" in cooldown else "flops"
+    own = [b for b in cooldown[kind] if size in cooldown["sizes_at"][b]]
+    if not own:
+        return None
+    return {kind: own, "decay_fraction": cooldown["decay_fraction"], "shape": cooldown["shape"]}
 
 
 def cooldown_points(base: str, point: dict, cooldown: dict) -> list[Point]:

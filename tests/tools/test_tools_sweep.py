@@ -182,6 +182,39 @@ def test_cooldown_flops_branches_each_size_at_the_same_compute(tmp_path):
         p.cooldown["branch_step"] for p in branches if p.parent == "ok-wide-stable")
 
 
+def test_cooldown_budgets_train_each_size_only_at_its_own_budgets(tmp_path):
+    """cooldown.budgets: an IsoFLOP design where each budget lists its sizes: a size gets one trunk,
+    run to its own largest budget, and branches only at the budgets that list it."""
+    sizes = {"small": ["model.d_model=16"], "mid": ["model.d_model=32"], "wide": ["model.d_model=64"]}
+    _, spec = _cooldown_spec(tmp_path, sizes=sizes, set=TINY + ["train.warmup_steps=1"],
+                             cooldown={"budgets": [{"flops": 2.0e9, "sizes": ["small", "mid"]},
+                                                   {"flops": 8.0e9, "sizes": ["mid", "wide"]}]})
+    points = {p.name: plan_point(p, tmp_path, 1, 4) for p in build_points(spec)}
+    assert sorted(points) == ["ok-mid-cdflop2e9", "ok-mid-cdflop8e9", "ok-mid-stable", "ok-small-cdflop2e9",
+                              "ok-small-stable", "ok-wide-cdflop8e9", "ok-wide-stable"]
+    small, mid = points["ok-small-stable"], points["ok-mid-stable"]
+    # the small trunk stops at its only branch's start, not at the 8e9 budget it is not part of
+    assert small.max_steps == points["ok-small-cdflop2e9"].cooldown["branch_step"]
+    assert mid.cooldown["branch_steps"] == sorted(points[f"ok-mid-cdflop{c}"].cooldown["branch_step"]
+                                                  for c in ("2e9", "8e9"))
+
+
+@pytest.mark.parametrize("budgets,message", [
+    ([{"flops": 2e9, "sizes": ["small", "huge"]}], "sizes ['huge'] are not defined under sizes:"),
+    ([{"flops": 2e9, "sizes": ["small"]}], "sizes ['wide'] are in no budget"),
+    ([{"flops": 2e9, "sizes": ["small", "wide"]}, {"tokens": 4096, "sizes": ["wide"]}], "mixes flops and tokens"),
+    ([{"flops": 2e9, "sizes": ["small", "wide"]}, {"flops": 2e9, "sizes": ["wide"]}], "is listed twice"),
+    ([{"flops": 2e9}], "needs a list of size names"),
+    ([], "needs a list such as"),
+])
+def test_bad_cooldown_budgets_fail_clearly(tmp_path, capsys, budgets, message):
+    sizes = {"small": ["model.d_model=16"], "wide": ["model.d_model=32"]}
+    path, _ = _cooldown_spec(tmp_path, sizes=sizes, cooldown={"budgets": budgets})
+    assert main(["--spec", str(path), "--dry-run"]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "sweep").exists()
+
+
 @pytest.mark.parametrize("cooldown,extra_set,message", [
     ({"tokens": []}, [], "cooldown.tokens=[]: needs a list"),
     ({"tokens": [4096], "flops": [1e9]}, [], "cooldown: give exactly one of tokens"),
