@@ -62,6 +62,7 @@ Spec file (YAML, OmegaConf; every key but the grid is optional)::
     seed: 0
     fit: {n_polish: 20, huber_delta: 1.0e-3, budget_tolerance: 0.1, bootstrap: 0}
     throughput: {flops_per_s: 1.0e10}  # or {tokens_per_s: 5.0e4, size: 1.0e5}
+    data: {tokens: 9.0e6, max_epochs: 4}  # unique training tokens of the corpus; points past max_epochs flagged
     families: {dense: {}, moe: {compute_multiplier: 1.5}}
     ref_flops: 1.0e13              # C of the compute multiplier (default: the grid's largest C)
 
@@ -91,12 +92,13 @@ from analysis.scaling_fits import OK, IsoFLOPResult, NDFit, compute_optimal, fit
 
 Q = (2.5, 97.5)  # the spread reported: 95% of the simulated point estimates
 SPEC_KEYS = ("description", "sizes", "tokens", "flops", "budgets", "seeds", "cooldown", "law", "noise", "sims",
-             "seed", "fit", "throughput", "families", "ref_flops")
+             "seed", "fit", "throughput", "families", "ref_flops", "data")
 LAW_KEYS = ("E", "A", "alpha", "B", "beta")
 NOISE_KEYS = ("sigma", "trunk_share")
 FIT_KEYS = ("n_polish", "huber_delta", "budget_tolerance", "bootstrap")
 COOLDOWN_KEYS = ("decay_fraction",)
 THROUGHPUT_KEYS = ("flops_per_s", "tokens_per_s", "size")
+DATA_KEYS = ("tokens", "max_epochs")
 FAMILY_KEYS = ("law", "compute_multiplier")
 BUDGET_KEYS = ("flops", "tokens", "sizes")
 
@@ -199,6 +201,8 @@ class DesignSpec:
     budget_tolerance: float = 0.1
     bootstrap: int = 0
     flops_per_s: Optional[float] = None
+    data_tokens: Optional[float] = None  # unique training tokens of the corpus (None: not checked)
+    max_epochs: float = 4.0
     ref_flops: Optional[float] = None
     description: str = ""
     multipliers: dict = field(default_factory=dict)  # name -> the compute multiplier the spec named
@@ -341,6 +345,7 @@ def load_spec(source: Union[str, Path, dict]) -> DesignSpec:
                   trunk_share=_number(noise_d, "trunk_share", 0.5, lo=0.0, lo_open=False, hi=1.0, where="noise."))
     fit_d = _keys(spec.get("fit") or {}, "fit", FIT_KEYS)
     thr = _keys(spec.get("throughput") or {}, "throughput", THROUGHPUT_KEYS)
+    data_d = _keys(spec.get("data") or {}, "data", DATA_KEYS)
     flops_per_s = _number(thr, "flops_per_s", None, where="throughput.")
     if "tokens_per_s" in thr:
         if flops_per_s is not None or "size" not in thr:
@@ -372,6 +377,8 @@ def load_spec(source: Union[str, Path, dict]) -> DesignSpec:
         budget_tolerance=_number(fit_d, "budget_tolerance", 0.1, lo=0.0, lo_open=False, where="fit."),
         bootstrap=_number(fit_d, "bootstrap", 0, lo=0, lo_open=False, integer=True, where="fit."),
         flops_per_s=flops_per_s, ref_flops=_number(spec, "ref_flops", None),
+        data_tokens=_number(data_d, "tokens", None, where="data."),
+        max_epochs=_number(data_d, "max_epochs", 4.0, where="data."),
         description=str(spec.get("description") or ""), multipliers=multipliers)
 
 
@@ -500,9 +507,13 @@ class Design:
         return design_table(self)
 
 
-def grid_facts(plan: Plan, law: Law, flops_per_s: Optional[float] = None) -> dict:
-    """Points, sizes, budgets, runs, training FLOPs (and CPU time), and per budget whether the law's
-    N_opt lies inside the sizes trained at it (an IsoFLOP parabola needs its minimum bracketed)."""
+def grid_facts(plan: Plan, law: Law, flops_per_s: Optional[float] = None, data_tokens: Optional[float] = None,
+               max_epochs: float = 4.0) -> dict:
+    """Points, sizes, budgets, runs, training FLOPs (and CPU time), per budget whether the law's
+    N_opt lies inside the sizes trained at it (an IsoFLOP parabola needs its minimum bracketed), and
+    with the corpus's unique tokens, the epochs of the longest point and the points past
+    ``max_epochs`` (Muennighoff et al. 2023: up to about 4 epochs repeated data is worth nearly as
+    much as new data; past that the assumed law no longer holds)."""
     C = plan.C
     budgets = []
     tags = sorted({b for b in plan.budget if b is not None})
@@ -519,7 +530,10 @@ def grid_facts(plan: Plan, law: Law, flops_per_s: Optional[float] = None) -> dic
             "C_decades": float(np.log10(C.max() / C.min())), "flops_budgets": budgets,
             "token_budgets": sorted({float(d) for d, b in zip(plan.D, plan.budget) if b is None}),
             "seeds": plan.seeds, "cooldown": plan.decay_fraction, "runs": plan.n_runs, "train_flops": flops,
-            "flops_per_s": flops_per_s, "cpu_seconds": flops / flops_per_s if flops_per_s else None}
+            "flops_per_s": flops_per_s, "cpu_seconds": flops / flops_per_s if flops_per_s else None,
+            "data_tokens": data_tokens, "max_epochs": max_epochs,
+            "epochs_max": float(plan.D.max() / data_tokens) if data_tokens else None,
+            "points_past_max_epochs": int(np.sum(plan.D > max_epochs * data_tokens)) if data_tokens else None}
 
 
 def _covers(ci: Optional[list], truth: float) -> Optional[bool]:
@@ -568,7 +582,8 @@ def simulate(spec: DesignSpec, *, sims: Optional[int] = None, seed: Optional[int
         multipliers[name] = summarise(f"compute multiplier vs {names[0]} at C = {ref_flops:.3g}", truth, ks, seed=seed,
                                    log=True)
     return Design(spec=replace(spec, sims=M, seed=seed),
-                  grid=grid_facts(plan, spec.families[names[0]], spec.flops_per_s), spreads=spreads,
+                  grid=grid_facts(plan, spec.families[names[0]], spec.flops_per_s, spec.data_tokens,
+                                  spec.max_epochs), spreads=spreads,
                   statuses=statuses, multipliers=multipliers, ref_flops=ref_flops, seconds=time.perf_counter() - t0)
 
 
@@ -665,7 +680,13 @@ def design_table(d: Design) -> str:
               f"{g['seeds']} seed(s), {runs}: {g['runs']} runs, {_g(g['train_flops'])} training FLOPs{cpu}.",
               f"Noise: sigma = {s.noise.sigma:.3g} of ln L per run"
               + (f", trunk share {s.noise.trunk_share:g}" if g["cooldown"] is not None else "")
-              + f". {s.sims} simulated studies per family (seed {s.seed}), {d.seconds:.1f} s.", ""]
+              + f". {s.sims} simulated studies per family (seed {s.seed}), {d.seconds:.1f} s."]
+    if g["data_tokens"]:
+        past = g["points_past_max_epochs"]
+        lines.append(f"Data: {_g(g['data_tokens'])} unique training tokens; the longest point reads them "
+                     f"{g['epochs_max']:.2g} times; {past} point(s) past {g['max_epochs']:g} epochs"
+                     + (" (the law assumes fresh data: shrink their D or grow the corpus)." if past else "."))
+    lines.append("")
     for name, law in s.families.items():
         k = s.multipliers.get(name)
         lines.append(f"- law `{name}`: E = {law.E:.4g}, A = {law.A:.5g}, alpha = {law.alpha:.4g}, B = {law.B:.5g}, "

@@ -59,6 +59,10 @@ Spec file keys (YAML; all but the recipes and one budget, tokens, flops or coold
       # budgets:                   # instead of tokens/flops: each budget its own sizes (an IsoFLOP
       #   - {flops: 1.0e12, sizes: [s1, s2, s3]}   # grid centred on each budget's optimum; a size
       #   - {flops: 4.0e12, sizes: [s2, s3, s4]}   # trains one trunk to its largest budget)
+      compute: measured            # what a FLOPs budget counts: measured training FLOPs (default) or 6nd,
+                                   # Kaplan's C = 6 N D with N the active non-embedding parameters without
+                                   # the LM head (analysis.scaling's N; at tiny sizes the LM head and
+                                   # attention make the measured FLOPs 2-8x 6 N D)
       decay_fraction: 0.2          # share of each branch's steps n that decays (default 0.2; a share g
                                    # of the branch step s instead is decay_fraction = g / (1 + g))
       shape: sqrt                  # 1 - sqrt (default, best in Hägele et al.) | linear
@@ -89,7 +93,7 @@ from typing import Optional, Sequence
 from omegaconf import OmegaConf
 
 from archlab.config import RecipeError, load_recipe, model_config
-from archlab.costs import training_flops_per_token
+from archlab.costs import param_counts, training_flops_per_token
 from archlab.io import write_json_atomic
 from archlab.train.checkpoint import CKPT_DIR, checkpoints, step_dir_name
 from archlab.train.checkpoint import MANIFEST as CKPT_MANIFEST
@@ -248,7 +252,10 @@ def build_points(spec: dict) -> list[Point]:
 # WSD cooldown branches
 # --------------------------------------------------------------------------------------------
 
-COOLDOWN_KEYS = ("tokens", "flops", "budgets", "decay_fraction", "shape")
+COOLDOWN_KEYS = ("tokens", "flops", "budgets", "compute", "decay_fraction", "shape")
+# what a FLOPs budget counts: archlab's measured training FLOPs per token (attention, LM head and all), or Kaplan's
+# C = 6 N D with N the active non-embedding parameters without the LM head (analysis.scaling's N)
+COMPUTE_CONVENTIONS = ("measured", "6nd")
 # set by the sweep for stable trunks and their branches; a point's own value would break the branches
 COOLDOWN_OWNED = ("train.schedule", "train.decay_steps", "train.decay_fraction", "train.decay_shape",
                   "train.ckpt_steps", "train.branch_from", "train.resume")
@@ -290,7 +297,15 @@ def cooldown_spec(value) -> Optional[dict]:
     shape = value.get("shape", "sqrt")
     if shape not in ("linear", "sqrt"):
         raise RecipeError(f"cooldown.shape={shape!r}: must be one of: linear, sqrt")
+    compute = value.get("compute", "measured")
+    if compute not in COMPUTE_CONVENTIONS:
+        raise RecipeError(f"cooldown.compute={compute!r}: must be one of: {', '.join(COMPUTE_CONVENTIONS)}")
+    if compute != "measured" and kind != "flops":
+        raise RecipeError(f"cooldown.compute={compute}: only FLOPs budgets have a compute convention; remove it or "
+                          "give flops: / budgets: [{flops: ...}]")
     out = {kind: budgets, "decay_fraction": fraction, "shape": shape}
+    if compute != "measured":
+        out["compute"] = compute
     if sizes_at is not None:
         out["sizes_at"] = sizes_at
     return out
@@ -333,7 +348,7 @@ def _cooldown_for_size(cooldown: Optional[dict], size: str) -> Optional[dict]:
     own = [b for b in cooldown[kind] if size in cooldown["sizes_at"][b]]
     if not own:
         return None
-    return {kind: own, "decay_fraction": cooldown["decay_fraction"], "shape": cooldown["shape"]}
+    return {kind: own, **{k: v for k, v in cooldown.items() if k not in ("tokens", "flops", "sizes_at")}}
 
 
 def cooldown_points(base: str, point: dict, cooldown: dict) -> list[Point]:
@@ -369,7 +384,7 @@ def plan_cooldown(p: Point, cfg, out_dir: Path) -> None:
     shortest branch); RecipeError when a branch would start before the warmup ends."""
     c, tps = p.cooldown, p.tokens_per_step
     if "flops" in c:  # this size's token count at each compute budget
-        c["tokens"] = [C / p.flops_per_token for C in c["flops"]]
+        c["tokens"] = [C / _budget_flops_per_token(p, cfg) for C in c["flops"]]
     starts = [branch_steps(d, tps, c["decay_fraction"])[0] for d in c["tokens"]]
     shortest = math.ceil(c["tokens"][0] / tps)
     warmup = int(cfg.train.warmup_steps) if _user_sets(p.overrides, "train.warmup_steps") else \
@@ -383,11 +398,18 @@ def plan_cooldown(p: Point, cfg, out_dir: Path) -> None:
         c["branch_steps"] = sorted(set(starts))
         p.max_steps = max(starts)
         return
-    tokens = p.budget if p.budget_kind == "tokens" else p.budget / p.flops_per_token
+    tokens = p.budget if p.budget_kind == "tokens" else p.budget / _budget_flops_per_token(p, cfg)
     s, d = branch_steps(tokens, tps, c["decay_fraction"])
     trunk_ckpt = out_dir / p.parent / CKPT_DIR / step_dir_name(s)
     c.update(branch_step=s, decay_steps=d, branch_from=str(trunk_ckpt))
     p.max_steps = s + d
+
+
+def _budget_flops_per_token(p: Point, cfg) -> float:
+    """FLOPs per token that a point's FLOPs budget counts: measured, or 6 N (``cooldown.compute: 6nd``)."""
+    if p.cooldown.get("compute") == "6nd":
+        return 6.0 * param_counts(model_config(cfg)).active_no_head
+    return p.flops_per_token
 
 
 def cooldown_overrides(p: Point) -> list[str]:

@@ -20,6 +20,7 @@ from analysis.scaling_design import (
     Plan,
     compute_multiplier,
     draw_losses,
+    grid_facts,
     load_spec,
     propose_grid,
     simulate,
@@ -213,6 +214,17 @@ def test_spec_file_with_budgets_and_families(tmp_path):
     assert spec.plan.budget == [4e11] * 3 + [None] * 2
     assert list(spec.families) == ["dense", "moe", "other"]
     assert spec.families["moe"].A == pytest.approx(482.01 * 2 ** -0.3478) and spec.families["other"].E == 1.7
+
+
+def test_data_limit_counts_the_points_that_repeat_the_corpus_too_often():
+    """D = C / 6N: at 6.4e12 FLOPs the 2e4 size reads 5.3e7 tokens, 5.9 epochs of 9e6 tokens."""
+    spec = load_spec({"sizes": [2.0e4, 8.0e4], "flops": [4.0e11, 6.4e12], "data": {"tokens": 9.0e6}})
+    g = grid_facts(spec.plan, spec.families["assumed"], data_tokens=spec.data_tokens, max_epochs=spec.max_epochs)
+    assert g["epochs_max"] == pytest.approx(6.4e12 / 1.2e5 / 9e6)
+    assert g["points_past_max_epochs"] == 1  # only (2e4, 6.4e12): the 8e4 size reads 1.5 epochs
+    assert load_spec({"sizes": [2.0e4], "flops": [4.0e11, 8.0e11]}).data_tokens is None
+    with pytest.raises(ValueError, match=r"data\.tokens=-1: must lie in \(0, inf\)"):
+        load_spec({"sizes": [2.0e4], "flops": [4.0e11], "data": {"tokens": -1}})
 
 
 # ------------------------------------------------------------------ the CLI

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from archlab.config import load_recipe, model_config
-from archlab.costs import training_flops_per_token
+from archlab.costs import param_counts, training_flops_per_token
 from tools.sweep import build_points, command, main, plan_point
 
 TINY = ["model.vocab_size=384", "train.seq_len=32", "train.micro_batch_size=8", "data.max_bytes=150000",
@@ -199,6 +199,21 @@ def test_cooldown_budgets_train_each_size_only_at_its_own_budgets(tmp_path):
                                                   for c in ("2e9", "8e9"))
 
 
+def test_cooldown_compute_6nd_places_branches_at_six_n_d(tmp_path):
+    """cooldown.compute: 6nd: a FLOPs budget C is Kaplan's 6 N D (N: active non-embedding parameters
+    without the LM head), so D = C / 6N; the measured FLOPs (LM head, attention) stay the cost."""
+    sizes = {"small": ["model.d_model=16"], "wide": ["model.d_model=32"]}
+    _, spec = _cooldown_spec(tmp_path, sizes=sizes, set=TINY + ["train.warmup_steps=1"],
+                             cooldown={"flops": [4.0e8], "compute": "6nd"})
+    for p in (plan_point(p, tmp_path, 1, 4) for p in build_points(spec)):
+        if p.role != "cooldown":
+            continue
+        n = param_counts(model_config(load_recipe("recipes/dense/tiny.yaml", p.overrides))).active_no_head
+        assert p.max_steps == math.ceil(4.0e8 / (6 * n) / p.tokens_per_step)
+        assert p.flops_per_token > 6 * n  # the measured cost counts the LM head too
+        assert p.planned_flops == p.planned_tokens * p.flops_per_token
+
+
 @pytest.mark.parametrize("budgets,message", [
     ([{"flops": 2e9, "sizes": ["small", "huge"]}], "sizes ['huge'] are not defined under sizes:"),
     ([{"flops": 2e9, "sizes": ["small"]}], "sizes ['wide'] are in no budget"),
@@ -223,6 +238,8 @@ def test_bad_cooldown_budgets_fail_clearly(tmp_path, capsys, budgets, message):
     ({"tokens": [4096], "decay_fraction": 1.5}, [], "cooldown.decay_fraction=1.5: must lie in (0, 1)"),
     ({"tokens": [4096], "every": 2}, [], "cooldown: unknown keys ['every']"),
     ({"tokens": [-5]}, [], "must be positive"),
+    ({"flops": [1e9], "compute": "kaplan"}, [], "cooldown.compute='kaplan': must be one of: measured, 6nd"),
+    ({"tokens": [4096], "compute": "6nd"}, [], "only FLOPs budgets have a compute convention"),
     ({"tokens": [4096]}, ["train.schedule=cosine"], "'train.schedule=cosine' (point ok) is set by the sweep"),
     ({"tokens": [256]}, [], "leave the branch start at step 0"),
     ({"tokens": [2048]}, ["train.warmup_steps=7"], "before the end of the warmup (7 steps)"),
