@@ -27,7 +27,7 @@ from analysis.experiments import (
     table,
 )
 from analysis.measurements import MEASUREMENTS
-from analysis.plotting import COLORS, pyplot, save_figure, style_axes
+from analysis.plotting import COLORS, pyplot, save_figure, style_axes, wrap_label
 from analysis.runs import write_json_atomic, write_text_atomic
 from tools import experiment_ceg, experiment_tuning
 
@@ -105,13 +105,17 @@ def paired_rows(ctx: Context, cell: str = "") -> list[tuple[Group, str, dict]]:
 
 def plot_losses(ctx: Context, path: Path, cell: str = "") -> Optional[Path]:
     """Left: each arm's final validation loss, every seed and the mean with its 95% interval. Right: the paired
-    (same-seed) differences the claims rest on, with their 95% intervals and the equivalence margin."""
+    (same-seed) differences the claims rest on, with their 95% intervals and the equivalence margin. The
+    unigram entropy is drawn only where it does not squeeze the data (else the title gives it); one legend
+    for both panels, below them."""
     groups = [g for g in ctx.arm_groups(cell) if g.loss.get("mean") is not None]
     if not groups:
         return None
     diffs = [d for d in paired_rows(ctx, cell) if d[2].get("mean") is not None]
     plt = pyplot()
-    height = 0.45 * max(len(groups), len(diffs)) + 1.8
+    labels = [wrap_label(g.label + (f" [{g.metric}]" if g.metric != "loss" else "")) for g in groups]
+    rows = max(len(groups), len(diffs))
+    height = (0.62 if any("\n" in t for t in labels) else 0.45) * rows + 2.2
     if diffs:
         fig, (ax, ax_d) = plt.subplots(1, 2, figsize=(14, height), gridspec_kw={"width_ratios": [3, 2]})
     else:
@@ -129,17 +133,15 @@ def plot_losses(ctx: Context, path: Path, cell: str = "") -> Optional[Path]:
         h = sum(unigram) / len(unigram)
         seen = [v for g in groups for v in g.losses().values() if _finite(v)]
         spread = max(seen) - min(seen) if seen else 0.0
-        if seen and h - max(seen) > 3 * max(spread, 0.05):  # a line that far off would squeeze the data: say it
-            title_note = f"; unigram {h:.2f} off the axis"
+        if seen and h - max(seen) > 0.25 * max(spread, 0.05):  # a line that far off would squeeze the data: say it
+            title_note = f"; unigram {h:.2f}, off the axis"
         else:
             ax.axvline(h, color="0.5", ls="--", lw=1, label="unigram entropy (no learning)")
-    # an arm of another objective says which loss it reports: the positions on the axis are not comparable
-    ax.set_yticks(range(len(groups)), [g.label + (f" [{g.metric}]" if g.metric != "loss" else "")
-                                       for g in reversed(groups)])
+    ax.set_yticks(range(len(groups)), list(reversed(labels)))
     n = max(len(g.runs) for g in groups)
     style_axes(ax, f"Final validation loss ({n} seed{'s' if n > 1 else ''} per arm{title_note})",
-               "final validation loss (nats/token, lower is better)", "", grid="x")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / height), ncol=3, fontsize=8)
+               "nats/token (lower is better)", "", legend=False, grid="x")
+    handles, names = ax.get_legend_handles_labels()
     if diffs:
         margin = (ctx.spec.get("margin") or {}).get("nats")
         if margin:
@@ -149,11 +151,12 @@ def plot_losses(ctx: Context, path: Path, cell: str = "") -> Optional[Path]:
             y = len(diffs) - 1 - i
             ax_d.errorbar([d["mean"]], [y], xerr=errbar(d), fmt="o", color=COLORS[i % len(COLORS)], capsize=4)
         ax_d.set_yticks(range(len(diffs)), [f"{g.arm} - {o}" for g, o, _ in reversed(diffs)])  # the arms' names
-        style_axes(ax_d, "Paired difference (same seeds), 95% CI", "arm's loss minus the other's (nats/token)", "",
-                   legend=False, grid="x")
-        if margin:
-            ax_d.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / height), fontsize=8)
-    fig.tight_layout()
+        style_axes(ax_d, "Paired difference (same seeds), 95% CI", "difference (nats/token; < 0: the first is better)",
+                   "", legend=False, grid="x")
+        more_handles, more_names = ax_d.get_legend_handles_labels()
+        handles, names = handles + more_handles, names + more_names
+    fig.tight_layout(rect=(0, 0.9 / height, 1, 1))
+    fig.legend(handles, names, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
     return save_figure(fig, path)
 
 

@@ -11,6 +11,7 @@ units and a legend, and is written atomically as a PNG.
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -90,3 +91,12 @@ def save_figure(fig, path: Path, dpi: int = 110) -> Path:
     pyplot().close(fig)
     os.replace(tmp, path)
     return path
+
+
+def wrap_label(text: str, width: int = 40, lines: int = 2) -> str:
+    """A long label (a tick or a legend entry) on at most ``lines`` lines of ``width`` characters, the rest
+    shortened to " ..." (the reports' tables hold it whole)."""
+    wrapped = textwrap.wrap(text, width) or [text]
+    if len(wrapped) > lines:
+        wrapped = wrapped[:lines - 1] + [textwrap.shorten(" ".join(wrapped[lines - 1:]), width, placeholder=" ...")]
+    return "\n".join(wrapped)

@@ -570,7 +570,8 @@ def plan(spec: dict, log=print, estimate: bool = True) -> dict:
         stages["tuning (starting grid)"] = pts
     log("\n== stage 2: seeded runs" + (" (at each arm's tuned lr)" if "tuning (starting grid)" in stages else ""))
     sspec = sweep_spec(spec, fixed, "sweep", {a.name: a.budget for a in fixed})
-    sweep.run_sweep(sspec, dry_run=True, log=log)
+    # listed without the tuned lrs (chosen by stage 1): not compared with seeded runs already trained at them
+    sweep.run_sweep(sspec, dry_run=True, log=log, check="tuning (starting grid)" not in stages)
     stages["seeded runs"] = planned_points(sspec)
     if len(fixed) < len(arms):
         log("time-matched arms (" + ", ".join(a.name for a in arms if a.timed) + "): their token budgets are set "

@@ -332,7 +332,7 @@ def plot(ctx, fit: dict, path: Path):
     import numpy as np
 
     from analysis import fair
-    from analysis.plotting import COLORS, pyplot, save_figure, style_axes
+    from analysis.plotting import COLORS, pyplot, save_figure, style_axes, wrap_label
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.8))
@@ -349,7 +349,7 @@ def plot(ctx, fit: dict, path: Path):
                                                       [g.loss["high"] - g.loss["mean"]]]
         color = COLORS[(i + 1) % len(COLORS)]
         ax.errorbar([c], [g.loss["mean"]], yerr=err, fmt="D", color=color, capsize=3,
-                    label=f"{g.label} (seeded runs)")
+                    label=wrap_label(f"{g.label} (seeded runs)", 45))
         c_ref = fair.compute_for_loss(fit, g.loss["mean"])
         if c_ref is not None and g.arm != ctx.reference:  # the CEG: the compute the reference needs for this loss
             ax.plot([c, c_ref], [g.loss["mean"]] * 2, ":", color=color, lw=1.2)

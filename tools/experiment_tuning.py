@@ -341,19 +341,24 @@ def section(ctx):
 
 
 def plot(ctx, tuning: dict, path: Path):
-    from analysis.plotting import COLORS, pyplot, save_figure, style_axes
+    from matplotlib.ticker import NullFormatter
+
+    from analysis.plotting import COLORS, pyplot, save_figure, style_axes, wrap_label
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    finite = []
+    finite, chosen, tried = [], [], set()
     for i, (arm, t) in enumerate(tuning.items()):
         pts = [(lr, v) for lr, v in zip(t["lrs"], t["losses"]) if v is not None]
         if not pts:
             continue
         finite += [v for _, v in pts]
+        tried |= set(t["lrs"])
         color = COLORS[i % len(COLORS)]
-        ax.plot(*zip(*pts), "o-", color=color, label=f"{ctx.arms[arm]['label']} (chosen {t['lr']:g})")
+        ax.plot(*zip(*pts), "o-", color=color,
+                label=wrap_label(f"{ctx.arms[arm]['label']} (chosen {t['lr']:g})", 50))
         if t["loss"] is not None:
+            chosen.append(t["loss"])
             ax.plot([t["lr"]], [t["loss"]], "*", color=color, markersize=14, markeredgecolor="black", zorder=5)
         for lr, d in zip(t["lrs"], t["diverged"]):
             if d:
@@ -362,9 +367,11 @@ def plot(ctx, tuning: dict, path: Path):
         plt.close(fig)
         return None
     ax.set_xscale("log")
+    ax.set_xticks(sorted(tried), [f"{lr:g}" for lr in sorted(tried)])  # the lrs tried, no crowded minor labels
+    ax.xaxis.set_minor_formatter(NullFormatter())
     lo, hi = min(finite), sorted(finite)[-1]
-    # the interesting range: the minima, not a run far off at an edge of the grid
-    top = min(hi, lo + 4 * (sorted(finite)[len(finite) // 2] - lo) + 0.05)
+    # the interesting range: the minima (every chosen one), not a run far off at an edge of the grid
+    top = min(hi, max(lo + 4 * (sorted(finite)[len(finite) // 2] - lo) + 0.05, max(chosen, default=lo) + 0.1))
     ax.set_ylim(lo - 0.02 * max(top - lo, 0.05), top + 0.02 * max(top - lo, 0.05))
     style_axes(ax, f"{ctx.spec['name']}: tuning runs, final validation loss against peak lr (star: chosen)",
                "peak learning rate (log scale)", "final validation loss (nats/token)", grid="both",

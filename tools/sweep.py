@@ -604,14 +604,16 @@ def finish_point(p: Point, rc: int, elapsed: float, interrupted: bool) -> Point:
 
 def run_sweep(spec: dict, *, launcher: str = "python", processes: int = 1, accelerate_args: Sequence[str] = (),
               evals: int = 8, dry_run: bool = False, stop_on_failure: bool = False, jobs: int = 1,
-              threads: Optional[int] = None, log=print, progress=None) -> list[Point]:
+              threads: Optional[int] = None, log=print, progress=None, check: bool = True) -> list[Point]:
     """Plan every point (all recipes validated before anything runs), then train the unfinished
     ones, ``jobs`` at a time. Ctrl-C (or SIGTERM to the sweep) stops the running trainers
     cleanly (each writes a checkpoint); running the same command again resumes. ``progress``,
-    if given, is called with each point as it ends (e.g. to advance a progress bar)."""
+    if given, is called with each point as it ends (e.g. to advance a progress bar). ``check=False``
+    (a dry run only) lists the commands without comparing them with the runs already in the folder."""
     out_dir = Path(spec.get("out") or "runs/sweep").resolve()
     points = [plan_point(p, out_dir, processes, evals) for p in build_points(spec)]
-    check_consistent(out_dir, points)
+    if check or not dry_run:
+        check_consistent(out_dir, points)
     if dry_run:
         for p in points:
             log(shlex.join(command(p, launcher, processes, accelerate_args)))

@@ -285,6 +285,11 @@ def test_a_second_run_skips_the_finished_runs(quick, cache, capsys):
     captured = capsys.readouterr()
     assert f"{len(before)} points, {len(before)} already done" in captured.out + captured.err
     assert (report / "report.md").is_file()
+    # plan on an experiment whose seeded runs trained at the tuned lrs: lists the stages, trains nothing
+    plan_args = ["plan" if a == "run" else a for a in quick_args("evolution", out, cache)][:-4]
+    assert main(plan_args) == 0
+    assert "== stage 2: seeded runs" in capsys.readouterr().out
+    assert json.loads((out / "sweep" / "manifest.json").read_text())["points"] == after
 
 
 def test_report_takes_the_current_specs_words_but_the_records_runs(quick, root, tmp_path):
