@@ -22,7 +22,7 @@ from analysis.experiments import (
     table,
 )
 from analysis.measurements.base import Measurement, register
-from analysis.plotting import pyplot, save_figure, style_axes
+from analysis.plotting import pyplot, save_figure, style_axes, wrap_label
 
 
 @register
@@ -125,7 +125,7 @@ def plot_stability(ctx: Context, arms: list[str], row_key: str, col_key: Optiona
         image = ax.imshow(M, cmap="viridis", vmin=vmin, vmax=unigram, aspect="auto")
         ax.set_xticks(range(len(cols)), cols)
         ax.set_yticks(range(len(rows)), rows)
-        style_axes(ax, ctx.arms[arm]["label"], col_key or "", row_key if k == 0 else "", legend=False)
+        style_axes(ax, wrap_label(ctx.arms[arm]["label"], 34), col_key or "", row_key if k == 0 else "", legend=False)
         ax.grid(False)
     if image is not None:
         cbar = fig.colorbar(image, ax=axes[0].tolist(), shrink=0.9)
