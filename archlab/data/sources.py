@@ -102,13 +102,13 @@ def _walk(folder: Path, pattern: str, skip_dirs: frozenset[str]) -> list[Path]:
     return [p for p in files if p.is_file()]
 
 
-def _is_utf8_text(path: Path) -> bool:
-    raw = path.read_bytes()
+def _is_text(path: Path) -> bool:
+    """Whether ``read_text_file`` reads the file (UTF-8, no NUL byte)."""
     try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
+        read_text_file(path)
+    except DataError:
         return False
-    return b"\x00" not in raw
+    return True
 
 
 def stdlib_root() -> Path:
@@ -122,7 +122,7 @@ def stdlib_corpus(data_cfg) -> Corpus:
     handful of encoding tests, written in Latin-1 or KOI8-R on purpose) are left out."""
     root = stdlib_root()
     if getattr(data_cfg, "stdlib_tests", False):
-        paths = [p for p in _walk(root, "*.py", STDLIB_EXCLUDED_DIRS - STDLIB_TEST_DIRS) if _is_utf8_text(p)]
+        paths = [p for p in _walk(root, "*.py", STDLIB_EXCLUDED_DIRS - STDLIB_TEST_DIRS) if _is_text(p)]
     else:
         paths = _walk(root, "*.py", STDLIB_EXCLUDED_DIRS)
     docs = _file_documents(paths, root)
