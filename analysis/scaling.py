@@ -386,6 +386,7 @@ class Point:
     seed: Optional[int] = None  # train.seed
     group: str = ""  # seed-group key: the recipe without SEED_KEYS and BOOKKEEPING_KEYS, and the tokens
     budget: Optional[float] = None  # the sweep's FLOPs budget of this point (its manifest), if any
+    budget_compute: str = ""  # what that budget counts: "measured" training FLOPs | "6nd" | "" (no sweep budget)
     n_seeds: int = 1
     loss_std: float = 0.0  # std of the loss over the seeds (ddof 1; 0 for one seed)
     seed_runs: list = field(default_factory=list)
@@ -453,18 +454,31 @@ def seed_key(recipe, tokens: Optional[float]) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
-def _sweep_budgets(folder: Path, cache: dict) -> dict[str, float]:
-    """run name -> FLOPs budget from the sweep manifest in ``folder`` (empty if none or unreadable)."""
+def _sweep_budgets(folder: Path, cache: dict) -> dict[str, tuple[float, str]]:
+    """run name -> (FLOPs budget, what it counts: "measured" training FLOPs or "6nd") from the sweep
+    manifest in ``folder`` (``tools.sweep``'s ``cooldown.compute``; empty if none or unreadable)."""
     if folder not in cache:
         cache[folder] = {}
         try:
             manifest = json.loads((folder / SWEEP_MANIFEST).read_text())
             for p in manifest.get("points", []):
                 if p.get("budget_kind") == "flops" and p.get("budget"):
-                    cache[folder][str(p["name"])] = float(p["budget"])
+                    compute = (p.get("cooldown") or {}).get("compute", "measured")
+                    cache[folder][str(p["name"])] = (float(p["budget"]), str(compute))
         except (OSError, ValueError, TypeError, AttributeError):
             pass
     return cache[folder]
+
+
+BUDGET_CONVENTIONS = {"measured": "measured training FLOPs", "6nd": "C = 6 N D (N: non-embedding without the head)",
+                      "": "training FLOPs within the budget tolerance (no sweep budget)"}
+
+
+def budget_convention(points: list[Point]) -> str:
+    """What the IsoFLOP budgets of these points count, in words (one line per convention found)."""
+    kinds = sorted({p.budget_compute for p in points})
+    return "; ".join(f"{BUDGET_CONVENTIONS.get(k, k)} ({sum(p.budget_compute == k for p in points)} points)"
+                     for k in kinds)
 
 
 def collect(runs) -> tuple[list[Point], list[dict], dict[str, list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]]]:
@@ -484,13 +498,14 @@ def collect(runs) -> tuple[list[Point], list[dict], dict[str, list[tuple[str, np
             continue
         tokens = r.tokens_seen
         seed = r.recipe.train.get("seed")
+        budget, compute = _sweep_budgets(r.path.parent, manifests).get(r.name, (None, ""))
         trunk = trunk_of(r)
         points.append(Point(run=r.name, family=r.family, is_moe=r.is_moe, flops=r.training_flops(tokens),
                             loss=float(r.final_val_loss), tokens=tokens, params_total=r.params["total"],
                             params_active=r.params["active"], flops_per_token=r.flops_per_token,
                             params=dict(r.params), seed=None if seed is None else int(seed),
                             group=seed_key(r.recipe, tokens),
-                            budget=_sweep_budgets(r.path.parent, manifests).get(r.name),
+                            budget=budget, budget_compute=compute,
                             seed_runs=[r.name], seed_losses=[float(r.final_val_loss)],
                             units=[trunk or str(r.path)]))
         rows = [v for v in r.val_rows if v.get("tokens") and math.isfinite(v["loss"])]
@@ -1100,6 +1115,7 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
         "compute_multipliers": [c.to_json() for c in multipliers],
         "noise": {"overall": overall.to_json(), "families": {fam: nf.to_json() for fam, nf in noise.items()}},
         "excluded": excluded,
+        "budget_convention": budget_convention(points),
         "dense_vs_moe": comparisons,
     }
     floor = (f"Noise floor (pooled std over {overall.n_groups} seed groups, {overall.dof} dof): "
@@ -1109,6 +1125,7 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
         f"## Fitted L(N, D) = E + A / N^alpha + B / D^beta (approach 3; N = {N_KINDS[n_kind]})", nd_table(studies),
         "## Compute-optimal allocation from L(N, D)", optimum_table(studies),
         "## IsoFLOP profiles (approach 2)", isoflop_table(studies),
+        f"Budgets C count: {budget_convention(points) or '(no points)'}.",
         "## Exponent a of N_opt ∝ C^a: three estimates (95% intervals)", exponent_table(studies),
         "## Sensitivity to the definition of N (approaches 3 and 2 refitted under each)",
         n_sensitivity_table(sens, n_kind),

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from analysis.runs import open_run
-from analysis.scaling import Point, analyse, cluster_labels, family_pairs, main, n_params
+from analysis.scaling import Point, _sweep_budgets, analyse, cluster_labels, family_pairs, main, n_params
 from analysis.scaling_design import Law
 from analysis.scaling_fits import difference_interval, fit_loss_nd, holdout_prediction
 
@@ -82,6 +82,23 @@ def wsd_sweep(tmp_path_factory, fake_run):
 def study(wsd_sweep, tmp_path_factory):
     out = tmp_path_factory.mktemp("study-out")
     return analyse([str(wsd_sweep)], out, n_boot=20, seed=0, n_polish=3), out
+
+
+def test_the_report_says_what_the_budgets_count(study, wsd_sweep, tmp_path):
+    """The sweep's ``cooldown.compute`` (measured training FLOPs or 6ND) is read from its manifest and
+    stated beside the IsoFLOP table: approach 2's a is the slope in that convention."""
+    res, _ = study
+    n = sum(p["budget"] is not None for fam in res["families"].values() for p in fam["points"])
+    assert res["budget_convention"] == f"measured training FLOPs ({n} points)"
+    assert f"Budgets C count: measured training FLOPs ({n} points)." in res["table_markdown"]
+    manifest = json.loads((wsd_sweep / "manifest.json").read_text())
+    for p in manifest["points"]:
+        p["cooldown"] = {"compute": "6nd"}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    budgets = _sweep_budgets(tmp_path, {})
+    assert set(budgets) == {p["name"] for p in manifest["points"]}
+    assert {kind for _, kind in budgets.values()} == {"6nd"}
+    assert _sweep_budgets(tmp_path / "missing", {}) == {}
 
 
 # ------------------------------------------------------------------ one N
