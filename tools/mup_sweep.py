@@ -4,6 +4,7 @@
     python -m tools.mup_sweep --recipe recipes/dense/tiny.yaml --widths 64 128 256 512 \\
         --lrs 1e-3 3e-3 1e-2 3e-2 --steps 500 --out runs/mup-sweep-dense
     python -m tools.mup_sweep --quick --out /tmp/mup-quick      # end-to-end check in seconds
+    python -m tools.mup_sweep --parametrizations mup --widths 32 --lrs 5e-3 1e-2 2e-2   # tune muP's base lr only
 
 Every point (parametrisation x width x lr) is one ``archlab.train.train`` run on the recipe's data
 (by default the embedded corpus), in ``<out>/<parametrization>-w<width>-lr<lr>/``. A width sets
@@ -63,7 +64,7 @@ def width_overrides(model, width: int) -> list[str]:
 
 
 def plan(recipe: str, widths: Sequence[int], lrs: Sequence[float], steps: int, base_width: int,
-         out: Path, user_set: Sequence[str]) -> list[dict]:
+         out: Path, user_set: Sequence[str], parametrizations: Sequence[str] = PARAMETRIZATIONS) -> list[dict]:
     """One dict per point: its name, parametrisation, width, lr and the overrides of its run.
     Every point's recipe is loaded (and so validated) here, before anything trains."""
     common = [f"train.max_steps={steps}", f"train.warmup_steps={max(1, steps // 10)}", "train.schedule=constant",
@@ -71,7 +72,7 @@ def plan(recipe: str, widths: Sequence[int], lrs: Sequence[float], steps: int, b
               "train.eval_context_multipliers=[1]", "train.tensorboard=false", *user_set]
     base = load_recipe(recipe, common).model
     points = []
-    for parametrization in PARAMETRIZATIONS:
+    for parametrization in parametrizations:
         for width in widths:
             for lr in lrs:
                 name = point_name(parametrization, width, lr)
@@ -126,11 +127,13 @@ def plot(results: list[dict], base_width: int, path: Path) -> Path:
     from analysis.plotting import COLORS, pyplot, save_figure, style_axes
 
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    shown = [p for p in PARAMETRIZATIONS if any(r["parametrization"] == p for r in results)]
+    fig, axes = plt.subplots(1, len(shown), figsize=(11, 4.2) if len(shown) == 2 else (7.5, 4.2), sharey=True, squeeze=False)
+    axes = axes[0]
     widths = sorted({r["width"] for r in results})
     finite = [r[k] for r in results for k in ("final_val_loss", "final_train_loss") if _finite(r[k])]
     best = best_lrs(results)
-    for ax, parametrization in zip(axes, PARAMETRIZATIONS):
+    for ax, parametrization in zip(axes, shown):
         for i, width in enumerate(widths):
             rows = sorted((r for r in results if r["parametrization"] == parametrization and r["width"] == width),
                           key=lambda r: r["lr"])
@@ -154,21 +157,22 @@ def plot(results: list[dict], base_width: int, path: Path) -> Path:
     if finite:
         lo = min(finite)
         axes[0].set_ylim(lo - 0.1, min(max(finite), lo + 3.0) + 0.1)
-    fig.suptitle("muP learning-rate transfer: final validation (solid) and train (dashed) loss against lr; "
-                 "star: best lr, gap: diverged", y=1.02)
+    fig.suptitle(("muP learning-rate transfer: " if len(shown) == 2 else "")
+                 + "final validation (solid) and train (dashed) loss against lr; star: best lr, gap: diverged", y=1.02)
     return save_figure(fig, path)
 
 
 def run_sweep(recipe: str, widths: Sequence[int], lrs: Sequence[float], steps: int, base_width: Optional[int],
-              out: Path, user_set: Sequence[str] = ()) -> dict:
+              out: Path, user_set: Sequence[str] = (), parametrizations: Sequence[str] = PARAMETRIZATIONS) -> dict:
     """Plan, train every point, write the JSON and the plot; returns the JSON's content."""
     base_width = base_width or min(widths)
-    points = plan(recipe, widths, lrs, steps, base_width, out, user_set)
+    points = plan(recipe, widths, lrs, steps, base_width, out, user_set, parametrizations)
     results = []
     for i, point in enumerate(points, 1):
         print(f"[mup_sweep] {i}/{len(points)} {point['name']}", file=sys.stderr, flush=True)
         results.append(run_point(recipe, point, out))
-    report = {"recipe": recipe, "widths": list(widths), "lrs": list(lrs), "steps": steps, "base_width": base_width,
+    report = {"recipe": recipe, "parametrizations": list(parametrizations), "widths": list(widths),
+              "lrs": list(lrs), "steps": steps, "base_width": base_width,
               "set": list(user_set), "best_lr": best_lrs(results), "points": results}
     write_json_atomic(out / RESULTS, report)
     plot(results, base_width, out / PLOT)
@@ -185,6 +189,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--steps", type=int, help="optimizer steps per run (default 300)")
     ap.add_argument("--base-width", type=int, help="muP base width (default: the smallest width)")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for every run")
+    ap.add_argument("--parametrizations", nargs="+", choices=PARAMETRIZATIONS, default=list(PARAMETRIZATIONS),
+                    help="which to train (default both: the transfer check; mup alone tunes muP's base lr)")
     ap.add_argument("--out", type=Path, default=Path("runs/mup-sweep"), help="sweep folder (default runs/mup-sweep)")
     ap.add_argument("--quick", action="store_true",
                     help=f"end-to-end check: widths {QUICK_WIDTHS}, lrs {QUICK_LRS}, {QUICK_STEPS} steps, "
@@ -197,7 +203,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if steps < 1 or min(widths) < 1 or min(lrs) <= 0 or (args.base_width is not None and args.base_width < 1):
             raise RecipeError("--steps, --widths and --base-width must be >= 1 and --lrs positive")
-        report = run_sweep(args.recipe, widths, lrs, steps, args.base_width, args.out, user_set)
+        report = run_sweep(args.recipe, widths, lrs, steps, args.base_width, args.out, user_set,
+                           list(dict.fromkeys(args.parametrizations)))
     except RecipeError as e:
         print(f"mup_sweep: {e}", file=sys.stderr)
         return 2

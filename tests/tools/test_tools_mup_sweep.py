@@ -34,6 +34,12 @@ def test_quick_sweep_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr("archlab.train.train", no_training)
     assert main(args) == 0
     assert json.loads((out / RESULTS).read_text())["points"] == points
+    # muP alone (tuning its base lr): the same finished mup points, read, and a one-panel plot
+    assert main([*args, "--parametrizations", "mup"]) == 0
+    mup_only = json.loads((out / RESULTS).read_text())
+    assert mup_only["parametrizations"] == ["mup"] and set(mup_only["best_lr"]) == {"mup"}
+    assert mup_only["points"] == [p for p in points if p["parametrization"] == "mup"]
+    assert (out / PLOT).stat().st_size > 10_000
 
 
 def test_explicit_hidden_sizes_scale_with_the_width(root):
