@@ -45,7 +45,8 @@ Conventions:
   L_opt(C) = L_ref,opt(k C) at every C). The first family is the reference; for every other one
   the designer reports the spread of the fitted multiplier at ``ref_flops``:
   k = C_ref(L_opt(C)) / C with C_ref(L) the reference's compute-optimal compute for loss L, both
-  from the approach-3 fits (:func:`compute_multiplier`).
+  from the approach-3 fits (:func:`compute_multiplier`). A family with its own grid keys or ``seeds``
+  is simulated on that grid (its runs and FLOPs are added to the total); the others share the spec's.
 
 Spec file (YAML, OmegaConf; every key but the grid is optional)::
 
@@ -64,6 +65,8 @@ Spec file (YAML, OmegaConf; every key but the grid is optional)::
     throughput: {flops_per_s: 1.0e10}  # or {tokens_per_s: 5.0e4, size: 1.0e5}
     data: {tokens: 9.0e6, max_epochs: 4}  # unique training tokens of the corpus; points past max_epochs flagged
     families: {dense: {}, moe: {compute_multiplier: 1.5}}
+    # a family can train its own grid and seeds (sizes/flops/tokens/budgets, seeds), e.g. a reference
+    # at 2 seeds and a cheaper comparison family: {moe: {compute_multiplier: 1.5, seeds: 1, budgets: [...]}}
     ref_flops: 1.0e13              # C of the compute multiplier (default: the grid's largest C)
 
 :func:`propose_grid` plans an IsoFLOP grid: budgets log-spaced over a compute range and, per
@@ -99,7 +102,8 @@ FIT_KEYS = ("n_polish", "huber_delta", "budget_tolerance", "bootstrap")
 COOLDOWN_KEYS = ("decay_fraction",)
 THROUGHPUT_KEYS = ("flops_per_s", "tokens_per_s", "size")
 DATA_KEYS = ("tokens", "max_epochs")
-FAMILY_KEYS = ("law", "compute_multiplier")
+FAMILY_KEYS = ("law", "compute_multiplier", "seeds", "sizes", "tokens", "flops", "budgets")
+GRID_KEYS = ("sizes", "tokens", "flops", "budgets")
 BUDGET_KEYS = ("flops", "tokens", "sizes")
 
 
@@ -206,6 +210,10 @@ class DesignSpec:
     ref_flops: Optional[float] = None
     description: str = ""
     multipliers: dict = field(default_factory=dict)  # name -> the compute multiplier the spec named
+    plans: dict = field(default_factory=dict)  # name -> the family's own grid or seeds (others: ``plan``)
+
+    def plan_of(self, family: str) -> Plan:
+        return self.plans.get(family, self.plan)
 
 
 # --------------------------------------------------------------------------------------------
@@ -353,7 +361,7 @@ def load_spec(source: Union[str, Path, dict]) -> DesignSpec:
                                           "size it was measured at; F = 6 N T)")
         flops_per_s = 6.0 * _number(thr, "tokens_per_s", None, where="throughput.") \
             * _number(thr, "size", None, where="throughput.")
-    families, multipliers = {}, {}
+    families, multipliers, plans = {}, {}, {}
     fam = spec.get("families")
     if fam is None:
         families["assumed"] = law
@@ -368,6 +376,16 @@ def load_spec(source: Union[str, Path, dict]) -> DesignSpec:
             if k is not None:
                 f_law, multipliers[str(name)] = f_law.with_compute_multiplier(k), k
             families[str(name)] = f_law
+            if any(key in d for key in (*GRID_KEYS, "seeds")):  # the family's own grid (and/or seeds)
+                own = {key: d[key] for key in GRID_KEYS if key in d}
+                try:
+                    f_points = _plan(own) if own else points
+                except ValueError as e:
+                    raise ValueError(f"families.{name}: {e}") from None
+                plans[str(name)] = Plan(N=[p[0] for p in f_points], D=[p[1] for p in f_points],
+                                        budget=[p[2] for p in f_points], decay_fraction=decay,
+                                        seeds=_number(d, "seeds", seeds, lo=1, lo_open=False, integer=True,
+                                                      where=f"families.{name}."))
     return DesignSpec(
         plan=plan, families=families, noise=noise,
         sims=_number(spec, "sims", 200, lo=1, lo_open=False, integer=True),
@@ -379,7 +397,7 @@ def load_spec(source: Union[str, Path, dict]) -> DesignSpec:
         flops_per_s=flops_per_s, ref_flops=_number(spec, "ref_flops", None),
         data_tokens=_number(data_d, "tokens", None, where="data."),
         max_epochs=_number(data_d, "max_epochs", 4.0, where="data."),
-        description=str(spec.get("description") or ""), multipliers=multipliers)
+        description=str(spec.get("description") or ""), multipliers=multipliers, plans=plans)
 
 
 # --------------------------------------------------------------------------------------------
@@ -490,6 +508,7 @@ class Design:
     multipliers: dict  # family (not the reference) -> Spread of the compute multiplier at ref_flops
     ref_flops: float
     seconds: float
+    family_grids: dict = field(default_factory=dict)  # family with its own grid or seeds -> its grid facts
 
     def to_json(self) -> dict:
         s = self.spec
@@ -500,7 +519,7 @@ class Design:
             "families": {name: {"law": asdict(law), "a": law.a,
                                 "compute_multiplier": s.multipliers.get(name)} for name, law in s.families.items()},
             "spreads": {f: {q: v.to_json() for q, v in qs.items()} for f, qs in self.spreads.items()},
-            "statuses": self.statuses, "ref_flops": self.ref_flops,
+            "statuses": self.statuses, "ref_flops": self.ref_flops, "family_grids": self.family_grids,
             "multipliers": {f: v.to_json() for f, v in self.multipliers.items()}})
 
     def table(self) -> str:
@@ -548,15 +567,15 @@ def simulate(spec: DesignSpec, *, sims: Optional[int] = None, seed: Optional[int
     seed = spec.seed if seed is None else int(seed)
     if M < 1:
         raise ValueError(f"sims={M}: must be >= 1")
-    plan = spec.plan
     rng = np.random.default_rng(seed)
-    ref_flops = spec.ref_flops or float(plan.C.max())
+    ref_flops = spec.ref_flops or float(spec.plan_of(next(iter(spec.families))).C.max())
     est = {f: {q: [] for q in QUANTITIES} for f in spec.families}
     cov = {f: {q: [] for q in QUANTITIES} for f in spec.families}
     statuses = {f: {"approach 3": {}, "approach 2": {}} for f in spec.families}
     fits = {f: [] for f in spec.families}
     for m in range(M):
         for name, law in spec.families.items():
+            plan = spec.plan_of(name)
             nd, iso = fit_study(plan, draw_losses(plan, law, spec.noise, rng), spec, seed=seed + m)
             fits[name].append(nd)
             ok3 = nd.status == OK
@@ -581,10 +600,13 @@ def simulate(spec: DesignSpec, *, sims: Optional[int] = None, seed: Optional[int
         ks = [compute_multiplier(r, o, ref_flops) for r, o in zip(fits[names[0]], fits[name])]
         multipliers[name] = summarise(f"compute multiplier vs {names[0]} at C = {ref_flops:.3g}", truth, ks, seed=seed,
                                    log=True)
+    facts = {name: grid_facts(spec.plans[name], law, spec.flops_per_s, spec.data_tokens, spec.max_epochs)
+             for name, law in spec.families.items() if name in spec.plans}
     return Design(spec=replace(spec, sims=M, seed=seed),
-                  grid=grid_facts(plan, spec.families[names[0]], spec.flops_per_s, spec.data_tokens,
+                  grid=grid_facts(spec.plan, spec.families[names[0]], spec.flops_per_s, spec.data_tokens,
                                   spec.max_epochs), spreads=spreads,
-                  statuses=statuses, multipliers=multipliers, ref_flops=ref_flops, seconds=time.perf_counter() - t0)
+                  statuses=statuses, multipliers=multipliers, ref_flops=ref_flops, seconds=time.perf_counter() - t0,
+                  family_grids=facts)
 
 
 def _truth(law: Law, quantity: str) -> float:
@@ -665,20 +687,35 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.3g} s"
 
 
-def design_table(d: Design) -> str:
-    """Markdown: the grid, the assumptions, the spread of each estimate per family, the multipliers."""
-    s, g = d.spec, d.grid
-    lines = [f"## Scaling-study design{': ' + s.description if s.description else ''}", ""]
+def _grid_sentence(g: dict) -> str:
     budgets = g["flops_budgets"]
     bud = (f"{len(budgets)} FLOPs budgets {_g(g['C_range'][0])}-{_g(g['C_range'][1])}" if budgets else
            f"{len(g['token_budgets'])} token budgets {_g(g['D_range'][0])}-{_g(g['D_range'][1])}")
     runs = (f"WSD trunks with cooldown branches (decay fraction {g['cooldown']:g})" if g["cooldown"] is not None
             else "independent runs")
     cpu = f", {_duration(g['cpu_seconds'])} at {_g(g['flops_per_s'])} FLOP/s" if g["cpu_seconds"] else ""
-    lines += [f"Grid: {g['n_points']} points, {g['n_sizes']} sizes N = {_g(g['N_range'][0])}-{_g(g['N_range'][1])} "
-              f"({g['N_decades']:.2f} decades), {bud} (C = 6ND over {g['C_decades']:.2f} decades), "
-              f"{g['seeds']} seed(s), {runs}: {g['runs']} runs, {_g(g['train_flops'])} training FLOPs{cpu}.",
-              f"Noise: sigma = {s.noise.sigma:.3g} of ln L per run"
+    return (f"{g['n_points']} points, {g['n_sizes']} sizes N = {_g(g['N_range'][0])}-{_g(g['N_range'][1])} "
+            f"({g['N_decades']:.2f} decades), {bud} (C = 6ND over {g['C_decades']:.2f} decades), "
+            f"{g['seeds']} seed(s), {runs}: {g['runs']} runs, {_g(g['train_flops'])} training FLOPs{cpu}.")
+
+
+def design_table(d: Design) -> str:
+    """Markdown: the grid, the assumptions, the spread of each estimate per family, the multipliers."""
+    s, g = d.spec, d.grid
+    lines = [f"## Scaling-study design{': ' + s.description if s.description else ''}", ""]
+    budgets = g["flops_budgets"]
+    shared = [f for f in s.families if f not in d.family_grids]
+    if shared:
+        whose = f" (families {', '.join(shared)})" if d.family_grids else ""
+        lines.append(f"Grid{whose}: {_grid_sentence(g)}")
+    for f, fg in d.family_grids.items():
+        lines.append(f"Grid of {f}: {_grid_sentence(fg)}")
+    if d.family_grids:
+        runs = len(shared) * g["runs"] + sum(fg["runs"] for fg in d.family_grids.values())
+        flops = len(shared) * g["train_flops"] + sum(fg["train_flops"] for fg in d.family_grids.values())
+        cpu = f", {_duration(flops / s.flops_per_s)} at {_g(s.flops_per_s)} FLOP/s" if s.flops_per_s else ""
+        lines.append(f"All {len(s.families)} families: {runs} runs, {_g(flops)} training FLOPs{cpu}.")
+    lines += [f"Noise: sigma = {s.noise.sigma:.3g} of ln L per run"
               + (f", trunk share {s.noise.trunk_share:g}" if g["cooldown"] is not None else "")
               + f". {s.sims} simulated studies per family (seed {s.seed}), {d.seconds:.1f} s."]
     if g["data_tokens"]:

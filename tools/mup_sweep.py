@@ -128,7 +128,8 @@ def plot(results: list[dict], base_width: int, path: Path) -> Path:
 
     plt = pyplot()
     shown = [p for p in PARAMETRIZATIONS if any(r["parametrization"] == p for r in results)]
-    fig, axes = plt.subplots(1, len(shown), figsize=(11, 4.2) if len(shown) == 2 else (7.5, 4.2), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(shown), figsize=(11, 4.2) if len(shown) == 2 else (7.5, 4.2), sharey=True,
+                             squeeze=False)
     axes = axes[0]
     widths = sorted({r["width"] for r in results})
     finite = [r[k] for r in results for k in ("final_val_loss", "final_train_loss") if _finite(r[k])]

@@ -216,6 +216,32 @@ def test_spec_file_with_budgets_and_families(tmp_path):
     assert spec.families["moe"].A == pytest.approx(482.01 * 2 ** -0.3478) and spec.families["other"].E == 1.7
 
 
+def test_a_family_trains_its_own_grid_and_seeds(tmp_path, capsys):
+    """A comparison family can be cheaper than the reference: its own sizes, budgets and seeds are
+    simulated, counted in the total, and refused by name when wrong."""
+    base = {"sizes": [2.0e4, 4.0e4, 8.0e4, 1.6e5], "flops": [4.0e11, 1.6e12, 6.4e12], "seeds": 2,
+            "fit": {"n_polish": 2}, "throughput": {"flops_per_s": 1.0e10}}
+    spec = load_spec({**base, "families": {"ref": {}, "cheap": {"compute_multiplier": 1.5, "seeds": 1,
+                                                               "sizes": [4.0e4, 8.0e4, 1.6e5],
+                                                               "flops": [1.6e12, 6.4e12]},
+                                           "same_grid": {"seeds": 1}}})
+    assert spec.plan_of("ref") is spec.plan and spec.plan.seeds == 2 and len(spec.plan.N) == 12
+    cheap = spec.plan_of("cheap")
+    assert cheap.seeds == 1 and cheap.N.tolist() == [4e4, 8e4, 1.6e5] * 2
+    assert cheap.budget == [1.6e12] * 3 + [6.4e12] * 3
+    assert spec.plan_of("same_grid").N.tolist() == spec.plan.N.tolist() and spec.plan_of("same_grid").seeds == 1
+    design = simulate(spec, sims=2)
+    assert set(design.family_grids) == {"cheap", "same_grid"} and design.family_grids["cheap"]["runs"] == 6
+    assert design.ref_flops == 6.4e12 and len(design.multipliers["cheap"].estimates) == 2
+    text = design.table()
+    assert "Grid (families ref): 12 points" in text and "Grid of cheap: 6 points" in text
+    assert f"All 3 families: {24 + 6 + 12} runs" in text
+    with pytest.raises(ValueError, match=r"families\.cheap: .*exactly one of tokens"):
+        load_spec({**base, "families": {"ref": {}, "cheap": {"sizes": [4.0e4]}}})
+    with pytest.raises(ValueError, match=r"families\.cheap\.seeds=0: must lie in"):
+        load_spec({**base, "families": {"ref": {}, "cheap": {"seeds": 0}}})
+
+
 def test_data_limit_counts_the_points_that_repeat_the_corpus_too_often():
     """D = C / 6N: at 6.4e12 FLOPs the 2e4 size reads 5.3e7 tokens, 5.9 epochs of 9e6 tokens."""
     spec = load_spec({"sizes": [2.0e4, 8.0e4], "flops": [4.0e11, 6.4e12], "data": {"tokens": 9.0e6}})
