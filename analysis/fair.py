@@ -66,6 +66,16 @@ L_ref(c_max); ``bound`` = c_max / C_arm, ``direction`` ">") or "below the measur
 c_min / C_arm, ``direction`` "<"): never an extrapolated value. With one reference seed the reference
 resampling is void and the interval holds only the arm's seed-to-seed error (``note`` says so).
 
+:func:`relative_ceg`: the CEG of one arm against another arm (a ladder's step against the rung it extends)
+on the reference's curve, CEG_arm / CEG_other = C_ref(L_arm) / C_ref(L_other) x C_other / C_arm: the factor
+of reference compute between the two arms' losses. It equals the CEG on the other arm's own curve when the
+two curves are parallel in log compute (a constant multiplier), and is otherwise an approximation that
+needs no curve of the other arm. Its interval pairs the bootstraps: both arms' replicates draw the same
+reference resample and the same seed indices (their common seeds, sorted), so a shared seed's luck cancels.
+A replicate with either loss outside the curve's range has no ratio; when their share exceeds tau the
+interval is not determined (``low`` and ``high`` None: they could sit on either side), and a point
+estimate outside the range gives ``ratio`` None with the status.
+
 :func:`loss_margin_from_ceg`: a margin CEG in [g_lo, g_hi] at compute C is, on the reference curve,
 the loss differences (L_ref(g_hi C) - L_ref(C), L_ref(g_lo C) - L_ref(C)), a negative and a positive
 number of nats, to test on the paired loss difference against the reference at the same compute.
@@ -407,6 +417,46 @@ def compute_equivalent_gain(ref_curves: dict[int, list[tuple[float, float]]], ar
             res[side] = math.exp(v)
         else:  # that end is outside the measured range: the bound it passes
             res[f"{side}_bound"], res[f"{side}_direction"] = (hi_bound, ">") if v > 0 else (lo_bound, "<")
+    return res
+
+
+def relative_ceg(ref_curves: dict[int, list[tuple[float, float]]], arm_losses: dict[int, float],
+                 other_losses: dict[int, float], arm_compute: float | dict[int, float],
+                 other_compute: float | dict[int, float], level: float = LEVEL, n_boot: int = 2000,
+                 seed: int = 0) -> dict:
+    """CEG of the arm against the other arm on the reference's curve (module docstring): {ratio, low, high,
+    status, n_seeds, n_boot, undefined_share, tail}; ``ratio`` None (with the status) when either point
+    estimate is outside the curve's measured range, ``low`` and ``high`` None when the interval is not
+    determined (more than tau of the replicates outside the range)."""
+    common = sorted(set(s for s, v in arm_losses.items() if v is not None and math.isfinite(v))
+                    & set(s for s, v in other_losses.items() if v is not None and math.isfinite(v)))
+    if not common:
+        raise ValueError("relative_ceg: the two arms have no seed with a finite loss in common")
+
+    def pick(losses, compute):
+        return ({s: losses[s] for s in common},
+                {s: compute[s] for s in common} if isinstance(compute, dict) else compute)
+
+    (a_l, a_c), (o_l, o_c) = pick(arm_losses, arm_compute), pick(other_losses, other_compute)
+    fit = fit_compute_curve([p for pts in ref_curves.values() for p in pts])
+    a, o = compute_equivalent_gain(ref_curves, a_l, a_c, n_boot=0), compute_equivalent_gain(ref_curves, o_l, o_c,
+                                                                                               n_boot=0)
+    res = {"ratio": None, "low": None, "high": None, "status": "ok", "n_seeds": len(common), "level": level}
+    if a["ceg"] is None or o["ceg"] is None:
+        which = [f"{who} {r['status']}" for who, r in (("arm", a), ("other arm", o)) if r["ceg"] is None]
+        return {**res, "status": "; ".join(which)}
+    res["ratio"] = a["ceg"] / o["ceg"]
+    # the same seed: the same reference resamples and the same seed indices for both arms (paired)
+    d = ceg_replicates(ref_curves, a_l, a_c, n_boot, seed, point_fit=fit) - \
+        ceg_replicates(ref_curves, o_l, o_c, n_boot, seed, point_fit=fit)
+    undefined = ~np.isfinite(d)  # either arm's replicate outside the curve (inf - inf included)
+    tail = boot_tail(level, [len(ref_curves), len(common)])
+    res.update(n_boot=n_boot, undefined_share=float(undefined.mean()), tail=tail)
+    finite = np.sort(d[~undefined])
+    if len(finite) and undefined.mean() <= tail:  # else: the unknown replicates could sit on either side
+        n = len(finite)
+        res["low"] = math.exp(finite[int(math.floor(tail * (n - 1)))])
+        res["high"] = math.exp(finite[int(math.ceil((1 - tail) * (n - 1)))])
     return res
 
 

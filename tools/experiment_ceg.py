@@ -29,7 +29,10 @@ A CEG margin [0.9, 1.1] is turned into nats at the budget on the fitted curve
 ``verdicts: parent``, every arm against the arm it extends, a ladder's steps; a side arm only against its
 ``compare:`` arm, if it names one) is
 corrected with Holm's step-down method, separately for the difference and the equivalence tests;
-each comparison is "better", "worse", "equivalent within the margin" or "unresolved".
+each comparison is "better", "worse", "equivalent within the margin" or "unresolved". An arm tested
+against another arm than the reference (a ladder's step against its parent, a pair) also gets its CEG
+against that arm on the reference's curve (``analysis.fair.relative_ceg``: CEG_arm / CEG_other with a
+paired bootstrap), which needs no curve of the other arm.
 
 With ``arms_schedule: wsd`` (the default) every arm's tuning and seeded runs train the curve's own
 schedule (WSD: warmup, constant lr, the last ``decay_fraction`` of the steps decaying with
@@ -241,12 +244,29 @@ def compare(ctx) -> dict:
         out["arms"].setdefault(g.arm, {})["ceg"] = res
         if g.arm == ctx.reference:
             out["calibration"] = res
+    for arm, other_name in zip(arms, against):  # a step against the arm it extends, on the reference's curve
+        if fit is None or other_name == ctx.reference:
+            continue
+        g, other = ctx.group(arm), ctx.group(other_name)
+        out["arms"][arm]["ceg_vs"] = fair.relative_ceg(ref_curves, g.losses(), other.losses(), _compute(g),
+                                                       _compute(other))
     return out
 
 
 def _compute(g) -> Optional[float]:
     vals = [r["training_flops"] for r in g.runs.values() if r["status"] == "finished" and r["training_flops"]]
     return sum(vals) / len(vals) if vals else None
+
+
+def fmt_relative_ceg(res: Optional[dict]) -> str:
+    """'1.45x [1.30, 1.62]', '1.45x [interval not determined: 12% of replicates off the curve]', or the status."""
+    if not res:
+        return "-"
+    if res.get("ratio") is None:
+        return res["status"]
+    if res.get("low") is None:
+        return f"{res['ratio']:.2f}x [not determined: {res['undefined_share']:.0%} of replicates off the curve]"
+    return f"{res['ratio']:.2f}x [{res['low']:.2f}, {res['high']:.2f}]"
 
 
 def fmt_ceg(res: Optional[dict]) -> str:
@@ -288,6 +308,12 @@ def section(ctx):
              f"Equivalence margin: [{m['nats'][0]:+.3f}, {m['nats'][1]:+.3f}] nats ({m['from']}). "
              "Verdicts: better / worse (the paired difference is significant after Holm), equivalent within the "
              "margin (TOST significant after Holm), unresolved (neither: the seeds cannot tell)."]
+    relative = any(c.get("ceg_vs") for c in comp["arms"].values())
+    if relative:
+        lines.append("CEG vs the compared arm: CEG of the arm over CEG of the arm it is compared with, both on the "
+                     "reference's curve (the factor of reference compute between their losses; equal to the CEG on "
+                     "the compared arm's own curve when the curves are parallel in log compute), with a paired "
+                     "bootstrap interval (same reference resamples, same seeds).")
     rows = []
     for arm, c in comp["arms"].items():
         t = c.get("tests")
@@ -300,10 +326,13 @@ def section(ctx):
                      "-" if ci90[0] is None else f"[{ci90[0]:+.3f}, {ci90[1]:+.3f}]",
                      _p(t.get("p_difference")), _p(t.get("p_difference_holm")), _p(t.get("p_tost")),
                      _p(t.get("p_tost_holm")),
-                     fmt_ceg(c.get("ceg")), f"**{c['class']}**", need])
+                     fmt_ceg(c.get("ceg")), *([fmt_relative_ceg(c.get("ceg_vs"))] if relative else []),
+                     f"**{c['class']}**", need])
     md = "\n\n".join(lines) + "\n\n" + table(
         ["arm", "against", "paired difference (nats)", "90% CI (TOST)", "p (difference)", "Holm", "p (equivalence)",
-         "Holm", "CEG [95% CI]", "verdict", "seeds for TOST (if unresolved)"], rows)
+         "Holm", f"CEG on `{ctx.reference}`'s curve [95% CI]",
+         *(["CEG vs the compared arm [95% CI]"] if relative else []), "verdict", "seeds for TOST (if unresolved)"],
+        rows)
     fit = comp.get("fit")
     figures: list = []
     if fit:

@@ -138,6 +138,36 @@ def test_replicates_outside_the_range_are_counted_and_make_a_side_a_bound():
     assert len(reps) == 1000 and np.mean(reps == np.inf) == pytest.approx(res["outside_above"])
 
 
+def test_relative_ceg_is_the_ratio_and_its_paired_interval_cancels_shared_seed_luck():
+    """A step at 2x its parent's CEG: the ratio is exact without noise; with a seed effect shared by the two
+    arms (same seed, same data order) the paired interval is much narrower than either arm's own and holds 2."""
+    exact = fair.relative_ceg(ref_curves(), arm_losses(2.0), arm_losses(1.0), C_ARM, C_ARM, n_boot=100)
+    assert exact["ratio"] == pytest.approx(2.0, rel=1e-6) and exact["n_seeds"] == 3
+    rng = np.random.default_rng(7)
+    shared = 0.02 * rng.standard_normal(5)  # per-seed luck of both arms
+    own = 0.002 * rng.standard_normal((2, 5))
+    parent = {s: loss(1.0 * C_ARM) + shared[s] + own[0, s] for s in range(5)}
+    step = {s: loss(2.0 * C_ARM) + shared[s] + own[1, s] for s in range(5)}
+    curves = ref_curves(NOISE, seeds=5, rng=np.random.default_rng(8))
+    rel = fair.relative_ceg(curves, step, parent, C_ARM, C_ARM, n_boot=1000)
+    assert rel["status"] == "ok" and rel["low"] < 2.0 < rel["high"]
+    alone = fair.compute_equivalent_gain(curves, step, C_ARM, n_boot=1000)
+    assert math.log(rel["high"] / rel["low"]) < 0.5 * math.log(alone["high"] / alone["low"])
+    assert rel["ratio"] == pytest.approx(alone["ceg"] / fair.compute_equivalent_gain(curves, parent, C_ARM,
+                                                                                     n_boot=0)["ceg"])
+
+
+def test_relative_ceg_outside_the_curve_has_no_ratio():
+    out = fair.relative_ceg(ref_curves(), arm_losses(8.0), arm_losses(1.0), C_ARM, C_ARM, n_boot=100)
+    assert out["ratio"] is None and out["status"] == f"arm {fair.ABOVE}"
+    # at the edge of the range (c_max / C_arm = 4): the estimate is inside, a fifth of the replicates are not
+    edge = fair.relative_ceg(ref_curves(), arm_losses(3.97, NOISE, seeds=5, rng=np.random.default_rng(5)),
+                             arm_losses(1.0, seeds=5), C_ARM, C_ARM, n_boot=1000)
+    assert edge["ratio"] is not None and edge["undefined_share"] > 0.1 and edge["low"] is None is edge["high"]
+    with pytest.raises(ValueError, match="no seed with a finite loss in common"):
+        fair.relative_ceg(ref_curves(), {0: 4.0}, {1: 4.0}, C_ARM, C_ARM)
+
+
 def test_per_seed_arm_compute_is_averaged():
     arm = arm_losses(1.3, seeds=2)
     res = fair.compute_equivalent_gain(ref_curves(), arm, {0: 0.9e12, 1: 1.1e12}, n_boot=50)

@@ -287,6 +287,31 @@ def test_parent_verdicts_test_each_step_of_a_ladder_against_the_step_before():
     assert out["family"] == "every step against the arm it extends"
 
 
+def test_parent_verdicts_give_each_step_its_ceg_against_its_parent():
+    """A ladder a -> b -> c on a's measured curve L(C) = 3 + (C / 1e12)^-0.3: b is worth 2x a's compute and
+    c 3x, so c's CEG against its parent b is 1.5x; against the reference a the plain CEG is the answer."""
+    from types import SimpleNamespace
+
+    def loss(c):
+        return 3.0 + (c / 1e12) ** -0.3
+
+    luck = {0: 0.004, 1: -0.003, 2: 0.001, 3: -0.002}  # each seed's shared luck
+    rows = [{"arm": "a", "role": "ceg-cooldown", "status": "finished", "learned": True, "seed": s,
+             "training_flops": c, "val_loss": loss(c) + luck[s]} for s in luck for c in (0.5e12, 1e12, 2e12, 4e12)]
+    groups = {a: _Group(a, {s: loss(k * 1e12) + luck[s] for s in luck}) for a, k in (("a", 1), ("b", 2), ("c", 3))}
+    for g in groups.values():
+        g.runs = {s: {"status": "finished", "training_flops": 1e12} for s in luck}
+    arms = {"a": {"parent": None}, "b": {"parent": "a"}, "c": {"parent": "b"}}
+    ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}, "verdicts": "parent", "ceg": {"fractions": [1]}},
+                          reference="a", arms=arms, group=groups.get, arm_groups=lambda: list(groups.values()),
+                          curve_rows=rows)
+    out = experiment_ceg.compare(ctx)
+    assert "ceg_vs" not in out["arms"]["b"] and out["arms"]["b"]["ceg"]["ceg"] == pytest.approx(2.0, rel=0.02)
+    rel = out["arms"]["c"]["ceg_vs"]
+    assert rel["ratio"] == pytest.approx(1.5, rel=0.02) and rel["low"] < 1.5 < rel["high"]
+    assert experiment_ceg.fmt_relative_ceg(rel).startswith("1.5")
+
+
 def test_parent_verdicts_need_a_ladder(tmp_path):
     with pytest.raises(RecipeError, match="verdicts=parent: no arm extends another"):
         resolve_arms(load_spec(_spec(tmp_path, verdicts="parent", arms=[
