@@ -593,6 +593,89 @@ def compare_dense_moe(points: list[Point], fits: dict[str, PowerLawFit]) -> list
     return out
 
 
+def _equivalent_n(fit, loss: float, D: float) -> float:
+    """N at which L(N, D) = loss under ``fit``: inf when the loss is at or below what the law reaches at D
+    with unlimited N (E + B / D^beta)."""
+    excess = loss - fit.E - fit.B * D ** (-fit.beta)
+    return math.inf if excess <= 0 else (fit.A / excess) ** (1.0 / fit.alpha)
+
+
+def equal_params_comparison(ref: "FamilyStudy", moe_points: list[Point], loss_sd: Optional[float] = None,
+                            seed: int = 0) -> dict:
+    """Each (seed-averaged) point of an MoE family against the dense reference's approach-3 law L(N, D) at the
+    same D: the reference's loss at the MoE's active N and at its total N (non-embedding, LM head excluded:
+    the N of every table) and the MoE minus it; and N_eq, the reference's N that reaches the MoE's loss at D,
+    over the MoE's active N (> 1: each active parameter is worth more than a dense one) and over its total N
+    (< 1: the experts are worth less than as many dense parameters). 95% intervals over the reference's
+    bootstrap fits, each draw with the MoE point's loss moved by normal noise of std ``loss_sd`` (its seed
+    noise: the MoE family's noise floor, else all families'; None: not included, and the result says so). A
+    value at an N outside the N range the reference was fitted on is an extrapolation, flagged."""
+    from analysis.scaling_fits import sample_fits
+
+    nd = ref.nd
+    out = {"reference": ref.family, "status": nd.status, "N_range": [min(ref.N), max(ref.N)] if ref.N else None,
+           "loss_sd": loss_sd, "rows": []}
+    if nd.status != OK or not moe_points:
+        return out
+    draws = sample_fits(nd)
+    rng = np.random.default_rng(seed)
+    lo, hi = out["N_range"]
+    for p in sorted(moe_points, key=lambda p: (n_params(p, "active"), p.tokens)):
+        n_act, n_tot, D = n_params(p, "active"), n_params(p, "non_embedding"), p.tokens  # total: every expert
+        row = {"run": p.run, "family": p.family, "N_active": n_act, "N_total": n_tot, "D": D, "loss": p.loss}
+        moe_L = p.loss + rng.normal(0.0, loss_sd or 0.0, len(draws))  # (n_boot,) the point's loss per draw
+        for key, n in (("equal_active", n_act), ("equal_total", n_tot)):
+            L = float(nd.E + nd.A * n ** (-nd.alpha) + nd.B * D ** (-nd.beta))
+            diffs = [m - float(f.E + f.A * n ** (-f.alpha) + f.B * D ** (-f.beta)) for m, f in zip(moe_L, draws)]
+            row[key] = {"N": n, "reference_loss": L, "moe_minus_reference": p.loss - L,
+                        "ci": _interval_or_none(diffs), "extrapolated": not (lo <= n <= hi)}
+        n_eq = _equivalent_n(nd, p.loss, D)
+        eqs = np.array([_equivalent_n(f, m, D) for m, f in zip(moe_L, draws)])
+        row["N_eq"] = n_eq
+        row["N_eq_extrapolated"] = not (lo <= n_eq <= hi)
+        for key, n in (("N_eq_over_active", n_act), ("N_eq_over_total", n_tot)):
+            row[key] = n_eq / n
+            row[key + "_ci"] = (None if len(eqs) < 10 or not np.all(np.isfinite(eqs))
+                                else [float(np.percentile(eqs / n, 2.5)), float(np.percentile(eqs / n, 97.5))])
+        out["rows"].append(row)
+    return out
+
+
+def _interval_or_none(samples: list) -> Optional[list]:
+    x = np.asarray(samples, dtype=float)
+    return None if len(x) < 10 or not np.all(np.isfinite(x)) else [float(np.percentile(x, 2.5)),
+                                                                      float(np.percentile(x, 97.5))]
+
+
+def equal_params_table(comparisons: list[dict]) -> str:
+    if not comparisons:
+        return "(no pair of a dense reference and an MoE family)"
+    lines = ["| MoE point | reference | N active / total | D (tokens) | loss | MoE - reference at equal active N [95%] "
+             "| MoE - reference at equal total N [95%] | N_eq / N active [95%] | N_eq / N total |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def diff(d: dict) -> str:
+        return _v(d["moe_minus_reference"], d["ci"], "+.3f") + (" (extrapolated)" if d["extrapolated"] else "")
+
+    for comp in comparisons:
+        if comp["status"] != OK:
+            lines.append(f"| - | {comp['reference']} | - | - | - | - | - | - | {comp['status']} |")
+        for r in comp["rows"]:
+            ext = " (extrapolated)" if r["N_eq_extrapolated"] else ""
+            lines.append(f"| {r['run']} | {comp['reference']} | {r['N_active']:.3g} / {r['N_total']:.3g} "
+                         f"| {r['D']:.3g} "
+                         f"| {r['loss']:.4f} | {diff(r['equal_active'])} | {diff(r['equal_total'])} | "
+                         f"{_v(r['N_eq_over_active'], r['N_eq_over_active_ci'], '.2f')}{ext} | "
+                         f"{_v(r['N_eq_over_total'], r['N_eq_over_total_ci'], '.2f')} |")
+    lines += ["", "The reference's approach-3 law L(N, D) evaluated at the MoE point's D and at its active or total N "
+              f"({N_KINDS['non_embedding']}); N_eq: the reference's N that reaches the MoE's loss at that D. "
+              "Intervals over the reference's bootstrap fits, "
+              + "; ".join(f"{c['reference']} pair: the MoE loss moved by {c['loss_sd']:.4f} nats of seed noise"
+                          if c.get("loss_sd") else f"{c['reference']} pair: no seed noise known, not included"
+                          for c in comparisons) + "."]
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------------------------
 # L(N, D), IsoFLOP, envelope: the compute-optimal study of one family
 # --------------------------------------------------------------------------------------------
@@ -1096,6 +1179,10 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
     sens = n_sensitivity_studies(points, studies, noise, n_kind, **fit_kw)
     is_moe = {fam: any(p.is_moe for p in points if p.family == fam) for fam in studies}
     multipliers = compute_multipliers(sens, pair_list, n_kind, is_moe)
+    equal_params = [equal_params_comparison(sens[ref]["non_embedding"], [p for p in points if p.family == fam],
+                                            loss_sd=next((nf.std for nf in (noise[fam], overall) if nf.status == OK),
+                                                         None), seed=seed)
+                    for ref, fam in pair_list if is_moe.get(fam) and not is_moe.get(ref)]
     result = {
         "model": "L(C) = E + A * C^(-alpha); C = training FLOPs, L = final validation loss (nats/token)",
         "fit": {"loss": "huber on log L", "huber_delta": huber_delta, "bootstrap_resamples": n_boot,
@@ -1113,6 +1200,7 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
         "approaches_2_and_3": {fam: json_safe(st.agreement()) for fam, st in studies.items()},
         "holdout": {fam: st.holdout.to_json() for fam, st in studies.items() if st.holdout is not None},
         "compute_multipliers": [c.to_json() for c in multipliers],
+        "moe_at_equal_params": equal_params,
         "noise": {"overall": overall.to_json(), "families": {fam: nf.to_json() for fam, nf in noise.items()}},
         "excluded": excluded,
         "budget_convention": budget_convention(points),
@@ -1132,6 +1220,7 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
         f"## Held-out prediction (approach 3 without the largest {holdout})" if holdout else
         "## Held-out prediction", holdout_table(studies) if holdout else "(not asked for: --holdout none)",
         "## Families as compute multipliers", multiplier_table(multipliers),
+        "## MoE at equal active and equal total parameters", equal_params_table(equal_params),
         "## Seed noise", floor, noise_table(noise, overall),
         "## Points (finished runs; seed groups at their mean)", points_table(points, n_kind),
         "## Dense vs MoE", comparison_table(comparisons),

@@ -337,3 +337,26 @@ def test_isoflop_interval_resamples_trunks_jointly_over_budgets():
     assert w["trunks"] > 1.2 * w["budgets"] and 0.8 < w["trunks"] / spread < 2.0, (spread, w)
     spread, w = study(0.0)
     assert w["trunks"] < w["budgets"] and 0.8 < w["trunks"] / spread < 2.0, (spread, w)
+
+
+
+def test_moe_at_equal_params_recovers_the_parameter_ratio_of_the_laws(study):
+    """mixtral's law is dense's with N -> 3 N (active): at the same D it matches a dense model of 3x its
+    active parameters (N_eq / N active = 3), beats one of equal active N, and the points whose N lies outside
+    dense's fitted range are flagged as extrapolated."""
+    res, _ = study
+    (comp,) = res["moe_at_equal_params"]
+    assert comp["reference"] == "dense" and comp["status"] == "ok"
+    lo, hi = comp["N_range"]
+    inside = [r for r in comp["rows"] if lo <= r["N_active"] and r["N_total"] <= hi and not r["N_eq_extrapolated"]]
+    assert len(inside) >= 9
+    # N_eq is sensitive to the points' noise where the law flattens (large N): the median, and each within 25%
+    assert np.median([r["N_eq_over_active"] for r in inside]) == pytest.approx(3.0, rel=0.1)
+    for r in inside:
+        assert r["N_eq_over_active"] == pytest.approx(3.0, rel=0.25), r["run"]
+        assert r["equal_active"]["moe_minus_reference"] < 0 and r["equal_active"]["ci"][1] < 0
+        assert r["N_eq_over_total"] == pytest.approx(3.0 * r["N_active"] / r["N_total"], rel=0.25)
+    flagged = {r["run"] for r in comp["rows"] if r["equal_active"]["extrapolated"] or r["equal_total"]["extrapolated"]}
+    assert flagged == {r["run"] for r in comp["rows"] if not (lo <= r["N_active"] and r["N_total"] <= hi)} != set()
+    assert "## MoE at equal active and equal total parameters" in res["table_markdown"]
+    assert "(extrapolated)" in res["table_markdown"]
