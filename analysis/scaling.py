@@ -65,6 +65,12 @@ Checks of the fits:
   FAM reaches compute-optimally at C (:class:`MultiplierCurve`), from the two approach-3 fits with
   each family's measured k, a band over their bootstrap fits, only over the C both measured; a pair
   with an MoE family also under N = active and N = total.
+- MoE at equal active and equal total parameters (:func:`equal_params_comparison`, for each pair of a
+  dense reference and an MoE family): each MoE point against the reference's L(N, D) at its D, at its
+  active N and at its total N, and N_eq / N active, N_eq / N total with N_eq the reference's N that
+  matches it.
+- Budgets: what the sweep's FLOPs budgets count (``cooldown.compute`` in its manifest: measured
+  training FLOPs or 6 N D) is stated beside the IsoFLOP table (:func:`budget_convention`).
 
 Outputs (``--out DIR``): loss_vs_flops.png, loss_vs_tokens.png, dense_vs_moe.png, isoflop.png
 (loss against N per budget with parabolas and minima; N* against C), loss_nd.png (loss against D
@@ -83,7 +89,7 @@ all importable from here):
   ``pareto_frontier``).
 - ``pooled_std(groups) -> NoiseFloor``: the seed noise floor.
 - ``cluster_labels(points)``: the bootstrap's independent units; ``holdout_prediction(N, D, L, ...)``;
-  ``multiplier_curve(ref_study, study)``, ``family_pairs(...)``.
+  ``multiplier_curve(ref_study, study)``, ``family_pairs(...)``, ``equal_params_comparison(ref_study, points)``.
 - ``collect(runs)``, ``average_seeds(points, curves)``, ``study_family(...) -> FamilyStudy``,
   ``analyse(inputs, out, ...)``: from run folders to every result above (``main`` is the CLI).
 '''
