@@ -248,8 +248,11 @@ def compare(ctx) -> dict:
         if fit is None or other_name == ctx.reference:
             continue
         g, other = ctx.group(arm), ctx.group(other_name)
-        out["arms"][arm]["ceg_vs"] = fair.relative_ceg(ref_curves, g.losses(), other.losses(), _compute(g),
-                                                       _compute(other))
+        try:
+            out["arms"][arm]["ceg_vs"] = fair.relative_ceg(ref_curves, g.losses(), other.losses(), _compute(g),
+                                                           _compute(other))
+        except ValueError as e:  # no seed in common: no paired ratio
+            out["arms"][arm]["ceg_vs"] = {"ratio": None, "status": str(e)}
     return out
 
 
