@@ -616,7 +616,7 @@ def equal_params_comparison(ref: "FamilyStudy", moe_points: list[Point], loss_sd
     bootstrap fits, each draw with the MoE point's loss moved by normal noise of std ``loss_sd`` (its seed
     noise: the MoE family's noise floor, else all families'; None: not included, and the result says so). A
     value at an N outside the N range the reference was fitted on is an extrapolation, flagged."""
-    from analysis.scaling_fits import sample_fits
+    from analysis.scaling_fits import _interval, sample_fits
 
     nd = ref.nd
     out = {"reference": ref.family, "status": nd.status, "N_range": [min(ref.N), max(ref.N)] if ref.N else None,
@@ -634,23 +634,16 @@ def equal_params_comparison(ref: "FamilyStudy", moe_points: list[Point], loss_sd
             L = float(nd.E + nd.A * n ** (-nd.alpha) + nd.B * D ** (-nd.beta))
             diffs = [m - float(f.E + f.A * n ** (-f.alpha) + f.B * D ** (-f.beta)) for m, f in zip(moe_L, draws)]
             row[key] = {"N": n, "reference_loss": L, "moe_minus_reference": p.loss - L,
-                        "ci": _interval_or_none(diffs), "extrapolated": not (lo <= n <= hi)}
+                        "ci": _interval(np.array(diffs)), "extrapolated": not (lo <= n <= hi)}
         n_eq = _equivalent_n(nd, p.loss, D)
         eqs = np.array([_equivalent_n(f, m, D) for m, f in zip(moe_L, draws)])
         row["N_eq"] = n_eq
         row["N_eq_extrapolated"] = not (lo <= n_eq <= hi)
         for key, n in (("N_eq_over_active", n_act), ("N_eq_over_total", n_tot)):
             row[key] = n_eq / n
-            row[key + "_ci"] = (None if len(eqs) < 10 or not np.all(np.isfinite(eqs))
-                                else [float(np.percentile(eqs / n, 2.5)), float(np.percentile(eqs / n, 97.5))])
+            row[key + "_ci"] = _interval(eqs / n)  # an N_eq beyond the law's reach (inf): an unbounded side
         out["rows"].append(row)
     return out
-
-
-def _interval_or_none(samples: list) -> Optional[list]:
-    x = np.asarray(samples, dtype=float)
-    return None if len(x) < 10 or not np.all(np.isfinite(x)) else [float(np.percentile(x, 2.5)),
-                                                                      float(np.percentile(x, 97.5))]
 
 
 def equal_params_table(comparisons: list[dict]) -> str:
