@@ -1,6 +1,7 @@
 """The figures of :mod:`analysis.scaling`: loss against compute and tokens, dense vs MoE, IsoFLOP
 profiles and the fitted L(N, D). Each has a title, labelled axes with units and a legend; seed
 groups are drawn at their mean loss with error bars of +-1 standard deviation over the seeds.
+Fitted curves are drawn over the range that was measured only (sizes, tokens, budgets), never beyond.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def plot_loss_vs_flops(points, fits, curves, path: Path) -> Path:
         _points(ax, C, L, [p.loss_std for p in ps], color=col[fam], marker=_marker(ps[0].is_moe), zorder=3,
                 label=label)
         if f is not None and f.status == "ok":
-            grid = np.logspace(np.log10(C.min()) - 0.15, np.log10(C.max()) + 0.15, 100)
+            grid = np.geomspace(C.min(), C.max(), 100)  # the measured range only
             ax.plot(grid, f.predict(grid), color=col[fam], lw=1.5,
                     label=f"{fam} fit: {f.E:.2f} + A·C^-{f.alpha:.2f}")
             band = f.band(grid)
@@ -206,7 +207,7 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
             else:
                 ax.scatter(p.N, p.L, color=color, marker="o", zorder=3, label=label)
             if p.coef is not None and p.coef[0] > 0:
-                grid = np.geomspace(min(p.N) / 1.3, max(p.N) * 1.3, 80)
+                grid = np.geomspace(min(p.N), max(p.N), 80)  # the sizes trained only
                 ax.plot(grid, p.curve(grid), color=color, lw=1.2)
             if p.N_opt is not None and p.status == OK:  # a minimum outside the sizes trained is not drawn
                 ci = p.ci.get("N_opt")
@@ -230,7 +231,7 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
         grid = None
         if iso.power_law is not None and iso.power_law.status == OK:
             pl = iso.power_law
-            grid = np.geomspace(C.min() / 2, C.max() * 2, 60)
+            grid = np.geomspace(C.min(), C.max(), 60)  # the budgets fitted only
             bx.plot(grid, pl.predict(grid), color="C0", lw=1.5,
                     label=f"approach 2: N* ∝ C^a, a = {_ci_text(pl.slope, pl.ci.get('slope'))}")
             band = pl.band(grid)
@@ -238,7 +239,7 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
                 bx.fill_between(grid, band[0], band[1], color="C0", alpha=0.15, lw=0)
         opt = st.nd.status == OK and st.nd.alpha > 0 and st.nd.beta > 0
         if opt:
-            g = grid if grid is not None else np.geomspace(min(st.C) / 2, max(st.C) * 2, 60)
+            g = grid if grid is not None else np.geomspace(min(st.C), max(st.C), 60)
             f = st.nd
             G = (f.alpha * f.A / (f.beta * f.B)) ** (1 / (f.alpha + f.beta))
             bx.plot(g, G * (g / st.k) ** f.a_opt, color="C3", ls="--", lw=1.3,
@@ -271,8 +272,8 @@ def plot_loss_nd(studies: dict, n_label: str, path: Path) -> Path:
             sel = [j for j, m in enumerate(st.N) if m == n]
             _points(ax, D_all[sel], np.asarray(st.L)[sel], np.asarray(st.L_err)[sel], color=color, marker="o",
                     zorder=3, label=f"N = {n:.3g}")
-            if st.nd.status == OK:  # each size's curve over its own tokens, a factor 3 beyond
-                grid = np.geomspace(D_all[sel].min() / 3, D_all[sel].max() * 3, 60)
+            if st.nd.status == OK and D_all[sel].max() > D_all[sel].min():  # each size's curve over its own tokens only
+                grid = np.geomspace(D_all[sel].min(), D_all[sel].max(), 60)
                 ax.plot(grid, st.nd.predict(n, grid), color=color, lw=1.1)
         _log_x(ax, st.D)
         _plain_log_y(ax)

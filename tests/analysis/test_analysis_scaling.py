@@ -521,6 +521,28 @@ def test_cli_writes_isoflop_loss_nd_and_the_three_exponents(fake_sweep, tmp_path
     assert "dense-diverged: diverged" in md
 
 
+def test_fitted_curves_stay_inside_the_measured_range(fake_sweep, tmp_path, monkeypatch):
+    # a fitted line (100, 80 or 60 points: L(C), the IsoFLOP parabolas and N*(C), L(N, D) per size) spans
+    # at most the x range of the points drawn on its own axes: the figures never extrapolate
+    import analysis.scaling_plots as plots
+
+    figures = {}
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.setdefault(path.name, fig) and path)
+    analyse([str(fake_sweep)], tmp_path, n_boot=5)
+    checked = 0
+    for name in ("loss_vs_flops.png", "isoflop.png", "loss_nd.png"):
+        axes = figures[name].axes[:1] if name == "loss_vs_flops.png" else figures[name].axes  # right: curves
+        for ax in axes:
+            xs = [x for c in ax.collections for x in np.asarray(c.get_offsets())[:, 0]]
+            xs += [x for ln in ax.get_lines() if ln.get_linestyle() == "None" for x in ln.get_xdata()]
+            for ln in ax.get_lines():
+                x = np.asarray(ln.get_xdata(), dtype=float)
+                if ln.get_linestyle() == "-" and len(x) in (60, 80, 100) and xs:
+                    assert min(xs) * (1 - 1e-9) <= x.min() and x.max() <= max(xs) * (1 + 1e-9), (name, ax.get_title())
+                    checked += 1
+    assert checked >= 10  # the parabolas of 3 budgets, 7 sizes' L(N, D), L(C), N*(C)
+
+
 def test_n_kind_selects_the_parameter_count(fake_sweep, tmp_path):
     res = analyse([str(fake_sweep)], None, n_boot=0, n_kind="total")
     st = res["studies"]["dense"]
