@@ -817,7 +817,11 @@ def _joint_cluster_bootstrap(pl: LogLogFit, usable: list, N, L, labels, n_boot: 
     how = f"clusters ({G})" if resample else f"residuals, one sign per cluster ({G})"
     pl.ci_method = how + ", joint over budgets"
     pl.samples, pl.ci = None, {}
-    if len(samples) >= 10:
+    if len(samples) >= 10 and np.ptp(np.asarray(samples)[:, 0]) < 1e-9:  # rounding noise only
+        # every draw gave the same minima: profiles of 3 sizes, whose parabolas pass through their points, leave
+        # no residual to flip and no other size to draw; a zero-width interval would claim a precision not measured
+        pl.ci_method += "; no spread (every profile interpolates its points exactly): no interval"
+    elif len(samples) >= 10:
         pl.samples = np.asarray(samples)
         pl.ci = {"slope": _interval(pl.samples[:, 0]), "log_prefactor": _interval(pl.samples[:, 1])}
 

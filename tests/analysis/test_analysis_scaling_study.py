@@ -340,6 +340,18 @@ def test_isoflop_interval_resamples_trunks_jointly_over_budgets():
 
 
 
+def test_isoflop_profiles_of_three_sizes_get_no_zero_width_interval():
+    # three sizes per budget, one trunk each: every parabola passes through its points, flipping residuals
+    # changes nothing, so the joint bootstrap has no spread; that is reported, not an interval [a, a]
+    from analysis.scaling_fits import isoflop_profiles
+
+    N, C = (x.ravel() for x in np.meshgrid([1e6, 1e7, 1e8], [1e15, 1e16, 1e17]))
+    L = 3.0 - 0.1 * np.log(C / 1e16) + 0.02 * (np.log(N) - np.log(1e7) - 0.5 * np.log(C / 1e16)) ** 2
+    pl = isoflop_profiles(N, C, L, n_boot=50, seed=0, clusters=np.tile(np.arange(3), 3)).power_law
+    assert pl.status == "ok" and pl.slope == pytest.approx(0.5, abs=1e-6)
+    assert pl.ci == {} and pl.samples is None and "no spread" in pl.ci_method
+
+
 def test_moe_at_equal_params_recovers_the_parameter_ratio_of_the_laws(study):
     """mixtral's law is dense's with N -> 3 N (active): at the same D it matches a dense model of 3x its
     active parameters (N_eq / N active = 3), beats one of equal active N, and the points whose N lies outside
