@@ -69,6 +69,10 @@ Checks of the fits:
   dense reference and an MoE family): each MoE point against the reference's L(N, D) at its D, at its
   active N and at its total N, and N_eq / N active, N_eq / N total with N_eq the reference's N that
   matches it.
+- The design against the result (``--prediction FAM=PATH[:DESIGN_FAMILY]``): the widths that
+  ``python -m analysis.scaling design`` predicted for the grid (approach 3's alpha, beta and a,
+  approach 2's a, the compute multiplier) beside the intervals the study obtained
+  (:func:`prediction_rows`), and the noise it assumed beside the one measured.
 - Budgets: what the sweep's FLOPs budgets count (``cooldown.compute`` in its manifest: measured
   training FLOPs or 6 N D) is stated beside the IsoFLOP table (:func:`budget_convention`).
 
@@ -1145,15 +1149,118 @@ def n_sensitivity_studies(points: list[Point], studies: dict[str, FamilyStudy], 
     return sens
 
 
+def read_prediction(spec: str, families: Sequence[str]) -> dict:
+    """``FAM=PATH[:DESIGN_FAMILY]`` (``--prediction``): the designer's prediction (the JSON of
+    ``python -m analysis.scaling design --out``) for the study family FAM; DESIGN_FAMILY names the
+    design's family when it holds several (default: FAM if the design has it, else its only one)."""
+    fam, sep, rest = spec.partition("=")
+    if not sep or not fam or not rest:
+        raise ValueError(f"--prediction {spec!r}: write FAM=PATH[:DESIGN_FAMILY], e.g. "
+                         "llama=docs/scaling/design/prediction.json")
+    path, _, design_family = rest.partition(":")
+    if fam not in families:
+        raise ValueError(f"--prediction {spec!r}: no family {fam!r} among the runs ({', '.join(families)})")
+    try:
+        design = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--prediction {spec!r}: cannot read {path} ({e}); write it with "
+                         "`python -m analysis.scaling design SPEC --out PATH`") from None
+    spreads = design.get("spreads") or {}
+    if not spreads:
+        raise ValueError(f"--prediction {spec!r}: {path} holds no predicted spreads (not a design's JSON)")
+    if not design_family:
+        design_family = fam if fam in spreads else (next(iter(spreads)) if len(spreads) == 1 else "")
+    if design_family not in spreads:
+        raise ValueError(f"--prediction {spec!r}: name the design's family after the path, one of "
+                         f"{', '.join(spreads)} (e.g. {fam}={path}:{next(iter(spreads))})")
+    return {"family": fam, "path": path, "design_family": design_family, "design": design}
+
+
+def _at_compute(curve: "MultiplierCurve", C: float) -> Optional[tuple[float, float, float]]:
+    """(m, lo, hi) of a multiplier curve at compute C, interpolated in log C; None outside its range."""
+    if curve.status != OK or not curve.lo or not curve.C[0] <= C <= curve.C[-1]:
+        return None
+    x = np.log(curve.C)
+    return tuple(float(np.exp(np.interp(np.log(C), x, np.log(v)))) for v in (curve.multiplier, curve.lo, curve.hi))
+
+
+def prediction_rows(pred: dict, studies: dict[str, FamilyStudy], multipliers: list) -> list[dict]:
+    """The designer's predicted 95% widths beside the intervals the study obtained: approach 3's alpha,
+    beta and a, approach 2's a (widths as differences) and the compute multiplier (as a ratio hi / lo)."""
+    st = studies[pred["family"]]
+    spreads = pred["design"]["spreads"][pred["design_family"]]
+    pl = st.iso.power_law
+    obtained = {"approach 3 alpha": (st.nd.alpha, st.nd.ci.get("alpha")),
+                "approach 3 beta": (st.nd.beta, st.nd.ci.get("beta")),
+                "approach 3 a": (st.nd.a_opt, st.nd.ci.get("a_opt")),
+                "approach 2 a": (pl.slope if pl is not None and pl.status == OK else None,
+                                 pl.ci.get("slope") if pl is not None and pl.status == OK else None)}
+    rows = []
+    for q, (value, ci) in obtained.items():
+        sp = spreads.get(q)
+        if sp is None:
+            continue
+        width = None if not ci else ci[1] - ci[0]
+        rows.append({"quantity": q, "predicted_width": sp.get("width"), "predicted_width_range": sp.get("width_ci"),
+                     "planning_value": sp.get("true"), "value": value, "ci": ci, "width": width, "ratio": False})
+    mult = (pred["design"].get("multipliers") or {}).get(pred["design_family"])
+    C_ref = pred["design"].get("ref_flops")
+    if mult and C_ref:
+        mine = [c for c in multipliers if c.family == pred["family"] and c.n_kind == st.n_kind]
+        at = _at_compute(mine[0], C_ref) if mine else None
+        rows.append({"quantity": f"compute multiplier vs {mine[0].reference if mine else '?'} at C = {C_ref:.3g}",
+                     "predicted_width": mult.get("width"), "predicted_width_range": mult.get("width_ci"),
+                     "planning_value": mult.get("true"), "value": at[0] if at else None,
+                     "ci": [at[1], at[2]] if at else None, "width": at[2] / at[1] if at else None, "ratio": True})
+    for r in rows:
+        lo_hi = r["predicted_width_range"]
+        r["verdict"] = ("not determined" if r["width"] is None or not math.isfinite(r["width"]) else
+                        "no predicted range" if not lo_hi else
+                        "narrower than predicted" if r["width"] < lo_hi[0] else
+                        "wider than predicted" if r["width"] > lo_hi[1] else "as predicted")
+    return rows
+
+
+def prediction_table(preds: list[dict], studies: dict[str, FamilyStudy], multipliers: list) -> str:
+    """One table per --prediction: the design's expected 95% interval widths against the obtained ones."""
+    if not preds:
+        return "(no design given: --prediction FAM=PATH)"
+    lines = ["| family | estimate | designer's width [range of the width] | obtained [95% interval] | obtained width "
+             "| verdict |", "|---|---|---|---|---|---|"]
+    notes = []
+    for pred in preds:
+        for r in prediction_rows(pred, studies, multipliers):
+            unit = "x" if r["ratio"] else ""
+            rng = r["predicted_width_range"]
+            predicted = f"{r['predicted_width']:.3g}{unit}" + (f" [{rng[0]:.3g}, {rng[1]:.3g}]" if rng else "")
+            got = "-" if r["value"] is None else _v(r["value"], r["ci"])
+            width = "-" if r["width"] is None else f"{r['width']:.3g}{unit}"
+            lines.append(f"| {pred['family']} | {r['quantity']} | {predicted} | {got} | {width} | {r['verdict']} |")
+        noise = pred["design"].get("noise") or {}
+        st = studies[pred["family"]]
+        measured = (f"measured: seed std {st.noise.std:.4f} nats, {st.noise.std / float(np.mean(st.L)):.2%} of the "
+                    "mean loss" if st.noise.status == OK else f"not measured ({st.noise.message})")
+        notes.append(f"{pred['family']}: design {pred['path']} (family {pred['design_family']!r}, "
+                     f"{pred['design'].get('sims')} simulated studies); noise assumed sigma = "
+                     f"{noise.get('sigma', float('nan')):.3g} of ln L per run, {measured}.")
+    lines += ["", "Designer's width: the 97.5th - 2.5th percentile of the estimate over simulated studies of the "
+              "planned grid under its planning law and noise, with the 95% range of that width over the "
+              "simulations; obtained: the study's 95% bootstrap interval (multiplier widths as hi / lo). "
+              + " ".join(notes)]
+    return "\n".join(lines)
+
+
 def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber_delta: float = 1e-3,
             seed: int = 0, *, n_kind: str = "non_embedding", budget_tolerance: float = 0.1,
             ref_flops: Optional[float] = None, holdout: Optional[str] = "size", pairs: Optional[Sequence[str]] = None,
-            reference: Optional[str] = None, n_polish: Optional[int] = 20) -> dict:
+            reference: Optional[str] = None, n_polish: Optional[int] = 20,
+            predictions: Optional[Sequence[str]] = None) -> dict:
     """Read the runs, fit each family (L(C) and approaches 1-3), write the plots and tables to
     ``out``; return the results (what fits.json holds, plus ``studies``: FamilyStudy per family, and
     ``sensitivity_studies``: family -> N kind -> FamilyStudy). ``holdout``: "size" | "budget" | None,
     what approach 3 predicts without having seen it; ``pairs`` ("REF:FAM") or ``reference``: the
-    families compared as compute multipliers; ``n_polish``: grid starts polished per L(N, D) fit."""
+    families compared as compute multipliers; ``n_polish``: grid starts polished per L(N, D) fit;
+    ``predictions`` ("FAM=PATH[:DESIGN_FAMILY]"): designs whose predicted widths are set beside the obtained ones."""
     if n_kind not in N_KINDS:
         raise ValueError(f"--n-kind {n_kind!r}: valid are {', '.join(N_KINDS)}")
     if holdout is not None and holdout not in HOLDOUT_BY:
@@ -1165,6 +1272,7 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
         raise RunError("no finished run among the inputs: " +
                        "; ".join(f"{e['run']}: {e['reason']}" for e in excluded))
     points, curves, seed_losses = average_seeds(run_points, run_curves)
+    preds = [read_prediction(spec, sorted({p.family for p in points})) for spec in predictions or []]
     noise = {fam: pooled_std(g) for fam, g in sorted(seed_losses.items())}
     overall = pooled_std([g for gs in seed_losses.values() for g in gs])
     fits = fit_families(points, n_boot, huber_delta, seed)
@@ -1199,6 +1307,8 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
         "approaches_2_and_3": {fam: json_safe(st.agreement()) for fam, st in studies.items()},
         "holdout": {fam: st.holdout.to_json() for fam, st in studies.items() if st.holdout is not None},
         "compute_multipliers": [c.to_json() for c in multipliers],
+        "design_vs_obtained": [{"family": pr["family"], "design": pr["path"], "design_family": pr["design_family"],
+                                "rows": json_safe(prediction_rows(pr, studies, multipliers))} for pr in preds],
         "moe_at_equal_params": equal_params,
         "noise": {"overall": overall.to_json(), "families": {fam: nf.to_json() for fam, nf in noise.items()}},
         "excluded": excluded,
@@ -1219,6 +1329,7 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
         f"## Held-out prediction (approach 3 without the largest {holdout})" if holdout else
         "## Held-out prediction", holdout_table(studies) if holdout else "(not asked for: --holdout none)",
         "## Families as compute multipliers", multiplier_table(multipliers),
+        "## The designer's prediction against the study", prediction_table(preds, studies, multipliers),
         "## MoE at equal active and equal total parameters", equal_params_table(equal_params),
         "## Seed noise", floor, noise_table(noise, overall),
         "## Points (finished runs; seed groups at their mean)", points_table(points, n_kind),
@@ -1281,6 +1392,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--reference", default=None,
                     help="the family every other is compared with when --pairs is not given "
                          "(default: dense if present, else the first family by name)")
+    ap.add_argument("--prediction", nargs="+", metavar="FAM=PATH[:DESIGN_FAMILY]",
+                    help="the designer's prediction for a family (the JSON of `python -m analysis.scaling design "
+                         "--out`), its expected interval widths set beside the obtained ones, e.g. "
+                         "llama=docs/scaling/design/prediction.json mixtral=docs/scaling/design/families.json:other")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     args = ap.parse_args(argv)
     try:
@@ -1295,7 +1410,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result = analyse(args.inputs, args.out, args.bootstrap, args.huber_delta, args.seed, n_kind=args.n_kind,
                          budget_tolerance=args.budget_tolerance, ref_flops=args.ref_flops,
                          holdout=None if args.holdout == "none" else args.holdout, pairs=args.pairs,
-                         reference=args.reference)
+                         reference=args.reference, predictions=args.prediction)
     except (RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

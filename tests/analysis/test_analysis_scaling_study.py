@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from analysis.runs import open_run
-from analysis.scaling import Point, _sweep_budgets, analyse, cluster_labels, family_pairs, main, n_params
+from analysis.scaling import (MultiplierCurve, Point, _sweep_budgets, analyse, cluster_labels, family_pairs, main,
+                              n_params, prediction_rows, prediction_table, read_prediction)
 from analysis.scaling_design import Law
 from analysis.scaling_fits import difference_interval, fit_loss_nd, holdout_prediction
 
@@ -282,6 +283,37 @@ def test_compute_multipliers_recover_the_laws(study):
     assert c["C"][0] >= min(C_d) * 0.999 and c["C"][-1] <= max(C_d) * 1.001  # no extrapolation
     assert "| dense | mixtral | total parameters |" in res["table_markdown"]
     assert (out / "compute_multiplier.png").stat().st_size > 10_000
+
+
+def test_the_designers_prediction_is_set_beside_the_obtained_intervals(study, tmp_path):
+    """A design's predicted widths (their 95% range) against the study's intervals: a range holding the
+    obtained width says "as predicted", one above it "narrower", one below it "wider"; the multiplier at
+    the design's reference compute is read off the obtained curve (llama is 2x dense's efficiency)."""
+    res, _ = study
+    spread = {"approach 3 alpha": {"width": 1.0, "width_ci": [0.0, 10.0], "true": 0.34},
+              "approach 3 beta": {"width": 1e-6, "width_ci": [1e-7, 2e-6], "true": 0.28},
+              "approach 3 a": {"width": 7.0, "width_ci": [5.0, 10.0], "true": 0.45}}
+    design = {"sims": 3, "noise": {"sigma": 0.01}, "ref_flops": 1e13, "spreads": {"llama": spread, "other": spread},
+              "multipliers": {"other": {"width": 2.0, "width_ci": [1.0, 100.0], "true": 1.0}}}
+    path = tmp_path / "design.json"
+    path.write_text(json.dumps(design))
+    pred = read_prediction(f"llama={path}:other", ["dense", "llama"])
+    curves = [MultiplierCurve(**{k: v for k, v in c.items() if k != "N"}) for c in res["compute_multipliers"]]
+    rows = {r["quantity"]: r for r in prediction_rows(pred, res["studies"], curves)}
+    nd = res["studies"]["llama"].nd
+    assert rows["approach 3 alpha"]["value"] == nd.alpha and rows["approach 3 alpha"]["ci"] == nd.ci["alpha"]
+    assert [rows[q]["verdict"] for q in ("approach 3 alpha", "approach 3 beta", "approach 3 a")] == \
+        ["as predicted", "wider than predicted", "narrower than predicted"]
+    m = rows["compute multiplier vs dense at C = 1e+13"]
+    c = next(c for c in curves if c.family == "llama" and c.n_kind == "non_embedding")
+    assert m["value"] == pytest.approx(2.0 * c.k_reference / c.k_family, rel=0.1) and m["ci"][0] < m["value"] < m["ci"][1]
+    assert m["width"] == pytest.approx(m["ci"][1] / m["ci"][0]) and m["verdict"] == "as predicted"
+    assert "| llama | approach 3 beta | 1e-06 [1e-07, 2e-06] |" in prediction_table([pred], res["studies"], curves)
+    for spec, why in (("llama", "FAM=PATH"), (f"gpt={path}", "no family 'gpt'"), ("llama=/no/such.json", "cannot read"),
+                      (f"llama={path}:gpt", "name the design's family")):
+        with pytest.raises(ValueError, match=why):
+            read_prediction(spec, ["dense", "llama"])
+    assert read_prediction(f"llama={path}", ["llama"])["design_family"] == "llama"  # its own name in the design
 
 
 def test_family_pairs_from_pairs_or_a_reference():
