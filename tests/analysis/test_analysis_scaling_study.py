@@ -11,8 +11,19 @@ import numpy as np
 import pytest
 
 from analysis.runs import open_run
-from analysis.scaling import (MultiplierCurve, Point, _sweep_budgets, analyse, cluster_labels, family_pairs, main,
-                              n_params, prediction_rows, prediction_table, read_prediction)
+from analysis.scaling import (
+    MultiplierCurve,
+    Point,
+    _sweep_budgets,
+    analyse,
+    cluster_labels,
+    family_pairs,
+    main,
+    n_params,
+    prediction_rows,
+    prediction_table,
+    read_prediction,
+)
 from analysis.scaling_design import Law
 from analysis.scaling_fits import difference_interval, fit_loss_nd, holdout_prediction
 
