@@ -93,6 +93,22 @@ def save_figure(fig, path: Path, dpi: int = 110) -> Path:
     return path
 
 
+NICE_TICKS = (0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+
+
+def plain_log_ticks(axis, low: float, high: float) -> None:
+    """A log axis spanning less than about a decade, labelled at plain values (0.8, 0.9, 1, 1.25)
+    instead of 8x10^-1, without minor labels; left to matplotlib when fewer than 3 such values fit."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    ticks = [t for t in NICE_TICKS if low <= t <= high]
+    if len(ticks) < 3:
+        return
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_locator(NullLocator())
+
+
 def wrap_label(text: str, width: int = 40, lines: int = 2) -> str:
     """A long label (a tick or a legend entry) on at most ``lines`` lines of ``width`` characters, the rest
     shortened to " ..." (the reports' tables hold it whole)."""

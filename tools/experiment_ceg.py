@@ -360,33 +360,66 @@ def _fit_text(fit: dict) -> str:
             f"{fit['c_max']:.3g} FLOPs)")
 
 
+FEW_ARMS = 6  # more arms than this at one compute: their legend moves to the CEG panel's y axis
+
+
 def plot(ctx, fit: dict, path: Path):
+    """Left: the reference's curve with each arm's loss at its compute (dotted: across to the reference
+    compute with that loss, the CEG). Right: each arm's CEG with its 95% interval on a log axis (a
+    forest), which stays readable when many arms share one compute."""
     import numpy as np
 
     from analysis import fair
-    from analysis.plotting import COLORS, pyplot, save_figure, style_axes, wrap_label
+    from analysis.plotting import COLORS, plain_log_ticks, pyplot, save_figure, style_axes, wrap_label
 
+    groups = [(i, g) for i, g in enumerate(ctx.arm_groups())
+              if _compute(g) is not None and g.loss.get("mean") is not None]
+    many = len(groups) > FEW_ARMS
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4.8))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, max(5.0, 0.34 * len(groups) + 2.0)),
+                                 gridspec_kw={"width_ratios": [1.2, 1.0]})
     for i, (seed, pts) in enumerate(sorted(curves(ctx, ctx.reference).items())):
         ax.plot(*zip(*pts), "o", color=COLORS[0], alpha=0.6, label=f"{ctx.reference}: cooldown branches"
                 if i == 0 else None)
     cs = np.geomspace(fit["c_min"], fit["c_max"], 100)
     ax.plot(cs, [fair.loss_at(fit, c) for c in cs], "-", color=COLORS[0], label="fitted L(C)")
-    for i, g in enumerate(ctx.arm_groups()):
+    rows = []
+    for k, (i, g) in enumerate(groups):
         c = _compute(g)
-        if c is None or g.loss.get("mean") is None:
-            continue
         err = None if g.loss.get("low") is None else [[g.loss["mean"] - g.loss["low"]],
                                                       [g.loss["high"] - g.loss["mean"]]]
         color = COLORS[(i + 1) % len(COLORS)]
-        ax.errorbar([c], [g.loss["mean"]], yerr=err, fmt="D", color=color, capsize=3,
-                    label=wrap_label(f"{g.label} (seeded runs)", 45))
+        label = (f"the {len(groups)} arms (seeded runs; named in the right panel)" if k == 0 else None) if many \
+            else wrap_label(f"{g.label} (seeded runs)", 45)
+        ax.errorbar([c], [g.loss["mean"]], yerr=err, fmt="D", color=color, capsize=3, alpha=0.8 if many else 1,
+                    label=label)
         c_ref = fair.compute_for_loss(fit, g.loss["mean"])
         if c_ref is not None and g.arm != ctx.reference:  # the CEG: the compute the reference needs for this loss
             ax.plot([c, c_ref], [g.loss["mean"]] * 2, ":", color=color, lw=1.2)
+        rows.append((g, color, (ctx.comparison.get("arms", {}).get(g.arm) or {}).get("ceg")
+                     or (ctx.comparison.get("calibration") if g.arm == ctx.reference else None)))
     ax.set_xscale("log")
-    style_axes(ax, f"{ctx.spec['name']}: loss against training compute (dotted: to the reference's compute, the CEG)",
-               "training compute (FLOPs, log scale)",
-               "final validation loss (nats/token)", grid="both", legend_outside=True)
+    style_axes(ax, f"{ctx.spec['name']}: loss against training compute\n(dotted: to the reference's compute, the CEG)",
+               "training compute (FLOPs, log scale)", "final validation loss (nats/token)", legend=False, grid="both")
+    ax.legend(loc="upper right", fontsize=8)  # the curve falls from upper left to lower right
+    for y, (g, color, res) in enumerate(rows):
+        if not res or res.get("ceg") is None:
+            bx.text(1.0, y, f" {res['status'] if res else 'no CEG'}", va="center", fontsize=8, color="grey")
+            continue
+        lo = res.get("low") if res.get("low") is not None else res.get("low_bound")
+        hi = res.get("high") if res.get("high") is not None else res.get("high_bound")
+        xerr = [[res["ceg"] - lo if lo is not None else 0.0], [hi - res["ceg"] if hi is not None else 0.0]]
+        bx.errorbar([res["ceg"]], [y], xerr=xerr, fmt="D", color=color, capsize=3)
+        for end, missing, marker in ((lo, res.get("low") is None, "<"), (hi, res.get("high") is None, ">")):
+            if end is not None and missing:  # an interval open on this side: its bound, with an arrow
+                bx.plot([end], [y], marker, color=color)
+    bx.axvline(1.0, color="grey", ls="--", lw=1)
+    bx.set_yticks(range(len(rows)), [wrap_label(g.label, 38) for g, _, _ in rows], fontsize=8)
+    bx.set_ylim(len(rows) - 0.5, -0.5)
+    bx.set_xscale("log")
+    plain_log_ticks(bx.xaxis, *bx.get_xlim())
+    style_axes(bx, f"compute-equivalent gain on {ctx.reference}'s curve\n(95% intervals; > 1: the arm is worth more "
+               "reference compute)", "CEG (x reference compute, log scale; dashed: 1, as the reference)", "arm",
+               legend=False, grid="both")
+    fig.tight_layout()
     return save_figure(fig, path)
