@@ -10,6 +10,7 @@ units and a legend, and is written atomically as a PNG.
 
 from __future__ import annotations
 
+import math
 import os
 import textwrap
 from pathlib import Path
@@ -101,7 +102,10 @@ def plain_log_ticks(axis, low: float, high: float) -> None:
     instead of 8x10^-1, without minor labels; left to matplotlib when fewer than 3 such values fit."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-    ticks = [t for t in NICE_TICKS if low <= t <= high]
+    ticks: list[float] = []
+    for t in (t for t in NICE_TICKS if low <= t <= high):  # neighbours at least 8% of the axis apart
+        if not ticks or math.log(t / ticks[-1]) >= 0.08 * math.log(high / low):
+            ticks.append(t)
     if len(ticks) < 3:
         return
     axis.set_major_locator(FixedLocator(ticks))
