@@ -32,6 +32,9 @@ from archlab.io import write_text_atomic  # noqa: F401  (re-exported for scaling
 from archlab.train.run_folder import METRICS, RECIPE, ROUTING, RUN_MARKER, SUMMARY  # noqa: F401  (the run's files)
 
 SWEEP_MANIFEST = "manifest.json"
+# nats: a final validation loss above (unigram entropy of the training split - this) learned no more than token
+# frequencies; experiments mark such a run "did not learn", scaling studies leave it out with a status
+LEARN_MARGIN = 0.1
 
 
 class RunError(ValueError):

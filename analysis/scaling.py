@@ -11,8 +11,10 @@ FLOPs per token, archlab's cost model) and L = final validation loss (nats/token
 the same point (recipe and overrides equal but for ``train.seed`` and bookkeeping such as the run
 name, and the same tokens) are seeds of one point: the fits use their mean loss, the plots show
 their spread as error bars, and the report states the noise floor (pooled std of the seed groups).
-A run that failed, did not finish or diverged, and a WSD stable trunk (summary.json ``role``
-"stable": its cooldown branches are the points), is reported and left out. Per family:
+A run that failed, did not finish or diverged, one whose final loss is within ``LEARN_MARGIN``
+(0.1 nats) of its training split's unigram entropy (it learned only token frequencies), and a
+WSD stable trunk (summary.json ``role`` "stable": its cooldown branches are the points), is
+reported and left out. Per family:
 
 - L(C) = E + A * C^(-alpha), Huber loss on log L from a grid of starts, 95% bootstrap intervals
   (over points; with fewer than six points over residuals, since resampled point sets then
@@ -113,7 +115,7 @@ import numpy as np
 from omegaconf import OmegaConf
 from scipy.optimize import least_squares, nnls
 
-from analysis.runs import SWEEP_MANIFEST, RunError, expand_inputs, write_json_atomic, write_text_atomic
+from analysis.runs import LEARN_MARGIN, SWEEP_MANIFEST, RunError, expand_inputs, write_json_atomic, write_text_atomic
 from analysis.scaling_design import compute_multiplier
 from analysis.scaling_fits import (  # noqa: F401  (re-exported: the API of analysis.scaling)
     HOLDOUT_BY,
@@ -505,6 +507,13 @@ def collect(runs) -> tuple[list[Point], list[dict], dict[str, list[tuple[str, np
             excluded.append({"run": str(r.path), "status": "not-a-scaling-point",
                              "reason": "a WSD stable trunk (constant lr to the end): its cooldown branches are the "
                                        "scaling points"})
+            continue
+        unigram = (r.summary or {}).get("unigram_entropy_train")
+        if unigram is not None and math.isfinite(unigram) and float(r.final_val_loss) > unigram - LEARN_MARGIN:
+            excluded.append({"run": str(r.path), "status": "near-unigram",
+                             "reason": f"final validation loss {float(r.final_val_loss):.3f} is within {LEARN_MARGIN} "
+                                       f"nats of the training split's unigram entropy {unigram:.3f}: it learned no "
+                                       "more than token frequencies, not a point on a scaling law"})
             continue
         tokens = r.tokens_seen
         seed = r.recipe.train.get("seed")

@@ -141,8 +141,7 @@ def final_loss(run_dir: str) -> Optional[float]:
 def did_not_learn(run_dir: str) -> bool:
     """A finished run whose final validation loss is within ``LEARN_MARGIN`` of its training split's
     unigram entropy: it learned token frequencies and nothing more (``analysis.experiments``)."""
-    from analysis.experiments import LEARN_MARGIN
-    from analysis.runs import open_run
+    from analysis.runs import LEARN_MARGIN, open_run
 
     run = open_run(run_dir)
     loss, unigram = run.final_val_loss, (run.summary or {}).get("unigram_entropy_train")

@@ -485,6 +485,20 @@ def test_seed_groups_ignore_bookkeeping_and_a_stable_trunk_is_no_point(fake_run,
     assert pooled_std(losses["dense"]).std == pytest.approx(np.std([3.0, 3.2], ddof=1))
 
 
+def test_a_run_near_the_unigram_entropy_is_left_out_with_a_status(fake_run, tmp_path):
+    # 0.05 nats under the unigram entropy: it learned token frequencies only, not a scaling point; 0.2 under is one
+    common = ["model.vocab_size=512"]
+    fake_run(tmp_path / "near", "recipes/dense/tiny.yaml", common, tokens=1e5, loss=5.95,
+             summary_extra={"unigram_entropy_train": 6.0})
+    fake_run(tmp_path / "learned", "recipes/dense/tiny.yaml", common + ["train.seed=3"], tokens=2e5, loss=5.8,
+             summary_extra={"unigram_entropy_train": 6.0})
+    runs, _ = expand_inputs([str(tmp_path / "near"), str(tmp_path / "learned")])
+    pts, excluded, _ = collect(runs)
+    assert [p.run for p in pts] == ["learned"]
+    assert [(e["run"].split("/")[-1], e["status"]) for e in excluded] == [("near", "near-unigram")]
+    assert "5.950 is within 0.1 nats of the training split's unigram entropy 6.000" in excluded[0]["reason"]
+
+
 def test_cli_writes_isoflop_loss_nd_and_the_three_exponents(fake_sweep, tmp_path, capsys):
     out = tmp_path / "out"
     assert main([str(fake_sweep), "--out", str(out), "--bootstrap", "20"]) == 0
