@@ -4,7 +4,7 @@
     python -m tools.sweep --recipes recipes/dense/tiny.yaml recipes/dense/mini.yaml \\
         --tokens 2e6 8e6 --out runs/sweep-dense
     # a sweep described in a file (ladders x sizes x grid x budgets), e.g. the committed demo
-    python -m tools.sweep --spec docs/scaling/sweep.yaml
+    python -m tools.sweep --spec docs/scaling/design/sweep-llama.yaml
 
 Each point of the grid is one run of ``python -m archlab.train`` (or ``accelerate launch -m
 archlab.train`` with ``--launcher accelerate``) in a subprocess, with its run folder
