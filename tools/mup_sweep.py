@@ -154,12 +154,15 @@ def plot(results: list[dict], base_width: int, path: Path) -> Path:
         ax.set_xticks(sorted({r["lr"] for r in results}), [f"{lr:g}" for lr in sorted({r["lr"] for r in results})])
         ax.xaxis.set_minor_formatter(NullFormatter())
         title = "standard parametrisation" if parametrization == "standard" else f"muP (base width {base_width})"
-        style_axes(ax, title, "learning rate (constant after warmup)", "final loss (nats/token)", grid="both")
+        style_axes(ax, title, "learning rate (constant after warmup)", "final loss (nats/token)", legend=False,
+                   grid="both")
+    axes[-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="width", title_fontsize=8)
     if finite:
         lo = min(finite)
         axes[0].set_ylim(lo - 0.1, min(max(finite), lo + 3.0) + 0.1)
     fig.suptitle(("muP learning-rate transfer: " if len(shown) == 2 else "")
-                 + "final validation (solid) and train (dashed) loss against lr; star: best lr, gap: diverged", y=1.02)
+                 + "final validation (solid) and train (dashed) loss against lr; star: best lr, gap: diverged")
+    fig.tight_layout()  # the legend outside the last panel stays inside the figure
     return save_figure(fig, path)
 
 
