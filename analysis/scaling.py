@@ -1214,13 +1214,15 @@ def prediction_rows(pred: dict, studies: dict[str, FamilyStudy], multipliers: li
                      "planning_value": sp.get("true"), "value": value, "ci": ci, "width": width, "ratio": False})
     mult = (pred["design"].get("multipliers") or {}).get(pred["design_family"])
     C_ref = pred["design"].get("ref_flops")
-    if mult and C_ref:
-        mine = [c for c in multipliers if c.family == pred["family"] and c.n_kind == st.n_kind]
-        at = _at_compute(mine[0], C_ref) if mine else None
-        rows.append({"quantity": f"compute multiplier vs {mine[0].reference if mine else '?'} at C = {C_ref:.3g}",
-                     "predicted_width": mult.get("width"), "predicted_width_range": mult.get("width_ci"),
-                     "planning_value": mult.get("true"), "value": at[0] if at else None,
-                     "ci": [at[1], at[2]] if at else None, "width": at[2] / at[1] if at else None, "ratio": True})
+    if mult and C_ref:  # every pair the family is in, as family or as reference (hi / lo is the same either way)
+        mine = [c for c in multipliers if pred["family"] in (c.family, c.reference) and c.n_kind == st.n_kind]
+        for c in mine:
+            at = _at_compute(c, C_ref)
+            rows.append({"quantity": f"compute multiplier of {c.family} vs {c.reference} at C = {C_ref:.3g}",
+                         "predicted_width": mult.get("width"), "predicted_width_range": mult.get("width_ci"),
+                         "planning_value": mult.get("true"), "value": at[0] if at else None,
+                         "ci": [at[1], at[2]] if at else None, "width": at[2] / at[1] if at else None,
+                         "ratio": True})
     for r in rows:
         lo_hi = r["predicted_width_range"]
         r["verdict"] = ("not determined" if r["width"] is None or not math.isfinite(r["width"]) else

@@ -315,7 +315,7 @@ def test_the_designers_prediction_is_set_beside_the_obtained_intervals(study, tm
     assert rows["approach 3 alpha"]["value"] == nd.alpha and rows["approach 3 alpha"]["ci"] == nd.ci["alpha"]
     assert [rows[q]["verdict"] for q in ("approach 3 alpha", "approach 3 beta", "approach 3 a")] == \
         ["as predicted", "wider than predicted", "narrower than predicted"]
-    m = rows["compute multiplier vs dense at C = 1e+13"]
+    m = rows["compute multiplier of llama vs dense at C = 1e+13"]
     c = next(c for c in curves if c.family == "llama" and c.n_kind == "non_embedding")
     assert m["value"] == pytest.approx(2.0 * c.k_reference / c.k_family, rel=0.1)
     assert m["ci"][0] < m["value"] < m["ci"][1]
@@ -326,6 +326,11 @@ def test_the_designers_prediction_is_set_beside_the_obtained_intervals(study, tm
         with pytest.raises(ValueError, match=why):
             read_prediction(spec, ["dense", "llama"])
     assert read_prediction(f"llama={path}", ["llama"])["design_family"] == "llama"  # its own name in the design
+    # the reference of two pairs: one row per pair, each read off its own curve
+    ref_rows = prediction_rows(read_prediction(f"dense={path}:other", ["dense"]), res["studies"], curves)
+    assert [r["quantity"] for r in ref_rows if r["ratio"]] == ["compute multiplier of llama vs dense at C = 1e+13",
+                                                              "compute multiplier of mixtral vs dense at C = 1e+13"]
+    assert ref_rows[-2]["value"] == m["value"]
 
 
 def test_family_pairs_from_pairs_or_a_reference():
