@@ -3,8 +3,10 @@
     # a family's size ladder at two token budgets
     python -m tools.sweep --recipes recipes/dense/tiny.yaml recipes/dense/mini.yaml \\
         --tokens 2e6 8e6 --out runs/sweep-dense
-    # a sweep described in a file (ladders x sizes x grid x budgets), e.g. the committed demo
-    python -m tools.sweep --spec docs/scaling/design/sweep-llama.yaml
+    # a sweep described in a file (ladders x sizes x grid x budgets), e.g. the LLaMA scaling study
+    python -m tools.sweep --spec docs/scaling/design/sweep-llama.yaml --jobs 2 --threads 1
+    # where it stands: points and FLOPs done, each size's measured speed, the time left at --jobs 2
+    python -m tools.sweep --spec docs/scaling/design/sweep-llama.yaml --status --jobs 2
 
 Each point of the grid is one run of ``python -m archlab.train`` (or ``accelerate launch -m
 archlab.train`` with ``--launcher accelerate``) in a subprocess, with its run folder
@@ -634,6 +636,83 @@ def run_sweep(spec: dict, *, launcher: str = "python", processes: int = 1, accel
     return points
 
 
+def own_steps(p: Point) -> int:
+    """The steps a point trains itself: a cooldown branch starts from its trunk's checkpoint, so only its decay."""
+    start = p.cooldown.get("branch_step", 0) if p.role == "cooldown" and p.cooldown else 0
+    return p.max_steps - start
+
+
+def steps_done(p: Point) -> int:
+    """Of :func:`own_steps`, how many the run folder holds: all when finished, else up to its latest checkpoint."""
+    if is_done(p):
+        return own_steps(p)
+    ckpts = checkpoints(p.run_dir) if Path(p.run_dir).is_dir() else []
+    if not ckpts:
+        return 0
+    start = p.max_steps - own_steps(p)
+    return max(0, min(own_steps(p), int(ckpts[-1].name.split("_")[1]) - start))
+
+
+def sweep_status(spec: dict, jobs: int = 1, processes: int = 1, evals: int = 8) -> dict:
+    """Where a sweep stands, from its folder and manifest, training nothing: points finished, started and
+    to go; the training FLOPs of each run's own steps, done and left; the speed of the finished runs per
+    (ladder, size) from their recorded wall times; and the time left at ``jobs`` runs at a time, each
+    unfinished run at the speed of its own size, or of the timed size nearest in FLOPs per token."""
+    out_dir = Path(spec.get("out") or "runs/sweep").resolve()
+    points = [plan_point(p, out_dir, processes, evals) for p in build_points(spec)]
+    recorded = {q["name"]: q for q in (read_manifest(out_dir) or {}).get("points", [])}
+    speed: dict[tuple, list] = {}
+    rows = []
+    for p in points:
+        flops = own_steps(p) * p.tokens_per_step * p.flops_per_token
+        done = steps_done(p) / max(1, own_steps(p)) * flops
+        state = run_state(p)
+        elapsed = recorded.get(p.name, {}).get("elapsed_s")
+        if state == "finished" and elapsed:
+            acc = speed.setdefault((p.ladder, p.size), [0.0, 0.0, p.flops_per_token])
+            acc[0] += flops
+            acc[1] += float(elapsed)
+        rows.append({"name": p.name, "ladder": p.ladder, "size": p.size, "state": state, "flops": flops,
+                     "flops_done": done, "flops_per_token": p.flops_per_token})
+    per_size = {k: v[0] / v[1] for k, v in speed.items() if v[1] > 0}
+
+    def speed_of(r) -> Optional[float]:
+        if (r["ladder"], r["size"]) in per_size:
+            return per_size[(r["ladder"], r["size"])]
+        if not per_size:
+            return None
+        near = min(speed, key=lambda k: abs(math.log(speed[k][2] / r["flops_per_token"])))
+        return per_size.get(near)
+
+    left = [r for r in rows if r["state"] not in ("finished", "diverged")]
+    times = [(r["flops"] - r["flops_done"]) / speed_of(r) for r in left if speed_of(r)]
+    seconds = sum(times) / jobs if per_size and len(times) == len(left) else None
+    count = {s: sum(r["state"] == s for r in rows) for s in ("finished", "diverged", "started")}
+    return {"out": str(out_dir), "points": len(rows), **count,
+            "flops_total": sum(r["flops"] for r in rows), "flops_done": sum(r["flops_done"] for r in rows),
+            "speed_flops_per_s": {f"{k[0]}/{k[1]}": v
+                                  for k, v in sorted(per_size.items(), key=lambda kv: speed[kv[0]][2])},
+            "jobs": jobs, "seconds_left": seconds, "rows": rows}
+
+
+def status_text(st: dict) -> str:
+    """:func:`sweep_status` as lines for the terminal."""
+    to_go = st["points"] - st["finished"] - st["diverged"]
+    lines = [f"sweep {st['out']}: {st['points']} points: {st['finished']} finished, {st['diverged']} diverged, "
+             f"{to_go} to go ({st['started']} of them started)",
+             f"training FLOPs of each run's own steps (a cooldown branch: its decay only): {st['flops_done']:.3g} of "
+             f"{st['flops_total']:.3g} done ({st['flops_done'] / max(st['flops_total'], 1e-30):.0%})"]
+    if st["speed_flops_per_s"]:
+        lines.append("measured speed of the finished runs (FLOPs/s per run): "
+                     + ", ".join(f"{k} {v:.3g}" for k, v in st["speed_flops_per_s"].items()))
+    if st["seconds_left"] is not None:
+        lines.append(f"time left at --jobs {st['jobs']}: about {st['seconds_left'] / 3600:.2g} h (each run at its "
+                     "size's measured speed, or the nearest timed size's; an estimate, not a promise)")
+    elif to_go:
+        lines.append("time left: unknown until a run has finished (its wall time sets the speed)")
+    return "\n".join(lines)
+
+
 def poll_with_peak_rss(proc: subprocess.Popen) -> tuple[Optional[int], Optional[int]]:
     """(exit code or None while running, peak resident bytes of the ended child or None).
 
@@ -794,6 +873,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--threads", type=int, help="torch threads per trainer (OMP_NUM_THREADS; default: torch's)")
     ap.add_argument("--stop-on-failure", action="store_true", help="stop at the first failed point")
     ap.add_argument("--dry-run", action="store_true", help="print the planned commands, run nothing")
+    ap.add_argument("--status", action="store_true",
+                    help="print where the sweep stands (points and FLOPs done, measured speed, time left at --jobs) "
+                         "and train nothing")
     args = ap.parse_args(argv)
     try:
         if args.num_processes < 1:
@@ -802,6 +884,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise RecipeError("--jobs and --threads must be >= 1")
         if args.num_processes > 1 and args.launcher != "accelerate":
             raise RecipeError("--num-processes > 1 needs --launcher accelerate")
+        if args.status:
+            print(status_text(sweep_status(spec_from_args(args), jobs=args.jobs, processes=args.num_processes,
+                                           evals=args.evals)))
+            return 0
         points = run_sweep(spec_from_args(args), launcher=args.launcher, processes=args.num_processes,
                            accelerate_args=shlex.split(args.accelerate_args), evals=args.evals,
                            dry_run=args.dry_run, stop_on_failure=args.stop_on_failure, jobs=args.jobs,

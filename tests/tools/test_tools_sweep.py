@@ -9,7 +9,7 @@ import pytest
 
 from archlab.config import load_recipe, model_config
 from archlab.costs import param_counts, training_flops_per_token
-from tools.sweep import build_points, command, main, plan_point
+from tools.sweep import build_points, command, main, own_steps, plan_point, steps_done, sweep_status
 
 TINY = ["model.vocab_size=384", "train.seq_len=32", "train.micro_batch_size=8", "data.max_bytes=150000",
         "train.eval_batches=2", "train.tensorboard=false", "train.eval_context_multipliers=[1]",
@@ -162,6 +162,24 @@ def test_cooldown_plans_a_stable_trunk_and_its_branches(tmp_path):
     assert warm == {"train.warmup_steps=0"}
 
 
+def test_status_counts_each_runs_own_steps_and_its_latest_checkpoint(tmp_path):
+    """A branch trains only its decay; a started run counts the steps of its latest checkpoint; nothing timed
+    yet gives no time left."""
+    _, spec = _cooldown_spec(tmp_path)
+    points = {p.name: plan_point(p, tmp_path / "sweep", 1, 4) for p in build_points(spec)}
+    trunk, short, long = points["ok-stable"], points["ok-cd2048"], points["ok-cd4096"]
+    assert [own_steps(p) for p in (trunk, short, long)] == [13, 2, 3]
+    step = tmp_path / "sweep" / "ok-stable" / "checkpoints" / "step_00000006"
+    step.mkdir(parents=True)
+    (step / "manifest.json").write_text("{}")
+    assert steps_done(trunk) == 6 and steps_done(short) == 0
+    st = sweep_status(spec, jobs=2)
+    per_step = trunk.tokens_per_step * trunk.flops_per_token
+    assert st["flops_total"] == pytest.approx((13 + 2 + 3) * per_step)
+    assert st["flops_done"] == pytest.approx(6 * per_step)
+    assert (st["finished"], st["started"], st["seconds_left"]) == (0, 1, None)
+
+
 def test_cooldown_flops_branches_each_size_at_the_same_compute(tmp_path):
     """cooldown.flops: every size ends a branch at each compute budget C, with D = C / its training
     FLOPs per token: the sizes' points line up on IsoFLOP lines."""
@@ -276,6 +294,15 @@ def test_a_real_cooldown_sweep_branches_resumes_and_blocks(tmp_path, capsys):
             ("completed", "cooldown", steps, steps * 256, start)
         assert s["branch_from"] == str(out / "ok-stable" / "checkpoints" / f"step_{start:08d}")
     assert "blocked" in capsys.readouterr().out
+    # where it stands: the ok ladder done, its speed measured and used for the broken ladder's left steps
+    st = sweep_status(spec, jobs=2)
+    ok = [r for r in st["rows"] if r["name"].startswith("ok-")]
+    assert (st["points"], st["finished"]) == (6, 3) and sum(r["flops_done"] for r in ok) == st["flops_done"]
+    assert st["flops_done"] == pytest.approx(st["flops_total"] / 2)  # the two ladders train the same steps
+    timed = sum(points[n]["elapsed_s"] for n in ("ok-stable", "ok-cd1024", "ok-cd2048"))
+    assert st["seconds_left"] == pytest.approx(timed / 2)  # same FLOPs left at the measured speed, 2 at a time
+    assert main(["--spec", str(path), "--status", "--jobs", "2"]) == 0
+    assert "6 points: 3 finished, 0 diverged, 3 to go" in capsys.readouterr().out
 
     assert main(["--spec", str(path)]) == 1
     again = {p["name"]: p for p in json.loads((out / "manifest.json").read_text())["points"]}
