@@ -493,10 +493,13 @@ def budget_convention(points: list[Point]) -> str:
                      for k in kinds)
 
 
-def collect(runs) -> tuple[list[Point], list[dict], dict[str, list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]]]:
+def collect(runs, keep_unlearned: bool = False) \
+        -> tuple[list[Point], list[dict], dict[str, list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]]]:
     """(points of finished runs, excluded runs with reasons, validation curves per family).
 
     Curves: family -> [(run, tokens_T, flops_T, loss_T)] from each usable run's validation rows.
+    ``keep_unlearned``: a run that did not get ``LEARN_MARGIN`` below its unigram entropy stays a point
+    (for smoke tests of tiny runs), listed in the excluded list with status "near-unigram (kept)".
     """
     points, excluded, curves, manifests = [], [], {}, {}
     for r in runs:
@@ -510,11 +513,13 @@ def collect(runs) -> tuple[list[Point], list[dict], dict[str, list[tuple[str, np
             continue
         unigram = (r.summary or {}).get("unigram_entropy_train")
         if unigram is not None and math.isfinite(unigram) and float(r.final_val_loss) > unigram - LEARN_MARGIN:
-            excluded.append({"run": str(r.path), "status": "near-unigram",
-                             "reason": f"final validation loss {float(r.final_val_loss):.3f} is within {LEARN_MARGIN} "
-                                       f"nats of the training split's unigram entropy {unigram:.3f}: it learned no "
-                                       "more than token frequencies, not a point on a scaling law"})
-            continue
+            excluded.append({"run": str(r.path), "status": "near-unigram (kept)" if keep_unlearned else "near-unigram",
+                             "reason": f"final validation loss {float(r.final_val_loss):.3f} is not {LEARN_MARGIN} "
+                                       f"nats below the training split's unigram entropy {unigram:.3f}: it learned no "
+                                       "more than token frequencies, not a point on a scaling law"
+                                       + ("; kept as a point (--keep-unlearned)" if keep_unlearned else "")})
+            if not keep_unlearned:
+                continue
         tokens = r.tokens_seen
         seed = r.recipe.train.get("seed")
         budget, compute = _sweep_budgets(r.path.parent, manifests).get(r.name, (None, ""))
@@ -717,10 +722,14 @@ class FamilyStudy:
     noise: NoiseFloor
     clusters: list = field(default_factory=list)  # per point: its independent unit (trunk), see cluster_labels
     holdout: Optional[HoldoutPrediction] = None  # approach 3 without the largest size (or budget), predicting it
+    # the k of C = k N D that the sweep's budgets count (median of budget / (N D) over the points with one: 6 for
+    # `cooldown.compute: 6nd` with this N, ~k for measured FLOPs); approach 3's N_opt(C) is drawn in it beside
+    # approach 2's minima
+    k_budget: Optional[float] = None
 
     def to_json(self) -> dict:
         out = {k: getattr(self, k) for k in ("family", "n_kind", "runs", "N", "D", "C", "L", "L_err", "n_seeds", "k",
-                                             "k_range", "C_ref", "clusters")}
+                                             "k_range", "C_ref", "clusters", "k_budget")}
         out.update(loss_nd=self.nd.to_json(), compute_optimal=self.optimum.to_json(),
                    compute_optimal_6nd=self.optimum_6nd.to_json(), isoflop=self.iso.to_json(),
                    envelope=self.env.to_json(), noise=self.noise.to_json(), agreement=self.agreement(),
@@ -787,6 +796,7 @@ def study_family(points: list[Point], curves: list, noise: NoiseFloor, *, n_kind
     k = float(np.median(ks)) if len(ks) else None
     C_ref = float(ref_flops) if ref_flops else (float(C.max()) if len(C) else None)
     tags = [p.budget for p in ps]
+    kb = [p.budget / (n * p.tokens) for p, n in zip(ps, N) if p.budget and n > 0 and p.tokens > 0]
     clusters = cluster_labels(ps)
     nd = fit_loss_nd(N, D, L, huber_delta=huber_delta, n_boot=n_boot, seed=seed, C=C, budget_tolerance=budget_tolerance,
                      budget_tags=tags, clusters=clusters, n_polish=n_polish)
@@ -801,7 +811,7 @@ def study_family(points: list[Point], curves: list, noise: NoiseFloor, *, n_kind
                        n_seeds=[p.n_seeds for p in ps], k=k,
                        k_range=[float(ks.min()), float(ks.max())] if len(ks) else None, C_ref=C_ref, nd=nd,
                        optimum=opt, optimum_6nd=compute_optimal(nd, C_ref, 6.0) if C_ref else opt, iso=iso,
-                       env=env, noise=noise, clusters=clusters,
+                       env=env, noise=noise, clusters=clusters, k_budget=float(np.median(kb)) if kb else None,
                        holdout=None if holdout is None else holdout_prediction(
                            N, D, L, by=holdout, C=C, budget_tags=tags, budget_tolerance=budget_tolerance,
                            clusters=clusters, huber_delta=huber_delta, n_boot=n_boot, seed=seed, n_polish=n_polish))
@@ -1265,19 +1275,20 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
             seed: int = 0, *, n_kind: str = "non_embedding", budget_tolerance: float = 0.1,
             ref_flops: Optional[float] = None, holdout: Optional[str] = "size", pairs: Optional[Sequence[str]] = None,
             reference: Optional[str] = None, n_polish: Optional[int] = 20,
-            predictions: Optional[Sequence[str]] = None) -> dict:
+            predictions: Optional[Sequence[str]] = None, keep_unlearned: bool = False) -> dict:
     """Read the runs, fit each family (L(C) and approaches 1-3), write the plots and tables to
     ``out``; return the results (what fits.json holds, plus ``studies``: FamilyStudy per family, and
     ``sensitivity_studies``: family -> N kind -> FamilyStudy). ``holdout``: "size" | "budget" | None,
     what approach 3 predicts without having seen it; ``pairs`` ("REF:FAM") or ``reference``: the
     families compared as compute multipliers; ``n_polish``: grid starts polished per L(N, D) fit;
-    ``predictions`` ("FAM=PATH[:DESIGN_FAMILY]"): designs whose predicted widths are set beside the obtained ones."""
+    ``predictions`` ("FAM=PATH[:DESIGN_FAMILY]"): designs whose predicted widths are set beside the obtained ones;
+    ``keep_unlearned``: keep runs near the unigram entropy as points (see :func:`collect`)."""
     if n_kind not in N_KINDS:
         raise ValueError(f"--n-kind {n_kind!r}: valid are {', '.join(N_KINDS)}")
     if holdout is not None and holdout not in HOLDOUT_BY:
         raise ValueError(f"--holdout {holdout!r}: valid are {', '.join(HOLDOUT_BY)}, none")
     runs, problems = expand_inputs(inputs)
-    run_points, excluded, run_curves = collect(runs)
+    run_points, excluded, run_curves = collect(runs, keep_unlearned)
     excluded = [{"run": p, "status": "unreadable", "reason": why} for p, why in problems] + excluded
     if not run_points:
         raise RunError("no finished run among the inputs: " +
@@ -1407,6 +1418,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="the designer's prediction for a family (the JSON of `python -m analysis.scaling design "
                          "--out`), its expected interval widths set beside the obtained ones, e.g. "
                          "llama=docs/scaling/design/prediction.json mixtral=docs/scaling/design/families.json:other")
+    ap.add_argument("--keep-unlearned", action="store_true",
+                    help=f"keep runs whose final loss is not {LEARN_MARGIN} nats below their unigram entropy as points "
+                         "(smoke tests of tiny runs; a scaling study leaves them out, the default)")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     args = ap.parse_args(argv)
     try:
@@ -1421,7 +1435,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result = analyse(args.inputs, args.out, args.bootstrap, args.huber_delta, args.seed, n_kind=args.n_kind,
                          budget_tolerance=args.budget_tolerance, ref_flops=args.ref_flops,
                          holdout=None if args.holdout == "none" else args.holdout, pairs=args.pairs,
-                         reference=args.reference, predictions=args.prediction)
+                         reference=args.reference, predictions=args.prediction,
+                         keep_unlearned=args.keep_unlearned)
     except (RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -191,7 +191,7 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
     fitted N*(C) ∝ C^a and, dashed, approach 3's N_opt(C) from L(N, D)."""
     plt = pyplot()
     fams = sorted(studies)
-    fig, axes = plt.subplots(len(fams), 2, figsize=(13, 4.8 * len(fams)), squeeze=False)
+    fig, axes = plt.subplots(len(fams), 2, figsize=(13, 6.0 * len(fams)), squeeze=False)
     cmap = plt.get_cmap("plasma")
     for (ax, bx), fam in zip(axes, fams):
         st = studies[fam]
@@ -217,9 +217,12 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
         _log_x(ax, [n for p in profs for n in p.N])
         if not profs:
             _note(ax, "no finite points")
-        style_axes(ax, f"{fam}: IsoFLOP profiles (approach 2)\nparabola in ln N per budget, "
-                   "★ = minimum N* (inside the sizes trained) with 95% interval", f"{n_label} N (count)",
-                   "final validation loss (nats/token)", legend_title="budget")
+        style_axes(ax, f"{fam}: IsoFLOP profiles (approach 2)\nparabola in ln N per budget,\n"
+                   "★ = minimum N* (inside the sizes trained) with 95% interval", f"N: {n_label} (count)",
+                   "final validation loss (nats/token)", legend=False)
+        if profs:  # below the panel: the profiles fill its upper left, where the small budgets' curves rise
+            ax.legend(fontsize=8, title="budget", title_fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2),
+                      ncol=2)
         used = [p for p in profs if p.status == OK]
         if used:
             C = np.array([p.budget for p in used])
@@ -242,8 +245,9 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
             g = grid if grid is not None else np.geomspace(min(st.C), max(st.C), 60)
             f = st.nd
             G = (f.alpha * f.A / (f.beta * f.B)) ** (1 / (f.alpha + f.beta))
-            bx.plot(g, G * (g / st.k) ** f.a_opt, color="C3", ls="--", lw=1.3,
-                    label=f"approach 3: N_opt from L(N, D), C = {st.k:.3g}·N·D, a = "
+            k = st.k_budget or st.k  # in the budgets' own C = k N D, so that both approaches share the x axis
+            bx.plot(g, G * (g / k) ** f.a_opt, color="C3", ls="--", lw=1.3,
+                    label=f"approach 3: N_opt from L(N, D), C = {k:.3g}·N·D, a = "
                           f"{_ci_text(f.a_opt, f.ci.get('a_opt'))}")
         bx.set_xscale("log")
         bx.set_yscale("log")
@@ -251,7 +255,8 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
             _note(bx, f"no N*(C) fit: {iso.status}\n{iso.message}")
         style_axes(bx, f"{fam}: compute-optimal size against compute\n(N*(C) fit: {iso.status}"
                    + ("; left: error bars ±1 std over seeds" if bars else "") + ")",
-                   "training compute C (FLOPs)", f"optimal {n_label} N* (count)")
+                   f"compute budget C (FLOPs, C = {st.k_budget:.3g}·N·D as the sweep counts it)" if st.k_budget
+                   else "training compute C (FLOPs)", "\n".join(textwrap.wrap(f"optimal N*: {n_label} (count)", 42)))
     fig.tight_layout()
     return save_figure(fig, path)
 

@@ -143,7 +143,10 @@ def test_expand_inputs_reads_folders_of_runs_and_globs(analysis_runs):
 
 def test_scaling_program_on_real_runs(analysis_runs, tmp_path):
     root = analysis_runs["dense-d16"].parent
-    result = analyse([str(root)], tmp_path, n_boot=30)
+    with pytest.raises(RunError, match="not 0.1 nats below the training split's unigram entropy"):
+        analyse([str(root)], None, n_boot=0)  # 20 steps: no run got below token frequencies
+    result = analyse([str(root)], tmp_path, n_boot=30, keep_unlearned=True)  # kept as points, said so
+    assert {e["status"] for e in result["excluded"]} == {"near-unigram (kept)", "diverged", "incomplete"}
     fams = result["families"]
     dense = fams["dense"]
     assert dense["status"] == "ok" and dense["n_points"] == 4  # diverged and killed runs left out
@@ -171,7 +174,7 @@ def test_scaling_program_on_real_runs(analysis_runs, tmp_path):
 
 def test_cli_prints_the_table_and_fails_clearly(analysis_runs, tmp_path, capsys):
     root = analysis_runs["dense-d16"].parent
-    assert main([str(root / "dense-*"), "--bootstrap", "0"]) == 0
+    assert main([str(root / "dense-*"), "--bootstrap", "0", "--keep-unlearned"]) == 0
     assert "## Fitted L(C)" in capsys.readouterr().out
     assert main([str(tmp_path / "missing")]) == 2
     assert "no such folder" in capsys.readouterr().err
@@ -496,7 +499,7 @@ def test_a_run_near_the_unigram_entropy_is_left_out_with_a_status(fake_run, tmp_
     pts, excluded, _ = collect(runs)
     assert [p.run for p in pts] == ["learned"]
     assert [(e["run"].split("/")[-1], e["status"]) for e in excluded] == [("near", "near-unigram")]
-    assert "5.950 is within 0.1 nats of the training split's unigram entropy 6.000" in excluded[0]["reason"]
+    assert "5.950 is not 0.1 nats below the training split's unigram entropy 6.000" in excluded[0]["reason"]
 
 
 def test_cli_writes_isoflop_loss_nd_and_the_three_exponents(fake_sweep, tmp_path, capsys):
