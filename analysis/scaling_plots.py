@@ -109,7 +109,7 @@ def plot_loss_vs_tokens(runs_by_family: dict[str, list], path: Path, n_of=None, 
 
     plt = pyplot()
     fams = sorted(runs_by_family)
-    fig, axes = plt.subplots(1, len(fams), figsize=(5 * len(fams), 4.2), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(fams), figsize=(6 * len(fams), 6.4), squeeze=False, sharey=True)
     cmap = plt.get_cmap("viridis")
     for ax, fam in zip(axes[0], fams):
         runs = sorted(runs_by_family[fam], key=n_of)
@@ -122,13 +122,14 @@ def plot_loss_vs_tokens(runs_by_family: dict[str, list], path: Path, n_of=None, 
             size = n_of(r)
             color = cmap(sizes.index(size) / max(1, len(sizes) - 1) * 0.9)
             n_runs = sum(n_of(q) == size for q in runs)
-            label = None if size in labelled else f"N = {size / 1e6:.3g}M ({n_runs} runs)"
+            label = None if size in labelled else f"N = {size:.3g} ({n_runs} runs)"
             labelled.add(size)
             ax.plot([v["tokens"] for v in rows], [v["loss"] for v in rows], "o-", ms=2.5, lw=1, color=color,
                     alpha=0.8, label=label)
         ax.set_xscale("log")
         style_axes(ax, f"{fam}: validation loss vs tokens", "tokens seen (count)", "validation loss (nats/token)",
-                   legend_title=f"model size N: {n_label}")
+                   legend=False)
+        _legend_below(ax, "\n".join(textwrap.wrap(f"model size N: {n_label}", 50)), ncol=2)
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -176,6 +177,13 @@ def plot_dense_vs_moe(points, fits, path: Path, n_of=None,
     return save_figure(fig, path)
 
 
+def _legend_below(ax, title: str, ncol: int = 3) -> None:
+    """The panel's legend under its x label (one entry per size or budget can fill the panel otherwise)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, title=title, title_fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16),
+                  ncol=ncol)
+
+
 def _note(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=9, wrap=True,
             bbox=dict(boxstyle="round", fc="#f4f4f4", ec="#bbbbbb"))
@@ -220,9 +228,7 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
         style_axes(ax, f"{fam}: IsoFLOP profiles (approach 2)\nparabola in ln N per budget,\n"
                    "★ = minimum N* (inside the sizes trained) with 95% interval", f"N: {n_label} (count)",
                    "final validation loss (nats/token)", legend=False)
-        if profs:  # below the panel: the profiles fill its upper left, where the small budgets' curves rise
-            ax.legend(fontsize=8, title="budget", title_fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2),
-                      ncol=2)
+        _legend_below(ax, "budget", ncol=2)  # the profiles fill the panel's upper left, where small budgets rise
         used = [p for p in profs if p.status == OK]
         if used:
             C = np.array([p.budget for p in used])
@@ -266,7 +272,7 @@ def plot_loss_nd(studies: dict, n_label: str, path: Path) -> Path:
     fitted L(N, D) = E + A/N^alpha + B/D^beta drawn for each size."""
     plt = pyplot()
     fams = sorted(studies)
-    fig, axes = plt.subplots(1, len(fams), figsize=(6.5 * len(fams), 5), squeeze=False)
+    fig, axes = plt.subplots(1, len(fams), figsize=(6.5 * len(fams), 7), squeeze=False)
     cmap = plt.get_cmap("viridis")
     for ax, fam in zip(axes[0], fams):
         st = studies[fam]
@@ -275,8 +281,8 @@ def plot_loss_nd(studies: dict, n_label: str, path: Path) -> Path:
         for i, n in enumerate(sizes):
             color = cmap(0.9 * i / max(1, len(sizes) - 1))
             sel = [j for j, m in enumerate(st.N) if m == n]
-            _points(ax, D_all[sel], np.asarray(st.L)[sel], np.asarray(st.L_err)[sel], color=color, marker="o",
-                    zorder=3, label=f"N = {n:.3g}")
+            ax.errorbar(D_all[sel], np.asarray(st.L)[sel], yerr=np.asarray(st.L_err)[sel], fmt="o", ls="none",
+                        capsize=2.5, color=color, zorder=3, label=f"N = {n:.3g}")  # all alike: the legend in N order
             if st.nd.status == OK and D_all[sel].max() > D_all[sel].min():  # each size's curve over its own tokens only
                 grid = np.geomspace(D_all[sel].min(), D_all[sel].max(), 60)
                 ax.plot(grid, st.nd.predict(n, grid), color=color, lw=1.1)
@@ -293,7 +299,8 @@ def plot_loss_nd(studies: dict, n_label: str, path: Path) -> Path:
         if any(e > 0 for e in st.L_err):
             head.append(SEED_BARS)
         style_axes(ax, "\n".join(head), "training tokens D (count)", "final validation loss (nats/token)",
-                   legend_title=f"{n_label} N")
+                   legend=False)
+        _legend_below(ax, f"N: {n_label}", ncol=3)
     fig.tight_layout()
     return save_figure(fig, path)
 
