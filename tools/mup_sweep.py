@@ -98,7 +98,12 @@ def run_point(recipe: str, point: dict, out: Path) -> dict:
         except NonFiniteError:
             summary = json.loads(summary_file.read_text())
     val = summary.get("final_val_loss") or {}
-    return {**{k: v for k, v in point.items() if k != "overrides"}, "status": summary["status"],
+    status = summary["status"]
+    if status == "completed" and not val:  # a summary without its final evaluation: the folder lost its metrics
+        status = "incomplete"
+        print(f"[mup_sweep] {point['name']}: summary.json says completed but holds no final validation loss; "
+              f"delete {out / point['name']} and run again", file=sys.stderr)
+    return {**{k: v for k, v in point.items() if k != "overrides"}, "status": status,
             "steps": summary.get("step"), "final_train_loss": summary.get("final_train_loss"),
             "final_val_loss": next(iter(val.values()), None), "n_params": summary.get("n_params"),
             "run_dir": str(out / point["name"])}
@@ -215,6 +220,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for parametrization, row in report["best_lr"].items():
         print(f"{parametrization:>8}: best lr by width " + ", ".join(f"{w}: {lr}" for w, lr in row.items()))
     print(f"wrote {args.out / RESULTS} and {args.out / PLOT}")
+    incomplete = [r["name"] for r in report["points"] if r["status"] == "incomplete"]
+    if incomplete:  # a diverged run is a result; a run without its final evaluation is not
+        print(f"mup_sweep: {len(incomplete)} point(s) without a final validation loss: {', '.join(incomplete)}",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -40,6 +40,13 @@ def test_quick_sweep_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
     assert mup_only["parametrizations"] == ["mup"] and set(mup_only["best_lr"]) == {"mup"}
     assert mup_only["points"] == [p for p in points if p["parametrization"] == "mup"]
     assert (out / PLOT).stat().st_size > 10_000
+    # a folder that lost its metrics but kept a "completed" summary: reported incomplete, left out of the best lr
+    broken = out / "mup-w32-lr0.03" / "summary.json"
+    summary = json.loads(broken.read_text())
+    broken.write_text(json.dumps({**summary, "final_val_loss": {}}))
+    assert main([*args, "--parametrizations", "mup"]) == 1
+    row = next(p for p in json.loads((out / RESULTS).read_text())["points"] if p["name"] == "mup-w32-lr0.03")
+    assert row["status"] == "incomplete" and row["final_val_loss"] is None
 
 
 def test_explicit_hidden_sizes_scale_with_the_width(root):
