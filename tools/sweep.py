@@ -92,6 +92,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+import numpy as np
 from omegaconf import OmegaConf
 
 from archlab.config import RecipeError, load_recipe, model_config
@@ -653,45 +654,60 @@ def steps_done(p: Point) -> int:
     return max(0, min(own_steps(p), int(ckpts[-1].name.split("_")[1]) - start))
 
 
+def _time_model(runs: list[tuple[float, float]]) -> Optional[tuple[float, float]]:
+    """(start seconds, FLOPs per second) of one size from its finished runs' (FLOPs, wall seconds):
+    a least-squares line elapsed = start + FLOPs / speed when the runs span >= 3x in FLOPs (short
+    branches are mostly process start and data loading), else None."""
+    if len(runs) < 2 or max(f for f, _ in runs) < 3 * min(f for f, _ in runs):
+        return None
+    slope, start = np.polyfit([f for f, _ in runs], [t for _, t in runs], 1)
+    return (max(0.0, float(start)), 1.0 / float(slope)) if slope > 0 else None
+
+
 def sweep_status(spec: dict, jobs: int = 1, processes: int = 1, evals: int = 8) -> dict:
     """Where a sweep stands, from its folder and manifest, training nothing: points finished, started and
-    to go; the training FLOPs of each run's own steps, done and left; the speed of the finished runs per
-    (ladder, size) from their recorded wall times; and the time left at ``jobs`` runs at a time, each
-    unfinished run at the speed of its own size, or of the timed size nearest in FLOPs per token."""
+    to go; the training FLOPs of each run's own steps, done and left; each (ladder, size)'s speed and
+    start-up time fitted to its finished runs' recorded wall times (:func:`_time_model`); and the time
+    left at ``jobs`` runs at a time, each unfinished run timed by its own size's model, or by the fitted
+    size nearest in FLOPs per token (with the median start-up time)."""
     out_dir = Path(spec.get("out") or "runs/sweep").resolve()
     points = [plan_point(p, out_dir, processes, evals) for p in build_points(spec)]
     recorded = {q["name"]: q for q in (read_manifest(out_dir) or {}).get("points", [])}
-    speed: dict[tuple, list] = {}
+    timed: dict[tuple, list] = {}
+    fpt: dict[tuple, float] = {}
     rows = []
     for p in points:
         flops = own_steps(p) * p.tokens_per_step * p.flops_per_token
         done = steps_done(p) / max(1, own_steps(p)) * flops
         state = run_state(p)
         elapsed = recorded.get(p.name, {}).get("elapsed_s")
+        fpt[(p.ladder, p.size)] = p.flops_per_token
         if state == "finished" and elapsed:
-            acc = speed.setdefault((p.ladder, p.size), [0.0, 0.0, p.flops_per_token])
-            acc[0] += flops
-            acc[1] += float(elapsed)
+            timed.setdefault((p.ladder, p.size), []).append((flops, float(elapsed)))
         rows.append({"name": p.name, "ladder": p.ladder, "size": p.size, "state": state, "flops": flops,
                      "flops_done": done, "flops_per_token": p.flops_per_token})
-    per_size = {k: v[0] / v[1] for k, v in speed.items() if v[1] > 0}
+    models = {k: m for k, runs in timed.items() if (m := _time_model(runs)) is not None}
+    start_s = float(np.median([m[0] for m in models.values()])) if models else 0.0
 
-    def speed_of(r) -> Optional[float]:
-        if (r["ladder"], r["size"]) in per_size:
-            return per_size[(r["ladder"], r["size"])]
-        if not per_size:
+    def seconds_for(r) -> Optional[float]:
+        key = (r["ladder"], r["size"])
+        if key in models:
+            start, speed = models[key]
+        elif models:
+            near = min(models, key=lambda k: abs(math.log(fpt[k] / r["flops_per_token"])))
+            start, speed = start_s, models[near][1]
+        else:
             return None
-        near = min(speed, key=lambda k: abs(math.log(speed[k][2] / r["flops_per_token"])))
-        return per_size.get(near)
+        return start + (r["flops"] - r["flops_done"]) / speed
 
     left = [r for r in rows if r["state"] not in ("finished", "diverged")]
-    times = [(r["flops"] - r["flops_done"]) / speed_of(r) for r in left if speed_of(r)]
-    seconds = sum(times) / jobs if per_size and len(times) == len(left) else None
+    times = [seconds_for(r) for r in left]
+    seconds = sum(times) / jobs if models and None not in times else None
     count = {s: sum(r["state"] == s for r in rows) for s in ("finished", "diverged", "started")}
     return {"out": str(out_dir), "points": len(rows), **count,
             "flops_total": sum(r["flops"] for r in rows), "flops_done": sum(r["flops_done"] for r in rows),
-            "speed_flops_per_s": {f"{k[0]}/{k[1]}": v
-                                  for k, v in sorted(per_size.items(), key=lambda kv: speed[kv[0]][2])},
+            "speed": {f"{k[0]}/{k[1]}": {"flops_per_s": m[1], "start_s": m[0]}
+                      for k, m in sorted(models.items(), key=lambda km: fpt[km[0]])},
             "jobs": jobs, "seconds_left": seconds, "rows": rows}
 
 
@@ -702,14 +718,15 @@ def status_text(st: dict) -> str:
              f"{to_go} to go ({st['started']} of them started)",
              f"training FLOPs of each run's own steps (a cooldown branch: its decay only): {st['flops_done']:.3g} of "
              f"{st['flops_total']:.3g} done ({st['flops_done'] / max(st['flops_total'], 1e-30):.0%})"]
-    if st["speed_flops_per_s"]:
-        lines.append("measured speed of the finished runs (FLOPs/s per run): "
-                     + ", ".join(f"{k} {v:.3g}" for k, v in st["speed_flops_per_s"].items()))
+    if st["speed"]:
+        lines.append("speed fitted to the finished runs (FLOPs/s per run + start-up s): "
+                     + ", ".join(f"{k} {v['flops_per_s']:.3g} + {v['start_s']:.0f} s" for k, v in st["speed"].items()))
     if st["seconds_left"] is not None:
-        lines.append(f"time left at --jobs {st['jobs']}: about {st['seconds_left'] / 3600:.2g} h (each run at its "
-                     "size's measured speed, or the nearest timed size's; an estimate, not a promise)")
+        lines.append(f"time left at --jobs {st['jobs']}: about {st['seconds_left'] / 3600:.2g} h (each run by its "
+                     "size's fit, or the nearest fitted size's; an estimate, not a promise)")
     elif to_go:
-        lines.append("time left: unknown until a run has finished (its wall time sets the speed)")
+        lines.append("time left: unknown until some size has finished runs of >= 3x different lengths "
+                     "(their wall times give its speed and start-up time)")
     return "\n".join(lines)
 
 

@@ -178,6 +178,27 @@ def test_status_counts_each_runs_own_steps_and_its_latest_checkpoint(tmp_path):
     assert st["flops_total"] == pytest.approx((13 + 2 + 3) * per_step)
     assert st["flops_done"] == pytest.approx(6 * per_step)
     assert (st["finished"], st["started"], st["seconds_left"]) == (0, 1, None)
+    # the trunk and the short branch finished in 10 s + FLOPs / 1e6 FLOPs/s: the fit recovers both, and the
+    # long branch left takes 10 s + its FLOPs / 1e6, one job at a time
+    records = []
+    for p in (trunk, short):
+        (tmp_path / "sweep" / p.name).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "sweep" / p.name / "summary.json").write_text(json.dumps({"status": "completed"}))
+        records.append({"name": p.name, "elapsed_s": 10.0 + own_steps(p) * per_step / 1e6})
+    (tmp_path / "sweep" / "manifest.json").write_text(json.dumps({"kind": "archlab-sweep", "points": records}))
+    st = sweep_status(spec, jobs=1)
+    (fit,) = st["speed"].values()  # the one size of the ok ladder
+    assert fit == pytest.approx({"flops_per_s": 1e6, "start_s": 10.0})
+    assert st["seconds_left"] == pytest.approx(10.0 + 3 * per_step / 1e6)
+
+
+def test_time_model_needs_runs_of_different_lengths():
+    from tools.sweep import _time_model
+
+    assert _time_model([(1e9, 12.0), (4e9, 42.0)]) == pytest.approx((2.0, 1e8))  # 2 s start-up, 1e8 FLOPs/s
+    assert _time_model([(1e9, 12.0), (2e9, 22.0)]) is None  # 2x apart: start-up and speed not separable
+    assert _time_model([(1e9, 12.0), (4e9, 10.0)]) is None  # longer runs faster: no speed to read
+    assert _time_model([(1e9, 12.0)]) is None
 
 
 def test_cooldown_flops_branches_each_size_at_the_same_compute(tmp_path):
@@ -299,8 +320,7 @@ def test_a_real_cooldown_sweep_branches_resumes_and_blocks(tmp_path, capsys):
     ok = [r for r in st["rows"] if r["name"].startswith("ok-")]
     assert (st["points"], st["finished"]) == (6, 3) and sum(r["flops_done"] for r in ok) == st["flops_done"]
     assert st["flops_done"] == pytest.approx(st["flops_total"] / 2)  # the two ladders train the same steps
-    timed = sum(points[n]["elapsed_s"] for n in ("ok-stable", "ok-cd1024", "ok-cd2048"))
-    assert st["seconds_left"] == pytest.approx(timed / 2)  # same FLOPs left at the measured speed, 2 at a time
+    assert st["seconds_left"] is None or st["seconds_left"] > 0  # these runs last seconds: mostly start-up
     assert main(["--spec", str(path), "--status", "--jobs", "2"]) == 0
     assert "6 points: 3 finished, 0 diverged, 3 to go" in capsys.readouterr().out
 
