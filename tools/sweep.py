@@ -594,7 +594,8 @@ def start_point(p: Point, cmd: list[str], env: dict) -> subprocess.Popen:
 
 
 def finish_point(p: Point, rc: int, elapsed: float, interrupted: bool) -> Point:
-    """Record how a point ended: finished | diverged | interrupted (resumable) | failed."""
+    """Record how a point ended: finished | diverged | interrupted (resumable) | failed. ``elapsed``: the
+    wall time of all its invocations (a resumed run's earlier ones included)."""
     p.returncode = rc
     p.elapsed_s = round(elapsed, 2)
     state = run_state(p)
@@ -778,7 +779,9 @@ def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make
                               f"{p.cooldown['branch_step']})" if p.role == "cooldown" and p.cooldown else "")
                     log(f"[{n}/{total}] {p.name}: {p.max_steps} steps{branch}, {p.planned_tokens:.3g} tokens, "
                         f"{p.planned_flops:.3g} FLOPs")
-                    running[p.name] = (p, start_point(p, make_cmd(p), env), time.time())
+                    # a resumed run (its folder exists) adds this invocation's wall time to the earlier ones'
+                    prior = (p.elapsed_s or 0.0) if Path(p.run_dir).is_dir() else 0.0
+                    running[p.name] = (p, start_point(p, make_cmd(p), env), time.time() - prior)
                     write_manifest(out_dir, spec, points)
                 for name, (p, proc, t0) in list(running.items()):
                     rc, peak_rss = poll_with_peak_rss(proc)

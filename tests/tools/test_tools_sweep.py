@@ -115,10 +115,12 @@ def test_a_real_sweep_records_failures_and_resumes(tmp_path, capsys):
     assert "missing.txt" in (out / "logs" / "broken-tok4096.log").read_text()
     capsys.readouterr()
 
+    (out / "broken-tok4096").mkdir(exist_ok=True)  # its folder exists: the retry resumes it
     assert main(["--spec", str(spec), "--stop-on-failure"]) == 1
     again = {p["name"]: p for p in json.loads((out / "manifest.json").read_text())["points"]}
     assert again["ok-tok4096"]["elapsed_s"] == ok["elapsed_s"]  # skipped, not retrained
     assert again["broken-tok4096"]["status"] == "failed"
+    assert again["broken-tok4096"]["elapsed_s"] > broken["elapsed_s"]  # a resumed run adds its invocations' times
     assert "1 already done" in capsys.readouterr().out
 
     assert main(["--spec", str(spec), "--set", "train.lr=1e-4", "--dry-run"]) == 2
