@@ -7,6 +7,9 @@
     python -m tools.sweep --spec docs/scaling/design/sweep-llama.yaml --jobs 2 --threads 1
     # where it stands: points and FLOPs done, each size's measured speed, the time left at --jobs 2
     python -m tools.sweep --spec docs/scaling/design/sweep-llama.yaml --status --jobs 2
+    # keep the finished runs' records (no checkpoints) in a folder to commit; bring them back in a new clone
+    python -m tools.sweep --spec docs/scaling/design/sweep-llama.yaml --archive docs/scaling/runs/llama
+    python -m tools.sweep --spec docs/scaling/design/sweep-llama.yaml --restore docs/scaling/runs/llama --jobs 2
 
 Each point of the grid is one run of ``python -m archlab.train`` (or ``accelerate launch -m
 archlab.train`` with ``--launcher accelerate``) in a subprocess, with its run folder
@@ -24,6 +27,13 @@ continues from its last checkpoint (``train.resume=auto``). ``--jobs N`` trains 
 log file, role, and ``peak_rss_bytes``: the peak resident memory of the trainer process, from the
 kernel's accounting of the finished child) and is rewritten atomically after each change;
 ``<out>/logs/<point>.log`` holds each run's output.
+
+A sweep that outlasts its machine (or a clone) keeps its results with ``--archive DIR``: the finished
+runs' records (run.json, recipe.yaml, summary.json, metrics.jsonl, routing.jsonl, env.json; no
+checkpoints, no tokenizer), tens of KB a run, and a manifest whose ``run_dir`` are relative, so that
+``analysis.scaling DIR`` reads it like the sweep folder. A stable trunk is archived only once all its
+branches are done (its checkpoints stay behind). ``--restore DIR`` copies the archived runs that the
+sweep folder lacks into it (refusing an archive of other settings) before training the rest.
 
 WSD cooldown branches (Hägele et al. 2024; ``cooldown:`` in the spec): per ladder x size x grid
 combination, one stable trunk ``<point>-stable`` (warmup, then a constant lr) and one branch
@@ -84,6 +94,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -100,7 +111,7 @@ from archlab.costs import param_counts, training_flops_per_token
 from archlab.io import write_json_atomic
 from archlab.train.checkpoint import CKPT_DIR, checkpoints, step_dir_name
 from archlab.train.checkpoint import MANIFEST as CKPT_MANIFEST
-from archlab.train.run_folder import SUMMARY, run_role  # SUMMARY: written when a run ends (= finished)
+from archlab.train.run_folder import ENV, METRICS, RECIPE, ROUTING, RUN_MARKER, SUMMARY, run_role
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = "manifest.json"
@@ -820,6 +831,102 @@ def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make
 
 
 # --------------------------------------------------------------------------------------------
+# archive: a sweep's finished runs kept in a small folder (to commit), and restored from it
+# --------------------------------------------------------------------------------------------
+
+# what a finished run's analysis reads (analysis.runs) and where it ran; no checkpoints, no tokenizer.json (the
+# recipe rebuilds it), so a width-104 run keeps ~40 KB instead of megabytes
+ARCHIVED_FILES = (RUN_MARKER, RECIPE, SUMMARY, METRICS, ROUTING, ENV)
+
+
+def _archivable(points: list[dict], done: set) -> list[str]:
+    """The points worth keeping: every finished (or diverged) run, but a stable trunk only once all its branches
+    are done too; without its checkpoints a restored trunk could not start the branches still to train."""
+    children: dict[str, list[str]] = {}
+    for q in points:
+        if q.get("parent"):
+            children.setdefault(q["parent"], []).append(q["name"])
+    return [q["name"] for q in points if q["name"] in done
+            and all(c in done for c in children.get(q["name"], []))]
+
+
+def archive_sweep(spec: dict, dest: Path) -> tuple[int, int]:
+    """Copy the sweep's finished runs (:data:`ARCHIVED_FILES` only) to ``dest``, a folder that
+    ``analysis.scaling`` reads like the sweep folder and ``--restore`` brings back. Runs already in ``dest``
+    stay; the manifest records every point, its ``run_dir`` relative, with status ``finished``/``diverged``
+    for the archived ones and ``not archived`` for the rest. Returns (runs copied now, runs in the archive)."""
+    out_dir = Path(spec.get("out") or "runs/sweep").resolve()
+    manifest = read_manifest(out_dir)
+    if manifest is None:
+        raise ValueError(f"--archive: {out_dir} holds no {MANIFEST}; run the sweep first")
+    points = manifest["points"]
+    done = {q["name"] for q in points if run_state(Point(**{**q, "run_dir": str(out_dir / q["name"])}))
+            in ("finished", "diverged")}
+    dest = Path(dest)
+    copied = 0
+    for name in _archivable(points, done):
+        (dest / name).mkdir(parents=True, exist_ok=True)
+        for f in ARCHIVED_FILES:
+            if (out_dir / name / f).is_file():
+                shutil.copyfile(out_dir / name / f, dest / name / f)
+        copied += 1
+    kept = []
+    for q in points:
+        state = run_state(Point(**{**q, "run_dir": str(dest / q["name"])}))
+        kept.append({**q, "run_dir": q["name"], "log": "",
+                     "status": state if state in ("finished", "diverged") else "not archived"})
+    write_json_atomic(dest / MANIFEST, {**manifest, "points": kept}, sort_keys=False)
+    return copied, sum(q["status"] != "not archived" for q in kept)
+
+
+def _without_paths(cooldown: dict) -> dict:
+    """A point's cooldown settings less the trunk checkpoint's path (the archive was written elsewhere)."""
+    return {k: v for k, v in cooldown.items() if k != "branch_from"}
+
+
+def restore_sweep(spec: dict, src: Path) -> int:
+    """Copy the archived runs of ``src`` (written by :func:`archive_sweep`) that the sweep folder lacks into it,
+    with their recorded wall times, so that the sweep trains only the rest. The archive must hold the spec's
+    points with the same settings. Returns the runs restored."""
+    src = Path(src)
+    archived = read_manifest(src)
+    if archived is None:
+        raise ValueError(f"--restore {src}: no {MANIFEST} there (an archive written by --archive)")
+    out_dir = Path(spec.get("out") or "runs/sweep").resolve()
+    points = [plan_point(p, out_dir, 1, 8) for p in build_points(spec)]
+    by_name = {q["name"]: q for q in archived["points"]}
+    strangers = sorted(set(by_name) - {p.name for p in points})
+    if strangers:
+        raise ValueError(f"--restore {src}: the archive holds points this spec does not plan "
+                         f"({', '.join(strangers[:3])}{', ...' if len(strangers) > 3 else ''}): not its archive")
+    for p in points:
+        q = by_name.get(p.name)
+        if q and (q["recipe"] != p.recipe or q["overrides"] != p.overrides or q["max_steps"] != p.max_steps
+                  or _without_paths(q.get("cooldown", {})) != _without_paths(p.cooldown)):
+            raise ValueError(f"--restore {src}: point {p.name} was archived with other settings "
+                             "(recipe/overrides/steps/cooldown) than this spec's")
+    check_consistent(out_dir, points)
+    before = {q["name"]: q for q in (read_manifest(out_dir) or {}).get("points", [])}
+    restored = 0
+    for p in points:
+        q = by_name.get(p.name)
+        if q is None or q["status"] not in ("finished", "diverged") or Path(p.run_dir).exists():
+            continue
+        shutil.copytree(src / p.name, p.run_dir)
+        p.status, p.returncode, p.elapsed_s = q["status"], q.get("returncode"), q.get("elapsed_s")
+        p.peak_rss_bytes = q.get("peak_rss_bytes")
+        before.pop(p.name, None)
+        restored += 1
+    for p in points:  # keep what the sweep folder recorded of the points not restored
+        if p.name in before:
+            p.status, p.returncode = before[p.name].get("status", p.status), before[p.name].get("returncode")
+            p.elapsed_s, p.peak_rss_bytes = before[p.name].get("elapsed_s"), before[p.name].get("peak_rss_bytes")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_manifest(out_dir, spec, points)
+    return restored
+
+
+# --------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------
 
@@ -896,6 +1003,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--status", action="store_true",
                     help="print where the sweep stands (points and FLOPs done, measured speed, time left at --jobs) "
                          "and train nothing")
+    ap.add_argument("--archive", metavar="DIR",
+                    help="copy the finished runs' records (no checkpoints) to DIR, a small folder to commit that "
+                         "analysis.scaling reads like the sweep folder, and train nothing")
+    ap.add_argument("--restore", metavar="DIR",
+                    help="first copy the runs archived in DIR (--archive) that the sweep folder lacks into it, "
+                         "then train (or --status) as usual: only the rest trains")
     args = ap.parse_args(argv)
     try:
         if args.num_processes < 1:
@@ -904,6 +1017,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise RecipeError("--jobs and --threads must be >= 1")
         if args.num_processes > 1 and args.launcher != "accelerate":
             raise RecipeError("--num-processes > 1 needs --launcher accelerate")
+        if args.archive:
+            copied, kept = archive_sweep(spec_from_args(args), Path(args.archive))
+            print(f"archived {copied} finished runs to {args.archive} ({kept} there in all; "
+                  f"restore them with --restore {args.archive})")
+            return 0
+        if args.restore:
+            n = restore_sweep(spec_from_args(args), Path(args.restore))
+            print(f"restored {n} finished runs from {args.restore}")
         if args.status:
             print(status_text(sweep_status(spec_from_args(args), jobs=args.jobs, processes=args.num_processes,
                                            evals=args.evals)))

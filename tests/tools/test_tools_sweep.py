@@ -334,3 +334,35 @@ def test_a_real_cooldown_sweep_branches_resumes_and_blocks(tmp_path, capsys):
     changed, _ = _cooldown_spec(tmp_path, "changed.yaml", cooldown={"tokens": [1024, 2048], "shape": "linear"})
     assert main(["--spec", str(changed), "--dry-run"]) == 2
     assert "different settings" in capsys.readouterr().err
+
+    # the finished runs' records go to an archive (no checkpoints, no tokenizer) that a new sweep folder restores
+    archive = tmp_path / "archive"
+    assert main(["--spec", str(path), "--archive", str(archive)]) == 0
+    assert "archived 3 finished runs" in capsys.readouterr().out
+    kept = {p["name"]: p for p in json.loads((archive / "manifest.json").read_text())["points"]}
+    assert {n for n, p in kept.items() if p["status"] == "finished"} == {"ok-stable", "ok-cd1024", "ok-cd2048"}
+    assert kept["broken-stable"]["status"] == "not archived" and kept["ok-cd1024"]["run_dir"] == "ok-cd1024"
+    assert {f.name for f in (archive / "ok-stable").iterdir()} == {"run.json", "recipe.yaml", "summary.json",
+                                                                   "metrics.jsonl", "env.json"}
+    fresh = tmp_path / "fresh"
+    assert main(["--spec", str(path), "--out", str(fresh), "--restore", str(archive), "--status"]) == 0
+    out_text = capsys.readouterr().out
+    assert "restored 3 finished runs" in out_text and "6 points: 3 finished, 0 diverged, 3 to go" in out_text
+    restored = {p["name"]: p for p in json.loads((fresh / "manifest.json").read_text())["points"]}
+    assert restored["ok-cd2048"]["elapsed_s"] == points["ok-cd2048"]["elapsed_s"]
+    assert restored["ok-cd2048"]["run_dir"] == str(fresh / "ok-cd2048")
+    assert main(["--spec", str(changed), "--out", str(tmp_path / "other"), "--restore", str(archive)]) == 2
+    assert "points this spec does not plan (broken-cd1024" in capsys.readouterr().err
+    linear, _ = _cooldown_spec(tmp_path, "linear.yaml", ladders=spec["ladders"],
+                               cooldown={"tokens": [1024, 2048], "shape": "linear"})
+    assert main(["--spec", str(linear), "--out", str(tmp_path / "other"), "--restore", str(archive)]) == 2
+    assert "ok-stable was archived with other settings" in capsys.readouterr().err
+
+
+def test_archive_keeps_a_trunk_only_with_all_its_branches():
+    """Without its checkpoints a restored trunk could not start a branch still to train: it waits for them."""
+    from tools.sweep import _archivable
+
+    points = [{"name": "t"}, {"name": "t-cd1", "parent": "t"}, {"name": "t-cd2", "parent": "t"}, {"name": "full"}]
+    assert _archivable(points, {"t", "t-cd1", "full"}) == ["t-cd1", "full"]
+    assert _archivable(points, {"t", "t-cd1", "t-cd2"}) == ["t", "t-cd1", "t-cd2"]
