@@ -28,6 +28,10 @@ log file, role, and ``peak_rss_bytes``: the peak resident memory of the trainer 
 kernel's accounting of the finished child) and is rewritten atomically after each change;
 ``<out>/logs/<point>.log`` holds each run's output.
 
+``--hours H`` starts no run that would not end within H hours of the sweep's start at the speeds measured
+so far (:class:`RunTimes`; a stable trunk counts its queued branches, which need its checkpoints): a
+machine with a time limit ends with whole runs instead of half-trained ones.
+
 A sweep that outlasts its machine (or a clone) keeps its results with ``--archive DIR``: the finished
 runs' records (run.json, recipe.yaml, summary.json, metrics.jsonl, routing.jsonl, env.json; no
 checkpoints, no tokenizer), tens of KB a run, and a manifest whose ``run_dir`` are relative, so that
@@ -619,7 +623,8 @@ def finish_point(p: Point, rc: int, elapsed: float, interrupted: bool) -> Point:
 
 def run_sweep(spec: dict, *, launcher: str = "python", processes: int = 1, accelerate_args: Sequence[str] = (),
               evals: int = 8, dry_run: bool = False, stop_on_failure: bool = False, jobs: int = 1,
-              threads: Optional[int] = None, log=print, progress=None, check: bool = True) -> list[Point]:
+              threads: Optional[int] = None, log=print, progress=None, check: bool = True,
+              hours: Optional[float] = None) -> list[Point]:
     """Plan every point (all recipes validated before anything runs), then train the unfinished
     ones, ``jobs`` at a time. Ctrl-C (or SIGTERM to the sweep) stops the running trainers
     cleanly (each writes a checkpoint); running the same command again resumes. ``progress``,
@@ -645,7 +650,7 @@ def run_sweep(spec: dict, *, launcher: str = "python", processes: int = 1, accel
     todo = [p for p in points if p.status not in ("finished", "diverged")]
     log(f"sweep {out_dir}: {len(points)} points, {len(points) - len(todo)} already done")
     _schedule(todo, points, out_dir, spec, jobs, _child_env(threads), stop_on_failure, log,
-              lambda p: command(p, launcher, processes, accelerate_args), progress)
+              lambda p: command(p, launcher, processes, accelerate_args), progress, hours)
     return points
 
 
@@ -676,45 +681,62 @@ def _time_model(runs: list[tuple[float, float]]) -> Optional[tuple[float, float]
     return (max(0.0, float(start)), 1.0 / float(slope)) if slope > 0 else None
 
 
+@dataclass
+class RunTimes:
+    """Each (ladder, size)'s wall time fitted as start-up + FLOPs / speed (:func:`_time_model`) to its
+    finished runs, and the seconds a run still needs: its own size's model, else the fitted size nearest in
+    FLOPs per token with the median start-up time; None before any size is fitted."""
+
+    models: dict  # (ladder, size) -> (start-up s, FLOPs/s)
+    flops_per_token: dict  # (ladder, size) -> training FLOPs per token
+
+    @classmethod
+    def fit(cls, points: list[Point], elapsed: dict) -> RunTimes:
+        """``elapsed``: point name -> recorded wall seconds (the manifest's ``elapsed_s``)."""
+        timed: dict[tuple, list] = {}
+        for p in points:
+            if elapsed.get(p.name) and run_state(p) == "finished":
+                timed.setdefault((p.ladder, p.size), []).append((own_flops(p), float(elapsed[p.name])))
+        models = {k: m for k, runs in timed.items() if (m := _time_model(runs)) is not None}
+        return cls(models, {(p.ladder, p.size): p.flops_per_token for p in points})
+
+    def seconds(self, p: Point, flops_left: Optional[float] = None) -> Optional[float]:
+        key = (p.ladder, p.size)
+        if key in self.models:
+            start, speed = self.models[key]
+        elif self.models:
+            near = min(self.models, key=lambda k: abs(math.log(self.flops_per_token[k] / p.flops_per_token)))
+            start, speed = float(np.median([m[0] for m in self.models.values()])), self.models[near][1]
+        else:
+            return None
+        left = own_flops(p) * (1 - steps_done(p) / max(1, own_steps(p))) if flops_left is None else flops_left
+        return start + left / speed
+
+
+def own_flops(p: Point) -> float:
+    """The training FLOPs of :func:`own_steps`."""
+    return own_steps(p) * p.tokens_per_step * p.flops_per_token
+
+
 def sweep_status(spec: dict, jobs: int = 1, processes: int = 1, evals: int = 8) -> dict:
     """Where a sweep stands, from its folder and manifest, training nothing: points finished, started and
     to go; the training FLOPs of each run's own steps, done and left; each (ladder, size)'s speed and
-    start-up time fitted to its finished runs' recorded wall times (:func:`_time_model`); and the time
-    left at ``jobs`` runs at a time, each unfinished run timed by its own size's model, or by the fitted
-    size nearest in FLOPs per token (with the median start-up time)."""
+    start-up time fitted to its finished runs' recorded wall times (:class:`RunTimes`); and the time
+    left at ``jobs`` runs at a time."""
     out_dir = Path(spec.get("out") or "runs/sweep").resolve()
     points = [plan_point(p, out_dir, processes, evals) for p in build_points(spec)]
     recorded = {q["name"]: q for q in (read_manifest(out_dir) or {}).get("points", [])}
-    timed: dict[tuple, list] = {}
-    fpt: dict[tuple, float] = {}
-    rows = []
+    times = RunTimes.fit(points, {n: q.get("elapsed_s") for n, q in recorded.items()})
+    models, fpt = times.models, times.flops_per_token
+    rows, left = [], []
     for p in points:
-        flops = own_steps(p) * p.tokens_per_step * p.flops_per_token
+        flops, state = own_flops(p), run_state(p)
         done = steps_done(p) / max(1, own_steps(p)) * flops
-        state = run_state(p)
-        elapsed = recorded.get(p.name, {}).get("elapsed_s")
-        fpt[(p.ladder, p.size)] = p.flops_per_token
-        if state == "finished" and elapsed:
-            timed.setdefault((p.ladder, p.size), []).append((flops, float(elapsed)))
         rows.append({"name": p.name, "ladder": p.ladder, "size": p.size, "state": state, "flops": flops,
                      "flops_done": done, "flops_per_token": p.flops_per_token})
-    models = {k: m for k, runs in timed.items() if (m := _time_model(runs)) is not None}
-    start_s = float(np.median([m[0] for m in models.values()])) if models else 0.0
-
-    def seconds_for(r) -> Optional[float]:
-        key = (r["ladder"], r["size"])
-        if key in models:
-            start, speed = models[key]
-        elif models:
-            near = min(models, key=lambda k: abs(math.log(fpt[k] / r["flops_per_token"])))
-            start, speed = start_s, models[near][1]
-        else:
-            return None
-        return start + (r["flops"] - r["flops_done"]) / speed
-
-    left = [r for r in rows if r["state"] not in ("finished", "diverged")]
-    times = [seconds_for(r) for r in left]
-    seconds = sum(times) / jobs if models and None not in times else None
+        if state not in ("finished", "diverged"):
+            left.append(times.seconds(p, flops - done))
+    seconds = sum(left) / jobs if models and None not in left else None
     count = {s: sum(r["state"] == s for r in rows) for s in ("finished", "diverged", "started")}
     return {"out": str(out_dir), "points": len(rows), **count,
             "flops_total": sum(r["flops"] for r in rows), "flops_done": sum(r["flops_done"] for r in rows),
@@ -761,13 +783,26 @@ def poll_with_peak_rss(proc: subprocess.Popen) -> tuple[Optional[int], Optional[
     return proc.returncode, int(usage.ru_maxrss) * scale
 
 
-def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make_cmd, progress=None) -> None:
+def _fits(p: Point, queue: list[Point], times: Optional[RunTimes], deadline: Optional[float]) -> bool:
+    """Whether ``p`` (a stable trunk: with its branches still queued, which need its checkpoints) ends before
+    ``deadline`` at the measured speeds; True without a deadline or before any speed is measured."""
+    if deadline is None or times is None:
+        return True
+    unit = [p] + ([q for q in queue if q.parent == p.name] if p.role == "stable" else [])
+    seconds = [times.seconds(q) for q in unit]
+    return None in seconds or time.time() + sum(seconds) <= deadline
+
+
+def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make_cmd, progress=None,
+              hours: Optional[float] = None) -> None:
     """Keep up to ``jobs`` trainers running until ``todo`` is done or the sweep is stopped. A point
-    starts when it is ready (:func:`is_ready`: a branch waits for its trunk's checkpoint); when
-    nothing runs and nothing left is ready, the rest is marked blocked."""
+    starts when it is ready (:func:`is_ready`: a branch waits for its trunk's checkpoint) and, with
+    ``hours``, when it fits (:func:`_fits`); when nothing runs and nothing left is ready, the rest is
+    marked blocked; when nothing runs and what is ready does not fit, the sweep ends, the rest pending."""
     running: dict[str, tuple[Point, subprocess.Popen, float]] = {}
     queue = list(todo)
     stopping = False
+    deadline = None if hours is None else time.time() + hours * 3600
 
     def forward_sigterm(*_):
         nonlocal stopping
@@ -781,7 +816,8 @@ def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make
         while queue or running:
             try:
                 while queue and len(running) < jobs and not stopping:
-                    p = next((q for q in queue if is_ready(q)), None)
+                    times = None if deadline is None else RunTimes.fit(points, {q.name: q.elapsed_s for q in points})
+                    p = next((q for q in queue if is_ready(q) and _fits(q, queue, times, deadline)), None)
                     if p is None:
                         break
                     queue.remove(p)
@@ -809,6 +845,10 @@ def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make
                         progress(p)
                     if p.status == "failed" and stop_on_failure:
                         stopping = True
+                if not running and not stopping and queue and any(is_ready(q) for q in queue):
+                    log(f"stopping: the {len(queue)} runs left would not end within --hours {hours:g} at the "
+                        "measured speeds; run the same command again to go on")
+                    break
                 if not running and not stopping and queue and not any(is_ready(q) for q in queue):
                     for q in queue:
                         q.status = "blocked"
@@ -998,6 +1038,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--evals", type=int, default=8, help="validation points per run (default 8)")
     ap.add_argument("--jobs", type=int, default=1, help="points trained at the same time (default 1)")
     ap.add_argument("--threads", type=int, help="torch threads per trainer (OMP_NUM_THREADS; default: torch's)")
+    ap.add_argument("--hours", type=float, metavar="H",
+                    help="start no run (a stable trunk: with its branches) that the measured speeds say would not end "
+                         "within H hours of the start, so that a time-limited machine ends without half-trained runs")
     ap.add_argument("--stop-on-failure", action="store_true", help="stop at the first failed point")
     ap.add_argument("--dry-run", action="store_true", help="print the planned commands, run nothing")
     ap.add_argument("--status", action="store_true",
@@ -1015,6 +1058,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise RecipeError(f"--num-processes {args.num_processes}: must be >= 1")
         if args.jobs < 1 or (args.threads is not None and args.threads < 1):
             raise RecipeError("--jobs and --threads must be >= 1")
+        if args.hours is not None and not args.hours > 0:
+            raise RecipeError(f"--hours {args.hours}: must be > 0 (the time the sweep may take)")
+        if args.hours is not None and (args.status or args.archive or args.dry_run):
+            raise RecipeError("--hours limits a sweep that trains; --status, --archive and --dry-run train nothing")
         if args.num_processes > 1 and args.launcher != "accelerate":
             raise RecipeError("--num-processes > 1 needs --launcher accelerate")
         if args.archive:
@@ -1032,7 +1079,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         points = run_sweep(spec_from_args(args), launcher=args.launcher, processes=args.num_processes,
                            accelerate_args=shlex.split(args.accelerate_args), evals=args.evals,
                            dry_run=args.dry_run, stop_on_failure=args.stop_on_failure, jobs=args.jobs,
-                           threads=args.threads)
+                           threads=args.threads, hours=args.hours)
     except (RecipeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

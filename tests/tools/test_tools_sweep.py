@@ -194,6 +194,30 @@ def test_status_counts_each_runs_own_steps_and_its_latest_checkpoint(tmp_path):
     assert st["seconds_left"] == pytest.approx(10.0 + 3 * per_step / 1e6)
 
 
+def test_hours_starts_a_trunk_only_if_it_and_its_branches_end_in_time(tmp_path, capsys):
+    import time
+
+    from tools.sweep import RunTimes, _fits
+
+    _, spec = _cooldown_spec(tmp_path)
+    points = {p.name: plan_point(p, tmp_path / "sweep", 1, 4) for p in build_points(spec)}
+    trunk, short, long = points["ok-stable"], points["ok-cd2048"], points["ok-cd4096"]
+    key = (trunk.ladder, trunk.size)
+    times = RunTimes({key: (10.0, 1e6)}, {key: trunk.flops_per_token})  # 10 s start-up, 1e6 FLOPs/s
+    per_step = trunk.tokens_per_step * trunk.flops_per_token / 1e6
+    assert times.seconds(trunk) == pytest.approx(10 + 13 * per_step)
+    unit = times.seconds(trunk) + times.seconds(short) + times.seconds(long)
+    deadline = time.time() + unit - 1  # the trunk alone fits, with its branches not
+    queue = [trunk, short, long]
+    assert not _fits(trunk, queue, times, deadline) and _fits(short, queue, times, deadline)
+    assert _fits(trunk, queue, times, deadline + 60) and _fits(trunk, queue, None, deadline)  # no speed yet: starts
+    path, _ = _cooldown_spec(tmp_path, "h.yaml")
+    assert main(["--spec", str(path), "--hours", "0"]) == 2
+    assert "--hours 0.0: must be > 0" in capsys.readouterr().err
+    assert main(["--spec", str(path), "--hours", "1", "--status"]) == 2
+    assert "train nothing" in capsys.readouterr().err
+
+
 def test_time_model_needs_runs_of_different_lengths():
     from tools.sweep import _time_model
 
@@ -357,6 +381,17 @@ def test_a_real_cooldown_sweep_branches_resumes_and_blocks(tmp_path, capsys):
                                cooldown={"tokens": [1024, 2048], "shape": "linear"})
     assert main(["--spec", str(linear), "--out", str(tmp_path / "other"), "--restore", str(archive)]) == 2
     assert "ok-stable was archived with other settings" in capsys.readouterr().err
+
+    # the ok ladder's runs measured its speed (recorded as 10 s + 1 s a step: runs this short time mostly their
+    # start-up): the broken trunk left would not end within 4 ms, so nothing starts
+    manifest = json.loads((out / "manifest.json").read_text())
+    for q in manifest["points"]:
+        if q["name"].startswith("ok-"):
+            q["elapsed_s"] = 10.0 + q["max_steps"] - q["cooldown"].get("branch_step", 0)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["--spec", str(path), "--hours", "1e-6"]) == 1
+    assert "the 3 runs left would not end within --hours 1e-06" in capsys.readouterr().out
+    assert json.loads((out / "manifest.json").read_text())["points"][3]["status"] == "pending"
 
 
 def test_archive_keeps_a_trunk_only_with_all_its_branches():
