@@ -893,29 +893,33 @@ def _archivable(points: list[dict], done: set) -> list[str]:
 def archive_sweep(spec: dict, dest: Path) -> tuple[int, int]:
     """Copy the sweep's finished runs (:data:`ARCHIVED_FILES` only) to ``dest``, a folder that
     ``analysis.scaling`` reads like the sweep folder and ``--restore`` brings back. Runs already in ``dest``
-    stay; the manifest records every point, its ``run_dir`` relative, with status ``finished``/``diverged``
-    for the archived ones and ``not archived`` for the rest. Returns (runs copied now, runs in the archive)."""
+    stay; the manifest records every point the spec plans, its ``run_dir`` relative, with status
+    ``finished``/``diverged`` for the archived ones and ``not archived`` for the rest, and the wall times the
+    sweep folder's manifest (or an earlier archive's) recorded. Returns (runs copied now, runs in the archive)."""
     out_dir = Path(spec.get("out") or "runs/sweep").resolve()
-    manifest = read_manifest(out_dir)
-    if manifest is None:
-        raise ValueError(f"--archive: {out_dir} holds no {MANIFEST}; run the sweep first")
-    points = manifest["points"]
-    done = {q["name"] for q in points if run_state(Point(**{**q, "run_dir": str(out_dir / q["name"])}))
-            in ("finished", "diverged")}
+    if not out_dir.is_dir():
+        raise ValueError(f"--archive: the sweep folder {out_dir} does not exist; run the sweep first")
+    points = [plan_point(p, out_dir, 1, 8) for p in build_points(spec)]
     dest = Path(dest)
+    recorded = {q["name"]: q for m in (read_manifest(dest), read_manifest(out_dir))  # the sweep folder's win
+                for q in (m or {}).get("points", [])}
+    done = {p.name for p in points if run_state(p) in ("finished", "diverged")}
     copied = 0
-    for name in _archivable(points, done):
+    for name in _archivable([asdict(p) for p in points], done):
         (dest / name).mkdir(parents=True, exist_ok=True)
         for f in ARCHIVED_FILES:
             if (out_dir / name / f).is_file():
                 shutil.copyfile(out_dir / name / f, dest / name / f)
         copied += 1
     kept = []
-    for q in points:
-        state = run_state(Point(**{**q, "run_dir": str(dest / q["name"])}))
-        kept.append({**q, "run_dir": q["name"], "log": "",
+    for p in points:
+        q = {**asdict(p), **{k: recorded[p.name].get(k) for k in ("returncode", "elapsed_s", "peak_rss_bytes")
+                             if p.name in recorded}}
+        state = run_state(Point(**{**q, "run_dir": str(dest / p.name)}))
+        kept.append({**q, "run_dir": p.name, "log": "",
                      "status": state if state in ("finished", "diverged") else "not archived"})
-    write_json_atomic(dest / MANIFEST, {**manifest, "points": kept}, sort_keys=False)
+    write_json_atomic(dest / MANIFEST, {"kind": "archlab-sweep", "version": 1, "spec": spec, "points": kept},
+                      sort_keys=False)
     return copied, sum(q["status"] != "not archived" for q in kept)
 
 
