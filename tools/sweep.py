@@ -684,8 +684,9 @@ def _time_model(runs: list[tuple[float, float]]) -> Optional[tuple[float, float]
 @dataclass
 class RunTimes:
     """Each (ladder, size)'s wall time fitted as start-up + FLOPs / speed (:func:`_time_model`) to its
-    finished runs, and the seconds a run still needs: its own size's model, else the fitted size nearest in
-    FLOPs per token with the median start-up time; None before any size is fitted."""
+    finished runs, and the seconds a run still needs: its own size's model, else the fitted sizes' speed as a
+    power law of the FLOPs per token (wider models use the cores better), kept within the fitted speeds (a
+    trend of a few sizes is not extrapolated), with the median start-up time; None before any size is fitted."""
 
     models: dict  # (ladder, size) -> (start-up s, FLOPs/s)
     flops_per_token: dict  # (ladder, size) -> training FLOPs per token
@@ -704,9 +705,15 @@ class RunTimes:
         key = (p.ladder, p.size)
         if key in self.models:
             start, speed = self.models[key]
-        elif self.models:
-            near = min(self.models, key=lambda k: abs(math.log(self.flops_per_token[k] / p.flops_per_token)))
-            start, speed = float(np.median([m[0] for m in self.models.values()])), self.models[near][1]
+        elif self.models:  # wider models run more FLOPs a second: the fitted sizes' speed trend, log-log
+            start = float(np.median([m[0] for m in self.models.values()]))
+            x = np.log([self.flops_per_token[k] for k in self.models])
+            y = np.log([m[1] for m in self.models.values()])
+            if np.ptp(x) > 0:
+                slope, icpt = np.polyfit(x, y, 1)
+                speed = float(np.exp(np.clip(icpt + slope * math.log(p.flops_per_token), y.min(), y.max())))
+            else:  # one fitted size (or several of one width): its speed
+                speed = float(np.exp(np.median(y)))
         else:
             return None
         left = own_flops(p) * (1 - steps_done(p) / max(1, own_steps(p))) if flops_left is None else flops_left
@@ -757,7 +764,7 @@ def status_text(st: dict) -> str:
                      + ", ".join(f"{k} {v['flops_per_s']:.3g} + {v['start_s']:.0f} s" for k, v in st["speed"].items()))
     if st["seconds_left"] is not None:
         lines.append(f"time left at --jobs {st['jobs']}: about {st['seconds_left'] / 3600:.2g} h (each run by its "
-                     "size's fit, or the nearest fitted size's; an estimate, not a promise)")
+                     "size's fit, or the fitted sizes' speed trend; an estimate, not a promise)")
     elif to_go:
         lines.append("time left: unknown until some size has finished runs of >= 3x different lengths "
                      "(their wall times give its speed and start-up time)")
@@ -845,7 +852,7 @@ def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make
                         progress(p)
                     if p.status == "failed" and stop_on_failure:
                         stopping = True
-                if not running and not stopping and queue and any(is_ready(q) for q in queue):
+                if deadline is not None and not running and not stopping and queue and any(map(is_ready, queue)):
                     log(f"stopping: the {len(queue)} runs left would not end within --hours {hours:g} at the "
                         "measured speeds; run the same command again to go on")
                     break

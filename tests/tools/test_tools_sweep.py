@@ -218,6 +218,28 @@ def test_hours_starts_a_trunk_only_if_it_and_its_branches_end_in_time(tmp_path, 
     assert "train nothing" in capsys.readouterr().err
 
 
+def test_an_unfitted_size_takes_the_fitted_sizes_speed_trend_within_their_range(tmp_path):
+    """Sizes without a fit of their own: the fitted sizes' speed as a power law of the FLOPs per token,
+    interpolated, never extrapolated beyond the fastest or slowest fitted speed."""
+    from dataclasses import replace
+
+    from tools.sweep import RunTimes, own_flops
+
+    _, spec = _cooldown_spec(tmp_path)
+    trunk = plan_point(next(p for p in build_points(spec) if p.role == "stable"), tmp_path / "sweep", 1, 4)
+    fpt = trunk.flops_per_token
+    models = {("a", "s"): (10.0, 1e6), ("a", "l"): (30.0, 4e6)}  # 4x the FLOPs per token, 4x the speed
+    times = RunTimes(models, {("a", "s"): fpt, ("a", "l"): 4 * fpt})
+    flops = own_flops(replace(trunk, flops_per_token=2 * fpt))
+    mid = replace(trunk, ladder="a", size="m", flops_per_token=2 * fpt)  # halfway in log: 2e6 FLOPs/s
+    assert times.seconds(mid) == pytest.approx(20 + flops / 2e6)
+    wide = replace(trunk, ladder="a", size="w", flops_per_token=64 * fpt)  # the trend says 64e6: kept at 4e6
+    assert times.seconds(wide) == pytest.approx(20 + own_flops(wide) / 4e6)
+    one = RunTimes({("a", "s"): (10.0, 1e6)}, {("a", "s"): fpt})
+    assert one.seconds(mid) == pytest.approx(10 + flops / 1e6)
+    assert RunTimes({}, {}).seconds(mid) is None
+
+
 def test_time_model_needs_runs_of_different_lengths():
     from tools.sweep import _time_model
 
