@@ -33,10 +33,11 @@ def pyplot():
 
 def style_axes(ax, title: str, xlabel: str, ylabel: str, legend: bool = True,
                legend_title: Optional[str] = None, legend_outside: bool = False,
-               legend_reversed: bool = False, grid: str = "y") -> None:
+               legend_reversed: bool = False, grid: str = "y", legend_below: int = 0) -> None:
     """Title, axis labels (state the unit in them), light grid (``grid="y"`` for bars, ``"both"``
     for curves on log axes), and the legend (outside the axes on the right with
-    ``legend_outside``; ``legend_reversed`` lists stacked series top first)."""
+    ``legend_outside``; under the x label in ``legend_below`` columns, when one entry per size or budget
+    would fill the panel; ``legend_reversed`` lists stacked series top first)."""
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -50,6 +51,8 @@ def style_axes(ax, title: str, xlabel: str, ylabel: str, legend: bool = True,
         if legend_reversed:
             handles, labels = handles[::-1], labels[::-1]
         kwargs = dict(loc="upper left", bbox_to_anchor=(1.01, 1.0)) if legend_outside else {}
+        if legend_below:
+            kwargs = dict(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=legend_below)
         ax.legend(handles, labels, fontsize=8, title=legend_title, title_fontsize=8, **kwargs)
 
 
@@ -94,21 +97,47 @@ def save_figure(fig, path: Path, dpi: int = 110) -> Path:
     return path
 
 
-NICE_TICKS = (0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+# mantissas of the plain values a log axis is labelled at, coarse to fine (1, 2, 5 times a power of ten ...)
+PLAIN_MANTISSAS = ((1.0,), (1.0, 2.0, 5.0), (1.0, 1.5, 2.0, 3.0, 5.0, 7.0),
+                   (1.0, 1.1, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0))
 
 
-def plain_log_ticks(axis, low: float, high: float) -> None:
-    """A log axis spanning less than about a decade, labelled at plain values (0.8, 0.9, 1, 1.25)
-    instead of 8x10^-1, without minor labels; left to matplotlib when fewer than 3 such values fit."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+def plain_ticks(low: float, high: float) -> list[float]:
+    """Plain values to label a log axis from ``low`` to ``high`` at (0.8, 0.9, 1, 1.25; 3, 4, 5 nats): those of
+    the finest :data:`PLAIN_MANTISSAS` that gives 3 to 12 ticks, all at least 8% of the axis apart; on an
+    axis too narrow for 3 of them (0.94-1.02), evenly spaced round numbers (0.94, 0.96 ... 1.02); over more
+    than 3 decades, none (decades label such an axis better)."""
+    low, high = sorted((low, high))
+    if not (low > 0 and math.isfinite(high)) or high / low > 1e3:
+        return []
+    decades = range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1)
+    for mantissas in reversed(PLAIN_MANTISSAS):
+        ticks = [t for t in sorted({round(m * 10.0 ** e, 12) for e in decades for m in mantissas})
+                 if low * (1 - 1e-9) <= t <= high * (1 + 1e-9)]
+        gaps = [math.log(b / a) for a, b in zip(ticks, ticks[1:])]
+        if 3 <= len(ticks) <= 12 and min(gaps) >= 0.08 * math.log(high / low):
+            return ticks
+    from matplotlib.ticker import MaxNLocator
 
-    ticks: list[float] = []
-    for t in (t for t in NICE_TICKS if low <= t <= high):  # neighbours at least 8% of the axis apart
-        if not ticks or math.log(t / ticks[-1]) >= 0.08 * math.log(high / low):
-            ticks.append(t)
-    if len(ticks) < 3:
-        return
-    axis.set_major_locator(FixedLocator(ticks))
+    for bins in (5, 8, 12):
+        ticks = [round(float(t), 12) for t in MaxNLocator(nbins=bins, steps=[1, 2, 2.5, 5, 10]).tick_values(low, high)
+                 if low * (1 - 1e-9) <= t <= high * (1 + 1e-9)]
+        if len(ticks) >= 3:
+            break
+    return ticks
+
+
+def plain_log_axis(axis) -> None:
+    """Label a log axis (``ax.xaxis`` / ``ax.yaxis``; loss in nats, ratios) at :func:`plain_ticks` of its final
+    limits, written as plain numbers (4, 1.25) instead of 4x10^0, without minor ticks; an axis spanning
+    more than 3 decades keeps matplotlib's decade labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+    class PlainLogLocator(LogLocator):
+        def tick_values(self, vmin, vmax):
+            return plain_ticks(vmin, vmax) or super().tick_values(vmin, vmax)
+
+    axis.set_major_locator(PlainLogLocator())
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_locator(NullLocator())
 

@@ -275,9 +275,10 @@ def expand_inputs(inputs: Iterable[str]) -> tuple[list[Run], list[tuple[str, str
 
 
 def style_axes(ax, title: str, xlabel: str, ylabel: str, legend: bool = True,
-               legend_title: Optional[str] = None) -> None:
+               legend_title: Optional[str] = None, legend_below: int = 0) -> None:
     """The shared style of ``analysis.plotting`` with a grid on both axes (curves, log axes)."""
-    _style_axes(ax, title, xlabel, ylabel, legend=legend, legend_title=legend_title, grid="both")
+    _style_axes(ax, title, xlabel, ylabel, legend=legend, legend_title=legend_title, grid="both",
+                legend_below=legend_below)
 
 
 def write_json_atomic(path: Path, obj) -> Path:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from analysis.plotting import plain_log_axis
 from analysis.runs import pyplot, save_figure, style_axes
 from analysis.scaling_fits import OK, envelope
 
@@ -18,15 +19,9 @@ SEED_BARS = "error bars: ±1 std over seeds"
 
 
 def _plain_log_y(ax) -> None:
-    """Log-scaled y axis labelled with plain numbers (6.8, 7.0...) instead of 7x10^0."""
-    from matplotlib.ticker import LogLocator, ScalarFormatter
-
+    """A log-scaled y axis (loss, multipliers) labelled with plain numbers (3.5, 4) instead of 4x10^0."""
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=np.arange(1, 10) / 10 * 10, numticks=12))
-    for fmt in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-        f = ScalarFormatter()
-        f.set_scientific(False)
-        fmt(f)
+    plain_log_axis(ax.yaxis)
 
 
 def _colors(families: list[str]) -> dict[str, str]:
@@ -128,8 +123,7 @@ def plot_loss_vs_tokens(runs_by_family: dict[str, list], path: Path, n_of=None, 
                     alpha=0.8, label=label)
         ax.set_xscale("log")
         style_axes(ax, f"{fam}: validation loss vs tokens", "tokens seen (count)", "validation loss (nats/token)",
-                   legend=False)
-        _legend_below(ax, "\n".join(textwrap.wrap(f"model size N: {n_label}", 50)), ncol=2)
+                   legend_title="\n".join(textwrap.wrap(f"model size N: {n_label}", 50)), legend_below=2)
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -177,13 +171,6 @@ def plot_dense_vs_moe(points, fits, path: Path, n_of=None,
     return save_figure(fig, path)
 
 
-def _legend_below(ax, title: str, ncol: int = 3) -> None:
-    """The panel's legend under its x label (one entry per size or budget can fill the panel otherwise)."""
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, title=title, title_fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16),
-                  ncol=ncol)
-
-
 def _note(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=9, wrap=True,
             bbox=dict(boxstyle="round", fc="#f4f4f4", ec="#bbbbbb"))
@@ -227,8 +214,8 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
             _note(ax, "no finite points")
         style_axes(ax, f"{fam}: IsoFLOP profiles (approach 2)\nparabola in ln N per budget,\n"
                    "★ = minimum N* (inside the sizes trained) with 95% interval", f"N: {n_label} (count)",
-                   "final validation loss (nats/token)", legend=False)
-        _legend_below(ax, "budget", ncol=2)  # the profiles fill the panel's upper left, where small budgets rise
+                   "final validation loss (nats/token)", legend_title="budget",
+                   legend_below=2)  # the profiles fill the panel's upper left, where small budgets rise
         used = [p for p in profs if p.status == OK]
         if used:
             C = np.array([p.budget for p in used])
@@ -299,8 +286,7 @@ def plot_loss_nd(studies: dict, n_label: str, path: Path) -> Path:
         if any(e > 0 for e in st.L_err):
             head.append(SEED_BARS)
         style_axes(ax, "\n".join(head), "training tokens D (count)", "final validation loss (nats/token)",
-                   legend=False)
-        _legend_below(ax, f"N: {n_label}", ncol=3)
+                   legend_title=f"N: {n_label}", legend_below=3)
     fig.tight_layout()
     return save_figure(fig, path)
 

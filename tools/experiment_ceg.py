@@ -370,7 +370,7 @@ def plot(ctx, fit: dict, path: Path):
     import numpy as np
 
     from analysis import fair
-    from analysis.plotting import COLORS, plain_log_ticks, pyplot, save_figure, style_axes, wrap_label
+    from analysis.plotting import COLORS, plain_log_axis, pyplot, save_figure, style_axes, wrap_label
 
     groups = [(i, g) for i, g in enumerate(ctx.arm_groups())
               if _compute(g) is not None and g.loss.get("mean") is not None]
@@ -417,7 +417,7 @@ def plot(ctx, fit: dict, path: Path):
     bx.set_yticks(range(len(rows)), [wrap_label(g.label, 38) for g, _, _ in rows], fontsize=8)
     bx.set_ylim(len(rows) - 0.5, -0.5)
     bx.set_xscale("log")
-    plain_log_ticks(bx.xaxis, *bx.get_xlim())
+    plain_log_axis(bx.xaxis)
     style_axes(bx, f"compute-equivalent gain on {ctx.reference}'s curve\n(95% intervals; > 1: the arm is worth more "
                "reference compute)", "CEG (x reference compute, log scale; dashed: 1, as the reference)", "arm",
                legend=False, grid="both")

@@ -2,23 +2,35 @@
 
 from __future__ import annotations
 
-from analysis.plotting import plain_log_ticks, pyplot
+import pytest
+
+from analysis.plotting import plain_log_axis, plain_ticks, pyplot
 
 
-def test_plain_log_ticks_label_a_short_log_axis_with_plain_values():
+@pytest.mark.parametrize("low,high,ticks", [
+    (0.75, 1.4, [0.8, 0.9, 1.0, 1.1, 1.25]),  # a ratio axis
+    (2.8, 7.5, [3.0, 4.0, 5.0, 6.0, 7.0]),  # a loss axis in nats
+    (0.935, 1.02, [0.94, 0.96, 0.98, 1.0, 1.02]),  # too narrow for 3 of the mantissas: round numbers
+    (3.1, 5.9, [3.5, 4.0, 4.5, 5.0, 5.5]),
+    (0.3, 3.0, [0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0]),  # coarser mantissas rather than uneven gaps
+    (0.1, 100.0, [0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]),  # neighbours >= 8% of the axis apart
+    (1e11, 1e15, []),  # over 3 decades: left to the decade labels
+])
+def test_plain_ticks(low, high, ticks):
+    assert plain_ticks(low, high) == pytest.approx(ticks)
+
+
+def test_plain_log_axis_labels_the_final_limits_with_plain_numbers():
+    """The ticks follow limits set after the call (a Locator), printed as 0.9, not 9x10^-1; no minor ticks."""
     plt = pyplot()
     fig, ax = plt.subplots()
     ax.set_xscale("log")
+    plain_log_axis(ax.xaxis)
     ax.set_xlim(0.75, 1.4)
-    plain_log_ticks(ax.xaxis, *ax.get_xlim())
     fig.canvas.draw()
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0.8", "0.9", "1", "1.1", "1.25"]
     assert list(ax.xaxis.get_minorticklocs()) == []
-    plt.close(fig)
-    fig, ax = plt.subplots()
-    ax.set_xscale("log")
-    ax.set_xlim(1.01, 1.04)  # fewer than 3 plain values fit: matplotlib's own ticks stay
-    before = ax.xaxis.get_major_locator()
-    plain_log_ticks(ax.xaxis, *ax.get_xlim())
-    assert ax.xaxis.get_major_locator() is before
+    ax.set_xlim(1e2, 1e8)  # six decades: matplotlib's decade ticks
+    fig.canvas.draw()
+    assert list(ax.get_xticks()[1:-1]) == pytest.approx([10.0 ** k for k in range(2, 9)][: len(ax.get_xticks()) - 2])
     plt.close(fig)
