@@ -800,6 +800,12 @@ def _fits(p: Point, queue: list[Point], times: Optional[RunTimes], deadline: Opt
     return None in seconds or time.time() + sum(seconds) <= deadline
 
 
+def _next_point(queue: list[Point], points: list[Point], deadline: Optional[float]) -> Optional[Point]:
+    """The first queued point that is ready and, before ``deadline``, fits at the speeds measured so far."""
+    times = None if deadline is None else RunTimes.fit(points, {q.name: q.elapsed_s for q in points})
+    return next((q for q in queue if is_ready(q) and _fits(q, queue, times, deadline)), None)
+
+
 def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make_cmd, progress=None,
               hours: Optional[float] = None) -> None:
     """Keep up to ``jobs`` trainers running until ``todo`` is done or the sweep is stopped. A point
@@ -823,8 +829,7 @@ def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make
         while queue or running:
             try:
                 while queue and len(running) < jobs and not stopping:
-                    times = None if deadline is None else RunTimes.fit(points, {q.name: q.elapsed_s for q in points})
-                    p = next((q for q in queue if is_ready(q) and _fits(q, queue, times, deadline)), None)
+                    p = _next_point(queue, points, deadline)
                     if p is None:
                         break
                     queue.remove(p)
@@ -852,7 +857,10 @@ def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make
                         progress(p)
                     if p.status == "failed" and stop_on_failure:
                         stopping = True
-                if deadline is not None and not running and not stopping and queue and any(map(is_ready, queue)):
+                # runs that ended in this pass freed their slots after the start loop above: stop only if
+                # something is ready but nothing ready fits
+                if (deadline is not None and not running and not stopping and any(map(is_ready, queue))
+                        and _next_point(queue, points, deadline) is None):
                     log(f"stopping: the {len(queue)} runs left would not end within --hours {hours:g} at the "
                         "measured speeds; run the same command again to go on")
                     break

@@ -218,6 +218,22 @@ def test_hours_starts_a_trunk_only_if_it_and_its_branches_end_in_time(tmp_path, 
     assert "train nothing" in capsys.readouterr().err
 
 
+def test_hours_goes_on_when_runs_ending_in_one_pass_free_every_slot(tmp_path):
+    """Two runs ending in the same poll leave nothing running with points still ready: that is no reason
+    to stop while those points fit (here no speed is measured yet, so they do)."""
+    import sys
+
+    from tools.sweep import _schedule
+
+    spec = {"ladders": {"d": {"recipe": "recipes/dense/tiny.yaml"}}, "set": TINY, "tokens": [1000, 2000, 3000, 4000]}
+    points = [plan_point(p, tmp_path, 1, 4) for p in build_points(spec)]
+    said = []
+    _schedule(list(points), points, tmp_path, spec, 2, {}, False, said.append,
+              lambda p: [sys.executable, "-c", "pass"], hours=10.0)  # each "run" ends at once, without a run folder
+    assert [p.status for p in points] == ["interrupted"] * 4, said  # all four started (none trained anything)
+    assert not any(line.startswith("stopping") for line in said)
+
+
 def test_an_unfitted_size_takes_the_fitted_sizes_speed_trend_within_their_range(tmp_path):
     """Sizes without a fit of their own: the fitted sizes' speed as a power law of the FLOPs per token,
     interpolated, never extrapolated beyond the fastest or slowest fitted speed."""
