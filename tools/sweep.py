@@ -946,7 +946,8 @@ def _without_paths(cooldown: dict) -> dict:
 def restore_sweep(spec: dict, src: Path) -> int:
     """Copy the archived runs of ``src`` (written by :func:`archive_sweep`) that the sweep folder lacks into it,
     with their recorded wall times, so that the sweep trains only the rest. The archive must hold the spec's
-    points with the same settings. Returns the runs restored."""
+    points with the same settings; a spec narrowed to part of the archived one (``--grid train.seed=0``) restores
+    its own points only. Returns the runs restored."""
     src = Path(src)
     archived = read_manifest(src)
     if archived is None:
@@ -954,10 +955,10 @@ def restore_sweep(spec: dict, src: Path) -> int:
     out_dir = Path(spec.get("out") or "runs/sweep").resolve()
     points = [plan_point(p, out_dir, 1, 8) for p in build_points(spec)]
     by_name = {q["name"]: q for q in archived["points"]}
-    strangers = sorted(set(by_name) - {p.name for p in points})
-    if strangers:
-        raise ValueError(f"--restore {src}: the archive holds points this spec does not plan "
-                         f"({', '.join(strangers[:3])}{', ...' if len(strangers) > 3 else ''}): not its archive")
+    if not set(by_name) & {p.name for p in points}:
+        some = sorted(by_name)[:3]
+        raise ValueError(f"--restore {src}: the archive holds none of the points this spec plans (it holds "
+                         f"{', '.join(some)}{', ...' if len(by_name) > 3 else ''}): not its archive")
     for p in points:
         q = by_name.get(p.name)
         if q and (q["recipe"] != p.recipe or q["overrides"] != p.overrides or q["max_steps"] != p.max_steps

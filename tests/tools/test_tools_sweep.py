@@ -413,8 +413,15 @@ def test_a_real_cooldown_sweep_branches_resumes_and_blocks(tmp_path, capsys):
     restored = {p["name"]: p for p in json.loads((fresh / "manifest.json").read_text())["points"]}
     assert restored["ok-cd2048"]["elapsed_s"] == points["ok-cd2048"]["elapsed_s"]
     assert restored["ok-cd2048"]["run_dir"] == str(fresh / "ok-cd2048")
-    assert main(["--spec", str(changed), "--out", str(tmp_path / "other"), "--restore", str(archive)]) == 2
-    assert "points this spec does not plan (broken-cd1024" in capsys.readouterr().err
+    # a spec narrowed to part of the archived one (the ok ladder alone) restores its own points only
+    narrowed, _ = _cooldown_spec(tmp_path, "narrowed.yaml", cooldown={"tokens": [1024, 2048]})
+    assert main(["--spec", str(narrowed), "--out", str(tmp_path / "part"), "--restore", str(archive),
+                 "--status"]) == 0
+    assert "3 points: 3 finished, 0 diverged, 0 to go" in capsys.readouterr().out
+    stranger, _ = _cooldown_spec(tmp_path, "stranger.yaml", ladders={"new": {"recipe": "recipes/dense/tiny.yaml"}},
+                                 cooldown={"tokens": [1024, 2048]})
+    assert main(["--spec", str(stranger), "--out", str(tmp_path / "other"), "--restore", str(archive)]) == 2
+    assert "holds none of the points this spec plans (it holds broken-cd1024" in capsys.readouterr().err
     linear, _ = _cooldown_spec(tmp_path, "linear.yaml", ladders=spec["ladders"],
                                cooldown={"tokens": [1024, 2048], "shape": "linear"})
     assert main(["--spec", str(linear), "--out", str(tmp_path / "other"), "--restore", str(archive)]) == 2
