@@ -227,10 +227,10 @@ def _sweep_run_dirs(folder: Path) -> list[Path]:
 def expand_inputs(inputs: Iterable[str]) -> tuple[list[Run], list[tuple[str, str]]]:
     """Run folders named by paths, globs, sweep folders (their manifest's points) or folders of runs.
 
-    Returns (runs, problems): a point of a sweep that never started, or a folder in a glob that
-    is not a run, becomes a (path, reason) problem instead of an error, so that the rest can
-    still be analysed. A path the user names directly that is not a run (and holds no runs) is
-    an error.
+    Returns (runs, problems): a folder in a glob that is not a run becomes a (path, reason) problem
+    instead of an error, so that the rest can still be analysed; so do a sweep's points that have
+    no run folder yet (one problem per sweep folder, naming how many). A path the user names directly
+    that is not a run (and holds no runs) is an error.
     """
     runs: list[Run] = []
     problems: list[tuple[str, str]] = []
@@ -257,8 +257,15 @@ def expand_inputs(inputs: Iterable[str]) -> tuple[list[Run], list[tuple[str, str
             if not p.exists():
                 raise RunError(f"{p}: no such folder")
             if p.is_dir() and (p / SWEEP_MANIFEST).is_file() and not is_run_dir(p):
-                for d in _sweep_run_dirs(p):
-                    add(d, strict=False)
+                planned = _sweep_run_dirs(p)
+                absent = [d for d in planned if not d.exists()]
+                for d in planned:
+                    if d.exists():
+                        add(d, strict=False)
+                if absent:  # one line for the sweep's points still to train, not one per point
+                    problems.append((str(p.resolve()), f"{len(absent)} of the sweep's {len(planned)} planned points "
+                                     f"have no run folder (not trained, or not archived): "
+                                     f"{', '.join(d.name for d in absent[:3])}{', ...' if len(absent) > 3 else ''}"))
             elif p.is_dir() and not is_run_dir(p) and any(is_run_dir(c) for c in p.iterdir() if c.is_dir()):
                 for c in sorted(c for c in p.iterdir() if c.is_dir() and is_run_dir(c)):
                     add(c, strict=False)

@@ -451,6 +451,18 @@ def fake_sweep(tmp_path_factory, fake_run):
     return root
 
 
+def test_a_sweeps_points_still_to_train_are_one_problem(fake_sweep, tmp_path):
+    """A sweep folder part-trained (or an archive of part of a study) lists its missing points once, by count."""
+    listed = json.loads((fake_sweep / "manifest.json").read_text())["points"]
+    points = [{**q, "run_dir": str(fake_sweep / q["run_dir"])} for q in listed[:4]]
+    points += [{"name": f"later-{i}", "run_dir": f"later-{i}", "status": "not archived"} for i in range(5)]
+    (tmp_path / "manifest.json").write_text(json.dumps({"kind": "archlab-sweep", "version": 1, "points": points}))
+    runs, problems = expand_inputs([str(tmp_path)])
+    assert len(runs) == 4
+    assert problems == [(str(tmp_path.resolve()), "5 of the sweep's 9 planned points have no run folder (not trained, "
+                                                  "or not archived): later-0, later-1, later-2, ...")]
+
+
 def test_seed_runs_are_one_point_at_their_mean(fake_sweep):
     runs, _ = expand_inputs([str(fake_sweep)])
     pts, excluded, curves = collect(runs)
