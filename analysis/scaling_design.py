@@ -38,8 +38,9 @@ Conventions:
 - Spread: the 2.5-97.5 percentile range of the point estimates over the simulations whose fit
   succeeded (status "ok"), its width, and the bias = median - true. "width 95%" is a bootstrap
   interval of that width over the simulations: how well the number of simulations pins the width
-  down. With ``fit.bootstrap`` > 0 each simulated fit also computes its own bootstrap interval and
-  the report gives how often it covers the truth.
+  down. With ``fit.bootstrap`` > 0 each simulated fit also computes its own bootstrap interval (whole
+  trunks resampled, as the study's) and the report gives its median width (what one study should
+  report, to set beside the spread) and how often it covers the truth.
 - Families (``families:``): each its own law (a partial ``law:`` over the spec's) or the spec's law
   with a constant compute multiplier k (``compute_multiplier: k``: A -> A k^-alpha, so that
   L_opt(C) = L_ref,opt(k C) at every C). The first family is the reference; for every other one
@@ -436,11 +437,15 @@ def compute_multiplier(ref: NDFit, other: NDFit, C: float, k_ref: float = 6.0, k
 
 def fit_study(plan: Plan, L: np.ndarray, spec: DesignSpec, *, seed: int = 0) -> tuple[NDFit, IsoFLOPResult]:
     """Approach 3 and approach 2 on one simulated study's seed-averaged losses, as analysis.scaling
-    calls them (budget tags from the FLOPs budgets, ``spec.bootstrap`` resamples)."""
+    calls them (budget tags from the FLOPs budgets, ``spec.bootstrap`` resamples; with WSD trunks, the
+    branches of one trunk are one cluster of the bootstrap, as the study's)."""
+    clusters = plan.trunk if plan.decay_fraction is not None else None
     nd = fit_loss_nd(plan.N, plan.D, L, huber_delta=spec.huber_delta, n_boot=spec.bootstrap, seed=seed,
-                     n_polish=spec.n_polish, C=plan.C, budget_tolerance=spec.budget_tolerance, budget_tags=plan.budget)
+                     n_polish=spec.n_polish, C=plan.C, budget_tolerance=spec.budget_tolerance, budget_tags=plan.budget,
+                     clusters=clusters)
     iso = isoflop_profiles(plan.N, plan.C, L, tolerance=spec.budget_tolerance, tags=plan.budget,
-                           point_sem=spec.noise.sigma * L / math.sqrt(plan.seeds), n_boot=spec.bootstrap, seed=seed)
+                           point_sem=spec.noise.sigma * L / math.sqrt(plan.seeds), n_boot=spec.bootstrap, seed=seed,
+                           clusters=clusters)
     return nd, iso
 
 
@@ -465,6 +470,7 @@ class Spread:
     width: Optional[float] = None
     width_ci: Optional[list] = None  # bootstrap (over simulations) 95% interval of the width
     coverage: Optional[float] = None  # share of the fits' own bootstrap intervals holding the truth
+    own_width: Optional[float] = None  # median width of the fits' own bootstrap intervals (what one study reports)
     estimates: list = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -472,14 +478,19 @@ class Spread:
 
 
 def summarise(quantity: str, true: float, estimates: Sequence[float], covered: Sequence[Optional[bool]] = (),
-           seed: int = 0, n_boot: int = 200, log: bool = False) -> Spread:
+              seed: int = 0, n_boot: int = 200, log: bool = False,
+              own_widths: Sequence[Optional[float]] = ()) -> Spread:
     """Median, bias, 95% percentile range and its width (``log``: width as the ratio hi / lo, bias as the
-    ratio median / true) of the finite estimates; a bootstrap over simulations for the width's precision."""
+    ratio median / true) of the finite estimates; a bootstrap over simulations for the width's precision.
+    ``covered`` / ``own_widths``: per simulation, whether its own bootstrap interval held the truth and
+    that interval's width (None: no interval)."""
     x = np.asarray(estimates, dtype=float)
     ok = x[np.isfinite(x)]
     out = Spread(quantity=quantity, true=float(true), n_ok=len(ok), n_sims=len(x), estimates=x.tolist())
     cov = [c for c in covered if c is not None]
     out.coverage = float(np.mean(cov)) if cov else None
+    own = [w for w in own_widths if w is not None and math.isfinite(w)]
+    out.own_width = float(np.median(own)) if own else None
     if len(ok) < 2:
         return out
 
@@ -571,6 +582,7 @@ def simulate(spec: DesignSpec, *, sims: Optional[int] = None, seed: Optional[int
     ref_flops = spec.ref_flops or float(spec.plan_of(next(iter(spec.families))).C.max())
     est = {f: {q: [] for q in QUANTITIES} for f in spec.families}
     cov = {f: {q: [] for q in QUANTITIES} for f in spec.families}
+    own = {f: {q: [] for q in QUANTITIES} for f in spec.families}
     statuses = {f: {"approach 3": {}, "approach 2": {}} for f in spec.families}
     fits = {f: [] for f in spec.families}
     for m in range(M):
@@ -591,7 +603,9 @@ def simulate(spec: DesignSpec, *, sims: Optional[int] = None, seed: Optional[int
                 ok = (ok3 if q.startswith("approach 3") else pl is not None) and v is not None
                 est[name][q].append(float(v) if ok else math.nan)
                 cov[name][q].append(_covers(ci, truth) if ok else None)
-    spreads = {f: {q: summarise(q, _truth(spec.families[f], q), est[f][q], cov[f][q], seed=seed) for q in QUANTITIES}
+                own[name][q].append(ci[1] - ci[0] if ok and ci else None)
+    spreads = {f: {q: summarise(q, _truth(spec.families[f], q), est[f][q], cov[f][q], seed=seed,
+                                own_widths=own[f][q]) for q in QUANTITIES}
                for f in spec.families}
     multipliers = {}
     names = list(spec.families)
@@ -738,14 +752,14 @@ def design_table(d: Design) -> str:
     lines += ["width: 97.5th - 2.5th percentile of the simulated point estimates, the 95% interval the study "
               "should expect; width 95%: its bootstrap interval over the simulations (more sims narrow it).", ""]
     head = "| family | estimate | true | median | bias | 95% of estimates | width | width 95% | fits ok |"
-    lines += [head + (" own CI covers |" if boot else ""), "|---" * (9 + boot) + "|"]
+    lines += [head + (" own CI: median width | own CI covers |" if boot else ""), "|---" * (9 + 2 * boot) + "|"]
     for f, qs in d.spreads.items():
         for q, v in qs.items():
             iv = f"[{_g(v.interval[0])}, {_g(v.interval[1])}]" if v.interval else "-"
             wc = f"[{_g(v.width_ci[0], '.2g')}, {_g(v.width_ci[1], '.2g')}]" if v.width_ci else "-"
             row = (f"| {f} | {q} | {v.true:.3f} | {_g(v.median)} | {_g(v.bias, '+.3f')} | {iv} | "
                    f"**{_g(v.width)}** | {wc} | {v.n_ok}/{v.n_sims} |")
-            lines.append(row + (f" {_g(v.coverage, '.0%')} |" if boot else ""))
+            lines.append(row + (f" {_g(v.own_width)} | {_g(v.coverage, '.0%')} |" if boot else ""))
     lines.append("")
     for f, st in d.statuses.items():
         for approach, counts in st.items():

@@ -20,6 +20,7 @@ from analysis.scaling_design import (
     Plan,
     compute_multiplier,
     draw_losses,
+    fit_study,
     grid_facts,
     load_spec,
     propose_grid,
@@ -138,6 +139,23 @@ def test_cooldown_branches_share_their_trunks_noise():
     eps = np.array([np.log(draw_losses(independent, law, Noise(sigma=0.02, trunk_share=1.0), rng) / true)
                     for _ in range(4000)])
     assert abs(np.corrcoef(eps[:, 0], eps[:, 1])[0, 1]) < 0.06  # without cooldown every run is its own
+
+
+def test_simulated_fits_bootstrap_whole_trunks_as_the_study_does():
+    """With WSD trunks the study resamples trunks (a trunk and its branches are one cluster); so does each
+    simulated fit's own interval, whose median width the design reports beside the spread."""
+    base = {"sizes": [2.0e4, 4.0e4, 8.0e4, 1.6e5, 3.2e5, 6.4e5], "flops": [4.0e11, 1.6e12, 6.4e12],
+            "fit": {"n_polish": 2, "bootstrap": 12}}
+    trunks, independent = load_spec({**base, "cooldown": {"decay_fraction": 0.2}}), load_spec(base)
+    law, rng = Law(), np.random.default_rng(3)
+    nd, iso = fit_study(trunks.plan, draw_losses(trunks.plan, law, trunks.noise, rng), trunks)
+    assert nd.ci_method == "clusters (6)" and iso.status == "ok"
+    nd, _ = fit_study(independent.plan, draw_losses(independent.plan, law, independent.noise, rng), independent)
+    assert nd.ci_method == "points"
+    design = simulate(trunks, sims=3)
+    spread = design.spreads["assumed"]["approach 3 a"]
+    assert spread.own_width is not None and spread.own_width > 0 and spread.coverage is not None
+    assert "own CI: median width" in design.table()
 
 
 def test_seeds_average_the_noise_down():
