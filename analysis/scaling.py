@@ -10,7 +10,8 @@ every table and axis), D = tokens seen, C = training FLOPs (D x the run's traini
 FLOPs per token, archlab's cost model) and L = final validation loss (nats/token). Runs that are
 the same point (recipe and overrides equal but for ``train.seed`` and bookkeeping such as the run
 name, and the same tokens) are seeds of one point: the fits use their mean loss, the plots show
-their spread as error bars, and the report states the noise floor (pooled std of the seed groups).
+their spread as error bars, and the report states the noise floor (pooled std of the seed groups)
+and the designer's noise model measured from the seed pairs (sigma of ln L, the trunk share).
 A run that failed, did not finish or diverged, one whose final loss is within ``LEARN_MARGIN``
 (0.1 nats) of its training split's unigram entropy (it learned only token frequencies), and a
 WSD stable trunk (summary.json ``role`` "stable": its cooldown branches are the points), is
@@ -121,6 +122,7 @@ from analysis.scaling_fits import (  # noqa: F401  (re-exported: the API of anal
     HOLDOUT_BY,
     OK,
     ComputeOptimal,
+    DesignNoise,
     EnvelopeExponent,
     HoldoutPrediction,
     IsoFLOPProfile,
@@ -130,6 +132,7 @@ from analysis.scaling_fits import (  # noqa: F401  (re-exported: the API of anal
     NoiseFloor,
     _interval,
     compute_optimal,
+    design_noise,
     difference_interval,
     envelope,
     envelope_exponent,
@@ -1115,6 +1118,27 @@ def holdout_table(studies: dict[str, FamilyStudy]) -> str:
     return "\n".join(lines)
 
 
+def family_design_noise(points: list[Point]) -> DesignNoise:
+    """The designer's noise model (sigma of ln L, trunk share) from one family's seed-averaged points
+    trained with two or more seeds (their first two seeds), branches grouped by :func:`cluster_labels`."""
+    labels = cluster_labels(points)
+    return design_noise([(c, p.seed_losses[0], p.seed_losses[1]) for p, c in zip(points, labels)
+                         if p.n_seeds >= 2 and len(p.seed_losses or []) >= 2])
+
+
+def design_noise_table(dn: dict[str, DesignNoise]) -> str:
+    lines = ["For `analysis.scaling design` (`noise: {sigma, trunk_share}`): sigma = std of ln L of one run, from "
+             "the seed pairs' differences; trunk share = the share of it that the branches of one WSD trunk have in "
+             "common, 1 - within-trunk variance / variance of the differences.", "",
+             "| family | seed pairs | sigma (of ln L per run) | trunks with >= 2 branch pairs | trunk share | status |",
+             "|---|---|---|---|---|---|"]
+    for fam, d in dn.items():
+        sig = "-" if d.sigma is None else f"{d.sigma:.4f}"
+        share = "-" if d.trunk_share is None else f"{d.trunk_share:.2f}"
+        lines.append(f"| {fam} | {d.n_pairs} | {sig} | {d.n_trunks} | {share} | {_status(d)} |")
+    return "\n".join(lines)
+
+
 def noise_table(noise: dict[str, NoiseFloor], overall: NoiseFloor) -> str:
     lines = ["| family | seed groups (>= 2 seeds) | runs | noise floor: pooled std (nats) | dof |",
              "|---|---|---|---|---|"]
@@ -1297,6 +1321,7 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
     preds = [read_prediction(spec, sorted({p.family for p in points})) for spec in predictions or []]
     noise = {fam: pooled_std(g) for fam, g in sorted(seed_losses.items())}
     overall = pooled_std([g for gs in seed_losses.values() for g in gs])
+    dnoise = {fam: family_design_noise([p for p in points if p.family == fam]) for fam in noise}
     fits = fit_families(points, n_boot, huber_delta, seed)
     pair_list = family_pairs(list(fits), pairs, reference)
     comparisons = compare_dense_moe(points, fits)
@@ -1332,7 +1357,8 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
         "design_vs_obtained": [{"family": pr["family"], "design": pr["path"], "design_family": pr["design_family"],
                                 "rows": json_safe(prediction_rows(pr, studies, multipliers))} for pr in preds],
         "moe_at_equal_params": equal_params,
-        "noise": {"overall": overall.to_json(), "families": {fam: nf.to_json() for fam, nf in noise.items()}},
+        "noise": {"overall": overall.to_json(), "families": {fam: nf.to_json() for fam, nf in noise.items()},
+                  "design": {fam: d.to_json() for fam, d in dnoise.items()}},
         "excluded": excluded,
         "budget_convention": budget_convention(points),
         "dense_vs_moe": comparisons,
@@ -1353,7 +1379,7 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
         "## Families as compute multipliers", multiplier_table(multipliers),
         "## The designer's prediction against the study", prediction_table(preds, studies, multipliers),
         "## MoE at equal active and equal total parameters", equal_params_table(equal_params),
-        "## Seed noise", floor, noise_table(noise, overall),
+        "## Seed noise", floor, noise_table(noise, overall), design_noise_table(dnoise),
         "## Points (finished runs; seed groups at their mean)", points_table(points, n_kind),
         "## Dense vs MoE", comparison_table(comparisons),
         "## Excluded runs", "\n".join(f"- {e['run']}: {e['status']} ({e['reason']})" for e in excluded) or "(none)",

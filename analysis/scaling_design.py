@@ -28,8 +28,9 @@ Conventions:
 - WSD cooldown branches (``cooldown:``): one warmup-stable trunk per (size, seed), a branch at each
   of that size's budgets (as ``tools.sweep``'s ``cooldown:``). Branches of one trunk share its noise:
   eps = u_trunk + e_branch, u_trunk ~ normal(0, rho sigma^2), e_branch ~ normal(0, (1 - rho) sigma^2),
-  rho = ``noise.trunk_share`` (default 0.5, an assumption: measure it as the correlation of two
-  branches' seed differences), so one run still has variance sigma^2.
+  rho = ``noise.trunk_share`` (default 0.5, an assumption), so one run still has variance sigma^2.
+  ``analysis.scaling`` measures both from a study's seed pairs (its "Seed noise" section:
+  :func:`analysis.scaling_fits.design_noise`).
 - Training cost: independent runs cost 6 N D each. A trunk with branches at D_1 < ... < D_m and
   decay fraction f (the last f of each branch's steps decay, default 0.2, as ``tools.sweep``) trains
   (1 - f) D_m tokens stable and f D_i tokens of cooldown per branch: 6 N ((1 - f) D_m + f sum_i D_i),

@@ -16,6 +16,7 @@ from analysis.scaling import (
     compute_optimal,
     envelope,
     envelope_exponent,
+    family_design_noise,
     fit_isoflop_profile,
     fit_log_log,
     fit_loss_nd,
@@ -477,6 +478,11 @@ def test_seed_runs_are_one_point_at_their_mean(fake_sweep):
         assert p.loss == pytest.approx(truth, rel=1e-9) and p.loss_std == pytest.approx(SEED_STD, rel=1e-6)
         assert p.budget == 1e13 and len(p.seed_runs) == 3
     assert pooled_std(losses["dense"]).std == pytest.approx(SEED_STD, rel=1e-6)
+    # the designer's noise from the first two seeds (each point its own unit: no trunk share to measure)
+    dn = family_design_noise([p for p in avg if p.family == "dense"])
+    assert dn.n_pairs == 7 and dn.trunk_share is None
+    assert dn.sigma == pytest.approx(np.sqrt(np.mean([np.log(p.seed_losses[1] / p.seed_losses[0]) ** 2
+                                                      for p in seeded]) / 2), rel=1e-9)
     assert len(avg_curves["dense"]) == 21  # seeds' curves averaged into one
     moe = next(p for p in avg if p.family == "mixtral")
     assert n_params(moe, "active") < n_params(moe, "non_embedding") < n_params(moe, "total")

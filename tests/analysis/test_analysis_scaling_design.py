@@ -26,7 +26,7 @@ from analysis.scaling_design import (
     propose_grid,
     simulate,
 )
-from analysis.scaling_fits import fit_loss_nd, isoflop_profiles
+from analysis.scaling_fits import design_noise, fit_loss_nd, isoflop_profiles
 
 FAST = {"n_polish": 5}
 POOR = {"sizes": [1.0e5, 1.6e5, 2.5e5, 4.0e5], "flops": [4.0e11, 8.0e11, 1.6e12, 3.2e12, 6.4e12]}
@@ -156,6 +156,24 @@ def test_simulated_fits_bootstrap_whole_trunks_as_the_study_does():
     spread = design.spreads["assumed"]["approach 3 a"]
     assert spread.own_width is not None and spread.own_width > 0 and spread.coverage is not None
     assert "own CI: median width" in design.table()
+
+
+def test_the_analysis_measures_the_noise_model_the_designer_assumes():
+    """Two seeds of a WSD grid drawn from the designer's noise model (sigma 0.02, trunk share 0.3): the analysis's
+    seed-pair measurement (analysis.scaling_fits.design_noise) gives back both numbers."""
+    plan = Plan(N=np.repeat([1e4, 2e4, 4e4, 8e4], 4), D=np.tile([1e6, 2e6, 4e6, 8e6], 4), budget=[None] * 16,
+                decay_fraction=0.2)
+    law, noise, rng = Law(), Noise(sigma=0.02, trunk_share=0.3), np.random.default_rng(4)
+    pairs = []
+    for study in range(300):  # each study: two seeds, each its own trunks
+        first, second = draw_losses(plan, law, noise, rng), draw_losses(plan, law, noise, rng)
+        pairs += [((study, t), a, b) for t, a, b in zip(plan.trunk, first, second)]
+    measured = design_noise(pairs)
+    assert measured.n_pairs == 4800 and measured.n_trunks == 1200
+    assert measured.sigma == pytest.approx(0.02, rel=0.04) and measured.trunk_share == pytest.approx(0.3, abs=0.05)
+    one_branch = design_noise([(i, a, b) for i, (_, a, b) in enumerate(pairs[:50])])
+    assert one_branch.trunk_share is None and "trunk share not measured" in one_branch.message
+    assert design_noise([]).status == "no-seed-groups"
 
 
 def test_seeds_average_the_noise_down():
