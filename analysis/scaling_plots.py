@@ -180,6 +180,20 @@ def _ci_text(v, ci, fmt=".3f") -> str:
     return f"{v:{fmt}}" + (f" [{ci[0]:{fmt}}, {ci[1]:{fmt}}]" if ci else "")
 
 
+def _open_ends(ax, n_opt: float, at: float, ci, lo_lim: float, hi_lim: float, color, axis: str) -> tuple:
+    """The interval of N* clipped to [lo_lim, hi_lim] (a bootstrap whose parabolas did not all open upward
+    leaves it unbounded: 0 or inf); each clipped end gets an arrowhead pointing on, at N* = the end on
+    ``axis`` ("x": N on the x axis at height ``at``; "y": N on the y axis at ``at`` on the x axis)."""
+    if not ci:
+        return n_opt, n_opt
+    lo, hi = max(ci[0], lo_lim), min(ci[1], hi_lim)
+    down, up = ("<", ">") if axis == "x" else ("v", "^")
+    for end, cut, arrow in ((lo, ci[0] < lo, down), (hi, ci[1] > hi, up)):
+        if cut:
+            ax.plot(*(([end], [at]) if axis == "x" else ([at], [end])), marker=arrow, ms=6, color=color, zorder=4)
+    return lo, hi
+
+
 def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
     """One row per family. Left: loss against N, one colour per compute budget, the fitted
     parabolas and their minima N* (stars, with 95% intervals). Right: N* against C with the
@@ -206,9 +220,9 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
                 ax.plot(grid, p.curve(grid), color=color, lw=1.2)
             if p.N_opt is not None and p.status == OK:  # a minimum outside the sizes trained is not drawn
                 ci = p.ci.get("N_opt")
-                xerr = None if not ci else [[p.N_opt - ci[0]], [ci[1] - p.N_opt]]
-                ax.errorbar([p.N_opt], [p.L_opt], xerr=xerr, fmt="*", ms=13, color=color, mec="black", capsize=3,
-                            zorder=4)
+                lo, hi = _open_ends(ax, p.N_opt, p.L_opt, ci, min(p.N) / 2, max(p.N) * 2, color, "x")
+                ax.errorbar([p.N_opt], [p.L_opt], xerr=None if not ci else [[p.N_opt - lo], [hi - p.N_opt]], fmt="*",
+                            ms=13, color=color, mec="black", capsize=3, zorder=4)
         _log_x(ax, [n for p in profs for n in p.N])
         if not profs:
             _note(ax, "no finite points")
@@ -220,10 +234,10 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
         if used:
             C = np.array([p.budget for p in used])
             Nopt = np.array([p.N_opt for p in used])
-            lo = np.array([p.ci.get("N_opt", [n, n])[0] for p, n in zip(used, Nopt)])
-            hi = np.array([p.ci.get("N_opt", [n, n])[1] for p, n in zip(used, Nopt)])
-            bx.errorbar(C, Nopt, yerr=[Nopt - lo, np.where(np.isfinite(hi), hi - Nopt, 0)], fmt="o", color="C0",
-                        capsize=3, zorder=3, label="N* per budget (95% interval)")
+            ends = [_open_ends(bx, n, c, p.ci.get("N_opt", [n, n]), min(st.N) / 2, max(st.N) * 2, "C0", "y")
+                    for p, n, c in zip(used, Nopt, C)]
+            bx.errorbar(C, Nopt, yerr=[Nopt - np.array([e[0] for e in ends]), np.array([e[1] for e in ends]) - Nopt],
+                        fmt="o", color="C0", capsize=3, zorder=3, label="N* per budget (95% interval)")
         grid = None
         if iso.power_law is not None and iso.power_law.status == OK:
             pl = iso.power_law
