@@ -1245,6 +1245,7 @@ def prediction_rows(pred: dict, studies: dict[str, FamilyStudy], multipliers: li
             continue
         width = None if not ci else ci[1] - ci[0]
         rows.append({"quantity": q, "predicted_width": sp.get("width"), "predicted_width_range": sp.get("width_ci"),
+                     "predicted_own_width": sp.get("own_width"), "predicted_own_range": sp.get("own_width_range"),
                      "planning_value": sp.get("true"), "value": value, "ci": ci, "width": width, "ratio": False})
     mult = (pred["design"].get("multipliers") or {}).get(pred["design_family"])
     C_ref = pred["design"].get("ref_flops")
@@ -1254,11 +1255,12 @@ def prediction_rows(pred: dict, studies: dict[str, FamilyStudy], multipliers: li
             at = _at_compute(c, C_ref)
             rows.append({"quantity": f"compute multiplier of {c.family} vs {c.reference} at C = {C_ref:.3g}",
                          "predicted_width": mult.get("width"), "predicted_width_range": mult.get("width_ci"),
+                         "predicted_own_width": None, "predicted_own_range": None,
                          "planning_value": mult.get("true"), "value": at[0] if at else None,
                          "ci": [at[1], at[2]] if at else None, "width": at[2] / at[1] if at else None,
                          "ratio": True})
-    for r in rows:
-        lo_hi = r["predicted_width_range"]
+    for r in rows:  # the obtained width is one study's bootstrap interval: set it against the simulated studies' own
+        lo_hi = r["predicted_own_range"] or r["predicted_width_range"]  # intervals when the design computed them
         r["verdict"] = ("not determined" if r["width"] is None or not math.isfinite(r["width"]) else
                         "no predicted range" if not lo_hi else
                         "narrower than predicted" if r["width"] < lo_hi[0] else
@@ -1270,17 +1272,20 @@ def prediction_table(preds: list[dict], studies: dict[str, FamilyStudy], multipl
     """One table per --prediction: the design's expected 95% interval widths against the obtained ones."""
     if not preds:
         return "(no design given: --prediction FAM=PATH)"
-    lines = ["| family | estimate | designer's width [range of the width] | obtained [95% interval] | obtained width "
-             "| verdict |", "|---|---|---|---|---|---|"]
+    lines = ["| family | estimate | designer's spread of the estimate [range] | designer's one-study interval "
+             "[range] | obtained [95% interval] | obtained width | verdict |", "|---|---|---|---|---|---|---|"]
     notes = []
     for pred in preds:
         for r in prediction_rows(pred, studies, multipliers):
             unit = "x" if r["ratio"] else ""
             rng = r["predicted_width_range"]
             predicted = f"{r['predicted_width']:.3g}{unit}" + (f" [{rng[0]:.3g}, {rng[1]:.3g}]" if rng else "")
+            own, orng = r["predicted_own_width"], r["predicted_own_range"]
+            own = "-" if own is None else f"{own:.3g}{unit}" + (f" [{orng[0]:.3g}, {orng[1]:.3g}]" if orng else "")
             got = "-" if r["value"] is None else _v(r["value"], r["ci"])
             width = "-" if r["width"] is None else f"{r['width']:.3g}{unit}"
-            lines.append(f"| {pred['family']} | {r['quantity']} | {predicted} | {got} | {width} | {r['verdict']} |")
+            lines.append(f"| {pred['family']} ({Path(pred['path']).name}) | {r['quantity']} | {predicted} | {own} | "
+                         f"{got} | {width} | {r['verdict']} |")
         noise = pred["design"].get("noise") or {}
         st = studies[pred["family"]]
         measured = (f"measured: seed std {st.noise.std:.4f} nats, {st.noise.std / float(np.mean(st.L)):.2%} of the "
@@ -1288,9 +1293,11 @@ def prediction_table(preds: list[dict], studies: dict[str, FamilyStudy], multipl
         notes.append(f"{pred['family']}: design {pred['path']} (family {pred['design_family']!r}, "
                      f"{pred['design'].get('sims')} simulated studies); noise assumed sigma = "
                      f"{noise.get('sigma', float('nan')):.3g} of ln L per run, {measured}.")
-    lines += ["", "Designer's width: the 97.5th - 2.5th percentile of the estimate over simulated studies of the "
+    lines += ["", "Designer's spread: the 97.5th - 2.5th percentile of the estimate over simulated studies of the "
               "planned grid under its planning law and noise, with the 95% range of that width over the "
-              "simulations; obtained: the study's 95% bootstrap interval (multiplier widths as hi / lo). "
+              "simulations; one-study interval (designs with `fit.bootstrap`): the median width of each simulated "
+              "study's own bootstrap interval, resampled as the study's, with its 2.5-97.5 percentile range, which "
+              "the verdict then uses; obtained: the study's 95% bootstrap interval (multiplier widths as hi / lo). "
               + " ".join(notes)]
     return "\n".join(lines)
 

@@ -472,6 +472,7 @@ class Spread:
     width_ci: Optional[list] = None  # bootstrap (over simulations) 95% interval of the width
     coverage: Optional[float] = None  # share of the fits' own bootstrap intervals holding the truth
     own_width: Optional[float] = None  # median width of the fits' own bootstrap intervals (what one study reports)
+    own_width_range: Optional[list] = None  # their 2.5 and 97.5 percentiles
     estimates: list = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -492,6 +493,7 @@ def summarise(quantity: str, true: float, estimates: Sequence[float], covered: S
     out.coverage = float(np.mean(cov)) if cov else None
     own = [w for w in own_widths if w is not None and math.isfinite(w)]
     out.own_width = float(np.median(own)) if own else None
+    out.own_width_range = [float(v) for v in np.percentile(own, Q)] if len(own) >= 2 else None
     if len(ok) < 2:
         return out
 

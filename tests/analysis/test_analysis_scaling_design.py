@@ -155,6 +155,7 @@ def test_simulated_fits_bootstrap_whole_trunks_as_the_study_does():
     design = simulate(trunks, sims=3)
     spread = design.spreads["assumed"]["approach 3 a"]
     assert spread.own_width is not None and spread.own_width > 0 and spread.coverage is not None
+    assert spread.own_width_range[0] <= spread.own_width <= spread.own_width_range[1]
     assert "own CI: median width" in design.table()
 
 

@@ -320,7 +320,16 @@ def test_the_designers_prediction_is_set_beside_the_obtained_intervals(study, tm
     assert m["value"] == pytest.approx(2.0 * c.k_reference / c.k_family, rel=0.1)
     assert m["ci"][0] < m["value"] < m["ci"][1]
     assert m["width"] == pytest.approx(m["ci"][1] / m["ci"][0]) and m["verdict"] == "as predicted"
-    assert "| llama | approach 3 beta | 1e-06 [1e-07, 2e-06] |" in prediction_table([pred], res["studies"], curves)
+    assert "| llama (design.json) | approach 3 beta | 1e-06 [1e-07, 2e-06] | - |" in \
+        prediction_table([pred], res["studies"], curves)
+    # a design that bootstrapped each simulated study: the obtained interval is judged against those intervals
+    own = {q: {**v, "own_width": 1e-6, "own_width_range": [1e-7, 2e-6]} for q, v in spread.items()}
+    path.write_text(json.dumps({**design, "spreads": {"llama": own}}))
+    rows = {r["quantity"]: r for r in prediction_rows(read_prediction(f"llama={path}", ["llama"]), res["studies"],
+                                                      curves)}
+    assert rows["approach 3 alpha"]["verdict"] == "wider than predicted"  # "as predicted" by the spread alone
+    assert rows["approach 3 alpha"]["predicted_own_range"] == [1e-7, 2e-6]
+    path.write_text(json.dumps(design))
     for spec, why in (("llama", "FAM=PATH"), (f"gpt={path}", "no family 'gpt'"), ("llama=/no/such.json", "cannot read"),
                       (f"llama={path}:gpt", "name the design's family")):
         with pytest.raises(ValueError, match=why):
