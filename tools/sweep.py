@@ -889,8 +889,9 @@ def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make
 # archive: a sweep's finished runs kept in a small folder (to commit), and restored from it
 # --------------------------------------------------------------------------------------------
 
-# what a finished run's analysis reads (analysis.runs) and where it ran; no checkpoints, no tokenizer.json (the
-# recipe rebuilds it), so a width-104 run keeps ~40 KB instead of megabytes
+# what a finished run's analysis reads (analysis.runs, analysis.routing's records) and where it ran; no checkpoints,
+# no tokenizer.json (the recipe rebuilds it): a dense or LLaMA run of the CPU scaling study keeps 30-500 KB, an MoE run
+# 0.15-6 MB (its metrics and routing records log every expert; git stores them compressed about 5x)
 ARCHIVED_FILES = (RUN_MARKER, RECIPE, SUMMARY, METRICS, ROUTING, ENV)
 
 
