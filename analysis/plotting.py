@@ -142,6 +142,22 @@ def plain_log_axis(axis) -> None:
     axis.set_minor_locator(NullLocator())
 
 
+def si_count(v: float) -> str:
+    """A count written short: 2000 -> 2k, 350000 -> 350k, 1.5e6 -> 1.5M (parameters, tokens)."""
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:g}{suffix}"
+    return f"{v:g}"
+
+
+def count_log_axis(axis) -> None:
+    """:func:`plain_log_axis` for a count (parameters, tokens): ticks at plain values, written 20k, 1.5M."""
+    from matplotlib.ticker import FuncFormatter
+
+    plain_log_axis(axis)
+    axis.set_major_formatter(FuncFormatter(lambda v, _: si_count(v)))
+
+
 def wrap_label(text: str, width: int = 40, lines: int = 2) -> str:
     """A long label (a tick or a legend entry) on at most ``lines`` lines of ``width`` characters, the rest
     shortened to " ..." (the reports' tables hold it whole)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.plotting import plain_log_axis
+from analysis.plotting import count_log_axis, plain_log_axis
 from analysis.runs import pyplot, save_figure, style_axes
 from analysis.scaling_fits import OK, envelope
 
@@ -32,12 +32,15 @@ def _marker(is_moe: bool) -> str:
     return "s" if is_moe else "o"
 
 
-def _log_x(ax, values) -> None:
-    """Log x axis; a single x value gets a factor-2 margin each side (matplotlib cannot span 0 decades)."""
+def _log_x(ax, values, count: bool = False) -> None:
+    """Log x axis; a single x value gets a factor-2 margin each side (matplotlib cannot span 0 decades).
+    ``count`` (parameters, tokens): ticks at plain values written 20k, 1.5M, not crowded minor labels."""
     v = [x for x in values if x > 0]
     if v and max(v) <= min(v) * (1 + 1e-6):
         ax.set_xlim(min(v) / 2, max(v) * 2)
     ax.set_xscale("log")
+    if count:
+        count_log_axis(ax.xaxis)
 
 
 def _points(ax, x, y, err, **kw) -> None:
@@ -161,7 +164,7 @@ def plot_dense_vs_moe(points, fits, path: Path, n_of=None,
                     marker=_marker(moe), ls="--" if moe else "-",
                     label=f"{fam} ({kind}), {k[1]:.3g} {'FLOPs' if k[0] == 'flops' else 'tokens'}")
     _log_x(ax, [p.flops for p in points])
-    _log_x(bx, [n_of(p) for p in points])
+    _log_x(bx, [n_of(p) for p in points], count=True)
     style_axes(ax, "Dense vs MoE at equal training compute\n(lines: fitted L(C), dashed for MoE)",
                "training compute C (FLOPs)", "final validation loss (nats/token)")
     style_axes(bx, "Dense vs MoE at equal active parameters\n(MoE: K routed + shared experts + router; "
@@ -223,7 +226,7 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
                 lo, hi = _open_ends(ax, p.N_opt, p.L_opt, ci, min(p.N) / 2, max(p.N) * 2, color, "x")
                 ax.errorbar([p.N_opt], [p.L_opt], xerr=None if not ci else [[p.N_opt - lo], [hi - p.N_opt]], fmt="*",
                             ms=13, color=color, mec="black", capsize=3, zorder=4)
-        _log_x(ax, [n for p in profs for n in p.N])
+        _log_x(ax, [n for p in profs for n in p.N], count=True)
         if not profs:
             _note(ax, "no finite points")
         style_axes(ax, f"{fam}: IsoFLOP profiles (approach 2)\nparabola in ln N per budget,\n"
@@ -287,7 +290,7 @@ def plot_loss_nd(studies: dict, n_label: str, path: Path) -> Path:
             if st.nd.status == OK and D_all[sel].max() > D_all[sel].min():  # each size's curve over its own tokens only
                 grid = np.geomspace(D_all[sel].min(), D_all[sel].max(), 60)
                 ax.plot(grid, st.nd.predict(n, grid), color=color, lw=1.1)
-        _log_x(ax, st.D)
+        _log_x(ax, st.D, count=True)
         _plain_log_y(ax)
         f = st.nd
         if f.status == OK:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.plotting import plain_log_axis, plain_ticks, pyplot
+from analysis.plotting import count_log_axis, plain_log_axis, plain_ticks, pyplot, si_count
 
 
 @pytest.mark.parametrize("low,high,ticks", [
@@ -33,4 +33,17 @@ def test_plain_log_axis_labels_the_final_limits_with_plain_numbers():
     ax.set_xlim(1e2, 1e8)  # six decades: matplotlib's decade ticks
     fig.canvas.draw()
     assert list(ax.get_xticks()[1:-1]) == pytest.approx([10.0 ** k for k in range(2, 9)][: len(ax.get_xticks()) - 2])
+    plt.close(fig)
+
+
+def test_count_log_axis_writes_parameter_counts_short():
+    """1.6 decades of parameters (an MoE family's 20k-770k): plain ticks written 20k ... 700k, not 2x10^4."""
+    assert [si_count(v) for v in (20, 2000, 350000, 1.5e6, 2e9)] == ["20", "2k", "350k", "1.5M", "2G"]
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    ax.set_xscale("log")
+    count_log_axis(ax.xaxis)
+    ax.set_xlim(2.0e4, 7.7e5)
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["20k", "50k", "100k", "200k", "500k"]
     plt.close(fig)
