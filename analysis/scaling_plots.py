@@ -158,18 +158,22 @@ def plot_dense_vs_moe(points, fits, path: Path, n_of=None,
         def key(p):
             return ("flops", p.budget) if p.budget else ("tokens", round(p.tokens, -3))
 
-        for k in sorted({key(p) for p in ps}):
+        budgets = sorted({key(p) for p in ps})
+        for i, k in enumerate(budgets):  # one legend entry per family: its lines differ only in the budget
             same = sorted((p for p in ps if key(p) == k), key=n_of)
+            unit = "FLOPs" if k[0] == "flops" else "tokens"
             bx.plot([n_of(p) for p in same], [p.loss for p in same], color=col[fam],
                     marker=_marker(moe), ls="--" if moe else "-",
-                    label=f"{fam} ({kind}), {k[1]:.3g} {'FLOPs' if k[0] == 'flops' else 'tokens'}")
+                    label="_nolegend_" if i else
+                    f"{fam} ({kind}): {len(budgets)} {'budgets' if len(budgets) > 1 else 'budget'} "
+                    f"{budgets[0][1]:.3g}-{budgets[-1][1]:.3g} {unit}")
     _log_x(ax, [p.flops for p in points])
     _log_x(bx, [n_of(p) for p in points], count=True)
     style_axes(ax, "Dense vs MoE at equal training compute\n(lines: fitted L(C), dashed for MoE)",
                "training compute C (FLOPs)", "final validation loss (nats/token)")
     style_axes(bx, "Dense vs MoE at equal active parameters\n(MoE: K routed + shared experts + router; "
-               "lines: one budget)",
-               f"N: {n_label} (count)", "final validation loss (nats/token)")
+               "lines: one budget each, lower = larger budget)",
+               f"N: {n_label} (count)", "final validation loss (nats/token)", legend_below=1)
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -261,6 +265,7 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
                           f"{_ci_text(f.a_opt, f.ci.get('a_opt'))}")
         bx.set_xscale("log")
         bx.set_yscale("log")
+        count_log_axis(bx.yaxis)
         if not used and not opt:
             _note(bx, f"no N*(C) fit: {iso.status}\n{iso.message}")
         style_axes(bx, f"{fam}: compute-optimal size against compute\n(N*(C) fit: {iso.status}"
