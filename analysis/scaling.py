@@ -959,6 +959,12 @@ def _v(value, ci=None, fmt: str = ".3f") -> str:
     return format(value, fmt) + (f" [{f(ci[0])}, {f(ci[1])}]" if ci else "")
 
 
+def _relative(path: str) -> str:
+    """``path`` relative to the working folder when it lies inside it, else as given."""
+    p, here = Path(path), Path.cwd().resolve()
+    return str(p.relative_to(here)) if p.is_absolute() and p.is_relative_to(here) else path
+
+
 def _status(obj) -> str:
     return obj.status if obj.status != OK or not obj.message else f"{obj.status} ({obj.message})"
 
@@ -1321,6 +1327,8 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
     runs, problems = expand_inputs(inputs)
     run_points, excluded, run_curves = collect(runs, keep_unlearned)
     excluded = [{"run": p, "status": "unreadable", "reason": why} for p, why in problems] + excluded
+    for e in excluded:  # paths as the user gave them (relative to the working folder), not this machine's
+        e["run"] = _relative(e["run"])
     if not run_points:
         raise RunError("no finished run among the inputs: " +
                        "; ".join(f"{e['run']}: {e['reason']}" for e in excluded))

@@ -142,12 +142,14 @@ def test_expand_inputs_reads_folders_of_runs_and_globs(analysis_runs):
     assert sorted(r.name for r in runs) == ["dense-d16", "dense-d24", "dense-d32", "dense-d48"]
 
 
-def test_scaling_program_on_real_runs(analysis_runs, tmp_path):
+def test_scaling_program_on_real_runs(analysis_runs, tmp_path, monkeypatch):
     root = analysis_runs["dense-d16"].parent
     with pytest.raises(RunError, match="not 0.1 nats below the training split's unigram entropy"):
         analyse([str(root)], None, n_boot=0)  # 20 steps: no run got below token frequencies
+    monkeypatch.chdir(root.parent)  # the report names runs as seen from the working folder
     result = analyse([str(root)], tmp_path, n_boot=30, keep_unlearned=True)  # kept as points, said so
     assert {e["status"] for e in result["excluded"]} == {"near-unigram (kept)", "diverged", "incomplete"}
+    assert {e["run"] for e in result["excluded"]} >= {f"{root.name}/diverged", f"{root.name}/killed"}
     fams = result["families"]
     dense = fams["dense"]
     assert dense["status"] == "ok" and dense["n_points"] == 4  # diverged and killed runs left out
