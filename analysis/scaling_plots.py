@@ -319,15 +319,16 @@ def plot_compute_multiplier(curves: list, n_labels: dict, path: Path) -> Path:
     plt = pyplot()
     kinds = list(dict.fromkeys(c.n_kind for c in curves)) or ["-"]
     pairs = list(dict.fromkeys((c.reference, c.family) for c in curves))
-    fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 5.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 6.2), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
         mine = [c for c in curves if c.n_kind == kind]
         drawn = [c for c in mine if c.status == OK and c.C]
         for c in drawn:
             color = f"C{pairs.index((c.reference, c.family)) % 10}"  # one colour per pair in every panel
-            ax.plot(c.C, c.multiplier, color=color, lw=1.8, label=f"{c.family} vs {c.reference}")
+            name = f"{c.family} vs {c.reference}"
+            ax.plot(c.C, c.multiplier, color=color, lw=1.8, label=name)
             if c.lo:
-                ax.fill_between(c.C, c.lo, c.hi, color=color, alpha=0.18, lw=0, label=f"{c.family}: 95% band")
+                ax.fill_between(c.C, c.lo, c.hi, color=color, alpha=0.18, lw=0, label=f"{name}: 95% band")
         if drawn:
             ax.axhline(1.0, color="grey", ls="--", lw=1, label="m = 1: equally efficient")
             ax.set_xscale("log")
@@ -338,6 +339,7 @@ def plot_compute_multiplier(curves: list, n_labels: dict, path: Path) -> Path:
         label = n_labels.get(kind, kind)
         style_axes(ax, "\n".join(textwrap.wrap(f"Compute multiplier, fits with N = {label}", 60)
                                  + ["(reference's FLOPs / family's FLOPs, at the family's compute-optimal loss)"]),
-                   "training compute C of the family (FLOPs)", "compute multiplier m (×)")
+                   "training compute C of the family (FLOPs)", "compute multiplier m (×)",
+                   legend_below=2)  # below the panel: the bands fill it
     fig.tight_layout()
     return save_figure(fig, path)
