@@ -2,7 +2,7 @@
 
     python -m analysis.scaling design SPEC [--sims 200] [--seed 0] [--out design.json]
     python -m analysis.scaling design [SPEC] --propose C_MIN C_MAX [--budgets 5] [--sizes 7] [--spread 4]
-                                      [--write-spec proposed.yaml]
+                                      [--ladder N ...] [--write-spec proposed.yaml]
 
 The designer simulates the whole analysis of :mod:`analysis.scaling` many times: it draws losses from
 an assumed law L(N, D) on the planned grid with a seed-noise model, fits every draw as the real study
@@ -74,7 +74,9 @@ Spec file (YAML, OmegaConf; every key but the grid is optional)::
 :func:`propose_grid` plans an IsoFLOP grid: budgets log-spaced over a compute range and, per
 budget, ``n_sizes`` sizes of one shared log ladder centred on the law's N_opt(C) and spread over
 a factor ``spread`` either side (in ln N), so that each budget brackets its optimum and the trunks
-of a WSD sweep serve several budgets.
+of a WSD sweep serve several budgets. With ``ladder`` (``--ladder``: the N of the sizes one can
+build, e.g. each width of a model family) it picks from those sizes instead: per budget the
+``n_sizes`` nearest N_opt(C) in ln N among those within the factor ``spread``.
 
 Shapes: P points (size, budget), S seeds, T trunks (distinct sizes), M simulations.
 """
@@ -640,13 +642,17 @@ def _round(x: float, digits: int = 3) -> float:
 
 
 def propose_grid(flops_min: float, flops_max: float, *, n_budgets: int = 5, n_sizes: int = 7, spread: float = 4.0,
-                 law: Law = Law()) -> dict:
+                 law: Law = Law(), ladder: Optional[Sequence[float]] = None) -> dict:
     """An IsoFLOP grid as a spec fragment ``{"budgets": [{"flops": C, "sizes": [N...]}, ...]}``.
 
     Budgets: ``n_budgets`` log-spaced FLOPs from ``flops_min`` to ``flops_max``. Sizes: one log ladder
     of step r = spread^(2 / (n_sizes - 1)) shared by all budgets (so a WSD trunk serves several); per
     budget the ``n_sizes`` consecutive rungs whose geometric mean is nearest the law's N_opt(C) (within
     a factor sqrt(r)), from about N_opt / spread to N_opt * spread. Sizes are rounded to 3 digits.
+
+    ``ladder``: the sizes that can be built (N values). Each budget then takes the up to ``n_sizes``
+    ladder sizes nearest N_opt(C) in ln N among those within [N_opt / spread, N_opt * spread], exactly
+    as given; a budget with fewer than 3 there is refused (its IsoFLOP parabola needs 3).
     """
     if not (math.isfinite(flops_min) and flops_min > 0 and math.isfinite(flops_max) and flops_max > flops_min):
         raise ValueError(f"propose_grid: flops range [{flops_min:g}, {flops_max:g}]: need 0 < C_min < C_max")
@@ -658,6 +664,8 @@ def propose_grid(flops_min: float, flops_max: float, *, n_budgets: int = 5, n_si
         raise ValueError(f"propose_grid: spread={spread}: the factor either side of N_opt must be > 1")
     budgets = np.geomspace(flops_min, flops_max, int(n_budgets))
     n_opt = law.n_opt(budgets)
+    if ladder is not None:
+        return {"budgets": _ladder_grid(budgets, n_opt, ladder, int(n_sizes), spread)}
     log_r = 2.0 * math.log(spread) / (n_sizes - 1)
     base = math.log(n_opt[0] / spread)
     out = []
@@ -668,20 +676,40 @@ def propose_grid(flops_min: float, flops_max: float, *, n_budgets: int = 5, n_si
     return {"budgets": out}
 
 
-def _yaml_number(x: float) -> str:
-    """3 significant digits, always readable as a float by YAML (4.0e+11, not 4e+11)."""
-    s = f"{x:.3g}"
+def _ladder_grid(budgets: np.ndarray, n_opt: np.ndarray, ladder: Sequence[float], n_sizes: int,
+                 spread: float) -> list[dict]:
+    """:func:`propose_grid` on a ladder of buildable sizes."""
+    rungs = sorted({float(n) for n in ladder})
+    bad = [n for n in rungs if not (math.isfinite(n) and n > 0)]
+    if not rungs or bad:
+        raise ValueError(f"propose_grid: ladder {list(ladder)}: needs positive, finite sizes N")
+    out = []
+    for C, n in zip(budgets, n_opt):
+        near = [r for r in rungs if n / spread <= r <= n * spread]
+        near = sorted(sorted(near, key=lambda r: abs(math.log(r / n)))[:n_sizes])
+        if len(near) < 3:
+            raise ValueError(f"propose_grid: budget {C:.3g} FLOPs (N_opt {n:.3g}): {len(near)} ladder size(s) within "
+                             f"x{spread:g} of N_opt ({n / spread:.3g}-{n * spread:.3g}); an IsoFLOP parabola needs 3: "
+                             "add sizes there, raise the spread or move the budgets")
+        out.append({"flops": _round(float(C)), "sizes": near})
+    return out
+
+
+def _yaml_number(x: float, digits: int = 3) -> str:
+    """``digits`` significant digits, always readable as a float by YAML (4.0e+11, not 4e+11)."""
+    s = f"{x:.{digits}g}"
     mantissa, _, exp = s.partition("e")
     return (mantissa if "." in mantissa else mantissa + ".0") + (f"e{exp}" if exp else "")
 
 
 def spec_yaml(spec: dict) -> str:
-    """A spec mapping as YAML, with a ``budgets:`` grid one budget per line."""
+    """A spec mapping as YAML, with a ``budgets:`` grid one budget per line (sizes to 6 digits: a ladder's
+    N as given)."""
     rest = {k: v for k, v in spec.items() if k != "budgets"}
     text = OmegaConf.to_yaml(OmegaConf.create(json_safe(rest))) if rest else ""
     if "budgets" in spec:
         text += "budgets:\n" + "".join(
-            f"  - {{flops: {_yaml_number(b['flops'])}, sizes: [{', '.join(_yaml_number(n) for n in b['sizes'])}]}}\n"
+            f"  - {{flops: {_yaml_number(b['flops'])}, sizes: [{', '.join(_yaml_number(n, 6) for n in b['sizes'])}]}}\n"
             for b in spec["budgets"])
     return text
 
@@ -800,9 +828,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--sizes", type=int, default=7, help="--propose: sizes per budget (default 7)")
     ap.add_argument("--spread", type=float, default=4.0,
                     help="--propose: sizes from N_opt / spread to N_opt * spread (default 4)")
+    ap.add_argument("--ladder", type=float, nargs="+", metavar="N",
+                    help="--propose: pick each budget's sizes from these N (the sizes you can build)")
     ap.add_argument("--write-spec", type=Path, help="--propose: write the proposed spec (YAML) to this file")
     args = ap.parse_args(argv)
     try:
+        if args.ladder is not None and args.propose is None:
+            raise ValueError("--ladder is the sizes --propose picks from: add --propose C_MIN C_MAX")
         if args.spec is None and args.propose is None:
             raise ValueError("give a design spec (YAML), or --propose C_MIN C_MAX")
         if args.write_spec is not None and args.propose is None:
@@ -821,9 +853,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             law = _law(raw.get("law"), Law(), "law")
             raw = {k: v for k, v in raw.items() if k not in ("sizes", "tokens", "flops", "budgets")}
             raw.update(propose_grid(args.propose[0], args.propose[1], n_budgets=args.budgets, n_sizes=args.sizes,
-                                    spread=args.spread, law=law))
+                                    spread=args.spread, law=law, ladder=args.ladder))
             raw["description"] = (f"proposed grid, {args.budgets} budgets {args.propose[0]:g}-{args.propose[1]:g} "
-                                  f"FLOPs x {args.sizes} sizes (x{args.spread:g} around N_opt)")
+                                  f"FLOPs x {args.sizes} sizes (x{args.spread:g} around N_opt)"
+                                  + (f" from a ladder of {len(set(args.ladder))} sizes" if args.ladder else ""))
         spec = load_spec(raw)
         design = simulate(spec, sims=args.sims, seed=args.seed)
     except ValueError as e:

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from analysis.scaling import main
 from analysis.scaling_design import (
@@ -25,6 +26,7 @@ from analysis.scaling_design import (
     load_spec,
     propose_grid,
     simulate,
+    spec_yaml,
 )
 from analysis.scaling_fits import design_noise, fit_loss_nd, isoflop_profiles
 
@@ -113,11 +115,37 @@ def test_proposed_sizes_are_centred_on_the_laws_optimum(law):
     assert np.diff(np.log(ladder)) == pytest.approx(math.log(step), abs=0.01)  # one shared ladder
 
 
+def test_proposed_grid_on_a_ladder_takes_the_buildable_sizes_nearest_each_optimum():
+    """A ladder of buildable sizes (here the N of d_model 8-168 at 2 layers): each budget's sizes are ladder
+    sizes, exactly, within the spread of N_opt, the n_sizes nearest it in ln N; the optimum is bracketed."""
+    ladder = [1576, 6224, 12792, 23200, 36680, 50928, 70168, 92480, 114408, 142480, 173624, 203232, 240136,
+              280112, 317400, 363136, 411944, 456912, 511480, 569120, 621768]
+    law = Law(E=2.357, A=26.42, alpha=0.346, B=6860, beta=0.634)
+    grid = propose_grid(1e11, 1e13, n_budgets=6, n_sizes=9, spread=5.0, law=law, ladder=ladder)["budgets"]
+    assert len(grid) == 6
+    for b in grid:
+        n_opt, sizes = law.n_opt(b["flops"])[0], b["sizes"]
+        inside = [n for n in ladder if n_opt / 5 <= n <= n_opt * 5]
+        assert set(sizes) <= set(inside) and sizes == sorted(sizes)
+        assert len(sizes) == min(9, len(inside))
+        left_out = set(inside) - set(sizes)
+        assert all(abs(math.log(n / n_opt)) >= max(abs(math.log(m / n_opt)) for m in sizes) for n in left_out)
+        assert min(sizes) < n_opt < max(sizes)
+    assert grid[0]["sizes"] == [1576, 6224, 12792, 23200, 36680]  # N_opt 7.6e3: only d_model 8 lies below 16
+    text = spec_yaml({"budgets": grid})
+    assert "sizes: [1576.0, 6224.0," in text  # as built, not rounded to 1.58e+03
+    assert load_spec(OmegaConf.to_container(OmegaConf.create(text))).plan.N.min() == 1576
+
+
 def test_propose_grid_refuses_what_cannot_be_fitted():
     with pytest.raises(ValueError, match="n_sizes=2"):
         propose_grid(1e12, 1e14, n_sizes=2)
     with pytest.raises(ValueError, match="C_min < C_max"):
         propose_grid(1e14, 1e12)
+    with pytest.raises(ValueError, match=r"budget 1e\+13 FLOPs \(N_opt .*\): 0 ladder size\(s\) within x4"):
+        propose_grid(1e11, 1e13, n_budgets=2, ladder=[8e3, 1.5e4, 2.5e4, 4e4])  # none near 1e13's optimum
+    with pytest.raises(ValueError, match="positive, finite"):
+        propose_grid(1e11, 1e13, ladder=[1e4, -1.0])
 
 
 # ------------------------------------------------------------------ noise and cost conventions
@@ -325,3 +353,5 @@ def test_cli_proposes_a_grid_and_refuses_bad_input(tmp_path, capsys):
     assert "flops[0]=-1e+12: must be positive" in capsys.readouterr().err
     assert main(["design"]) == 2
     assert "--propose" in capsys.readouterr().err
+    assert main(["design", "--ladder", "1e4", "2e4", "4e4"]) == 2
+    assert "--ladder is the sizes --propose picks from" in capsys.readouterr().err
