@@ -8,6 +8,7 @@ from typing import Iterable, Union
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from archlab.config.options import check_moe_switch
 from archlab.config.schema import ModelConfig, Recipe
 from archlab.config.validate import RecipeError, validate
 
@@ -74,12 +75,16 @@ def load_recipe(path: Union[str, Path, None] = None, overrides: Iterable[str] = 
             raise RecipeError(f"override {o!r} is not of the form key=value (e.g. model.n_layers=4)")
     try:
         cfg = OmegaConf.merge(*layers)
+        written = OmegaConf.merge(OmegaConf.create(), *layers[1:])  # what the file and overrides set, no defaults
         if overrides:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+            dotlist = OmegaConf.from_dotlist(overrides)
+            cfg = OmegaConf.merge(cfg, dotlist)
+            written = OmegaConf.merge(written, dotlist)
         # resolve interpolations now, so a bad one fails here and not mid-run
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
         raise RecipeError(_omegaconf_message(e)) from None
+    check_moe_switch(written.get("model"))  # MoE is switched on by model.moe.num_experts, not by any moe key
     fold_tensorboard(cfg.train)
     validate(cfg)
     OmegaConf.set_readonly(cfg, False)

@@ -20,6 +20,11 @@ nested node named in ``options`` (RoPE's ``rope_scaling``) stands for all its ke
 A *condition* is a key that the selected variant reads only under a setting of another key
 (``model.moe.shared_hidden`` only with shared experts): refused the same way, naming the setting.
 
+MoE itself is switched on by its own key, ``model.moe.num_experts`` (:func:`check_moe_switch`): a
+router or balancing key (``model.moe.balance.aux_loss_coeff=0.01``) on a recipe without experts is
+refused by name instead of making the model an MoE with every other key at its default. The switch
+is read from what the recipe and its overrides write, before the schema fills the defaults in.
+
 The validator (``archlab.config.validate``) asks this module once the type names are known to be
 valid and before the components' own rules, so the message says that the key is not used rather
 than what values it would take.
@@ -55,8 +60,8 @@ from archlab.objectives import OBJECTIVES
 from archlab.optim import OPTIMIZERS, SCHEDULES
 from archlab.registry import Registry
 
-__all__ = ["CHOICES", "CONDITIONS", "Choice", "Condition", "SCHEDULE_OPTIONS", "check_data_options",
-           "check_model_options", "check_train_options"]
+__all__ = ["CHOICES", "CONDITIONS", "Choice", "Condition", "MOE_SWITCH", "SCHEDULE_OPTIONS", "check_data_options",
+           "check_model_options", "check_moe_switch", "check_train_options"]
 
 def registry_options(registry: Registry) -> dict[str, frozenset[str]]:
     """Variant name -> the keys it reads, from each entry's ``options``."""
@@ -248,3 +253,38 @@ def check_data_options(d) -> None:
 def check_train_options(t, model) -> None:
     """Refuse a ``train`` key that the selected schedule, optimizer, objective (or the model) does not use."""
     _check(t, model, "train", "train")
+
+
+# the key that makes a model an MoE (relative to model.moe); every other moe key only tunes one
+MOE_SWITCH = "num_experts"
+
+
+def _written_leaves(node: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every leaf a raw (schema-less) recipe node writes."""
+    from omegaconf import DictConfig
+
+    if isinstance(node, (DictConfig, dict)):
+        for k in node:
+            yield from _written_leaves(node[k], f"{prefix}.{k}")
+    else:
+        yield prefix, _plain(node)
+
+
+def check_moe_switch(written_model: Any, prefix: str = "model") -> None:
+    """Refuse a ``model.moe`` key on a recipe that does not switch MoE on. ``written_model``: the
+    ``model`` node as the recipe file (its ``base:`` chain merged) and the overrides write it, before
+    the schema's defaults are merged in (there every moe node has a num_experts). A moe node that
+    writes keys but not ``num_experts`` is refused by its first key, the others named after it."""
+    from omegaconf import DictConfig
+
+    if not isinstance(written_model, (DictConfig, dict)) or written_model.get("moe") is None:
+        return
+    moe = written_model["moe"]
+    if isinstance(moe, (DictConfig, dict)) and moe.get(MOE_SWITCH) is not None:
+        return
+    switch = f"{prefix}.moe.{MOE_SWITCH}"
+    leaves = list(_written_leaves(moe, f"{prefix}.moe"))
+    key, value = leaves[0] if leaves else (f"{prefix}.moe", _plain(moe))
+    also = f" (also set: {', '.join(k for k, _ in leaves[1:])})" if len(leaves) > 1 else ""
+    fail(key, value, f"only used by an MoE model{also}; this recipe's model is dense ({switch} is not set): "
+                     f"set {switch} to replace its FFNs by routed experts, or leave the moe keys out")

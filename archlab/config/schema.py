@@ -44,7 +44,9 @@ class ModelConfig:
     position: PositionConfig = field(default_factory=PositionConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     ffn: FFNConfig = field(default_factory=FFNConfig)
-    moe: Optional[MoEConfig] = None  # set to replace the FFN of (some) layers by routed experts
+    # set (with moe.num_experts, the switch: any other moe key alone is refused) to replace the FFN of (some)
+    # layers by routed experts
+    moe: Optional[MoEConfig] = None
     tie_embeddings: bool = True  # share the token embedding with the LM head (GPT-2 yes, LLaMA no)
     # multiply the token embedding by sqrt(d_model) (the 2017 Transformer, sec. 3.4; Gemma): with init_std 0.02
     # the tokens would otherwise be ~3% of a sinusoidal position's amplitude

@@ -355,12 +355,43 @@ def test_training_keys_of_the_chosen_schedule_load():
 
 def test_moe_keys_on_a_dense_recipe():
     """A dense recipe has no moe node (model.moe: null); its MoE-only training key is refused, and
-    a moe key set on it makes it an MoE model (every other moe key takes its default)."""
+    model.moe.num_experts set on it makes it an MoE model (every other moe key takes its default)."""
     with pytest.raises(RecipeError, match=r"^train\.routing_every=5: only used when model\.moe is set .*"
                                           r"this recipe has model\.moe=None \(a dense model\)$"):
         archlab.load_recipe(LLAMA, ["train.routing_every=5"])
     assert archlab.load_recipe(MIXTRAL, ["train.routing_every=5"]).train.routing_every == 5
     assert archlab.load_recipe(LLAMA, ["model.moe.num_experts=4"]).model.moe.top_k == 2
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["model.moe.balance.aux_loss_coeff=0.01"], "model.moe.balance.aux_loss_coeff=0.01"),
+    (["model.moe.router.type=sigmoid_topk"], "model.moe.router.type='sigmoid_topk'"),
+    (["model.moe.top_k=1", "model.moe.router.jitter=0.1"], "model.moe.top_k=1"),
+    (["model.moe={}"], "model.moe={}"),
+])
+def test_moe_is_switched_on_by_num_experts_only(overrides, key):
+    """Issue 37: a router or balancing key alone on a dense recipe built an 8-expert MoE with no
+    message. Now it is refused by name, like a key of any variant that is not selected; the MoE
+    recipes (which all set num_experts) and num_experts itself switch MoE on."""
+    with pytest.raises(RecipeError) as err:
+        archlab.load_recipe(LLAMA, overrides)
+    msg = str(err.value)
+    assert msg.startswith(key + ": only used by an MoE model"), msg
+    assert "model.moe.num_experts is not set" in msg and "\n" not in msg
+    if len(overrides) > 1:
+        assert "also set: model.moe.router.jitter" in msg
+    cfg = archlab.load_recipe(LLAMA, ["model.moe.num_experts=4", *overrides[:1]] if overrides != ["model.moe={}"]
+                              else ["model.moe.num_experts=4"])
+    assert cfg.model.moe.num_experts == 4
+    assert archlab.load_recipe(MIXTRAL, ["model.moe.balance.aux_loss_coeff=0.02"]).model.moe.balance.aux_loss_coeff \
+        == 0.02
+    assert archlab.load_recipe(MIXTRAL, ["model.moe=null"]).model.moe is None  # MoE switched off as before
+
+
+def test_every_moe_recipe_switches_moe_on_by_num_experts():
+    """The MoE recipes keep loading unchanged: each writes model.moe.num_experts itself (or in its base)."""
+    moe = [p for p in RECIPES if archlab.load_recipe(p).model.moe is not None]
+    assert {p.parent.name for p in moe} >= {"mixtral", "deepseek"}
 
 
 @pytest.mark.parametrize("overrides,message", [
