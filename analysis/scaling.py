@@ -52,7 +52,21 @@ clusters (:func:`cluster_labels`: points whose runs share a trunk, through summa
 at each.
 
 Degenerate inputs (one model size, one budget, too few points, NaN losses) give a status string
-in every result and table, never a traceback.
+in every result and table, never a traceback. A result that was computed but should not be read as
+sound is flagged by name in place of "ok", in its table and in fits.json (``status``, and the list
+``flags``; the numbers stay as computed and are used as before):
+
+- "interval at bound (alpha <= 5)" (or "estimate at bound", without an interval): a parameter of the
+  L(C) or L(N, D) fit whose 95% interval reaches a bound of the optimiser (alpha, beta in [0, 5], E
+  above 1e-6 for L(C), ...; within 0.1% of the bound's span, and E under 0.1% of the smallest loss,
+  where it no longer changes the fit, counts as at its bound): the interval is cut by the bound, not
+  by the data;
+- "minimum not bracketed": an IsoFLOP budget whose lowest loss is at its smallest or largest trained
+  size (loss monotone in N; the minimum placed by the parabola's shape alone; still in N*(C), which is
+  flagged with it), or whose parabola's vertex lies outside the trained sizes (status
+  "minimum-outside-sampled-range", left out of N*(C));
+- "N_opt outside the trained sizes": approach 3's compute-optimal N_opt (or a budget's N*) beyond the
+  smallest or largest N trained, an extrapolation.
 
 Checks of the fits:
 
@@ -120,6 +134,7 @@ from analysis.runs import LEARN_MARGIN, SWEEP_MANIFEST, RunError, expand_inputs,
 from analysis.scaling_design import compute_multiplier
 from analysis.scaling_fits import (  # noqa: F401  (re-exported: the API of analysis.scaling)
     HOLDOUT_BY,
+    NEGLIGIBLE,
     OK,
     ComputeOptimal,
     DesignNoise,
@@ -131,6 +146,9 @@ from analysis.scaling_fits import (  # noqa: F401  (re-exported: the API of anal
     NDFit,
     NoiseFloor,
     _interval,
+    _log_ci,
+    bound_flags,
+    bound_thresholds,
     compute_optimal,
     design_noise,
     difference_interval,
@@ -145,6 +163,7 @@ from analysis.scaling_fits import (  # noqa: F401  (re-exported: the API of anal
     json_safe,
     pareto_frontier,
     pooled_std,
+    reported_status,
     sample_fits,
 )
 from analysis.scaling_plots import (
@@ -177,7 +196,7 @@ class PowerLawFit:
     """
 
     n_points: int
-    status: str  # "ok" | "under-determined" | "failed"
+    status: str  # "ok" | "under-determined" | "failed"; tables and fits.json show reported_status (flags)
     message: str = ""
     E: Optional[float] = None
     A: Optional[float] = None
@@ -188,11 +207,13 @@ class PowerLawFit:
     n_boot: int = 0  # bootstrap resamples that gave a fit
     ci_method: str = ""  # "points" (pairs bootstrap) or "residuals" (few points), see _bootstrap
     rms_log_residual: Optional[float] = None
+    flags: list = field(default_factory=list)  # parameters at an optimiser bound: "interval at bound (alpha <= 5)"
     samples: Optional[np.ndarray] = field(default=None, repr=False)  # (n_boot, 3): E, A_ref, alpha
 
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("samples")
+        d["status"] = reported_status(self)
         return d
 
     def band(self, C: np.ndarray, q: tuple[float, float] = (2.5, 97.5)) -> Optional[tuple[np.ndarray, np.ndarray]]:
@@ -252,13 +273,36 @@ def _profile_start(x: np.ndarray, L: np.ndarray, huber_delta: float) -> tuple[fl
     return best
 
 
+E_MIN = 1e-6  # lower bound of E in the L(C) fit
+LOG_A_REF_BOUND = 30.0  # |ln A_ref| bound
+ALPHA_MAX = 5.0  # upper bound of alpha (lower: 0)
+
+
+def _lc_bounds(L: np.ndarray) -> tuple[list, list]:
+    """The optimiser's bounds on (ln E, ln A_ref, alpha): E in [E_MIN, the largest loss]."""
+    return [math.log(E_MIN), -LOG_A_REF_BOUND, 0.0], [math.log(float(L.max())), LOG_A_REF_BOUND, ALPHA_MAX]
+
+
+def lc_bound_flags(fit: PowerLawFit, L: np.ndarray) -> list[str]:
+    """:func:`bound_flags` of an L(C) fit: ln E, ln A_ref and alpha (the optimiser's coordinates) against
+    :func:`_lc_bounds`, from the estimate and the 95% interval; E under ``NEGLIGIBLE`` times the smallest
+    loss is at its lower bound."""
+    lo, hi = _lc_bounds(L)
+    floor = math.log(NEGLIGIBLE * float(np.min(L)))
+    return bound_flags([
+        (math.log(fit.E), _log_ci(fit.ci.get("E")), *bound_thresholds(lo[0], hi[0], floor), f"E >= {E_MIN:g}",
+         f"E <= {math.exp(hi[0]):.3g} (the largest loss)"),
+        (math.log(fit.A_ref), _log_ci(fit.ci.get("A_ref")), *bound_thresholds(lo[1], hi[1]),
+         f"A_ref >= e^-{LOG_A_REF_BOUND:g}", f"A_ref <= e^{LOG_A_REF_BOUND:g}"),
+        (fit.alpha, fit.ci.get("alpha"), *bound_thresholds(lo[2], hi[2]), "alpha >= 0", f"alpha <= {ALPHA_MAX:g}")])
+
+
 def _fit_once(x: np.ndarray, L: np.ndarray, huber_delta: float, extra_inits: Sequence[tuple] = (),
               max_nfev: int = 200) -> Optional[np.ndarray]:
     """Best (log E, log A_ref, alpha): the profile start and any extra starts, each polished by
     bounded least squares with a Huber loss on log L. None if every start fails."""
     log_L = np.log(L)
-    lo = [math.log(1e-6), -30.0, 0.0]
-    hi = [math.log(float(L.max())), 30.0, 5.0]
+    lo, hi = _lc_bounds(L)
     start = np.asarray(_profile_start(x, L, huber_delta))
     best, best_cost = start, _huber(_residuals(start, x, log_L), huber_delta)
     for theta0 in [start, *extra_inits]:
@@ -314,6 +358,7 @@ def fit_power_law(C: Sequence[float], L: Sequence[float], *, n_boot: int = 200, 
     fit = _to_fit(theta, n, c_ref)
     fit.rms_log_residual = float(np.sqrt(np.mean(_residuals(theta, x, np.log(L)) ** 2)))
     _bootstrap(fit, theta, x, L, n_boot, huber_delta, seed)
+    fit.flags = lc_bound_flags(fit, L)
     return fit
 
 
@@ -774,12 +819,13 @@ class FamilyStudy:
         pl = self.iso.power_law
         return {
             "approach_1_envelope": {"a": self.env.slope, "ci": self.env.ci.get("slope"), "status": self.env.status,
-                                    "message": self.env.message, "n": self.env.n_sizes},
+                                    "message": self.env.message, "n": self.env.n_sizes, "flags": []},
             "approach_2_isoflop": {"a": pl.slope if pl else None, "ci": pl.ci.get("slope") if pl else None,
-                                   "status": self.iso.status, "message": self.iso.message,
-                                   "n": pl.n_points if pl else 0},
-            "approach_3_loss_nd": {"a": self.nd.a_opt, "ci": self.nd.ci.get("a_opt"), "status": self.nd.status,
-                                   "message": self.nd.message, "n": self.nd.n_points},
+                                   "status": reported_status(self.iso), "message": self.iso.message,
+                                   "n": pl.n_points if pl else 0, "flags": list(self.iso.flags)},
+            "approach_3_loss_nd": {"a": self.nd.a_opt, "ci": self.nd.ci.get("a_opt"),
+                                   "status": reported_status(self.nd), "message": self.nd.message,
+                                   "n": self.nd.n_points, "flags": list(self.nd.flags)},
         }
 
 
@@ -933,7 +979,7 @@ def fits_table(fits: dict[str, PowerLawFit]) -> str:
         lines.append(f"| {fam} | {f.n_points} | {f.E:.3f}{_ci(f, 'E', '.3f')} | "
                      f"{f.alpha:.3f}{_ci(f, 'alpha', '.3f')} | "
                      f"{f.A_ref:.3f}{_ci(f, 'A_ref', '.3f')} | {f.c_ref:.3g} | {f.A:.4g} | {f.rms_log_residual:.4f} | "
-                     f"ok ({f.n_boot} bootstrap fits over {f.ci_method or '-'}) |")
+                     f"{reported_status(f)} ({f.n_boot} bootstrap fits over {f.ci_method or '-'}) |")
     return "\n".join(lines)
 
 
@@ -966,7 +1012,12 @@ def _relative(path: str) -> str:
 
 
 def _status(obj) -> str:
-    return obj.status if obj.status != OK or not obj.message else f"{obj.status} ({obj.message})"
+    """A table's status cell: a computed result's flags in place of "ok" (:func:`reported_status`) and
+    its message; a failed one's status and flags."""
+    flags = getattr(obj, "flags", None) or []
+    if obj.status != OK:
+        return f"{obj.status}: {'; '.join(flags)}" if flags else obj.status
+    return reported_status(obj) + (f" ({obj.message})" if obj.message else "")
 
 
 def nd_table(studies: dict[str, FamilyStudy]) -> str:
@@ -982,7 +1033,8 @@ def nd_table(studies: dict[str, FamilyStudy]) -> str:
         ci = f.ci
         lines.append(f"| {fam} | {pts} | {_v(f.E, ci.get('E'))} | {_v(f.A, ci.get('A'), '.4g')} | "
                      f"{_v(f.alpha, ci.get('alpha'))} | {_v(f.B, ci.get('B'), '.4g')} | {_v(f.beta, ci.get('beta'))} | "
-                     f"{f.rms_log_residual:.4f} | ok ({f.n_boot} bootstrap fits over {f.ci_method or '-'}"
+                     f"{f.rms_log_residual:.4f} | {reported_status(f)} ({f.n_boot} bootstrap fits over "
+                     f"{f.ci_method or '-'}"
                      f"{'; ' + f.message if f.message else ''}) |")
     return "\n".join(lines)
 
@@ -1028,6 +1080,8 @@ def exponent_table(studies: dict[str, FamilyStudy]) -> str:
              "| approaches 2 and 3 |", "|---|---|---|---|---|---|"]
 
     def cell(e: dict) -> str:
+        if e["flags"] and e["a"] is not None:  # computed, but not to be read as ok
+            return f"{_v(e['a'], e['ci'])} (b = {1 - e['a']:.3f}); {e['status']}"
         if e["status"] != OK or e["a"] is None:
             return f"{e['status']}: {e['message']}" if e["message"] else e["status"]
         return f"{_v(e['a'], e['ci'])} (b = {1 - e['a']:.3f})"
@@ -1039,7 +1093,9 @@ def exponent_table(studies: dict[str, FamilyStudy]) -> str:
                      f"{st.agreement()['verdict']} |")
     lines += ["", "Approach 1: N of the run on the lowest-loss-per-FLOP envelope of the validation curves against C "
               "(envelope points won by the smallest or largest size left out; interval: bootstrap over runs). "
-              "Approach 2: N*(C) through the bracketed IsoFLOP minima (interval: the minima's bootstrap draws; with "
+              "Approach 2: N*(C) through the IsoFLOP minima whose parabola's vertex lies within the trained sizes "
+              "(one whose lowest loss is at its smallest or largest size stays in, flagged 'minimum not bracketed'; "
+              "interval: the minima's bootstrap draws; with "
               "WSD trunks, whole trunks resampled jointly over the budgets). "
               "Approach 3: beta / (alpha + beta) of the L(N, D) fit. b = 1 - a is the exponent of D_opt when "
               "C = k N D with k constant. Approaches 2 and 3 agree when the 95% interval of a3 - a2 (their bootstrap "
@@ -1056,7 +1112,9 @@ def n_sensitivity(sens: dict[str, dict[str, FamilyStudy]]) -> dict:
             f, pl = st.nd, st.iso.power_law
             out[fam][kind] = json_safe({
                 "meaning": N_KINDS[kind], "N_range": [min(st.N), max(st.N)] if st.N else None,
-                "status": f.status, "alpha": f.alpha, "alpha_ci": f.ci.get("alpha"), "beta": f.beta,
+                "status": reported_status(f), "flags": list(f.flags),
+                "approach_2_flags": list(st.iso.flags) if pl and pl.status == OK else [],
+                "alpha": f.alpha, "alpha_ci": f.ci.get("alpha"), "beta": f.beta,
                 "beta_ci": f.ci.get("beta"), "a_approach_3": f.a_opt, "a_approach_3_ci": f.ci.get("a_opt"),
                 "a_approach_2": pl.slope if pl and pl.status == OK else None,
                 "a_approach_2_ci": pl.ci.get("slope") if pl and pl.status == OK else None})
@@ -1073,7 +1131,8 @@ def n_sensitivity_table(sens: dict[str, dict[str, FamilyStudy]], n_kind: str) ->
             rng = f"{r['N_range'][0]:.3g}-{r['N_range'][1]:.3g}" if r["N_range"] else "-"
             lines.append(f"| {fam} | {name} | {rng} | {_v(r['alpha'], r['alpha_ci'])} | "
                          f"{_v(r['beta'], r['beta_ci'])} | {_v(r['a_approach_3'], r['a_approach_3_ci'])} | "
-                         f"{_v(r['a_approach_2'], r['a_approach_2_ci'])} | {r['status']} |")
+                         f"{_v(r['a_approach_2'], r['a_approach_2_ci'])} | {r['status']}"
+                         + "".join(f"; approach 2: {g}" for g in r["approach_2_flags"]) + " |")
     return "\n".join(lines)
 
 

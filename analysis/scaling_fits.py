@@ -12,7 +12,13 @@ the compute-optimal exponent a in N_opt(C) ∝ C^a are Chinchilla's (Hoffmann et
    (:func:`compute_optimal`).
 
 Every result carries a ``status`` ("ok" or a named degeneracy, e.g. "one-model-size") and a
-``message``; degenerate inputs never raise. Intervals are 95% percentile bootstrap intervals,
+``message``; degenerate inputs never raise. A result that was computed (``status`` "ok", so its
+numbers exist and are used downstream) but should not be read as sound also carries named
+``flags``: an interval (or estimate) at an optimiser bound ("interval at bound (alpha <= 5)",
+:func:`bound_flags`), an IsoFLOP minimum not bracketed by the trained sizes ("minimum not
+bracketed"), an N_opt outside the trained sizes ("N_opt outside the trained sizes"). Tables and
+fits.json show :func:`reported_status`: the flags in place of "ok", so a flagged result is never
+reported as "ok"; the numbers are the same with or without flags. Intervals are 95% percentile bootstrap intervals,
 resampling points when there are enough of them and residuals otherwise (``ci_method`` says
 which), as :func:`analysis.scaling.fit_power_law` does.
 """
@@ -44,6 +50,64 @@ NO_BUDGET = "no-usable-budget"
 ONE_BUDGET = "one-budget"
 DEGENERATE = "degenerate-exponents"
 NO_SEEDS = "no-seed-groups"
+
+
+# a value within BOUND_TOL of its bound's span from an optimiser bound is at that bound; an irreducible loss E
+# under NEGLIGIBLE times the smallest loss is at its lower bound (~0) in effect
+BOUND_TOL = 1e-3
+NEGLIGIBLE = 1e-3
+AT_BOUND = "interval at bound"  # an end of the 95% interval at an optimiser bound
+ESTIMATE_AT_BOUND = "estimate at bound"  # no interval, the point estimate at the bound
+NOT_BRACKETED = "minimum not bracketed"
+N_OPT_OUTSIDE = "N_opt outside the trained sizes"
+
+
+def reported_status(obj) -> str:
+    """The status that tables and fits.json show: a computed result's flags (see the module
+    docstring) in place of "ok", else its ``status``."""
+    flags = getattr(obj, "flags", None)
+    return "; ".join(flags) if obj.status == OK and flags else obj.status
+
+
+def bound_flags(checks) -> list[str]:
+    """Named flags of the fitted parameters at an optimiser bound. ``checks``: one tuple per bounded
+    coordinate of the optimiser, (value, interval or None, lower, upper, lower label, upper label):
+    the value and the interval in the optimiser's coordinate (e.g. ln E when it fits ln E), lower and
+    upper the thresholds at or beyond which a value counts as at its bound (:func:`bound_thresholds`),
+    the labels the bound as a reader sees it ("alpha >= 0", "E >= 1e-06"). "interval at bound
+    (alpha <= 5)" when an end of the 95% interval is at a bound, "estimate at bound (...)" when there
+    is no interval and the estimate is."""
+    out = []
+    for value, ci, lo_at, hi_at, lo_label, hi_label in checks:
+        if value is None or not math.isfinite(value):
+            continue
+        ends = [x for x in ci if x is not None and not math.isnan(x)] if ci else []
+        what, vals = (AT_BOUND, ends) if ci else (ESTIMATE_AT_BOUND, [value])
+        if any(x <= lo_at for x in vals):
+            out.append(f"{what} ({lo_label})")
+        if any(x >= hi_at for x in vals):
+            out.append(f"{what} ({hi_label})")
+    return out
+
+
+def bound_thresholds(lo: float, hi: float, floor: Optional[float] = None) -> tuple[float, float]:
+    """(lower, upper) thresholds of :func:`bound_flags` for an optimiser bound [lo, hi]: within
+    ``BOUND_TOL`` of the span from either end. ``floor`` (for ln E, whose lower bound stands for E = 0):
+    the ln E below which E no longer changes the fit (it is then at its bound in effect: the objective is
+    flat down to it, and where the optimiser stops is not the data's)."""
+    tol = BOUND_TOL * (hi - lo)
+    return (max(lo + tol, floor) if floor is not None else lo + tol), hi - tol
+
+
+def _log_ci(ci: Optional[list]) -> Optional[list]:
+    """An interval of a positive quantity in logs (a non-positive end -> -inf)."""
+    if not ci:
+        return None
+    return [math.log(x) if x is not None and x > 0 else -math.inf for x in ci]
+
+
+def _g(x: float) -> str:
+    return format(x, ".3g")
 
 
 def _interval(samples: np.ndarray) -> Optional[list]:
@@ -138,11 +202,13 @@ class NDFit:
     ci: dict = field(default_factory=dict)
     n_boot: int = 0
     ci_method: str = ""  # "points" | "residuals" | "clusters (G)" | "residuals, one sign per cluster (G)"
+    flags: list = field(default_factory=list)  # parameters at an optimiser bound (see nd_bound_flags)
     samples: Optional[np.ndarray] = field(default=None, repr=False)  # (n_boot, 5): E, A, alpha, B, beta
 
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("samples")
+        d["status"] = reported_status(self)
         return json_safe(d)
 
     def predict(self, N, D) -> np.ndarray:
@@ -337,7 +403,31 @@ def fit_loss_nd(N: Sequence[float], D: Sequence[float], L: Sequence[float], *, h
     fit.rms_log_residual = float(np.sqrt(np.mean(r ** 2)))
     labels = None if clusters is None else np.asarray([str(c) for c in clusters])[ok]
     _nd_bootstrap(fit, theta, N, D, L, u0, v0, n_boot, huber_delta, seed, labels)
+    fit.flags = nd_bound_flags(fit, theta, u0, v0, L)
     return fit
+
+
+def nd_bound_flags(fit: NDFit, theta, u0: float, v0: float, L: np.ndarray) -> list[str]:
+    """:func:`bound_flags` of an L(N, D) fit: the optimiser's coordinates (A and B as their terms at
+    the geometric-mean N and D, E, alpha, beta; :func:`_nd_bounds`) from the point estimate ``theta``
+    (centred) and the bootstrap draws; E under ``NEGLIGIBLE`` times the smallest loss is at its lower
+    bound (a term's size is not tested so: it changes with N or D)."""
+    bounds = _nd_bounds(L)
+    ci = [None] * 5
+    if fit.samples is not None:
+        E, A, alpha, B, beta = fit.samples.T
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ci = [_interval(np.log(A) - alpha * u0), _interval(np.log(B) - beta * v0), _interval(np.log(E)),
+                  _interval(alpha), _interval(beta)]
+    names = ("A / N^alpha at the mean ln N", "B / D^beta at the mean ln D", "E")
+    floor = math.log(NEGLIGIBLE * float(np.min(L)))
+    checks = [(float(theta[i]), ci[i], *bound_thresholds(lo, hi, floor if i == 2 else None),
+               f"{names[i]} >= {_g(math.exp(lo))}",
+               f"{names[i]} <= {_g(math.exp(hi))}" + (" (the largest loss)" if i == 2 else ""))
+              for i, (lo, hi) in enumerate(bounds[:3])]
+    checks += [(float(theta[i]), ci[i], *bound_thresholds(lo, hi), f"{name} >= {lo:g}", f"{name} <= {hi:g}")
+               for i, name, (lo, hi) in ((3, "alpha", bounds[3]), (4, "beta", bounds[4]))]
+    return bound_flags(checks)
 
 
 def _natural(theta: np.ndarray, u0: float, v0: float) -> tuple[float, float, float, float, float]:
@@ -440,9 +530,23 @@ class ComputeOptimal:
     tokens_per_param: Optional[float] = None
     L_opt: Optional[float] = None
     ci: dict = field(default_factory=dict)
+    flags: list = field(default_factory=list)  # N_opt outside the fit's N range; the fit's own flags
 
     def to_json(self) -> dict:
-        return json_safe(asdict(self))
+        return json_safe({**asdict(self), "status": reported_status(self)})
+
+
+def n_opt_flags(N_opt: Optional[float], N_range: Optional[Sequence[float]]) -> list[str]:
+    """["N_opt outside the trained sizes (...)"] when N_opt lies outside ``N_range`` (the smallest and
+    largest N trained), else []."""
+    if N_opt is None or not N_range or not math.isfinite(N_opt):
+        return [] if N_opt is None or not N_range else [f"{N_OPT_OUTSIDE} (N_opt = {_g(N_opt)})"]
+    lo, hi = N_range
+    if N_opt < lo:
+        return [f"{N_OPT_OUTSIDE} (N_opt = {_g(N_opt)} < smallest trained N = {_g(lo)})"]
+    if N_opt > hi:
+        return [f"{N_OPT_OUTSIDE} (N_opt = {_g(N_opt)} > largest trained N = {_g(hi)})"]
+    return []
 
 
 def _optimum(E, A, alpha, B, beta, C, k):
@@ -465,6 +569,7 @@ def compute_optimal(fit: NDFit, C: float, k: float = 6.0) -> ComputeOptimal:
                               message=f"alpha = {fit.alpha:.3g}, beta = {fit.beta:.3g}: no interior optimum")
     point = _optimum(fit.E, fit.A, fit.alpha, fit.B, fit.beta, float(C), float(k))
     out = ComputeOptimal(status=OK, C=float(C), k=float(k), **{key: float(v) for key, v in point.items()})
+    out.flags = n_opt_flags(out.N_opt, fit.N_range) + [f"L(N, D): {f}" for f in fit.flags]
     if fit.samples is not None:
         E, A, alpha, B, beta = fit.samples.T
         good = (alpha > 0) & (beta > 0)
@@ -589,11 +694,13 @@ class IsoFLOPProfile:
     ci: dict = field(default_factory=dict)  # N_opt
     n_boot: int = 0
     ci_method: str = ""  # points | residuals | parametric (seed noise) | ""
+    flags: list = field(default_factory=list)  # "minimum not bracketed (...)", "N_opt outside the trained sizes (...)"
     log_N_samples: Optional[np.ndarray] = field(default=None, repr=False)
 
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("log_N_samples")
+        d["status"] = reported_status(self)
         return json_safe(d)
 
     def curve(self, N) -> np.ndarray:
@@ -648,9 +755,27 @@ def fit_isoflop_profile(N: Sequence[float], L: Sequence[float], *, budget: float
         prof.status = UNBRACKETED
         prof.message = (f"N* = {prof.N_opt:.3g} lies outside the sampled sizes [{N.min():.3g}, {N.max():.3g}]: "
                         "extrapolated, left out of N*(C)")
+        prof.flags = [f"{NOT_BRACKETED} (the parabola's vertex outside the trained sizes)",
+                      *n_opt_flags(prof.N_opt, [float(N.min()), float(N.max())])]
+    else:
+        prof.flags = _data_bracket_flags(N, L)
     _parabola_bootstrap(prof, x, L, coef, point_sem if point_sem is None else np.asarray(point_sem)[ok],
                         n_boot, seed)
     return prof
+
+
+def _data_bracket_flags(N: np.ndarray, L: np.ndarray) -> list[str]:
+    """["minimum not bracketed (...)"] when the lowest measured loss (mean over a size's points) is at
+    the smallest or the largest size trained (e.g. loss monotone in N): no trained size on one side
+    of the minimum, which only the parabola's shape then places; else []."""
+    sizes = np.unique(N)
+    mean = np.array([L[N == n].mean() for n in sizes])
+    i = int(np.argmin(mean))
+    if i == 0:
+        return [f"{NOT_BRACKETED} (lowest loss at the smallest trained size, N = {_g(sizes[0])})"]
+    if i == len(sizes) - 1:
+        return [f"{NOT_BRACKETED} (lowest loss at the largest trained size, N = {_g(sizes[-1])})"]
+    return []
 
 
 def _parabola_bootstrap(prof: IsoFLOPProfile, x, L, coef, sem, n_boot, seed) -> None:
@@ -718,9 +843,11 @@ class IsoFLOPResult:
     tolerance: float = 0.1
     profiles: list = field(default_factory=list)  # IsoFLOPProfile, increasing budget
     power_law: Optional[LogLogFit] = None  # N* against C (the budget)
+    flags: list = field(default_factory=list)  # N*(C) through flagged minima
 
     def to_json(self) -> dict:
-        return json_safe({"status": self.status, "message": self.message, "tolerance": self.tolerance,
+        return json_safe({"status": reported_status(self), "flags": self.flags, "message": self.message,
+                          "tolerance": self.tolerance,
                           "profiles": [p.to_json() for p in self.profiles],
                           "power_law": self.power_law.to_json() if self.power_law else None})
 
@@ -771,6 +898,10 @@ def isoflop_profiles(N: Sequence[float], C: Sequence[float], L: Sequence[float],
     if clusters is not None and res.power_law.status == OK:
         _joint_cluster_bootstrap(res.power_law, [(p, g) for p, g in zip(profiles, groups) if p.status == OK], N, L,
                                  np.asarray([str(c) for c in clusters]), n_boot, seed)
+    flagged = [p for p in usable if p.flags]
+    if flagged and res.power_law.status == OK:
+        res.flags = [f"{NOT_BRACKETED} at {len(flagged)} of the {len(usable)} budgets of N*(C) (C = "
+                     + ", ".join(_g(p.budget) for p in flagged) + ")"]
     left_out = len(profiles) - len(usable)
     res.message = "; ".join(m for m in (res.power_law.message,
                                         f"{left_out} of {len(profiles)} budgets left out (see their status)"
