@@ -13,7 +13,7 @@ import numpy as np
 
 from analysis.plotting import count_log_axis, plain_log_axis
 from analysis.runs import pyplot, save_figure, style_axes
-from analysis.scaling_fits import OK, envelope
+from analysis.scaling_fits import NOT_BRACKETED, OK, envelope
 
 SEED_BARS = "error bars: ±1 std over seeds"
 
@@ -216,7 +216,8 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
         bars = any(e > 0 for p in profs for e in p.L_err)
         for j, p in enumerate(profs):
             color = cmap(0.85 * j / max(1, len(profs) - 1))
-            label = f"C = {p.budget:.3g} FLOPs" + ("" if p.status == OK else f" ({p.status})")
+            label = f"C = {p.budget:.3g} FLOPs" + (f" ({p.status})" if p.status != OK else
+                                                   f" ({NOT_BRACKETED})" if p.flags else "")
             if bars:  # every budget drawn alike, so that the legend keeps the budgets' order
                 ax.errorbar(p.N, p.L, yerr=p.L_err, fmt="o", ls="none", capsize=2.5, color=color, zorder=3,
                             label=label)
@@ -229,12 +230,15 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
                 ci = p.ci.get("N_opt")
                 lo, hi = _open_ends(ax, p.N_opt, p.L_opt, ci, min(p.N) / 2, max(p.N) * 2, color, "x")
                 ax.errorbar([p.N_opt], [p.L_opt], xerr=None if not ci else [[p.N_opt - lo], [hi - p.N_opt]], fmt="*",
-                            ms=13, color=color, mec="black", capsize=3, zorder=4)
+                            ms=13, color=color, mec="black", capsize=3, zorder=4,
+                            mfc="none" if p.flags else color)  # hollow: no trained size on one side of it
         _log_x(ax, [n for p in profs for n in p.N], count=True)
         if not profs:
             _note(ax, "no finite points")
         style_axes(ax, f"{fam}: IsoFLOP profiles (approach 2)\nparabola in ln N per budget,\n"
-                   "★ = minimum N* (inside the sizes trained) with 95% interval", f"N: {n_label} (count)",
+                   "★ = minimum N* (inside the sizes trained) with 95% interval"
+                   + (f"\nhollow ★: {NOT_BRACKETED} by the sizes" if any(p.flags and p.status == OK for p in profs)
+                      else ""), f"N: {n_label} (count)",
                    "final validation loss (nats/token)", legend_title="budget",
                    legend_below=2)  # the profiles fill the panel's upper left, where small budgets rise
         used = [p for p in profs if p.status == OK]
@@ -268,7 +272,8 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
         count_log_axis(bx.yaxis)
         if not used and not opt:
             _note(bx, f"no N*(C) fit: {iso.status}\n{iso.message}")
-        style_axes(bx, f"{fam}: compute-optimal size against compute\n(N*(C) fit: {iso.status}"
+        fit_status = iso.status if not iso.flags else f"{NOT_BRACKETED} at {sum(bool(p.flags) for p in used)} budget(s)"
+        style_axes(bx, f"{fam}: compute-optimal size against compute\n(N*(C) fit: {fit_status}"
                    + ("; left: error bars ±1 std over seeds" if bars else "") + ")",
                    f"compute budget C (FLOPs, C = {st.k_budget:.3g}·N·D as the sweep counts it)" if st.k_budget
                    else "training compute C (FLOPs)", "\n".join(textwrap.wrap(f"optimal N*: {n_label} (count)", 42)))

@@ -248,6 +248,22 @@ def test_every_table_and_fits_json_name_the_flags():
     assert ex["approach_2_isoflop"]["status"] == st.iso.flags[0] and ex["approach_3_loss_nd"]["status"] == OK
 
 
+def test_the_isoflop_figure_draws_an_unbracketed_minimum_hollow_and_names_it(monkeypatch, tmp_path):
+    import analysis.scaling_plots as plots
+
+    figs = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figs.append(fig) or path)
+    N, C, L, budgets = _isoflop_sweep([0.0, -1.3, 0.0, 0.0])
+    plots.plot_isoflop({"f": _study(_nd_law(), isoflop_profiles(N, C, L, n_boot=30))}, "N", tmp_path / "iso.png")
+    left, right = figs[0].axes[:2]
+    labels = left.get_legend_handles_labels()[1]
+    assert labels[1] == f"C = {budgets[1]:.3g} FLOPs (minimum not bracketed)" and "(" not in labels[0]
+    assert "hollow ★: minimum not bracketed by the sizes" in left.get_title()
+    assert "N*(C) fit: minimum not bracketed at 1 budget(s)" in right.get_title()
+    stars = [line for line in left.get_lines() if line.get_marker() == "*"]
+    assert [line.get_markerfacecolor() == "none" for line in stars] == [False, True, False, False]
+
+
 # ------------------------------------------------------------------ the committed report: same numbers, new flags
 
 
