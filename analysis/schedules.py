@@ -24,7 +24,8 @@ from analysis.runs import RunError, expand_inputs, pyplot, save_figure, style_ax
 
 # what may differ between a branch and its full-schedule partner (the schedule, bookkeeping)
 SCHEDULE_KEYS = {"schedule", "decay_steps", "decay_fraction", "decay_shape", "ckpt_steps", "branch_from", "resume",
-                 "run_name", "out_dir", "ckpt_every", "eval_every", "log_every", "max_steps", "keep_last"}
+                 "resume_allow_changes", "run_name", "out_dir", "ckpt_every", "eval_every", "log_every", "max_steps",
+                 "keep_last"}
 
 
 def _identity(run) -> str:

@@ -171,6 +171,11 @@ class TrainConfig:
     ckpt_steps: List[int] = field(default_factory=list)  # extra checkpoints at these steps, never pruned (WSD branches)
     keep_last: int = 2  # checkpoints kept (besides those at ckpt_steps)
     resume: str = "none"  # none | auto | path of a checkpoint folder
+    # a resume whose train settings (steps, schedule, lr, warmup, decay, optimizer, global batch...) differ from
+    # its checkpoint's is refused, naming each difference; true continues with the new ones and records them
+    # (resume_changes.jsonl, summary.json). Where the run writes and how often it logs, evaluates and
+    # checkpoints may change freely (archlab/train/run_folder.py: RESUME_FREE)
+    resume_allow_changes: bool = False
     # a checkpoint folder of another run: start this NEW run from its weights, optimizer, step, tokens and RNG
     # (a cooldown branch of a WSD trunk continues its data stream); resume=auto continues the branch itself
     branch_from: Optional[str] = None

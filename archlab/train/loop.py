@@ -14,6 +14,7 @@ repeat an uninterrupted one exactly on CPU.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -51,10 +52,12 @@ from archlab.train.parallel import make_accelerator, resolve_precision
 from archlab.train.router_trace import RouterTracer, tracer_for
 from archlab.train.run_folder import (
     METRICS,
+    RESUME_CHANGES,
     ROUTING,
     SUMMARY,
     TOKENIZER,
     MetricsLog,
+    check_resume_changes,
     copy_jsonl_rows,
     mark_run,
     plot_losses,
@@ -115,11 +118,12 @@ class Trainer:
         self.device = self.accelerator.device
         from archlab.data import TokenBatches, prepare_data
 
-        with main_process_first(self.info):
-            self.data = prepare_data(cfg)
+        # where the run writes and what it resumes, before the data is built: a refused resume says so at once
         self.run_dir, resume_from, notes = self._resolve_run()
         for note in notes:
             self.log(note)
+        with main_process_first(self.info):
+            self.data = prepare_data(cfg)
         # train.router_trace_every: the main process traces the routing of sampled tokens (off by default)
         self.tracer: Optional[RouterTracer] = tracer_for(self.run_dir, t, self.info.is_main, cfg.model.moe is not None)
         self._trace: Optional[tuple] = None  # (trace, token ids, seconds) of this step, written after it
@@ -477,12 +481,22 @@ class Trainer:
         result: Any = None
         if self.info.is_main:
             try:
-                result = ("ok", *resolve_run(self.cfg))
+                run, found, notes = resolve_run(self.cfg)
+                changes = []
+                if found is not None and Path(found).resolve().parent.parent == run.resolve():  # not a new branch
+                    # train.resume_allow_changes: the differences accepted; without it a difference is refused
+                    changes = check_resume_changes(self.cfg, found, self.info.world_size)
+                if changes:
+                    notes = [*notes, "resume: train.resume_allow_changes=true: continuing with changed train "
+                             "settings: " + "; ".join(f"{c['key']} {c['checkpoint']!r} -> {c['run']!r}"
+                                                      for c in changes)]
+                result = ("ok", run, found, notes, changes)
             except (RecipeError, ckpt.CheckpointError) as e:
                 result = ("error", type(e).__name__, str(e))
         result = broadcast_object(result)
         if result[0] == "error":
             raise (ckpt.CheckpointError if result[1] == "CheckpointError" else RecipeError)(result[2])
+        self.resume_changes: list[dict[str, Any]] = result[4]
         return result[1], result[2], result[3]
 
     def _init_run_folder(self, resume_from: Optional[Path]) -> None:
@@ -496,6 +510,11 @@ class Trainer:
         elif resume_from is not None:
             truncate_jsonl(run / METRICS, self.step)
             truncate_jsonl(run / ROUTING, self.step)
+            truncate_jsonl(run / RESUME_CHANGES, self.step - 1)  # a resume at this step again replaces its row
+            if self.resume_changes:  # accepted under train.resume_allow_changes: recorded with the run
+                with open(run / RESUME_CHANGES, "a") as f:
+                    f.write(json.dumps({"step": self.step, "checkpoint": str(resume_from), "time": time.time(),
+                                        "changes": self.resume_changes}) + "\n")
         from archlab.data import unigram_entropy
 
         self.unigram_entropy = unigram_entropy(self.data.train)
@@ -519,6 +538,7 @@ class Trainer:
             "data_meta": self.data.meta,
             "unigram_entropy_train": self.unigram_entropy,
             "resumed_from": str(resume_from) if resume_from else None,
+            "resume_changes": self.resume_changes,  # the train settings this launch changed (resume_allow_changes)
             "branch_from": self.branch["from"] if self.branch else None,
             "branch_step": self.branch["step"] if self.branch else None,
         })
@@ -559,6 +579,9 @@ class Trainer:
             "flops_per_token": self.flops_per_token,
             "training_flops": self.flops_per_token * self.tokens,
             "n_params": archlab.num_params(self.cfg),
+            # every resume that changed train settings (train.resume_allow_changes), oldest first
+            "resume_changes": read_jsonl(self.run_dir / RESUME_CHANGES) if (self.run_dir / RESUME_CHANGES).is_file()
+            else [],
         })
         try:
             ckpt.write_json_atomic(self.run_dir / SUMMARY, summary)

@@ -10,6 +10,8 @@
     router_trace/    MoE models with train.router_trace_every: sampled routing decisions (archlab/train/router_trace.py)
     tb/              TensorBoard event files (train.trackers: [tensorboard]); wandb/ with wandb
     checkpoints/     step_XXXXXXXX/ folders, see :mod:`archlab.train.checkpoint`
+    resume_changes.jsonl  one row per resume that changed train settings under train.resume_allow_changes
+                     (step, checkpoint, each key's checkpoint and new value); listed in summary.json too
     summary.json     final numbers (written at the end, also after an interruption)
     loss.png         train and validation loss against tokens seen
 """
@@ -41,6 +43,22 @@ SUMMARY = "summary.json"
 ENV = "env.json"
 TOKENIZER = "tokenizer.json"
 LOSS_PLOT = "loss.png"
+RESUME_CHANGES = "resume_changes.jsonl"
+
+# train keys a resume may change without changing the run's trajectory: where the run writes, what and
+# how often it logs, evaluates and checkpoints, how the same step is computed (torch.compile, activation
+# recomputation: same gradients) and how a non-finite step is handled. Every other train key (steps,
+# schedule, lr, warmup, decay, optimizer and its settings, objective, seq_len, clipping, precision, seed)
+# is checked against the checkpoint's recipe (:func:`check_resume_changes`). micro_batch_size and
+# grad_accum are checked as the global batch they make with the number of processes: the step's windows
+# depend only on (seed, step, global batch), so another split of the same batch continues the run exactly.
+RESUME_FREE = frozenset({
+    "resume", "resume_allow_changes", "branch_from", "out_dir", "run_name",
+    "log_every", "eval_every", "eval_batches", "eval_context_multipliers", "ckpt_every", "ckpt_steps", "keep_last",
+    "trackers", "tracker_project", "tensorboard", "routing_every", "router_trace_every", "peak_flops",
+    "compile", "activation_checkpointing", "on_nonfinite", "micro_batch_size", "grad_accum",
+})
+GLOBAL_BATCH = "global batch (train.micro_batch_size x train.grad_accum x processes)"
 
 
 def run_role(train_cfg, branched: bool) -> str:
@@ -327,6 +345,59 @@ def _differences(a: Any, b: Any, prefix: str) -> list[str]:
         return [d for k in sorted(set(a) | set(b), key=str)
                 for d in _differences(a.get(k), b.get(k), f"{prefix}.{k}")]
     return [] if a == b else [f"{prefix}: checkpoint {a!r}, branch {b!r}"]
+
+
+def _train_leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> value of every leaf of a (plain) train node."""
+    out: dict[str, Any] = {}
+    for k, v in (node or {}).items():
+        if isinstance(v, dict):
+            out.update(_train_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def resume_changes(cfg: DictConfig, ckpt_dir: Path, world_size: int = 1) -> list[dict[str, Any]]:
+    """The train settings in which this run differs from the checkpoint it resumes:
+    ``[{"key": "train.max_steps", "checkpoint": 200, "run": 80}, ...]``, every key of the schema except
+    :data:`RESUME_FREE`, compared with the checkpoint's recipe.yaml (a key that recipe lacks, written by an
+    older archlab, counts at its schema default), and the global batch compared with state.json's."""
+    from archlab.config.schema import TrainConfig
+
+    defaults = _train_leaves(OmegaConf.to_container(OmegaConf.structured(TrainConfig)))
+    saved_node = OmegaConf.load(ckpt_dir / ckpt.RECIPE).get("train")
+    saved = _train_leaves(OmegaConf.to_container(saved_node, resolve=True) if saved_node is not None else {})
+    now = _train_leaves(OmegaConf.to_container(cfg.train, resolve=True))
+    changes = []
+    for key in sorted(now):
+        if key.split(".")[0] in RESUME_FREE:
+            continue
+        before = saved.get(key, defaults.get(key))
+        if before != now[key]:
+            changes.append({"key": f"train.{key}", "checkpoint": before, "run": now[key]})
+    t = cfg.train
+    batch_before = ckpt.load_state(ckpt_dir).get("global_batch")
+    batch_now = t.micro_batch_size * t.grad_accum * world_size
+    if batch_before is not None and batch_before != batch_now:
+        changes.append({"key": GLOBAL_BATCH, "checkpoint": batch_before, "run": batch_now})
+    return changes
+
+
+def check_resume_changes(cfg: DictConfig, ckpt_dir: Path, world_size: int = 1) -> list[dict[str, Any]]:
+    """Refuse (RecipeError) a resume whose train settings differ from its checkpoint's, naming each
+    difference (old -> new), unless ``train.resume_allow_changes``: then return the differences for the run
+    to record. Without a recipe in the checkpoint there is nothing to compare: no differences."""
+    if not (Path(ckpt_dir) / ckpt.RECIPE).is_file():
+        return []
+    changes = resume_changes(cfg, Path(ckpt_dir), world_size)
+    if changes and not cfg.train.resume_allow_changes:
+        listed = "; ".join(f"{c['key']} {c['checkpoint']!r} -> {c['run']!r}" for c in changes)
+        raise RecipeError(f"train.resume={cfg.train.resume!r}: this run's train settings differ from those its "
+                          f"checkpoint {ckpt_dir} was trained with ({listed}); resume with the checkpoint's values, "
+                          "or set train.resume_allow_changes=true to continue with these (the run records the "
+                          "changes), or start another run (train.run_name) or a branch (train.branch_from)")
+    return changes
 
 
 def _newest_run(out: Path, name: str) -> Optional[Path]:

@@ -99,7 +99,8 @@ def test_ep2_matches_ep1_resumes_and_exports_at_ep1(base, tmp_path, capfd):
     model5, _ = ckpt.load_model(step5)
     assert model5.blocks[0].ffn.experts.w_up.shape[0] == 4  # all experts in model.safetensors
     resumed = train(archlab.load_recipe(ROOT / "recipes/mixtral/tiny.yaml", [
-        *common, *MIXTRAL, "train.grad_accum=2", "train.max_steps=12", f"train.resume={step5}"]))
+        *common, *MIXTRAL, "train.grad_accum=2", "train.max_steps=12", f"train.resume={step5}",
+        "train.resume_allow_changes=true"]))  # 10 steps -> 12: a change of schedule, allowed
     assert resumed["status"] == "completed" and resumed["step"] == 12
     assert "written at model.moe.ep_size=2, this run uses 1" in capfd.readouterr().err  # the restart is announced
     after = _rows(run)

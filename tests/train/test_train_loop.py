@@ -185,7 +185,7 @@ def test_crafted_pickle_in_checkpoint_is_refused(tiny_cfg, tmp_path):
     files = {n: {"bytes": (c / n).stat().st_size, "sha256": ckpt._sha256(c / n)} for n in ckpt._files_under(c)}
     ckpt.write_json_atomic(c / ckpt.MANIFEST, {"step": 4, "files": files})
     with pytest.raises(ckpt.CheckpointError, match="optimizer.pt"):
-        train(tiny_cfg("train.max_steps=6", "train.resume=auto"))
+        train(tiny_cfg("train.max_steps=6", "train.resume=auto", "train.resume_allow_changes=true"))
     assert not marker.exists()
 
 
@@ -324,3 +324,54 @@ def test_branch_refusals_and_warnings(tiny_cfg, capsys):
     _, _, notes = resolve_run(tiny_cfg(*ok, "train.run_name=b", "train.seed=1", "train.lr=1e-2"))
     assert "train.seed: checkpoint 0, branch 1" in notes[0] and "data stream" in notes[0]
     assert "learning rate differs from the checkpoint's run at step 0" in notes[1]
+
+
+def _folder_bytes(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def test_resume_with_changed_train_settings_is_refused_listing_each(tiny_cfg, rows, capsys):
+    """Issue 37: a resume with train.max_steps changed (200 -> 80) was accepted silently and changed the
+    cosine schedule mid-run. Now each differing train setting is listed (old -> new) and nothing in the
+    run folder is touched; train.resume_allow_changes=true continues and the run records what changed."""
+    first = train(tiny_cfg("train.max_steps=8"))
+    run = Path(first["run_dir"])
+    before = _folder_bytes(run)
+    with pytest.raises(RecipeError) as err:
+        train(tiny_cfg("train.max_steps=12", "train.lr=0.002", "train.micro_batch_size=2", "train.resume=auto"))
+    msg = str(err.value)
+    assert msg.startswith("train.resume='auto': this run's train settings differ") and "\n" not in msg
+    for part in ("train.max_steps 8 -> 12", "train.lr 0.003 -> 0.002", "global batch", "4 -> 2",
+                 "train.resume_allow_changes=true", str(run / "checkpoints" / "step_00000008")):
+        assert part in msg, (part, msg)
+    assert "train.micro_batch_size" not in msg.split("(")[1].split(";")[0]  # named as the global batch
+    assert _folder_bytes(run) == before  # the refusal loses nothing already written
+
+    # where it logs and how often it evaluates may change, and so may the split of the same global batch
+    capsys.readouterr()
+    again = train(tiny_cfg("train.max_steps=8", "train.eval_every=2", "train.micro_batch_size=2",
+                           "train.grad_accum=2", "train.resume=auto"))
+    assert again["status"] == "completed" and again["resume_changes"] == []
+    assert not (run / "resume_changes.jsonl").exists()
+
+    resumed = train(tiny_cfg("train.max_steps=12", "train.lr=0.002", "train.resume=auto",
+                             "train.resume_allow_changes=true"))
+    assert resumed["status"] == "completed" and resumed["step"] == 12
+    assert "continuing with changed train settings: train.lr 0.003 -> 0.002; train.max_steps 8 -> 12" \
+        in capsys.readouterr().err
+    changes = [{"key": "train.lr", "checkpoint": 0.003, "run": 0.002},
+               {"key": "train.max_steps", "checkpoint": 8, "run": 12}]
+    record = [json.loads(line) for line in (run / "resume_changes.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["changes"]) for r in record] == [(8, changes)]
+    assert record[0]["checkpoint"].endswith("step_00000008")
+    assert [(r["step"], r["changes"]) for r in resumed["resume_changes"]] == [(8, changes)]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["resume_changes"] == resumed["resume_changes"]
+    assert json.loads((run / "env.json").read_text())["resume_changes"] == changes
+    assert [r["step"] for r in rows(run)] == list(range(1, 13))
+
+
+def test_resume_allow_changes_only_where_a_run_resumes(tiny_cfg):
+    with pytest.raises(RecipeError, match=r"^train\.resume_allow_changes=True: only used when train\.resume is auto "
+                                          r"or a checkpoint .*; this recipe has train\.resume=none$"):
+        tiny_cfg("train.resume_allow_changes=true", "train.resume=none")

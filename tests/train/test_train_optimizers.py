@@ -251,7 +251,9 @@ def test_another_optimizers_checkpoint_is_refused(tiny_cfg):
     train(tiny_cfg("train.max_steps=2", "train.ckpt_every=2"))
     with pytest.raises(CheckpointError, match=r"written with train\.optimizer=adamw, this run uses "
                                               r"train\.optimizer=muon: resume with train\.optimizer=adamw"):
-        train(tiny_cfg("train.max_steps=4", "train.resume=auto", "train.optimizer=muon"))
+        # allowed to change train settings, the resume is still refused: adamw's state is no muon state
+        train(tiny_cfg("train.max_steps=4", "train.resume=auto", "train.optimizer=muon",
+                       "train.resume_allow_changes=true"))
 
 
 def test_refusals_name_the_launch():
