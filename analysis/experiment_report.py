@@ -69,15 +69,18 @@ def main_table(ctx: Context, cell: str = "") -> str:
 
     comp = ctx.comparison.get("arms", {}) if not cell else {}
     header = ["arm", "lr", "final val loss (nats/token), mean [95% CI]", f"vs `{ctx.reference}` (paired)",
-              f"CEG vs `{ctx.reference}` [95% CI]", "verdict (Holm)", "vs parent (paired)", "tokens trained",
+              f"CEG vs `{ctx.reference}` (paired; interval at the verdict's level when it is the verdict's, else 95%)",
+              "verdict (Holm)", "vs parent (paired)", "tokens trained",
               *COST_HEADER, "notes"]
     rows = []
     for g in ctx.arm_groups(cell):
         parent = ctx.arms[g.arm]["parent"]
         vs_parent = f"{fmt_ci(g.vs_parent, signed=True)} vs {parent}" if g.vs_parent else "-"
         c = comp.get(g.arm, {})
-        ceg = fmt_ceg(c.get("ceg")) + (" (calibration: should include 1)" if g.arm == ctx.reference and
-                                       c.get("ceg") else "")
+        cal = ctx.comparison.get("calibration") if g.arm == ctx.reference and not cell else None
+        ceg = (f"curve calibration {cal['ceg']:.2f}x" + ("" if cal.get("low") is None else
+                                                          f" [{cal['low']:.2f}, {cal['high']:.2f}]")
+               if cal and cal.get("ceg") else fmt_ceg(c.get("ceg")))
         loss = fmt_ci(g.loss) + (f" ({g.metric})" if g.metric != "loss" else "")  # another objective's loss
         rows.append([f"{g.label} (`{g.arm}`)", tuned_lr(ctx, g.arm), loss,
                      fmt_ci(g.vs_reference, signed=True) if g.vs_reference

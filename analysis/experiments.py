@@ -196,7 +196,7 @@ class Context:
     measures: dict
     out: Path
     curve_rows: list = field(default_factory=list)  # the compute curve's trunks and branches (role ceg-*)
-    comparison: dict = field(default_factory=dict)  # tools.experiment_ceg.compare (set by the report): tests, CEG
+    comparison: dict = field(default_factory=dict)  # tools.experiment_ceg.compare (set by the report): verdicts, CEG
 
     @property
     def spec(self) -> dict:
@@ -214,9 +214,19 @@ class Context:
 
 
 def build_context(record: dict, measures: dict, out: Path) -> Context:
+    """The report's context from the run folders the record names."""
     manifests = _manifests(record)
     rows = [run_row(r, manifests.get(r["point"], {})) for r in record["runs"]]
-    arms = {a["name"]: {**a, "costs": arm_costs(a)} for a in record["arms"]}
+    curve_rows = [run_row(r, manifests.get(r["point"], {})) for r in record.get("ceg_runs", [])]
+    return context_from_rows(record, rows, curve_rows, measures, out)
+
+
+def context_from_rows(record: dict, rows: list[dict], curve_rows: list[dict], measures: dict, out: Path,
+                      costs: Optional[dict] = None) -> Context:
+    """The context from run rows already read (:func:`run_row`; a committed report.json's ``runs`` and
+    ``curve_runs``): groups per arm and cell with their intervals and paired differences. ``costs``: each
+    arm's cost-model numbers when known (else computed from its recipe)."""
+    arms = {a["name"]: {**a, "costs": (costs or {}).get(a["name"]) or arm_costs(a)} for a in record["arms"]}
     groups: dict = {}
     for row in rows:
         key = (row["arm"], cell_tag(row["cell"]))
@@ -242,7 +252,6 @@ def build_context(record: dict, measures: dict, out: Path) -> Context:
         other = groups.get((arms[arm].get("compare"), tag)) if arms[arm].get("compare") else None
         if other is not None and other.metric == g.metric:
             g.vs_compare = paired_difference(g.losses(), other.losses())
-    curve_rows = [run_row(r, manifests.get(r["point"], {})) for r in record.get("ceg_runs", [])]
     return Context(record=record, arms=arms, rows=rows, groups=groups, measures=measures, out=out,
                    curve_rows=curve_rows)
 

@@ -42,7 +42,10 @@ points), then ln L linear in ln C between neighbouring computes. It assumes noth
 C_ref(L) = C0 ((L - E) / A')^(-1/alpha) for the power law, and returns None when L lies outside
 [L(c_max), L(c_min)] (no extrapolation) or L <= E.
 
-Interval (:func:`ceg_replicates`, :func:`compute_equivalent_gain`): (expanded) percentile bootstrap. Each
+Unpaired interval (:func:`ceg_replicates`, :func:`compute_equivalent_gain`): the baseline that
+``analysis.ceg_coverage`` measures the paired inference of ``analysis.verdicts`` against (the reports use the
+paired one: this bootstrap covered 87% at 3 seeds with independent seed luck, 99% at 5 with shared luck).
+An (expanded) percentile bootstrap. Each
 replicate resamples, independently, the reference's seeds (whole curves, with replacement; the fit redone
 on their pooled points, cached per multiset of seeds) and the arm's seeds (the mean of their losses over
 the mean of their compute). A replicate whose loss falls below its curve's measured range (the arm better
@@ -66,41 +69,17 @@ L_ref(c_max); ``bound`` = c_max / C_arm, ``direction`` ">") or "below the measur
 c_min / C_arm, ``direction`` "<"): never an extrapolated value. With one reference seed the reference
 resampling is void and the interval holds only the arm's seed-to-seed error (``note`` says so).
 
-:func:`relative_ceg`: the CEG of one arm against another arm (a ladder's step against the rung it extends)
-on the reference's curve, CEG_arm / CEG_other = C_ref(L_arm) / C_ref(L_other) x C_other / C_arm: the factor
-of reference compute between the two arms' losses. It equals the CEG on the other arm's own curve when the
-two curves are parallel in log compute (a constant multiplier), and is otherwise an approximation that
-needs no curve of the other arm. Its interval pairs the bootstraps: both arms' replicates draw the same
-reference resample and the same seed indices (their common seeds, sorted), so a shared seed's luck cancels.
-A replicate with either loss outside the curve's range has no ratio; when their share exceeds tau the
-interval is not determined (``low`` and ``high`` None: they could sit on either side), and a point
-estimate outside the range gives ``ratio`` None with the status.
-
 :func:`loss_margin_from_ceg`: a margin CEG in [g_lo, g_hi] at compute C is, on the reference curve,
 the loss differences (L_ref(g_hi C) - L_ref(C), L_ref(g_lo C) - L_ref(C)), a negative and a positive
 number of nats, to test on the paired loss difference against the reference at the same compute.
 
-2. Paired tests. Same-seed differences d_s = x_s(arm) - x_s(ref) (nats), n seeds, mean d, sd s,
-se = s / sqrt(n), df = n - 1 (:func:`paired_tests`):
-
-- difference: t = d / se, p = 2 P(T_df >= |t|) (paired t-test of "no difference");
-- equivalence within the margin (m_lo, m_hi), m_lo < 0 < m_hi, by two one-sided tests (TOST,
-  Schuirmann 1987): H0 mu <= m_lo with p_lower = P(T_df >= (d - m_lo) / se), H0 mu >= m_hi with
-  p_upper = P(T_df <= (d - m_hi) / se), p_tost = max(p_lower, p_upper). TOST rejects at alpha exactly when
-  the (1 - 2 alpha) t-interval d +- t_{1-alpha, df} se lies inside (m_lo, m_hi); that interval is returned.
+2. Paired tests. The verdicts' t and TOST tests on per-seed paired values are ``analysis.verdicts``
+(one inference per comparison); here are the pieces they share.
 
 :func:`holm`: over a family of k p-values, Holm's step-down: sorted p_(1) <= ... <= p_(k), reject p_(i)
 while p_(i) <= alpha / (k - i + 1), stop at the first that is not; adjusted p_adj_(i) =
 max_{j <= i} min(1, (k - j + 1) p_(j)), so p_adj <= alpha exactly for the rejected ones. It controls the
 family-wise error at alpha with no assumption on dependence.
-
-:func:`classify`: Holm over the family's difference p-values and, separately, over its TOST p-values;
-each comparison is "better" (difference rejected, mean < 0: lower loss is better), "worse" (rejected,
-mean > 0), "equivalent within the margin" (TOST rejected), else "unresolved". Both are rejected only when
-the difference is significant and yet its (1 - 2 alpha) interval lies inside the margin (before Holm: the
-95% interval excludes 0, the 90% one is inside (m_lo, m_hi)), a real difference smaller than the margin:
-then "better (within the margin)" or "worse (within the margin)". An interval that crosses a margin end
-cannot be equivalent, so plain "better" / "worse" may be larger than the margin or not.
 
 :func:`seeds_needed`: the smallest n for which TOST concludes equivalence with the given power when the
 true difference is ``mean``, with d taken as normal with the known sd / sqrt(n) and the critical value
@@ -138,14 +117,17 @@ BELOW = "below the measured range"
 # --------------------------------------------------------------------------------------------
 
 
-def fit_compute_curve(points: Sequence[tuple[float, float]]) -> dict:
+def fit_compute_curve(points: Sequence[tuple[float, float]], start: Optional[dict] = None) -> dict:
     """Fit L(C) to (C FLOPs, loss) points pooled over seeds: the power law E + A' (C/C0)^-alpha, or the
     local piecewise power law when the power law is ill-conditioned (module docstring). Returns
     {kind, reason, E, A, A_c0 (= A'), alpha, c0, c_min, c_max, l_min (fitted loss at c_max), l_max (at c_min),
     rms (residual, nats), n_points, n_computes, knots (local: {log_c, loss}; power law: None)}.
     Points with a non-finite or non-positive compute or loss are left out; raises ValueError with fewer than
-    2 distinct computes left."""
+    2 distinct computes left. ``start``: a power-law fit of (nearly) the same points to start from (a refit;
+    the usual starts are tried only if it gives no usable power law)."""
     C, L = _points(points)
+    if start is not None and start.get("kind") == "power_law":
+        return _fit(C, L, (start["E"], math.log(start["A_c0"]), start["alpha"]))
     return _fit(C, L)
 
 
@@ -420,46 +402,6 @@ def compute_equivalent_gain(ref_curves: dict[int, list[tuple[float, float]]], ar
     return res
 
 
-def relative_ceg(ref_curves: dict[int, list[tuple[float, float]]], arm_losses: dict[int, float],
-                 other_losses: dict[int, float], arm_compute: float | dict[int, float],
-                 other_compute: float | dict[int, float], level: float = LEVEL, n_boot: int = 2000,
-                 seed: int = 0) -> dict:
-    """CEG of the arm against the other arm on the reference's curve (module docstring): {ratio, low, high,
-    status, n_seeds, n_boot, undefined_share, tail}; ``ratio`` None (with the status) when either point
-    estimate is outside the curve's measured range, ``low`` and ``high`` None when the interval is not
-    determined (more than tau of the replicates outside the range)."""
-    common = sorted(set(s for s, v in arm_losses.items() if v is not None and math.isfinite(v))
-                    & set(s for s, v in other_losses.items() if v is not None and math.isfinite(v)))
-    if not common:
-        raise ValueError("relative_ceg: the two arms have no seed with a finite loss in common")
-
-    def pick(losses, compute):
-        return ({s: losses[s] for s in common},
-                {s: compute[s] for s in common} if isinstance(compute, dict) else compute)
-
-    (a_l, a_c), (o_l, o_c) = pick(arm_losses, arm_compute), pick(other_losses, other_compute)
-    fit = fit_compute_curve([p for pts in ref_curves.values() for p in pts])
-    a, o = compute_equivalent_gain(ref_curves, a_l, a_c, n_boot=0), compute_equivalent_gain(ref_curves, o_l, o_c,
-                                                                                               n_boot=0)
-    res = {"ratio": None, "low": None, "high": None, "status": "ok", "n_seeds": len(common), "level": level}
-    if a["ceg"] is None or o["ceg"] is None:
-        which = [f"{who} {r['status']}" for who, r in (("arm", a), ("other arm", o)) if r["ceg"] is None]
-        return {**res, "status": "; ".join(which)}
-    res["ratio"] = a["ceg"] / o["ceg"]
-    # the same seed: the same reference resamples and the same seed indices for both arms (paired)
-    d = ceg_replicates(ref_curves, a_l, a_c, n_boot, seed, point_fit=fit) - \
-        ceg_replicates(ref_curves, o_l, o_c, n_boot, seed, point_fit=fit)
-    undefined = ~np.isfinite(d)  # either arm's replicate outside the curve (inf - inf included)
-    tail = boot_tail(level, [len(ref_curves), len(common)])
-    res.update(n_boot=n_boot, undefined_share=float(undefined.mean()), tail=tail)
-    finite = np.sort(d[~undefined])
-    if len(finite) and undefined.mean() <= tail:  # else: the unknown replicates could sit on either side
-        n = len(finite)
-        res["low"] = math.exp(finite[int(math.floor(tail * (n - 1)))])
-        res["high"] = math.exp(finite[int(math.ceil((1 - tail) * (n - 1)))])
-    return res
-
-
 # --------------------------------------------------------------------------------------------
 # 2. paired difference and equivalence tests
 # --------------------------------------------------------------------------------------------
@@ -470,38 +412,6 @@ def _ratio(num: float, se: float) -> float:
     if se > 0:
         return num / se
     return 0.0 if num == 0 else math.copysign(math.inf, num)
-
-
-def paired_tests(diffs: Sequence[float], margin: tuple[float, float], alpha: float = ALPHA) -> dict:
-    """Paired t-test of "no difference" and TOST of equivalence within ``margin`` = (m_lo, m_hi) nats on
-    the per-seed differences d_s = arm - reference. Returns {mean, sd, se, n, df, t, p_difference, t_lower,
-    p_lower, t_upper, p_upper, p_tost, margin, level (= 1 - 2 alpha), low, high}; p-values, sd and the
-    interval None for n < 2."""
-    from scipy import stats
-
-    m_lo, m_hi = float(margin[0]), float(margin[1])
-    if not m_lo < m_hi:
-        raise ValueError(f"margin {margin!r}: needs low < high")
-    vals = [float(v) for v in diffs if v is not None and math.isfinite(v)]
-    n = len(vals)
-    res = {"mean": None, "sd": None, "se": None, "n": n, "df": max(n - 1, 0), "t": None, "p_difference": None,
-           "t_lower": None, "p_lower": None, "t_upper": None, "p_upper": None, "p_tost": None,
-           "margin": [m_lo, m_hi], "level": 1 - 2 * alpha, "low": None, "high": None}
-    if n == 0:
-        return res
-    mean = sum(vals) / n
-    res["mean"] = mean
-    if n < 2:
-        return res
-    df = n - 1
-    sd = 0.0 if max(vals) == min(vals) else math.sqrt(sum((v - mean) ** 2 for v in vals) / df)
-    se = sd / math.sqrt(n)
-    t, t_lo, t_hi = _ratio(mean, se), _ratio(mean - m_lo, se), _ratio(mean - m_hi, se)
-    p_lo, p_hi = float(stats.t.sf(t_lo, df)), float(stats.t.cdf(t_hi, df))
-    half = float(stats.t.ppf(1 - alpha, df)) * se
-    res.update(sd=sd, se=se, t=t, p_difference=float(min(1.0, 2 * stats.t.sf(abs(t), df))), t_lower=t_lo,
-               p_lower=p_lo, t_upper=t_hi, p_upper=p_hi, p_tost=max(p_lo, p_hi), low=mean - half, high=mean + half)
-    return res
 
 
 def holm(pvalues: Sequence[Optional[float]], alpha: float = ALPHA) -> list[dict]:
@@ -517,22 +427,6 @@ def holm(pvalues: Sequence[Optional[float]], alpha: float = ALPHA) -> list[dict]
         rejecting = rejecting and p <= threshold
         running = max(running, min(1.0, (k - r + 1) * p))
         out[i].update(p_adj=running, reject=rejecting, rank=r, threshold=threshold)
-    return out
-
-
-def classify(tests: list[dict], alpha: float = ALPHA) -> list[str]:
-    """The class of each comparison of a family of :func:`paired_tests` results, Holm-corrected separately
-    for the difference and the equivalence tests: "better", "worse", "equivalent within the margin",
-    "better (within the margin)" / "worse (within the margin)" (both rejected), or "unresolved"."""
-    diff = holm([t.get("p_difference") for t in tests], alpha)
-    equiv = holm([t.get("p_tost") for t in tests], alpha)
-    out = []
-    for t, d, e in zip(tests, diff, equiv):
-        if d["reject"]:
-            side = "better" if t["mean"] < 0 else "worse"
-            out.append(f"{side} (within the margin)" if e["reject"] else side)
-        else:
-            out.append("equivalent within the margin" if e["reject"] else "unresolved")
     return out
 
 

@@ -15,24 +15,16 @@ each fraction of the budget (``tools.sweep``'s cooldown machinery, under ``<out>
 as a function of training compute, L_ref(C), measured at >= 4 points per seed. Fractions above 1
 matter: an arm better than the reference reaches a loss the reference only reaches with more
 compute than the budget, so the curve must be measured beyond it. ``analysis.fair`` fits
-L_ref(C) = E + A C^-alpha and inverts it at each arm's mean final loss: CEG = C_ref(L_arm) / C_arm
-(> 1: the change is worth that multiple of the reference's compute), with a 95% bootstrap interval
-that resamples the reference's seeds (whole trunks, refitted) and the arm's seeds. A loss outside
-the measured range of the curve is reported as a bound, never extrapolated.
+L_ref(C) = E + A C^-alpha; a loss outside its measured range is never extrapolated.
 
-Each arm's paired (same-seed) loss difference against the reference is tested both ways: a
-paired t-test of "no difference" and two one-sided tests (TOST) of equivalence within the margin.
-A CEG margin [0.9, 1.1] is turned into nats at the budget on the fitted curve
-(``analysis.fair.loss_margin_from_ceg``); without a curve the margin is +-0.02 nats (or
-``margin: {nats: m}``). The report's family of comparisons (every arm against the reference; with
-``verdicts: pairs``, every arm that names a ``compare:`` arm against that arm, e.g. AdamW/Muon pairs; with
-``verdicts: parent``, every arm against the arm it extends, a ladder's steps; a side arm only against its
-``compare:`` arm, if it names one) is
-corrected with Holm's step-down method, separately for the difference and the equivalence tests;
-each comparison is "better", "worse", "equivalent within the margin" or "unresolved". An arm tested
-against another arm than the reference (a ladder's step against its parent, a pair) also gets its CEG
-against that arm on the reference's curve (``analysis.fair.relative_ceg``: CEG_arm / CEG_other with a
-paired bootstrap), which needs no curve of the other arm.
+The report's family of comparisons (every arm against the reference; with ``verdicts: pairs``, every arm
+that names a ``compare:`` arm against that arm, e.g. AdamW/Muon pairs; with ``verdicts: parent``, every arm
+against the arm it extends, a ladder's steps; a side arm only against its ``compare:`` arm, if it names
+one) is decided by ``analysis.verdicts``: one paired inference per comparison (per-seed ln CEG through the
+curve, or the paired loss difference in nats where that cannot be read), t and TOST tests, Holm over the
+family, and the interval printed at the level the verdict uses. The margin is ``margin: {ceg: [lo, hi]}``
+(default [0.9, 1.1]) or ``{nats: m}``, converted to the other scale on the curve at the budget. Every arm
+also gets its paired CEG against the reference (at 95% where that is not its verdict's comparison).
 
 With ``arms_schedule: wsd`` (the default) every arm's tuning and seeded runs train the curve's own
 schedule (WSD: warmup, constant lr, the last ``decay_fraction`` of the steps decaying with
@@ -46,6 +38,7 @@ include 1; it is reported as the calibration check of the method.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -184,8 +177,9 @@ def curves(ctx, arm: str) -> dict[int, list[tuple[float, float]]]:
 
 
 def compare(ctx) -> dict:
-    """Per non-reference arm: paired tests against the reference, CEG, Holm-corrected classification."""
-    from analysis import fair
+    """Per non-reference arm: the family's verdicts (``analysis.verdicts``: one paired inference per comparison,
+    Holm over the family) and every arm's paired CEG against the reference."""
+    from analysis import fair, verdicts
 
     spec = ctx.spec
     margin_spec = spec.get("margin") or dict(DEFAULT_MARGIN)
@@ -198,16 +192,9 @@ def compare(ctx) -> dict:
         except ValueError as e:  # fewer than 2 distinct computes learned: no curve, no CEG
             curve_note = f"no compute curve: {e}"
     budget_c = _compute(ref) if ref is not None else None
-    if "ceg" in margin_spec and fit is not None and budget_c:
-        lo, hi = fair.loss_margin_from_ceg(fit, budget_c, tuple(margin_spec["ceg"]))
-        margin = {"nats": [lo, hi], "from": f"CEG in [{margin_spec['ceg'][0]:g}, {margin_spec['ceg'][1]:g}] at the "
-                  "budget, on the fitted reference curve"}
-    else:
-        m = margin_spec.get("nats", DEFAULT_NATS)
-        margin = {"nats": [-m, m], "from": f"+-{m:g} nats" + (" (no compute curve for a CEG margin)"
-                                                              if "ceg" in margin_spec else "")}
+    margin = verdicts.margins(fit, budget_c, margin_spec)
     mode = spec.get("verdicts", "reference")
-    arms, tests, against = [], [], []
+    pairs = []
     for g in ctx.arm_groups():
         # the family: every arm against the reference, its `compare:` arm (verdicts: pairs) or the arm it extends
         # (verdicts: parent); a side arm (a control, e.g. a time-matched copy) only against its `compare:` arm
@@ -219,57 +206,52 @@ def compare(ctx) -> dict:
         other = ctx.group(other_name) if other_name else None
         if other is None or g.arm == other_name or other.metric != g.metric:
             continue  # (losses of different objectives are not compared)
-        seeds = sorted(set(g.losses()) & set(other.losses()))
-        if not seeds:
+        if not set(g.losses()) & set(other.losses()):
             continue
-        arms.append(g.arm)
-        against.append(other_name)
-        tests.append(fair.paired_tests([g.losses()[s] - other.losses()[s] for s in seeds], tuple(margin["nats"])))
-    classes = fair.classify(tests) if tests else []
-    holm_diff = fair.holm([t["p_difference"] for t in tests])
-    holm_tost = fair.holm([t["p_tost"] for t in tests])
+        pairs.append(_pair(g, other))
+    results = verdicts.family(fit, ref_curves, pairs, margin) if pairs else []
     family = {"pairs": "every arm against its `compare:` arm", "parent": "every step against the arm it extends"
               }.get(mode, "every arm against the reference")
-    out = {"margin": margin, "fit": fit, "family": family, "arms": {}, "curve_note": curve_note}
-    for arm, other_name, t, cls, hd, ht in zip(arms, against, tests, classes, holm_diff, holm_tost):
-        t = {**t, "p_difference_holm": hd["p_adj"], "p_tost_holm": ht["p_adj"], "against": other_name}
-        if cls == "unresolved" and t["sd"]:
-            t["seeds_needed"] = fair.seeds_needed(t["sd"], tuple(margin["nats"]), mean=t["mean"])
-        out["arms"][arm] = {"tests": t, "class": cls}
-    for g in ctx.arm_groups():
-        if fit is None or not g.losses() or (ref is not None and g.metric != ref.metric):
-            continue
-        c_arm = _compute(g)
-        res = fair.compute_equivalent_gain(ref_curves, g.losses(), c_arm)
-        out["arms"].setdefault(g.arm, {})["ceg"] = res
-        if g.arm == ctx.reference:
-            out["calibration"] = res
-    for arm, other_name in zip(arms, against):  # a step against the arm it extends, on the reference's curve
-        if fit is None or other_name == ctx.reference:
-            continue
-        g, other = ctx.group(arm), ctx.group(other_name)
-        try:
-            out["arms"][arm]["ceg_vs"] = fair.relative_ceg(ref_curves, g.losses(), other.losses(), _compute(g),
-                                                           _compute(other))
-        except ValueError as e:  # no seed in common: no paired ratio
-            out["arms"][arm]["ceg_vs"] = {"ratio": None, "status": str(e)}
+    out = {"margin": {"nats": list(margin[verdicts.NATS]), "ln_ceg": margin[verdicts.LN_CEG], "from": margin["from"]},
+           "fit": fit, "family": family, "arms": {}, "curve_note": curve_note, "method": "paired"}
+    for r in results:
+        out["arms"][r["arm"]] = {"verdict": r, "class": r["class"]}
+    if fit is not None and ref is not None:  # every arm's CEG against the reference (descriptive at 95%)
+        for g in ctx.arm_groups():
+            if g.arm == ctx.reference or g.metric != ref.metric or not set(g.losses()) & set(ref.losses()):
+                continue
+            mine = out["arms"].get(g.arm, {}).get("verdict")
+            res = mine if mine and mine["against"] == ctx.reference else \
+                verdicts.family(fit, ref_curves, [_pair(g, ref)], margin)[0]
+            out["arms"].setdefault(g.arm, {})["ceg"] = _ceg_view(res, holm=res is mine)
+        out["calibration"] = verdicts.calibration(fit, ref.losses(), _computes(ref))
     return out
+
+
+def _pair(g, other) -> dict:
+    return {"arm": g.arm, "against": other.arm, "arm_losses": g.losses(), "other_losses": other.losses(),
+            "arm_compute": _computes(g), "other_compute": _computes(other)}
+
+
+def _computes(g) -> dict[int, float]:
+    """{seed: training FLOPs} of the group's finished runs (the mean for a run without the count)."""
+    mean = _compute(g)
+    return {s: float(r["training_flops"] or mean) for s, r in g.runs.items() if r["status"] == "finished"}
+
+
+def _ceg_view(r: dict, holm: bool) -> dict:
+    """The CEG of a paired result in the form the plots read: {ceg, low, high, status, level, scale, holm}."""
+    level = None if r.get("alpha_interval") is None else 1 - r["alpha_interval"]
+    if r["scale"] == "ln CEG":
+        return {"ceg": r["ceg"], "low": r["ceg_low"], "high": r["ceg_high"], "status": "ok", "level": level,
+                "scale": r["scale"], "holm": holm}
+    return {"ceg": None, "low": None, "high": None, "status": r["why_nats"], "level": level, "scale": r["scale"],
+            "holm": holm, "point": r.get("ceg_point")}
 
 
 def _compute(g) -> Optional[float]:
     vals = [r["training_flops"] for r in g.runs.values() if r["status"] == "finished" and r["training_flops"]]
     return sum(vals) / len(vals) if vals else None
-
-
-def fmt_relative_ceg(res: Optional[dict]) -> str:
-    """'1.45x [1.30, 1.62]', '1.45x [interval not determined: 12% of replicates off the curve]', or the status."""
-    if not res:
-        return "-"
-    if res.get("ratio") is None:
-        return res["status"]
-    if res.get("low") is None:
-        return f"{res['ratio']:.2f}x [not determined: {res['undefined_share']:.0%} of replicates off the curve]"
-    return f"{res['ratio']:.2f}x [{res['low']:.2f}, {res['high']:.2f}]"
 
 
 def fmt_ceg(res: Optional[dict]) -> str:
@@ -287,7 +269,8 @@ def fmt_ceg(res: Optional[dict]) -> str:
             ends.append(f"{res[f'{side}_direction']}{res[f'{side}_bound']:.2f}")
         else:
             ends.append("?")
-    return f"{res['ceg']:.2f}x [{ends[0]}, {ends[1]}]"
+    level = f" at {100 * res['level']:.1f}%" if res.get("level") else ""
+    return f"{res['ceg']:.2f}x [{ends[0]}, {ends[1]}]{level}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,55 +283,62 @@ def _p(v: Optional[float]) -> str:
 
 
 def section(ctx):
-    """Classification table (paired tests, Holm, CEG) and the reference's compute curve."""
+    """The verdict table (one paired inference per comparison, Holm) and the reference's compute curve."""
+    from analysis import verdicts
     from analysis.experiments import Section, figure_md, table
 
     comp = ctx.comparison
     m = comp["margin"]
-    n = sum(1 for c in comp["arms"].values() if c.get("tests"))
-    lines = [f"Family: {comp['family']} ({n} comparison{'' if n == 1 else 's'}), "
-             f"Holm-corrected at 5% for the difference tests and, separately, for the equivalence tests (TOST). "
-             f"Equivalence margin: [{m['nats'][0]:+.3f}, {m['nats'][1]:+.3f}] nats ({m['from']}). "
-             "Verdicts: better / worse (the paired difference is significant after Holm), equivalent within the "
-             "margin (TOST significant after Holm), unresolved (neither: the seeds cannot tell)."]
-    relative = any(c.get("ceg_vs") for c in comp["arms"].values())
-    if relative:
-        lines.append("CEG vs the compared arm: CEG of the arm over CEG of the arm it is compared with, both on the "
-                     "reference's curve (the factor of reference compute between their losses; equal to the CEG on "
-                     "the compared arm's own curve when the curves are parallel in log compute), with a paired "
-                     "bootstrap interval (same reference resamples, same seeds).")
+    rows_in = [c["verdict"] for c in comp["arms"].values() if c.get("verdict")]
+    n = len(rows_in)
+    ln_margin = m.get("ln_ceg")
+    margin_text = (f"CEG in [{math.exp(ln_margin[0]):.3f}, {math.exp(ln_margin[1]):.3f}] on the ln CEG scale, "
+                   if ln_margin else "") + f"[{m['nats'][0]:+.3f}, {m['nats'][1]:+.3f}] nats ({m['from']})"
+    lines = [f"Family: {comp['family']} ({n} comparison{'' if n == 1 else 's'}). One inference per comparison "
+             "(`analysis/verdicts.py`): per seed s, the arm's seed s against the compared arm's seed s, both read "
+             "through the reference's fitted curve: ln CEG_s = ln[C_ref(L_arm,s) / C_arm] - ln[C_ref(L_other,s) / "
+             "C_other]; the mean over seeds with a t-interval whose variance adds the curve's refit variance "
+             "(jackknife over the reference's trunks; Welch-Satterthwaite df). Where a seed's loss lies outside "
+             "the curve, there is no curve, or the arms' compute differs, the same on the paired loss difference "
+             "(nats). Holm over the family at 5%, separately for the difference tests and the equivalence tests "
+             f"(TOST, margin {margin_text}). Each interval is at the level its verdict is read at, 1 - 0.05 p / "
+             "p_Holm (95% for the comparison with the largest Holm multiplier's complement, higher for the others), "
+             "so it excludes 1 (or 0 nats) exactly when the verdict is better or worse. Verdicts: better / worse, "
+             "equivalent within the margin, unresolved (with the seeds that would resolve it at 80% power if the "
+             "observed mean and sd are the truth)."]
     rows = []
-    for arm, c in comp["arms"].items():
-        t = c.get("tests")
-        if not t:
-            continue
-        ci90 = [t.get("low"), t.get("high")]
-        need = str(t["seeds_needed"]) if t.get("seeds_needed") else ""
-        rows.append([f"{ctx.arms[arm]['label']} (`{arm}`)", f"`{t.get('against', ctx.reference)}`",
-                     f"{t['mean']:+.3f}" if t.get("mean") is not None else "-",
-                     "-" if ci90[0] is None else f"[{ci90[0]:+.3f}, {ci90[1]:+.3f}]",
-                     _p(t.get("p_difference")), _p(t.get("p_difference_holm")), _p(t.get("p_tost")),
-                     _p(t.get("p_tost_holm")),
-                     fmt_ceg(c.get("ceg")), *([fmt_relative_ceg(c.get("ceg_vs"))] if relative else []),
-                     f"**{c['class']}**", need])
+    for r in rows_in:
+        arm = r["arm"]
+        need = str(r["seeds_needed"]) if r.get("seeds_needed") else ("" if r["class"] != "unresolved" else "> 1000")
+        eq = ("-" if r.get("equivalence_low") is None else
+              _scaled(r, r["equivalence_low"]) + " .. " + _scaled(r, r["equivalence_high"]))
+        rows.append([f"{ctx.arms[arm]['label']} (`{arm}`)", f"`{r['against']}`", r["scale"]
+                     + (f" ({r['why_nats']})" if r["why_nats"] else ""), str(len(r["seeds"])),
+                     verdicts.fmt_interval(r), _p(r.get("p_difference")), _p(r.get("p_difference_holm")), eq,
+                     _p(r.get("p_tost")), _p(r.get("p_tost_holm")), f"**{r['class']}**", need])
     md = "\n\n".join(lines) + "\n\n" + table(
-        ["arm", "against", "paired difference (nats)", "90% CI (TOST)", "p (difference)", "Holm", "p (equivalence)",
-         "Holm", f"CEG on `{ctx.reference}`'s curve [95% CI]",
-         *(["CEG vs the compared arm [95% CI]"] if relative else []), "verdict", "seeds for TOST (if unresolved)"],
-        rows)
+        ["arm", "against", "scale", "seeds", "estimate [interval at the verdict's level]", "p (difference)", "Holm",
+         "equivalence interval (TOST, Holm level)", "p (equivalence)", "Holm", "verdict",
+         "seeds to resolve (if unresolved)"], rows)
     fit = comp.get("fit")
     figures: list = []
     if fit:
         cal = comp.get("calibration") or {}
+        cal_text = "-" if cal.get("ceg") is None else (
+            f"{cal['ceg']:.2f}x" + ("" if cal.get("low") is None else f" [{cal['low']:.2f}, {cal['high']:.2f}]"))
         md += (f"\n\n**Compute curve of `{ctx.reference}`** (WSD trunks with cooldown branches at "
                f"{ctx.spec['ceg']['fractions']} x the budget, seeds {ctx.spec['ceg']['seeds']}): "
                f"{_fit_text(fit)}. Calibration: the reference's own seeded runs ("
                + ("the curve's WSD schedule" if ctx.spec["ceg"]["arms_schedule"] == "wsd" else "its recipe's schedule")
-               + ") convert to "
-               f"CEG {fmt_ceg(cal)}; an interval that includes 1 says the curve and the seeded runs agree.")
+               + f") read through the curve sit at {cal_text} of their compute (95% t-interval over seeds): the "
+               "offset every unpaired reading would carry, which the paired CEG divides out.")
         md += figure_md(figures, plot(ctx, fit, ctx.out / "compute_curve.png"),
                         "reference loss against training compute, with each arm's loss")
     return Section("Compute-equivalent gain and verdicts", md, figures, comp)
+
+
+def _scaled(r: dict, v: float) -> str:
+    return f"{math.exp(v):.3f}x" if r["scale"] == "ln CEG" else f"{v:+.3f}"
 
 
 def _fit_text(fit: dict) -> str:

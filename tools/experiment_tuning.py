@@ -14,13 +14,16 @@ Spec key (``tools.experiment``)::
 Procedure: a log grid at the arm's full budget (``budget_fraction: 1``), one run per lr. Successive
 halving from shorter budgets was not chosen: the optimal lr shifts with the number of steps
 (longer runs prefer a lower peak lr), and at the budgets a CPU experiment trains (a few hundred
-steps) a shorter budget is exactly where that shift is largest. The best lr is the grid point with
+steps) a shorter budget is exactly where that shift is largest. The best grid point is the one with
 the lowest final validation loss (a run that diverged, or did not learn: within 0.1 nats of its training
 split's unigram entropy, counts as +inf; when every lr does, the grid extends downwards). When that
 point is at an end of the grid, the grid extends on that side by the grid's own ratio (``lr[1] / lr[0]``) and the new
 point is trained; this repeats until the best point is interior (``bracketed``) or ``max_extend``
-points were added on that side (reported: "at the edge, limit hit"). The seeded runs then train
-at the chosen lr.
+points were added on that side (reported: "at the edge, limit hit"). The chosen lr is then the minimum
+of a parabola in log lr through the best point and up to two neighbours on each side, inside the bracket
+(``analysis.lr_choice``: one run per lr carries its seed's luck, which the grid's argmin follows when
+neighbours differ by less than the seed sd); the report gives the range of lrs within the arms' seed sd of
+that minimum. The seeded runs train at the chosen lr.
 
 The tuning runs use their own seed (``seed``), different from the seeds of the measured runs:
 choosing the best of several runs and then reporting that same run would bias the arm towards a
@@ -45,6 +48,7 @@ import math
 from pathlib import Path
 from typing import Optional, Sequence
 
+from analysis import lr_choice
 from archlab.config import RecipeError
 from tools import sweep
 
@@ -249,14 +253,19 @@ def summarise(recs: Sequence[dict], tune: dict) -> dict:
         mine = sorted((r for r in recs if r["arm"] == arm), key=lambda r: r["lr"])
         lrs = [r["lr"] for r in mine]
         losses = [final_loss(r["run_dir"]) for r in mine]
-        best = choose(lrs, [score(r["run_dir"]) for r in mine])
+        scores = [score(r["run_dir"]) for r in mine]
+        best = choose(lrs, scores)
+        fitted = lr_choice.choose(lrs, scores) if best["side"] is None else None
         out[arm] = {"lrs": lrs, "losses": [None if v is None or not math.isfinite(v) else v for v in losses],
                     "diverged": [v is not None and not math.isfinite(v) for v in losses],
                     "did_not_learn": [v is not None and math.isfinite(v) and did_not_learn(r["run_dir"])
                                       for v, r in zip(losses, mine)],
                     "lr": best["lr"], "loss": best["loss"] if math.isfinite(best["loss"]) else None,
                     "learned": math.isfinite(best["loss"]), "bracketed": best["side"] is None,
-                    "limit_hit": best["side"] is not None, "runs": [r["point"] for r in mine]}
+                    "limit_hit": best["side"] is not None, "runs": [r["point"] for r in mine],
+                    "grid_lr": best["lr"], "choice": fitted}
+        if fitted is not None and fitted["kind"] == "parabola":  # the whole grid's minimum, inside the bracket
+            out[arm]["lr"] = float(_lr_text(fitted["lr"]))
     return out
 
 
@@ -305,6 +314,7 @@ def section(ctx):
     if not tuning:
         return Section("Learning rate", "Not tuned: every arm trains at its recipe's lr (the spec has no `tune:`).")
     walls = ctx.record.get("tune_wall_s") or {}  # tuning run -> its wall seconds
+    noise = seed_sd(ctx)
     rows = []
     for arm, t in tuning.items():
         where = "bracketed" if t["bracketed"] else "at the edge of the grid, extension limit hit"
@@ -315,8 +325,9 @@ def section(ctx):
                            else "-" for v, d, n in zip(t["losses"], t["diverged"], dnl))
         if t.get("transferred_from"):
             where += f"; muP transfer from `{t['transferred_from']}`"
+        fit = refit(t, noise)
         rows.append([f"{ctx.arms[arm]['label']} (`{arm}`)", ", ".join(f"{lr:g}" for lr in t["lrs"]), losses,
-                     f"**{t['lr']:g}**", where, len(t["runs"]),
+                     f"{t.get('grid_lr', t['lr']):g}", f"**{t['lr']:g}**", _flat_text(fit), where, len(t["runs"]),
                      f"{sum(walls.get(r, 0.0) for r in t['runs']) / 60:.1f}"])
     seeded = sum(r["elapsed_s"] for r in ctx.rows if r["elapsed_s"])
     runs = {r for t in tuning.values() for r in t["runs"]}  # under muP every arm shares the base's runs
@@ -325,18 +336,52 @@ def section(ctx):
              else f"{tune['budget_fraction']:g} x the arm's budget")
     md = (f"Each arm's lr is chosen on its own (`tools/experiment_tuning.py`): a log grid at {share}, one run per lr "
           f"at seed {tune['seed']} (not one of the "
-          "reported seeds), the best final validation loss; a run that diverged or did not learn (within "
+          "reported seeds); a run that diverged or did not learn (within "
           "0.1 nats of the unigram entropy) counts as worst, and when no lr learned the grid extends downwards; "
-          "the grid extends by its own ratio until the best lr is interior. The seeded runs train at the chosen "
-          "lr.\n\n"
-          + table(["arm", "lrs tried", "final val loss at each lr (nats/token)", "chosen lr", "where", "runs",
-                   "wall min"], rows)
+          "the grid extends by its own ratio until the best lr is interior. The chosen lr is not the grid's best "
+          "run alone, which follows its seed's luck: it is the minimum of a parabola in log lr through the best "
+          "run and up to two neighbours on each side, kept inside the bracket (`analysis/lr_choice.py`; the "
+          "grid's best when not bracketed or the points do not curve upwards). 'Within seed noise': the lrs whose "
+          "fitted loss is within one seed sd of the minimum"
+          + (f" ({noise:.4f} nats, the pooled sd of the seeded runs)" if noise else "")
+          + ". The seeded runs train at the chosen lr.\n\n"
+          + table(["arm", "lrs tried", "final val loss at each lr (nats/token)", "grid's best", "chosen lr",
+                   "within seed noise", "where", "runs", "wall min"], rows)
           + f"\n\nTuning cost: {len(runs)} runs, {tuned_s / 60:.1f} min of training "
           f"wall time (the seeded runs: {len(ctx.rows)} runs, {seeded / 60:.1f} min; tuning is "
           f"{tuned_s / max(seeded, 1e-9):.2f}x their cost).")
     figures: list = []
     md += figure_md(figures, plot(ctx, tuning, ctx.out / "tuning.png"), "final validation loss against lr per arm")
     return Section("Learning rate, tuned per arm", md, figures, {"tuning": tuning, "wall_s": walls})
+
+
+def seed_sd(ctx) -> Optional[float]:
+    """The pooled sd of the seeded runs' final losses within arms (the noise one tuning run carries)."""
+    ss, df = 0.0, 0
+    for g in ctx.arm_groups():
+        vals = [v for v in g.losses().values() if v is not None and math.isfinite(v)]
+        if len(vals) > 1:
+            m = sum(vals) / len(vals)
+            ss += sum((v - m) ** 2 for v in vals)
+            df += len(vals) - 1
+    return math.sqrt(ss / df) if df else None
+
+
+def refit(t: dict, noise_sd: Optional[float]) -> Optional[dict]:
+    """The tuning grid's lr choice (``analysis.lr_choice``) with its range within ``noise_sd``; None unbracketed."""
+    if not t.get("bracketed"):
+        return None
+    dnl = t.get("did_not_learn") or [False] * len(t["lrs"])
+    losses = [None if d or n else v for v, d, n in zip(t["losses"], t["diverged"], dnl)]
+    return lr_choice.choose(t["lrs"], losses, noise_sd)
+
+
+def _flat_text(fit: Optional[dict]) -> str:
+    if not fit or fit.get("flat_low") is None:
+        return "-"
+    lo = ("<= " if fit.get("flat_open_low") else "") + f"{fit['flat_low']:.2g}"
+    hi = (">= " if fit.get("flat_open_high") else "") + f"{fit['flat_high']:.2g}"
+    return f"{lo} .. {hi}"
 
 
 def plot(ctx, tuning: dict, path: Path):
@@ -358,7 +403,10 @@ def plot(ctx, tuning: dict, path: Path):
                 label=wrap_label(f"{ctx.arms[arm]['label']} (chosen {t['lr']:g})", 50))
         if t["loss"] is not None:
             chosen.append(t["loss"])
-            ax.plot([t["lr"]], [t["loss"]], "*", color=color, markersize=14, markeredgecolor="black", zorder=5)
+            best = t.get("grid_lr", t["lr"])  # the grid's best run; the chosen lr may lie between grid points
+            ax.plot([best], [t["loss"]], "*", color=color, markersize=14, markeredgecolor="black", zorder=5)
+            if not math.isclose(best, t["lr"], rel_tol=1e-3):
+                ax.axvline(t["lr"], color=color, ls="--", lw=1.2)
         for lr, d in zip(t["lrs"], t["diverged"]):
             if d:
                 ax.axvline(lr, color=color, ls=":", lw=1)
@@ -372,7 +420,8 @@ def plot(ctx, tuning: dict, path: Path):
     # the interesting range: the minima (every chosen one), not a run far off at an edge of the grid
     top = min(hi, max(lo + 4 * (sorted(finite)[len(finite) // 2] - lo) + 0.05, max(chosen, default=lo) + 0.1))
     ax.set_ylim(lo - 0.02 * max(top - lo, 0.05), top + 0.02 * max(top - lo, 0.05))
-    style_axes(ax, f"{ctx.spec['name']}: tuning runs, final validation loss against peak lr (star: chosen)",
+    style_axes(ax, f"{ctx.spec['name']}: tuning runs, final validation loss against peak lr\n"
+               "(star: the grid's best run; dashed: the chosen lr)",
                "peak learning rate (log scale)", "final validation loss (nats/token)", grid="both",
                legend_outside=True)
     return save_figure(fig, path)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from analysis import verdicts
 from archlab.config import RecipeError
 from tools import experiment, experiment_ceg, experiment_tuning
 from tools.experiment import load_spec, resolve_arms
@@ -117,15 +118,18 @@ def test_tuning_extends_the_grid_until_the_best_lr_is_interior(tmp_path, monkeyp
     arms = resolve_arms(spec)
     seen = _fake_sweep(monkeypatch, {"a": 2e-2, "b": 2.2e-3})
     tuned, recs = experiment_tuning.run(spec, arms, log=lambda *a: None)
-    # a: optimum 0.02 above the grid: 8e-3, then 1.6e-2, then 3.2e-2 added; 1.6e-2 is then interior
+    # a: optimum 0.02 above the grid: 8e-3, then 1.6e-2, then 3.2e-2 added; 1.6e-2 is then interior, and the
+    # parabola through the grid (the fake loss is one in log lr) finds the optimum between grid points
     assert tuned["a"]["lrs"] == [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]
-    assert tuned["a"]["lr"] == 1.6e-2 and tuned["a"]["bracketed"]
-    # b: optimum inside the grid: no extension, 2e-3 chosen
-    assert tuned["b"]["lrs"] == [1e-3, 2e-3, 4e-3] and tuned["b"]["lr"] == 2e-3 and tuned["b"]["bracketed"]
+    assert tuned["a"]["grid_lr"] == 1.6e-2 and tuned["a"]["bracketed"]
+    assert tuned["a"]["lr"] == pytest.approx(2e-2, rel=1e-3) and tuned["a"]["choice"]["kind"] == "parabola"
+    # b: optimum inside the grid: no extension; 2e-3 the grid's best, 2.2e-3 the fitted minimum
+    assert tuned["b"]["lrs"] == [1e-3, 2e-3, 4e-3] and tuned["b"]["grid_lr"] == 2e-3 and tuned["b"]["bracketed"]
+    assert tuned["b"]["lr"] == pytest.approx(2.2e-3, rel=1e-3)
     assert len(seen) == 4  # the starting grid, then one sweep per extension
     assert {(r["arm"], r["lr"], r["seed"], r["role"]) for r in recs} >= {("a", 3.2e-2, 1000, "tune")}
     # time-matched arms (none here) and every arm get their own lr override
-    assert experiment_tuning.tuned_overrides(arms, tuned) == {"a": ["train.lr=0.016"], "b": ["train.lr=0.002"]}
+    assert experiment_tuning.tuned_overrides(arms, tuned) == {"a": ["train.lr=0.02"], "b": ["train.lr=0.0022"]}
 
 
 def test_tuning_reports_an_unbracketed_lr_when_the_limit_is_hit(tmp_path, monkeypatch):
@@ -233,14 +237,14 @@ def test_pairs_verdicts_test_each_arm_against_its_compare_arm():
               "ds": {0: 4.30, 1: 4.32, 2: 4.28, 3: 4.31}, "ds-mtp": {0: 4.301, 1: 4.319, 2: 4.2805, 3: 4.3101}}
     groups = {a: _Group(a, v) for a, v in losses.items()}
     arms = {"adamw": {}, "muon": {"compare": "adamw"}, "ds": {}, "ds-mtp": {"compare": "ds"}}
-    for verdicts, expected in [("pairs", {"muon": ("adamw", "better"), "ds-mtp": ("ds", "equivalent")}),
-                               ("reference", {"muon": ("adamw", "better"), "ds": ("adamw", "worse"),
-                                              "ds-mtp": ("adamw", "worse")})]:
-        ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}, "verdicts": verdicts}, reference="adamw", arms=arms,
+    for mode, expected in [("pairs", {"muon": ("adamw", "better"), "ds-mtp": ("ds", "equivalent")}),
+                           ("reference", {"muon": ("adamw", "better"), "ds": ("adamw", "worse"),
+                                          "ds-mtp": ("adamw", "worse")})]:
+        ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}, "verdicts": mode}, reference="adamw", arms=arms,
                               group=groups.get, arm_groups=lambda: list(groups.values()), curve_rows=[])
         out = experiment_ceg.compare(ctx)
-        got = {a: (c["tests"]["against"], c["class"].split()[0]) for a, c in out["arms"].items()}
-        assert got == expected, verdicts
+        got = {a: (c["verdict"]["against"], c["class"].split()[0]) for a, c in out["arms"].items()}
+        assert got == expected, mode
 
 
 def test_verdicts_leave_out_arms_of_another_objective():
@@ -267,7 +271,7 @@ def test_side_arms_are_tested_only_against_their_compare_arm():
     ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}}, reference="dense", arms=arms, group=groups.get,
                           arm_groups=lambda: list(groups.values()), curve_rows=[])
     out = experiment_ceg.compare(ctx)
-    assert {a: c["tests"]["against"] for a, c in out["arms"].items()} == {"moe": "dense", "deep": "moe"}
+    assert {a: c["verdict"]["against"] for a, c in out["arms"].items()} == {"moe": "dense", "deep": "moe"}
 
 
 def test_parent_verdicts_test_each_step_of_a_ladder_against_the_step_before():
@@ -282,7 +286,7 @@ def test_parent_verdicts_test_each_step_of_a_ladder_against_the_step_before():
     ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}, "verdicts": "parent"}, reference="a", arms=arms,
                           group=groups.get, arm_groups=lambda: list(groups.values()), curve_rows=[])
     out = experiment_ceg.compare(ctx)
-    got = {a: (c["tests"]["against"], c["class"].split()[0]) for a, c in out["arms"].items()}
+    got = {a: (c["verdict"]["against"], c["class"].split()[0]) for a, c in out["arms"].items()}
     assert got == {"b": ("a", "better"), "c": ("b", "equivalent")}
     assert out["family"] == "every step against the arm it extends"
 
@@ -306,10 +310,13 @@ def test_parent_verdicts_give_each_step_its_ceg_against_its_parent():
                           reference="a", arms=arms, group=groups.get, arm_groups=lambda: list(groups.values()),
                           curve_rows=rows)
     out = experiment_ceg.compare(ctx)
-    assert "ceg_vs" not in out["arms"]["b"] and out["arms"]["b"]["ceg"]["ceg"] == pytest.approx(2.0, rel=0.02)
-    rel = out["arms"]["c"]["ceg_vs"]
-    assert rel["ratio"] == pytest.approx(1.5, rel=0.02) and rel["low"] < 1.5 < rel["high"]
-    assert experiment_ceg.fmt_relative_ceg(rel).startswith("1.5")
+    b, c = out["arms"]["b"], out["arms"]["c"]
+    assert b["verdict"]["against"] == "a" and b["ceg"]["ceg"] == pytest.approx(2.0, rel=0.02)
+    rel = c["verdict"]  # c's verdict is against its parent b, from the same paired inference as its interval
+    assert rel["against"] == "b" and rel["scale"] == "ln CEG"
+    assert rel["ceg"] == pytest.approx(1.5, rel=0.02) and rel["ceg_low"] < 1.5 < rel["ceg_high"]
+    assert c["ceg"]["ceg"] == pytest.approx(3.0, rel=0.02)  # against the reference: the plain CEG
+    assert verdicts.fmt_interval(rel).startswith("1.5")
 
 
 def test_parent_verdicts_need_a_ladder(tmp_path):
