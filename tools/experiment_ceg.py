@@ -355,7 +355,7 @@ FEW_ARMS = 6  # more arms than this at one compute: their legend moves to the CE
 
 def plot(ctx, fit: dict, path: Path):
     """Left: the reference's curve with each arm's loss at its compute (dotted: across to the reference
-    compute with that loss, the CEG). Right: each arm's CEG with its 95% interval on a log axis (a
+    compute with that loss, the CEG). Right: each arm's CEG with its interval (its verdict's level) on a log axis (a
     forest), which stays readable when many arms share one compute."""
     import numpy as np
 
@@ -408,8 +408,8 @@ def plot(ctx, fit: dict, path: Path):
     bx.set_ylim(len(rows) - 0.5, -0.5)
     bx.set_xscale("log")
     plain_log_axis(bx.xaxis)
-    style_axes(bx, f"compute-equivalent gain on {ctx.reference}'s curve\n(95% intervals; > 1: the arm is worth more "
-               "reference compute)", "CEG (x reference compute, log scale; dashed: 1, as the reference)", "arm",
-               legend=False, grid="both")
+    style_axes(bx, f"compute-equivalent gain on {ctx.reference}'s curve\n(intervals at each verdict's level, else "
+               "95%; > 1: worth more reference compute)",
+               "CEG (x reference compute, log scale; dashed: 1, as the reference)", "arm", legend=False, grid="both")
     fig.tight_layout()
     return save_figure(fig, path)

@@ -1,0 +1,41 @@
+"""analysis.reanalyse on a committed report: the verdicts re-read from report.json alone agree with its
+per-seed losses, intervals sit at the verdict's level, and the pointer under the report's title is put once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from analysis import reanalyse
+
+REPORT = Path(__file__).resolve().parents[2] / "docs/experiments/optimizers-and-objectives"
+
+
+def test_reanalyse_a_committed_report(tmp_path):
+    shutil.copy(REPORT / "report.json", tmp_path / "report.json")
+    (tmp_path / "report.md").write_text("# title\n\nbody\n")
+    data = reanalyse.reanalyse(tmp_path / "report.json")
+    rep = json.loads((tmp_path / "report.json").read_text())
+    by_arm = {c["arm"]: c for c in data["changes"]}
+    assert set(by_arm) >= {"llama-muon", "mixtral-muon", "deepseek-mtp"}
+    mtp = by_arm["deepseek-mtp"]  # 1.5x the compute per token: the verdict is on the paired loss difference
+    assert mtp["scale"] == "nats" and mtp["against"] == "deepseek"
+    seeds = {r["seed"]: r["val_loss"] for r in rep["runs"] if r["arm"] == "deepseek-mtp"}
+    base = {r["seed"]: r["val_loss"] for r in rep["runs"] if r["arm"] == "deepseek"}
+    assert mtp["estimate"] == pytest.approx(sum(seeds[s] - base[s] for s in seeds) / len(seeds))
+    for c in data["changes"]:
+        if c["class"] in ("unresolved", "equivalent within the margin"):  # the interval holds the null
+            null = 1.0 if c["scale"] == "ln CEG" else 0.0
+            assert c["low"] <= null <= c["high"], c
+    assert (tmp_path / "reanalysis/verdicts.md").is_file() and (tmp_path / "reanalysis/compute_curve.png").is_file()
+    reanalyse.reanalyse(tmp_path / "report.json")
+    text = (tmp_path / "report.md").read_text()
+    assert text.count(reanalyse.POINTER) == 1 and text.startswith("# title\n") and text.endswith("body\n")
+
+
+def test_a_missing_report_is_named():
+    with pytest.raises(SystemExit, match="no such report.json"):
+        reanalyse.main(["docs/experiments/nowhere/report.json"])
