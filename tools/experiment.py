@@ -38,7 +38,9 @@ Spec file (YAML):
     claim: ...                         # the published claim the experiment checks
     out: runs/experiments/evolution    # run folders (git-ignored); --quick adds -quick
     report: docs/experiments/evolution # where `run` writes the report (--quick: <out>/report)
-    seeds: [0, 1, 2]                   # train.seed of every arm (default: 3 seeds)
+    seeds: [0, 1, 2]                   # train.seed of every arm (default: 3 seeds); or a sequential design,
+                                       # {min: 3, max: 9, step: 2, spending: pocock}: the unresolved
+                                       # comparisons get more seeds (tools.experiment_seeds)
     budget: {flops: 4.0e12}            # or {tokens: 1.0e6}: the same for every arm unless the arm says otherwise
     set: [model.vocab_size=2048]       # overrides for every arm
     grid: {train.lr: [1.0e-3, 3.0e-3]} # optional: crossed with every arm and seed
@@ -108,7 +110,7 @@ from omegaconf import OmegaConf
 from analysis.measurements import MEASUREMENTS
 from archlab.config import RecipeError, load_recipe
 from archlab.io import write_json_atomic
-from tools import experiment_ceg, experiment_tuning, sweep
+from tools import experiment_ceg, experiment_seeds, experiment_tuning, sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECORD = "experiment.json"
@@ -184,6 +186,7 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
     for key in ("name", "arms", "budget"):
         if not spec.get(key):
             raise RecipeError(f"{path}: '{key}:' is required (see python -m tools.experiment --help)")
+    design = experiment_seeds.check(spec, path)  # seeds: {min, max, ...}: the first look's seeds
     seeds = spec.setdefault("seeds", list(DEFAULT_SEEDS))
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise RecipeError(f"{path}: seeds={seeds!r}: expected a list of integers >= 0, e.g. [0, 1, 2]")
@@ -200,7 +203,7 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
         raise RecipeError(f"{path}: 'tune:' is required: each arm's lr tuned ({{lr: [1.0e-3, 2.0e-3, 4.0e-3]}}), "
                           "tuned at the muP base width and transferred ({lr: [...], mup: true}), or shared by design "
                           "({shared: <why>}); see tools/experiment_tuning.py")
-    spec["tune"] = experiment_tuning.check(spec.get("tune"), seeds)
+    spec["tune"] = experiment_tuning.check(spec.get("tune"), list(range(design.max)) if design else seeds)
     if spec["tune"] and "lr" in spec["tune"] and "train.lr" in grid:
         raise RecipeError(f"{path}: tune: and grid: train.lr both choose the lr; a grid over lr shares it by design "
                           "(write tune: {shared: <why>})")
@@ -510,6 +513,11 @@ def run_experiment(spec: dict, *, jobs: int = 1, threads: Optional[int] = None, 
     if spec.get("ceg"):  # the reference's compute curve, at its tuned lr
         ref = next(a for a in arms if a.name == spec["reference"])
         extra["ceg_runs"] = experiment_ceg.run(spec, ref, [], jobs=jobs, threads=threads, log=log)
+    if spec.get("sequential"):  # more seeds for what is unresolved (tools.experiment_seeds)
+        stage = {"sweep_spec": sweep_spec, "record_runs": _record_runs, "read_record": read_record,
+                 "check_stopped": _check_stopped,
+                 "write_record": lambda rs: write_record(spec, arms, rs, {**extra, "threads": threads})}
+        runs = experiment_seeds.run_looks(spec, fixed, runs, stage, jobs=jobs, threads=threads, log=log)
     write_record(spec, arms, runs, {**extra, "timed_budgets": timed_budgets,
                                     "train_wall_s": round(time.time() - t0, 1), "command": command,
                                     "threads": threads})
@@ -581,6 +589,7 @@ def plan(spec: dict, log=print, estimate: bool = True) -> dict:
     experiment_ceg.plan(spec, ref, log=log)
     if spec.get("ceg"):
         stages["compute curve"] = planned_points(experiment_ceg.sweep_spec(spec, ref, []))
+    stages.update(experiment_seeds.plan(spec, fixed, sweep_spec, log=log))
     out = {name: {"runs": len(pts), "flops": sum(_new_flops(p) for p in pts)} for name, pts in stages.items()}
     speed = _flops_per_s(ref) if estimate else None
     log("\n== cost" + (f" (estimated at {speed / 1e9:.2f} GFLOP/s of training, the reference arm's step timed here "

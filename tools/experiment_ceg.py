@@ -179,7 +179,7 @@ def curves(ctx, arm: str) -> dict[int, list[tuple[float, float]]]:
 def compare(ctx) -> dict:
     """Per non-reference arm: the family's verdicts (``analysis.verdicts``: one paired inference per comparison,
     Holm over the family) and every arm's paired CEG against the reference."""
-    from analysis import fair, verdicts
+    from analysis import fair, sequential, verdicts
 
     spec = ctx.spec
     margin_spec = spec.get("margin") or dict(DEFAULT_MARGIN)
@@ -209,7 +209,13 @@ def compare(ctx) -> dict:
         if not set(g.losses()) & set(other.losses()):
             continue
         pairs.append(_pair(g, other))
-    results = verdicts.family(fit, ref_curves, pairs, margin) if pairs else []
+    design = spec.get("sequential")
+    if design and pairs:  # seeds: {min, max}: each comparison read at the look that stopped it
+        results = sequential.family(sequential.Design(design["min"], design["max"], design["step"],
+                                                      design["spending"], design["alpha"]),
+                                    fit, ref_curves, pairs, margin)
+    else:
+        results = verdicts.family(fit, ref_curves, pairs, margin) if pairs else []
     family = {"pairs": "every arm against its `compare:` arm", "parent": "every step against the arm it extends"
               }.get(mode, "every arm against the reference")
     out = {"margin": {"nats": list(margin[verdicts.NATS]), "ln_ceg": margin[verdicts.LN_CEG], "from": margin["from"]},
@@ -284,7 +290,7 @@ def _p(v: Optional[float]) -> str:
 
 def section(ctx):
     """The verdict table (one paired inference per comparison, Holm) and the reference's compute curve."""
-    from analysis import verdicts
+    from analysis import sequential, verdicts
     from analysis.experiments import Section, figure_md, table
 
     comp = ctx.comparison
@@ -306,6 +312,14 @@ def section(ctx):
              "so it excludes 1 (or 0 nats) exactly when the verdict is better or worse. Verdicts: better / worse, "
              "equivalent within the margin, unresolved (with the seeds that would resolve it at 80% power if the "
              "observed mean and sd are the truth)."]
+    design = ctx.spec.get("sequential")
+    if design:
+        d = sequential.Design(design["min"], design["max"], design["step"], design["spending"], design["alpha"])
+        lines.append(f"Seeds: {d.describe()}, stated in the spec before the first run "
+                     "(`analysis/sequential.py`). At each look the comparisons still unresolved are read with Holm "
+                     "at that look's level; a verdict reached is final and its arms stop when all their comparisons "
+                     "are resolved. The per-look levels sum to 5%, so each error rate stays at most 5% over the "
+                     "looks; the intervals below are at the level of the look that stopped each comparison.")
     rows = []
     for r in rows_in:
         arm = r["arm"]
@@ -315,11 +329,12 @@ def section(ctx):
         rows.append([f"{ctx.arms[arm]['label']} (`{arm}`)", f"`{r['against']}`", r["scale"]
                      + (f" ({r['why_nats']})" if r["why_nats"] else ""), str(len(r["seeds"])),
                      verdicts.fmt_interval(r), _p(r.get("p_difference")), _p(r.get("p_difference_holm")), eq,
-                     _p(r.get("p_tost")), _p(r.get("p_tost_holm")), f"**{r['class']}**", need])
+                     _p(r.get("p_tost")), _p(r.get("p_tost_holm")), f"**{r['class']}**", need]
+                    + ([r.get("stopped", "")] if design else []))
     md = "\n\n".join(lines) + "\n\n" + table(
         ["arm", "against", "scale", "seeds", "estimate [interval at the verdict's level]", "p (difference)", "Holm",
          "equivalence interval (TOST, Holm level)", "p (equivalence)", "Holm", "verdict",
-         "seeds to resolve (if unresolved)"], rows)
+         "seeds to resolve (if unresolved)"] + (["stopped"] if design else []), rows)
     fit = comp.get("fit")
     figures: list = []
     if fit:
