@@ -237,8 +237,56 @@ def _labels(rows: list[dict], keys: Sequence[str]) -> tuple[list[str], str]:
     return labels, ", ".join(f"{names[k]} {rows[0][k]}" for k in shared)
 
 
+MANY = 8  # more recipes than this: one horizontal bar per recipe (names readable), totals on a log scale
+
+
+def _many(rows: list[dict], labels: list[str], panels: list[tuple], title: str, path: Path) -> Path:
+    """A chart of many recipes: one row per recipe, each panel ``(kind, title, xlabel, data)``: kind "log", data
+    the totals (a log scale, so that recipes 1000x apart are all readable), or "share", data {component: % per
+    recipe} stacked to 100%."""
+    from matplotlib.ticker import LogLocator
+
+    from analysis.plotting import COLORS
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 1.5, 0.3 * len(rows) + 1.8), sharey=True,
+                             squeeze=False)
+    y = list(range(len(rows)))
+    for ax, (kind, sub, xlabel, data) in zip(axes[0], panels):
+        if kind == "log":
+            ax.barh(y, data, color=COLORS[0], height=0.65)
+            ax.set_xscale("log")
+            ax.xaxis.set_major_locator(LogLocator(base=10, numticks=8))
+            ax.set_xlim(min(v for v in data if v > 0) / 2, max(data) * 2)
+        else:
+            left = [0.0] * len(rows)
+            for i, (name, values) in enumerate(data.items()):
+                if any(values):
+                    ax.barh(y, values, left=left, height=0.65, label=name, color=COLORS[i % len(COLORS)])
+                    left = [a + b for a, b in zip(left, values)]
+            ax.set_xlim(0, 100)
+        style_axes(ax, sub, xlabel, "recipe" if ax is axes[0][0] else "", grid="x", legend=kind != "log",
+                   legend_title="component", legend_outside=True)
+    axes[0][0].set_yticks(y, [label.replace("\n", ", ") for label in labels], fontsize=8)
+    axes[0][0].set_ylim(len(rows) - 0.5, -0.5)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def plot_flops(rows: list[dict], path: Path) -> Path:
-    """Stacked training FLOPs per token by component: absolute, and as shares of the total."""
+    """Stacked training FLOPs per token by component: absolute, and as shares of the total (with more than
+    :data:`MANY` recipes: one row each, the totals on a log scale beside the shares)."""
+    if len(rows) > MANY:
+        labels, shape = _labels(rows, ["seq_len"])
+        factor, unit = unit_scale([r["train_flops_per_token"] for r in rows], FLOP_UNITS)
+        return _many(rows, labels, [
+            ("log", "Training FLOPs per token (log scale)", f"training FLOPs per token ({unit})",
+             [r["train_flops_per_token"] / factor for r in rows]),
+            ("share", "Share of each component", "share of training FLOPs (%)",
+             {FLOPS_LABELS[k]: [100 * r["flops_breakdown"][k] / r["train_flops_per_token"] for r in rows]
+              for k in FLOPS_LABELS})], f"Training FLOPs per token of {len(rows)} recipes"
+            + (f" ({shape})" if shape else ""), path)
     plt = pyplot()
     labels, shape = _labels(rows, ["seq_len"])
     keys = list(FLOPS_LABELS)
@@ -257,7 +305,22 @@ def plot_flops(rows: list[dict], path: Path) -> Path:
 
 def plot_memory(rows: list[dict], path: Path, precision: str, zero_stage: int, dp: int) -> Path:
     """Training memory per rank by part (weights, gradients, AdamW states, activations), and the
-    activations of one micro-batch by component."""
+    activations of one micro-batch by component (with more than :data:`MANY` recipes: one row each, the
+    totals on a log scale beside the shares of the parts)."""
+    if len(rows) > MANY:
+        labels, shape = _labels(rows, ["batch", "seq_len"])
+        factor, unit = unit_scale([r["train_memory_bytes"] for r in rows], BYTE_UNITS)
+        a_factor, a_unit = unit_scale([sum(r["activation_breakdown"].values()) for r in rows], BYTE_UNITS)
+        return _many(rows, labels, [
+            ("log", "Training memory per rank (log scale)", f"memory per rank ({unit})",
+             [r["train_memory_bytes"] / factor for r in rows]),
+            ("share", "Share of each part", "share of the memory per rank (%)",
+             {MEMORY_LABELS[k]: [100 * r["memory_breakdown"][k] / r["train_memory_bytes"] for r in rows]
+              for k in MEMORY_LABELS}),
+            ("log", "Activations kept for backward\n(one micro-batch, all layers; log scale)",
+             f"activation memory ({a_unit})", [sum(r["activation_breakdown"].values()) / a_factor for r in rows])],
+            f"Training memory of {len(rows)} recipes ({precision} AdamW, ZeRO-{zero_stage}, dp {dp}"
+            + (f", {shape})" if shape else ")"), path)
     plt = pyplot()
     labels, shape = _labels(rows, ["batch", "seq_len"])
     fig, (ax, ax_act) = plt.subplots(1, 2, figsize=(max(11.0, 2.0 * len(rows) + 7), 4.8))

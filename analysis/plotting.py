@@ -86,11 +86,88 @@ def unit_scale(values: Sequence[float], units: Sequence[tuple[float, str]]) -> t
     return chosen
 
 
+def _label_collisions(axis, renderer) -> int:
+    """Pairs of neighbouring visible tick labels of one axis that overlap on the canvas. Unrotated labels
+    collide when their boxes intersect (by more than a pixel); rotated ones, which run parallel, when their
+    spacing across the text is under its height."""
+    labels = [t for t in axis.get_ticklabels(which="both") if t.get_visible() and t.get_text().strip()]
+    boxes = [(t, t.get_window_extent(renderer)) for t in labels]
+    vertical = axis.axis_name == "y"
+    boxes.sort(key=lambda tb: tb[1].y0 if vertical else tb[1].x0)
+    hits = 0
+    for (t1, b1), (t2, b2) in zip(boxes, boxes[1:]):
+        angle = math.radians(t1.get_rotation() % 180)
+        if not vertical and 0.05 < angle < math.pi - 0.05:  # rotated x labels: parallel slanted lines of text
+            height = t1.get_fontsize() * axis.figure.dpi / 72 * (t1.get_text().count("\n") + 1)
+            spacing = abs((b2.x1 - b1.x1) if t1.get_ha() == "right" else (b2.x0 - b1.x0))
+            hits += spacing * abs(math.sin(angle)) < 0.95 * height
+        else:
+            w = min(b1.x1, b2.x1) - max(b1.x0, b2.x0)
+            h = min(b1.y1, b2.y1) - max(b1.y0, b2.y0)
+            hits += w > 1 and h > 1
+    return hits
+
+
+def tick_label_overlaps(fig) -> list[str]:
+    """Every axis of ``fig`` (colour bars included) whose tick labels overlap, after a draw, as
+    "panel title: x axis (labels ...)"; empty when none do."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    out = []
+    for ax in fig.axes:
+        if not ax.get_visible() or not ax.axison:
+            continue
+        for axis in (ax.xaxis, ax.yaxis):
+            if _label_collisions(axis, renderer):
+                shown = [t.get_text() for t in axis.get_ticklabels(which="both") if t.get_visible()][:6]
+                out.append(f"{ax.get_title() or ax.get_label()}: {axis.axis_name} axis ({', '.join(shown)})")
+    return out
+
+
+def thin_tick_labels(fig, rounds: int = 4) -> None:
+    """Make the tick labels of every axis of ``fig`` stand apart: on a log axis first drop the minor labels
+    (3x10^11 4x10^11 ...), then keep fewer decades; on a numeric axis fewer, rounder ticks; named x ticks
+    (categories) are slanted, then set upright, never dropped."""
+    from matplotlib.ticker import FixedLocator, LogLocator, MaxNLocator, NullFormatter
+
+    for _ in range(rounds):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        changed = False
+        for ax in fig.axes:
+            if not ax.get_visible() or not ax.axison:
+                continue
+            for axis in (ax.xaxis, ax.yaxis):
+                if not _label_collisions(axis, renderer):
+                    continue
+                n = sum(t.get_visible() and bool(t.get_text()) for t in axis.get_majorticklabels())
+                if axis.get_scale() == "log" and any(t.get_text() for t in axis.get_minorticklabels()):
+                    axis.set_minor_formatter(NullFormatter())
+                elif isinstance(axis.get_major_locator(), FixedLocator):
+                    rotation = axis.get_majorticklabels()[0].get_rotation() if n else 0
+                    if axis.axis_name == "x" and rotation < 90:
+                        for t in axis.get_majorticklabels():
+                            t.set_rotation(30 if rotation < 30 else 90)
+                            t.set_horizontalalignment("right" if rotation < 30 else "center")
+                    else:
+                        continue
+                elif axis.get_scale() == "log":
+                    axis.set_major_locator(LogLocator(base=10, numticks=max(2, n // 2 + 1)))
+                else:
+                    axis.set_major_locator(MaxNLocator(nbins=max(2, n // 2), steps=[1, 2, 2.5, 5, 10]))
+                changed = True
+        if not changed:
+            return
+
+
 def save_figure(fig, path: Path, dpi: int = 110) -> Path:
-    """Write a PNG atomically (tmp + os.replace) and close the figure."""
+    """Write a PNG atomically (tmp + os.replace) and close the figure; tick labels that would overlap are
+    thinned first (:func:`thin_tick_labels`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp.png")
+    fig.set_dpi(dpi)  # the labels are measured at the resolution they are written at
+    thin_tick_labels(fig)
     fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
     pyplot().close(fig)
     os.replace(tmp, path)

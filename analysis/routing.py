@@ -5,10 +5,14 @@
         --text my_held_out.txt --out reports/routing
 
 Over training (from the run's routing.jsonl / metrics.jsonl):
-  load_heatmap.png     share of routed token-slots per expert, per MoE layer, against the step
+  load_heatmap.png     load per expert against the uniform share (a diverging scale: red above, blue below,
+                       white at 1/E), per MoE layer, against the step
   balance.png          MaxVio, router entropy and dropped fraction per layer against the step
   telemetry.png        per layer: tokens per expert (min, max, std), dead experts (zero tokens in
-                       the record's window), dropped tokens; across layers: p50/p90/p95/max of MaxVio
+                       the record's window) and starved ones (under 10% of uniform), dropped tokens;
+                       across layers: p50/p90/p95/max of MaxVio
+  summary.md lists the dead and starved experts of each layer by id over the last steps
+  (:mod:`analysis.routing_health`); a figure with nothing to show is not written, and a line says why.
   bias.png             aux-loss-free selection bias per expert (runs that use it)
 
 Router trace (``train.router_trace_every``): ``read_trace(run_dir)`` returns the traced tokens'
@@ -22,7 +26,7 @@ layer by a forward hook on each router:
                        ``--min-count`` times, the share of its occurrences routed (among its K) to
                        its most frequent expert; mean over token ids, and the uniform baseline K/E
   coactivation.png     per layer, N(a, b) / N(a): how often expert b is chosen with expert a,
-                       counting every pair of the K chosen experts
+                       counting every pair of the K chosen experts (one colour scale for all layers)
   saturation.png       router saturation (OLMoE): mean over tokens of |TopK_ckpt ∩ TopK_ref| / K
                        of each other checkpoint against the analysed one, per layer
   summary.json / summary.md, including each expert's top tokens.
@@ -45,6 +49,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from analysis.routing_health import expert_health, health_table
 from analysis.runs import (
     Run,
     RunError,
@@ -55,6 +60,7 @@ from analysis.runs import (
     write_json_atomic,
     write_text_atomic,
 )
+from archlab.nn.moe.stats import STARVED_FRACTION
 
 _LAYER_KEY = re.compile(r"^moe/(layer\d+)/(.+)$")
 
@@ -435,37 +441,46 @@ def load_vmax(series: dict[str, dict]) -> Optional[float]:
 
 def plot_load_heatmaps(series: dict[str, dict], run_name: str, path: Path, vmax: Optional[float] = None
                        ) -> Optional[Path]:
-    """Expert load over training, one panel per MoE layer, all on one colour scale (0 to ``vmax``, default the
-    run's largest share, at least twice the uniform share): pass the same ``vmax`` to compare runs."""
+    """Expert load over training as a multiple of the uniform share 1/E, one panel per MoE layer, on one
+    diverging colour scale centred on uniform (white at 1): blue below (0, dead, the deepest), red above up to
+    ``vmax`` (a share; default the run's largest, at least twice uniform): pass the same ``vmax`` to compare
+    runs. Below and above uniform each take half the colours, so a starved expert is as plain as a hot one."""
+    from matplotlib.colors import TwoSlopeNorm
+
     plt = pyplot()
     layers = [layer for layer in series if load_matrix(series[layer]) is not None]
     if not layers:
         return None
     E = load_matrix(series[layers[0]]).shape[1]
-    top = max(2.0 / E, vmax if vmax is not None else load_vmax(series))
+    top = max(2.0, E * (vmax if vmax is not None else load_vmax(series)))  # in multiples of uniform
     fig, axes = _grid(plt, len(layers), w=5.0, h=3.6, ncols_max=2)
     im = None
     for ax, layer in zip(axes, layers):
-        load_TE = load_matrix(series[layer])
+        ratio_TE = load_matrix(series[layer]) * E
         steps = series[layer]["step"]
-        im = ax.imshow(load_TE.T, aspect="auto", origin="lower", cmap="magma", interpolation="nearest",
-                       extent=(steps[0], steps[-1], -0.5, E - 0.5), vmin=0, vmax=top)
+        im = ax.imshow(ratio_TE.T, aspect="auto", origin="lower", cmap="RdBu_r", interpolation="nearest",
+                       extent=(steps[0], steps[-1], -0.5, E - 0.5), norm=TwoSlopeNorm(vmin=0.0, vcenter=1.0, vmax=top))
         style_axes(ax, f"{layer}: expert load over training", "training step", "expert id", legend=False)
         ax.grid(False)
-    fig.suptitle(f"{run_name}: expert load per MoE layer (one colour scale for every panel)")
+    fig.suptitle(f"{run_name}: expert load per MoE layer against uniform\n(one colour scale for every panel)")
     fig.tight_layout()
     cb = fig.colorbar(im, ax=axes, shrink=0.9)
-    cb.set_label(f"share of routed slots (uniform = 1/{E})")
+    cb.set_label(f"load / uniform share (1 = 1/{E} of the slots)\n0 = dead; under {STARVED_FRACTION:g}: starved")
     return save_figure(fig, path)
 
 
 def plot_balance(series: dict[str, dict], run_name: str, path: Path) -> Optional[Path]:
-    """MaxVio, router entropy and dropped fraction per layer against the step."""
+    """MaxVio, router entropy and dropped fraction per layer against the step; a dropped fraction that is
+    zero in every record is a line under the title, not an empty panel."""
     plt = pyplot()
     panels = [("maxvio", "MaxVio = (max load - mean) / mean", "MaxVio (ratio)"),
               ("router_entropy", "router entropy (mean over tokens)", "entropy (nats)"),
               ("dropped_fraction", "dropped token-slots (capacity)", "fraction of slots dropped")]
     panels = [p for p in panels if any(p[0] in s for s in series.values())]
+    none_dropped = any(p[0] == "dropped_fraction" for p in panels) and \
+        all(not np.any(s.get("dropped_fraction", np.zeros(1))) for s in series.values())
+    if none_dropped:
+        panels = [p for p in panels if p[0] != "dropped_fraction"]
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4), squeeze=False)
@@ -477,27 +492,30 @@ def plot_balance(series: dict[str, dict], run_name: str, path: Path) -> Optional
             E = next((load_matrix(s).shape[1] for s in series.values() if load_matrix(s) is not None), None)
             if E:
                 ax.axhline(math.log(E), color="gray", ls=":", lw=1, label=f"uniform over E={E}: ln E")
-        if key == "dropped_fraction" and all(not np.any(s.get(key, np.zeros(1))) for s in series.values()):
-            title += "\nnone dropped (dropless routing)"
         style_axes(ax, title, "training step", ylabel, legend=False)
         ax.legend(fontsize=8, title="MoE layer", title_fontsize=8, loc="upper right", framealpha=0.7)
-    fig.suptitle(f"{run_name}: load balance over training")
+    note = "\nno token-slot dropped in any record (dropless routing or ample capacity)" if none_dropped else ""
+    fig.suptitle(f"{run_name}: load balance over training{note}")
     fig.tight_layout()
     return save_figure(fig, path)
 
 
 def expert_telemetry(s: dict) -> dict[str, np.ndarray]:
     """One layer's per-record tokens-per-expert numbers: ``min``, ``max``, ``std`` (population),
-    ``mean`` and ``dead`` (experts with zero tokens), each (T,) and counted over each record's
-    window; as logged where the records have them, else from the logged ``tokens_per_expert``
-    lists (runs from before they were logged). Also ``dropped_tokens`` where logged."""
+    ``mean``, ``dead`` (experts with zero tokens) and ``starved`` (under ``STARVED_FRACTION`` of the
+    mean), each (T,) and counted over each record's window; as logged where the records have them,
+    else from the logged ``tokens_per_expert`` lists (runs from before they were logged). Also
+    ``dropped_tokens`` where logged."""
     out: dict[str, np.ndarray] = {}
     c_TE = s.get("tokens_per_expert")
     if c_TE is not None and c_TE.ndim == 2:
         out.update({"min": c_TE.min(axis=1), "max": c_TE.max(axis=1), "std": c_TE.std(axis=1),
-                    "mean": c_TE.mean(axis=1), "dead": (c_TE == 0).sum(axis=1).astype(float)})
+                    "mean": c_TE.mean(axis=1), "dead": (c_TE == 0).sum(axis=1).astype(float),
+                    "starved": ((c_TE > 0) & (c_TE < STARVED_FRACTION * c_TE.mean(axis=1, keepdims=True)))
+                    .sum(axis=1).astype(float)})
     for key, name in (("tokens_per_expert_min", "min"), ("tokens_per_expert_max", "max"),
-                      ("tokens_per_expert_std", "std"), ("dead_experts", "dead"), ("dropped_tokens", "dropped_tokens")):
+                      ("tokens_per_expert_std", "std"), ("dead_experts", "dead"), ("starved_experts", "starved"),
+                      ("dropped_tokens", "dropped_tokens")):
         if key in s and s[key].ndim == 1:
             out[name] = s[key]
     return out
@@ -533,6 +551,8 @@ def plot_telemetry(series: dict[str, dict], totals: dict[str, np.ndarray], run_n
         ax_std.plot(steps, scaled(t["std"]), color=color, lw=1.3, label=layer)
         if "dead" in t:
             ax_dead.step(steps, t["dead"], where="pre", color=color, lw=1.3, label=layer)  # a record closes its window
+        if "starved" in t:
+            ax_dead.step(steps, t["starved"], where="pre", color=color, lw=1.3, ls="--")
         if "dropped_tokens" in t:
             ax_drop.plot(steps, scaled(t["dropped_tokens"]), color=color, lw=1.3, label=layer)
     for style, label in (("-", "max over experts"), ("--", "min over experts"), (":", "mean over experts")):
@@ -541,16 +561,20 @@ def plot_telemetry(series: dict[str, dict], totals: dict[str, np.ndarray], run_n
                unit, legend=False)
     style_axes(ax_std, "tokens per expert: standard deviation", "training step", unit,
                legend_title="MoE layer")
-    dead_title = "dead experts (zero tokens in the record's window)"
+    dead_title = f"dead (solid: zero tokens) and starved experts\n(dashed: under {STARVED_FRACTION:.0%} of uniform)"
     if E:
         ax_dead.set_ylim(-0.3, E + 0.3)
-        dead_title += f"\nof E={E} per layer"
+        dead_title += f" of E={E} per layer"
     style_axes(ax_dead, dead_title, "training step", "experts (count)", legend_title="MoE layer")
-    drop_title = "dropped tokens (all K slots over capacity)"
     if all("dropped_tokens" in t and not np.any(t["dropped_tokens"]) for t in tele.values()):
-        drop_title += "\nnone dropped (dropless routing or ample capacity)"
-    drop_unit = "tokens per step" if per_step is not None else "tokens (whole window)"
-    style_axes(ax_drop, drop_title, "training step", drop_unit, legend_title="MoE layer")
+        ax_drop.cla()
+        ax_drop.axis("off")  # an all-zero panel says less than one line
+        ax_drop.text(0.0, 0.9, "dropped tokens (all K slots over capacity): none\nin any record of any layer "
+                     "(dropless routing or ample capacity)", va="top", fontsize=10, transform=ax_drop.transAxes)
+    else:
+        drop_unit = "tokens per step" if per_step is not None else "tokens (whole window)"
+        style_axes(ax_drop, "dropped tokens (all K slots over capacity)", "training step", drop_unit,
+                   legend_title="MoE layer")
     if pct:
         for key, style, color in (("max", "-", "k"), ("p95", "--", "tab:purple"), ("p90", "-.", "tab:pink"),
                                   ("p50", ":", "tab:cyan")):  # colours unlike the layers' of the other panels
@@ -565,6 +589,7 @@ def plot_telemetry(series: dict[str, dict], totals: dict[str, np.ndarray], run_n
                        title="tokens per expert panel: MoE layer (colour), statistic (line)", title_fontsize=8)
     ax_note.text(0.0, 0.45, "Counts are over each routing record's window (the steps since\nthe previous "
                  "record), divided by the steps in it.\nDead: an expert no token was routed to in the whole window."
+                 f"\nStarved: one with under {STARVED_FRACTION:.0%} of the mean over experts (but not none)."
                  "\nPercentiles: linear interpolation between the layers' MaxVio values."
                  "\nCoinciding lines (e.g. max at the capacity) overlap.",
                  va="top", fontsize=9, transform=ax_note.transAxes)
@@ -616,16 +641,20 @@ def plot_specialisation(spec: dict[str, dict], run_name: str, path: Path) -> Pat
 
 
 def plot_coactivation(coact: dict[str, np.ndarray], run_name: str, path: Path) -> Path:
+    """N(a, b) / N(a) per layer, every panel on one colour scale (0 to the largest value of any layer)."""
     plt = pyplot()
     fig, axes = _grid(plt, len(coact), w=4.4, h=3.8)
+    finite = [float(np.nanmax(C)) for C in coact.values() if np.isfinite(C).any()]
+    top = max([1e-9] + finite)
+    im = None
     for ax, (layer, C) in zip(axes, coact.items()):
-        im = ax.imshow(C, cmap="viridis", vmin=0, vmax=max(1e-9, float(np.nanmax(C))), interpolation="nearest")
-        cb = fig.colorbar(im, ax=ax)
-        cb.set_label("N(a, b) / N(a)  (white: a never chosen)")
+        im = ax.imshow(C, cmap="viridis", vmin=0, vmax=top, interpolation="nearest")
         style_axes(ax, f"{layer}: expert co-activation", "expert b (chosen with a)", "expert a", legend=False)
         ax.grid(False)
-    fig.suptitle(f"{run_name}: expert co-activation\n(all pairs of the K chosen experts; colour bar = legend)")
+    fig.suptitle(f"{run_name}: expert co-activation\n(all pairs of the K chosen experts; one colour scale)")
     fig.tight_layout()
+    cb = fig.colorbar(im, ax=axes, shrink=0.9)
+    cb.set_label("N(a, b) / N(a)  (white: a never chosen)")
     return save_figure(fig, path)
 
 
@@ -715,7 +744,7 @@ def training_summary(series: dict[str, dict]) -> dict:
     return out
 
 
-def _markdown(run: Run, train: dict, ck: Optional[dict], files: list[str]) -> str:
+def _markdown(run: Run, train: dict, ck: Optional[dict], files: list[str], health: Optional[dict] = None) -> str:
     lines = [f"# Routing of {run.name}", "", f"family: {run.family}; status: {run.status}"
              + (f" ({run.reason})" if run.reason else ""), "", "## Over training", ""]
     if train:
@@ -730,6 +759,7 @@ def _markdown(run: Run, train: dict, ck: Optional[dict], files: list[str]) -> st
             lines.append(f"| {layer} | {d['records']} | {f('maxvio')} | {f('router_entropy')} "
                          f"| {last('dropped_fraction', '{:.4f}')} | {last('dropped_tokens')} "
                          f"| {last('dead_experts')} |")
+        lines += [""] + health_table(health or {})
     else:
         lines.append("(no routing records in the run folder)")
     if ck:
@@ -754,7 +784,11 @@ def _markdown(run: Run, train: dict, ck: Optional[dict], files: list[str]) -> st
 
 def analyse(run_dir: str, out: Path, checkpoint: Optional[str] = None, compare: Sequence[str] = (),
             text: Sequence[str] = (), max_tokens: int = 32768, min_count: int = 5, use_checkpoint: bool = True,
-            allow_incomplete: bool = False) -> dict:
+            allow_incomplete: bool = False, starved_fraction: float = STARVED_FRACTION,
+            starved_window: Optional[float] = None, log=print) -> dict:
+    """Every figure and summary of one MoE run into ``out``; a figure with nothing to show is left out and
+    ``log`` says why. Starved experts: under ``starved_fraction`` of uniform over the last ``starved_window``
+    steps (:func:`analysis.routing_health.expert_health`)."""
     run = open_run(run_dir)
     if not run.is_moe:
         raise RunError(f"{run.path}: a dense run (recipe has no model.moe); routing inspection needs an MoE run")
@@ -765,10 +799,20 @@ def analyse(run_dir: str, out: Path, checkpoint: Optional[str] = None, compare: 
         raise RunError(f"{run.path}: no routing records (routing.jsonl / moe rows in metrics.jsonl)")
     out.mkdir(parents=True, exist_ok=True)
     totals = global_series(run)
-    files = [p.name for p in (plot_load_heatmaps(series, run.name, out / "load_heatmap.png"),
-                              plot_balance(series, run.name, out / "balance.png"),
-                              plot_telemetry(series, totals, run.name, out / "telemetry.png"),
-                              plot_bias(series, run.name, out / "bias.png")) if p is not None]
+    files = []
+    for made, name, why in (
+            (plot_load_heatmaps(series, run.name, out / "load_heatmap.png"), "load_heatmap.png",
+             "no load per expert in the routing records"),
+            (plot_balance(series, run.name, out / "balance.png"), "balance.png",
+             "no MaxVio, router entropy or dropped fraction in the routing records"),
+            (plot_telemetry(series, totals, run.name, out / "telemetry.png"), "telemetry.png",
+             "no tokens per expert or MaxVio in the routing records"),
+            (plot_bias(series, run.name, out / "bias.png"), "bias.png",
+             "no aux-loss-free selection bias (the run does not balance with it)")):
+        if made is not None:
+            files.append(made.name)
+        else:
+            log(f"routing: {name} not written: {why}")
     ck = None
     if use_checkpoint:
         ckpt = _resolve_ckpt(run, checkpoint)
@@ -783,8 +827,14 @@ def analyse(run_dir: str, out: Path, checkpoint: Optional[str] = None, compare: 
         files.append(plot_coactivation(ck["coact"], run.name, out / "coactivation.png").name)
         if ck["saturation"]:
             files.append(plot_saturation(ck["saturation"], ck["step"], run.name, out / "saturation.png").name)
+        else:
+            log("routing: saturation.png not written: no other checkpoint to compare with (--compare CKPT)")
+    else:
+        log("routing: specialisation.png, coactivation.png, saturation.png not written: --no-checkpoint")
     train = training_summary(series)
-    summary = {"run": str(run.path), "family": run.family, "status": run.status, "training": train, "files": files}
+    health = expert_health(series, starved_fraction, starved_window)
+    summary = {"run": str(run.path), "family": run.family, "status": run.status, "training": train,
+               "expert_health": health, "files": files}
     pct = maxvio_percentiles(series, totals)
     if pct:
         summary["maxvio_across_layers_last"] = {k: float(v[-1]) for k, v in pct.items() if k != "step"}
@@ -802,7 +852,7 @@ def analyse(run_dir: str, out: Path, checkpoint: Optional[str] = None, compare: 
             "top_tokens": ck["top_tokens"],
         }
     write_json_atomic(out / "summary.json", summary)
-    write_text_atomic(out / "summary.md", _markdown(run, train, ck, files + ["summary.json"]))
+    write_text_atomic(out / "summary.md", _markdown(run, train, ck, files + ["summary.json"], health))
     return summary
 
 
@@ -821,13 +871,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--min-count", type=int, default=5,
                     help="token ids seen fewer times are left out of specialisation")
     ap.add_argument("--no-checkpoint", action="store_true", help="only the over-training plots")
+    ap.add_argument("--starved-fraction", type=float, default=STARVED_FRACTION,
+                    help=f"an expert under this fraction of the uniform load is starved (default {STARVED_FRACTION:g})")
+    ap.add_argument("--starved-window", type=float, metavar="STEPS",
+                    help="dead and starved experts over the last STEPS training steps (default: the last fifth)")
     ap.add_argument("--allow-incomplete", action="store_true", help="inspect a run that has not finished")
     args = ap.parse_args(argv)
     try:
         if args.max_tokens <= 0 or args.min_count <= 0:
             raise ValueError("--max-tokens and --min-count must be positive")
+        if not 0 < args.starved_fraction < 1:
+            raise ValueError(f"--starved-fraction {args.starved_fraction:g}: must lie in (0, 1) (of the uniform load)")
+        if args.starved_window is not None and not args.starved_window > 0:
+            raise ValueError(f"--starved-window {args.starved_window:g}: must be > 0 (training steps)")
         analyse(args.run, args.out, args.checkpoint, args.compare, args.text, args.max_tokens,
-                args.min_count, not args.no_checkpoint, args.allow_incomplete)
+                args.min_count, not args.no_checkpoint, args.allow_incomplete, args.starved_fraction,
+                args.starved_window)
     except (RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -96,7 +96,9 @@ Checks of the fits:
 Outputs (``--out DIR``): loss_vs_flops.png, loss_vs_tokens.png, dense_vs_moe.png, isoflop.png
 (loss against N per budget with parabolas and minima; N* against C), loss_nd.png (loss against D
 per N with the fitted L(N, D)), compute_multiplier.png (m(C) per pair with its band, one panel
-per N), fits.json (every number) and fits.md (the tables, also printed).
+per N), fits.json (every number) and fits.md (the tables, also printed). dense_vs_moe.png needs a
+dense and an MoE family, compute_multiplier.png a pair of families with fits: otherwise they are not
+written and a line says why.
 
 Python API (numerics in :mod:`analysis.scaling_fits`, figures in :mod:`analysis.scaling_plots`,
 all importable from here):
@@ -167,6 +169,8 @@ from analysis.scaling_fits import (  # noqa: F401  (re-exported: the API of anal
     sample_fits,
 )
 from analysis.scaling_plots import (
+    compute_multiplier_skip,
+    dense_vs_moe_skip,
     plot_compute_multiplier,
     plot_dense_vs_moe,
     plot_isoflop,
@@ -1371,9 +1375,10 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
             seed: int = 0, *, n_kind: str = "non_embedding", budget_tolerance: float = 0.1,
             ref_flops: Optional[float] = None, holdout: Optional[str] = "size", pairs: Optional[Sequence[str]] = None,
             reference: Optional[str] = None, n_polish: Optional[int] = 20,
-            predictions: Optional[Sequence[str]] = None, keep_unlearned: bool = False) -> dict:
+            predictions: Optional[Sequence[str]] = None, keep_unlearned: bool = False, log=print) -> dict:
     """Read the runs, fit each family (L(C) and approaches 1-3), write the plots and tables to
-    ``out``; return the results (what fits.json holds, plus ``studies``: FamilyStudy per family, and
+    ``out`` (a figure with nothing to show is not written: ``log`` says why; ``figures`` lists those written);
+    return the results (what fits.json holds, plus ``studies``: FamilyStudy per family, and
     ``sensitivity_studies``: family -> N kind -> FamilyStudy). ``holdout``: "size" | "budget" | None,
     what approach 3 predicts without having seen it; ``pairs`` ("REF:FAM") or ``reference``: the
     families compared as compute multipliers; ``n_polish``: grid starts polished per L(N, D) fit;
@@ -1470,15 +1475,26 @@ def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber
         plot_loss_vs_flops(points, fits, curves, out / "loss_vs_flops.png")
         plot_loss_vs_tokens(by_family, out / "loss_vs_tokens.png", lambda r: n_of_counts(r.params, n_kind),
                             N_KINDS[n_kind])
-        plot_dense_vs_moe(points, fits, out / "dense_vs_moe.png", lambda p: n_params(p, "active"), N_KINDS["active"])
         plot_isoflop(studies, N_KINDS[n_kind], out / "isoflop.png")
         plot_loss_nd(studies, N_KINDS[n_kind], out / "loss_nd.png")
-        plot_compute_multiplier(multipliers, N_KINDS, out / "compute_multiplier.png")
+        written = ["loss_vs_flops.png", "loss_vs_tokens.png", "isoflop.png", "loss_nd.png"]
+        for name, why, draw in (
+                ("dense_vs_moe.png", dense_vs_moe_skip(points), lambda path: plot_dense_vs_moe(
+                    points, fits, path, lambda p: n_params(p, "active"), N_KINDS["active"])),
+                ("compute_multiplier.png", compute_multiplier_skip(multipliers),
+                 lambda path: plot_compute_multiplier(multipliers, N_KINDS, path))):
+            if why:
+                log(f"scaling: {name} not written: {why}")
+            else:
+                draw(out / name)
+                written.append(name)
+        result["figures"] = written
     result["studies"] = studies
     result["sensitivity_studies"] = sens
     return result
 
 
+# every output; dense_vs_moe.png and compute_multiplier.png only where they have something to show
 OUTPUTS = ("loss_vs_flops.png", "loss_vs_tokens.png", "dense_vs_moe.png", "isoflop.png", "loss_nd.png",
            "compute_multiplier.png", "fits.json", "fits.md")
 
@@ -1532,17 +1548,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ValueError(f"--budget-tolerance {args.budget_tolerance}: must be >= 0")
         if args.ref_flops is not None and not args.ref_flops > 0:
             raise ValueError(f"--ref-flops {args.ref_flops}: must be positive")
+        notes: list[str] = []  # figures not written, and why: printed after the tables
         result = analyse(args.inputs, args.out, args.bootstrap, args.huber_delta, args.seed, n_kind=args.n_kind,
                          budget_tolerance=args.budget_tolerance, ref_flops=args.ref_flops,
                          holdout=None if args.holdout == "none" else args.holdout, pairs=args.pairs,
                          reference=args.reference, predictions=args.prediction,
-                         keep_unlearned=args.keep_unlearned)
+                         keep_unlearned=args.keep_unlearned, log=notes.append)
     except (RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(result["table_markdown"])
     if args.out is not None:
-        print(f"\nwrote {args.out}/" + ", ".join(OUTPUTS))
+        print(f"\nwrote {args.out}/" + ", ".join(result["figures"] + ["fits.json", "fits.md"]))
+        for note in notes:
+            print(note)
     return 0
 
 

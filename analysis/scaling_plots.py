@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -131,11 +132,24 @@ def plot_loss_vs_tokens(runs_by_family: dict[str, list], path: Path, n_of=None, 
     return save_figure(fig, path)
 
 
+def dense_vs_moe_skip(points) -> Optional[str]:
+    """Why dense_vs_moe.png would have nothing to show (None: it has): it needs a dense and an MoE family."""
+    kinds = {p.is_moe for p in points}
+    if True not in kinds:
+        return "no MoE run among the points"
+    if False not in kinds:
+        return "no dense run among the points"
+    return None
+
+
 def plot_dense_vs_moe(points, fits, path: Path, n_of=None,
-                      n_label: str = "active parameters per token, embeddings included") -> Path:
+                      n_label: str = "active parameters per token, embeddings included") -> Optional[Path]:
     """Left: loss against training FLOPs (equal compute). Right: loss against active parameters
     per token ``n_of(point)``, named ``n_label`` (equal active size), lines joining runs of one
-    family with the same token count."""
+    family with the same token count. None (nothing written) without both a dense and an MoE family
+    (:func:`dense_vs_moe_skip`)."""
+    if dense_vs_moe_skip(points):
+        return None
     if n_of is None:
         def n_of(p):
             return p.params_active
@@ -318,11 +332,25 @@ def plot_loss_nd(studies: dict, n_label: str, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def plot_compute_multiplier(curves: list, n_labels: dict, path: Path) -> Path:
+def compute_multiplier_skip(curves: list) -> Optional[str]:
+    """Why compute_multiplier.png would have nothing to show (None: it has): no pair of families, or no pair
+    with fits over a common compute range."""
+    if not curves:
+        return "one family: no pair to compare (give two families, e.g. --pairs REF:FAM)"
+    if not any(c.status == OK and c.C for c in curves):
+        return "no pair with fits over a common compute range (" + ", ".join(
+            sorted({f"{c.family} vs {c.reference}: {c.status}" for c in curves})) + ")"
+    return None
+
+
+def plot_compute_multiplier(curves: list, n_labels: dict, path: Path) -> Optional[Path]:
     """One panel per N definition: each pair's compute multiplier m(C) with its 95% band, over the
-    compute both families measured only (no extrapolation); m = 1 is drawn dashed."""
+    compute both families measured only (no extrapolation); m = 1 is drawn dashed. None (nothing
+    written) when no pair has a curve (:func:`compute_multiplier_skip`)."""
+    if compute_multiplier_skip(curves):
+        return None
     plt = pyplot()
-    kinds = list(dict.fromkeys(c.n_kind for c in curves)) or ["-"]
+    kinds = list(dict.fromkeys(c.n_kind for c in curves))
     pairs = list(dict.fromkeys((c.reference, c.family) for c in curves))
     fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 6.2), squeeze=False)
     for ax, kind in zip(axes[0], kinds):

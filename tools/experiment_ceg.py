@@ -368,6 +368,14 @@ def _fit_text(fit: dict) -> str:
 FEW_ARMS = 6  # more arms than this at one compute: their legend moves to the CEG panel's y axis
 
 
+def ceg_limits(values) -> tuple[float, float]:
+    """The CEG panel's log x limits: every value and 1 with 8% of the span (at least 5%) to spare on each side, so
+    that an arm at 1.00x (the reference's calibration) sits on the dashed line inside the panel, not on its edge."""
+    xs = [1.0] + [v for v in values if isinstance(v, (int, float)) and v > 0]
+    pad = max(1.05, (max(xs) / min(xs)) ** 0.08)
+    return min(xs) / pad, max(xs) * pad
+
+
 def plot(ctx, fit: dict, path: Path):
     """Left: the reference's curve with each arm's loss at its compute (dotted: across to the reference
     compute with that loss, the CEG). Right: each arm's CEG with its interval (its verdict's level) on a log axis (a
@@ -419,6 +427,8 @@ def plot(ctx, fit: dict, path: Path):
             if end is not None and missing:  # an interval open on this side: its bound, with an arrow
                 bx.plot([end], [y], marker, color=color)
     bx.axvline(1.0, color="grey", ls="--", lw=1)
+    bx.set_xlim(*ceg_limits([v for _, _, res in rows if res for v in (
+        res.get("ceg"), res.get("low"), res.get("high"), res.get("low_bound"), res.get("high_bound"))]))
     bx.set_yticks(range(len(rows)), [wrap_label(g.label, 38) for g, _, _ in rows], fontsize=8)
     bx.set_ylim(len(rows) - 0.5, -0.5)
     bx.set_xscale("log")

@@ -116,6 +116,7 @@ from archlab.io import write_json_atomic
 from archlab.train.checkpoint import CKPT_DIR, checkpoints, step_dir_name
 from archlab.train.checkpoint import MANIFEST as CKPT_MANIFEST
 from archlab.train.run_folder import ENV, METRICS, RECIPE, ROUTING, RUN_MARKER, SUMMARY, run_role
+from tools.sweep_check import design_checks
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = "manifest.json"
@@ -1004,10 +1005,11 @@ def _load_spec(path: Optional[str]) -> dict:
         raise RecipeError(f"--spec {path}: not valid YAML ({e})") from None
     if not isinstance(spec, dict):
         raise RecipeError(f"--spec {path}: a sweep spec is a YAML mapping")
-    unknown = set(spec) - {"out", "tokens", "flops", "cooldown", "set", "ladders", "sizes", "grid", "description"}
+    unknown = set(spec) - {"out", "tokens", "flops", "cooldown", "set", "ladders", "sizes", "grid", "description",
+                           "check"}
     if unknown:
         raise RecipeError(f"--spec {path}: unknown keys {sorted(unknown)}; valid: out, tokens, flops, cooldown, set, "
-                          "ladders, sizes, grid, description")
+                          "ladders, sizes, grid, description, check")
     return spec
 
 
@@ -1041,6 +1043,29 @@ def spec_from_args(args) -> dict:
     return spec
 
 
+def _design_check(spec: dict, args) -> Optional[int]:
+    """The design check before a sweep trains (:mod:`tools.sweep_check`), printed: the exit status when the
+    sweep stops here (``--check``: 2 with problems, else 0; problems without ``--yes``: 2), else None. A sweep
+    folder whose manifest exists has started before (checked then, or trained with ``--yes``): it resumes."""
+    out_dir = Path(spec.get("out") or "runs/sweep").resolve()
+    if not args.check and read_manifest(out_dir) is not None:
+        print(f"design check: skipped ({out_dir} holds a sweep that started before; it resumes)")
+        return None
+    points = [plan_point(p, out_dir, args.num_processes, args.evals) for p in build_points(spec)]
+    checks, text = design_checks(spec, points)
+    print(text, flush=True)
+    n = sum(len(c.problems) for c in checks)
+    if args.check:
+        return 2 if n else 0
+    if n and not args.yes:
+        print(f"error: the design check found {n} problem(s), listed above: change the spec as each says (and "
+              "check it again with --check), or add --yes to train it anyway", file=sys.stderr)
+        return 2
+    if n:
+        print(f"design check: {n} problem(s); --yes given, training anyway")
+    return None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.sweep", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -1064,6 +1089,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "within H hours of the start, so that a time-limited machine ends without half-trained runs")
     ap.add_argument("--stop-on-failure", action="store_true", help="stop at the first failed point")
     ap.add_argument("--dry-run", action="store_true", help="print the planned commands, run nothing")
+    ap.add_argument("--check", action="store_true",
+                    help="run the design check (near-unigram points, IsoFLOP budgets, the expected interval of a; "
+                         "spec key check:, see tools/sweep_check.py), print it and train nothing: exit 2 when it "
+                         "finds a problem. A new sweep runs it before training and refuses to start on a problem")
+    ap.add_argument("--yes", action="store_true", help="train even when the design check finds problems")
     ap.add_argument("--status", action="store_true",
                     help="print where the sweep stands (points and FLOPs done, measured speed, time left at --jobs) "
                          "and train nothing")
@@ -1083,6 +1113,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise RecipeError(f"--hours {args.hours}: must be > 0 (the time the sweep may take)")
         if args.hours is not None and (args.status or args.archive or args.dry_run):
             raise RecipeError("--hours limits a sweep that trains; --status, --archive and --dry-run train nothing")
+        if args.check and (args.status or args.archive or args.dry_run):
+            raise RecipeError("--check prints the design check and trains nothing; use it without --status, "
+                              "--archive and --dry-run")
         if args.num_processes > 1 and args.launcher != "accelerate":
             raise RecipeError("--num-processes > 1 needs --launcher accelerate")
         if args.archive:
@@ -1097,6 +1130,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(status_text(sweep_status(spec_from_args(args), jobs=args.jobs, processes=args.num_processes,
                                            evals=args.evals)))
             return 0
+        if args.check or not args.dry_run:
+            refused = _design_check(spec_from_args(args), args)
+            if refused is not None:
+                return refused
         points = run_sweep(spec_from_args(args), launcher=args.launcher, processes=args.num_processes,
                            accelerate_args=shlex.split(args.accelerate_args), evals=args.evals,
                            dry_run=args.dry_run, stop_on_failure=args.stop_on_failure, jobs=args.jobs,

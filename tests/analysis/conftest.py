@@ -118,3 +118,22 @@ def archlab_model_config(cfg):
 def fake_run():
     """``fake_run(folder, recipe, overrides, tokens=..., loss=..., curve=..., status=...)``: see write_fake_run."""
     return write_fake_run
+
+
+@pytest.fixture
+def tick_overlaps(monkeypatch):
+    """Every figure saved while the test runs, checked after its save for overlapping tick labels
+    (:func:`analysis.plotting.tick_label_overlaps`): a list of (file name, overlaps)."""
+    from matplotlib.figure import Figure
+
+    from analysis.plotting import tick_label_overlaps
+
+    seen = []
+    original = Figure.savefig
+
+    def savefig(fig, fname, *args, **kwargs):
+        original(fig, fname, *args, **kwargs)
+        seen.append((Path(str(fname)).name.replace(".tmp", ""), tick_label_overlaps(fig)))
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return seen

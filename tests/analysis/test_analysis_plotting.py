@@ -47,3 +47,28 @@ def test_count_log_axis_writes_parameter_counts_short():
     fig.canvas.draw()
     assert [t.get_text() for t in ax.get_xticklabels()] == ["20k", "50k", "100k", "200k", "500k"]
     plt.close(fig)
+
+
+def test_crowded_tick_labels_are_found_and_thinned(tmp_path):
+    """A linear axis of 41 long labels and a log axis over one decade labelled at its minor ticks overlap; after
+    save_figure's thinning none do, and the axes keep their range."""
+    from matplotlib.ticker import LogFormatterSciNotation, MultipleLocator
+
+    from analysis.plotting import pyplot, save_figure, thin_tick_labels, tick_label_overlaps
+
+    plt = pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(6, 3))
+    ax.plot([0, 0.01], [0, 1])
+    ax.xaxis.set_major_locator(MultipleLocator(0.00025))
+    bx.plot([3e11, 9e11], [1, 2])
+    bx.set_xscale("log")
+    bx.xaxis.set_minor_formatter(LogFormatterSciNotation(labelOnlyBase=False))
+    for a in (ax, bx):
+        a.set_title("crowded")
+    fig.set_dpi(110)
+    before = tick_label_overlaps(fig)
+    assert len(before) == 2 and all(": x axis" in b for b in before)
+    limits = ax.get_xlim(), bx.get_xlim()
+    thin_tick_labels(fig)
+    assert tick_label_overlaps(fig) == [] and (ax.get_xlim(), bx.get_xlim()) == limits
+    save_figure(fig, tmp_path / "f.png")

@@ -4,6 +4,7 @@ per-seed losses, intervals sit at the verdict's level, and the pointer under the
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -39,3 +40,21 @@ def test_reanalyse_a_committed_report(tmp_path):
 def test_a_missing_report_is_named():
     with pytest.raises(SystemExit, match="no such report.json"):
         reanalyse.main(["docs/experiments/nowhere/report.json"])
+
+
+def test_the_ceg_panel_draws_the_reference_line_inside_the_panel(tmp_path, monkeypatch):
+    """The evolution report re-read: the dashed line at 1 lies well inside the CEG panel's x range."""
+    from matplotlib.figure import Figure
+
+    figures, original = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (figures.append(fig), original(fig, *a, **k))[1])
+    evolution = REPORT.parent / "evolution"
+    shutil.copy(evolution / "report.json", tmp_path / "report.json")
+    (tmp_path / "report.md").write_text("# title\n")
+    reanalyse.reanalyse(tmp_path / "report.json")
+    panels = [ax for fig in figures for ax in fig.axes if ax.get_title().startswith("compute-equivalent gain")]
+    assert len(panels) == 1
+    lo, hi = panels[0].get_xlim()
+    at = math.log(1.0 / lo) / math.log(hi / lo)  # where 1 lies across the log axis
+    assert 0.05 < at < 0.95
+

@@ -109,8 +109,12 @@ def test_training_series_reads_loads_and_bias(analysis_runs):
     assert np.abs(ds["layer1"]["bias"][-1]).max() > 0  # the aux-loss-free bias moved
 
 
-def test_routing_program_on_a_real_moe_run(analysis_runs, tmp_path):
+def test_routing_program_on_a_real_moe_run(analysis_runs, tmp_path, capsys):
     s = analyse(str(analysis_runs["mixtral-d32"]), tmp_path, max_tokens=2048)
+    assert "routing: bias.png not written: no aux-loss-free selection bias" in capsys.readouterr().out
+    health = s["expert_health"]["layer0"]
+    assert health["window_steps"] == [16.0, 20.0] and health["records"] == 2  # the last fifth of 20 steps
+    assert set(health["dead"]).isdisjoint(health["starved"]) and len(health["tokens_per_step"]) == 4
     for name in ("load_heatmap.png", "balance.png", "specialisation.png", "coactivation.png", "saturation.png"):
         assert name in s["files"] and (tmp_path / name).stat().st_size > 5000
     assert "bias.png" not in s["files"]  # Mixtral recipe: no aux-loss-free bias
@@ -123,7 +127,8 @@ def test_routing_program_on_a_real_moe_run(analysis_runs, tmp_path):
     assert len(ck["top_tokens"]["layer0"]) == 4
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["training"]["layer0"]["records"] == 10
-    assert "# Routing of mixtral-d32" in (tmp_path / "summary.md").read_text()
+    md = (tmp_path / "summary.md").read_text()
+    assert "# Routing of mixtral-d32" in md and "| layer | mean tokens per expert per step | dead experts |" in md
 
 
 def test_routing_program_with_text_and_bias(analysis_runs, tmp_path):

@@ -607,3 +607,20 @@ def test_degenerate_run_sets_report_statuses(fake_sweep, tmp_path):
     assert st.iso.status == "no-usable-budget" and st.noise.std == pytest.approx(SEED_STD, rel=1e-6)
     for d in ("b", "s"):
         assert (tmp_path / d / "isoflop.png").is_file() and (tmp_path / d / "loss_nd.png").is_file()
+
+
+def test_figures_with_nothing_to_show_are_not_written_and_the_log_says_why(fake_sweep, tmp_path):
+    said = []
+    result = analyse([str(fake_sweep / "dense-*")], tmp_path, n_boot=20, holdout=None, log=said.append)
+    assert not (tmp_path / "dense_vs_moe.png").exists() and not (tmp_path / "compute_multiplier.png").exists()
+    assert "scaling: dense_vs_moe.png not written: no MoE run among the points" in said
+    assert any(s.startswith("scaling: compute_multiplier.png not written: one family: no pair") for s in said)
+    assert result["figures"] == ["loss_vs_flops.png", "loss_vs_tokens.png", "isoflop.png", "loss_nd.png"]
+    assert all((tmp_path / f).stat().st_size > 10_000 for f in result["figures"])
+
+
+def test_scaling_figures_have_no_overlapping_tick_labels(fake_sweep, tmp_path, tick_overlaps):
+    analyse([str(fake_sweep)], tmp_path, n_boot=20, holdout=None, log=lambda _: None)
+    names = {n for n, _ in tick_overlaps}  # compute_multiplier.png: one-size MoE here, so not written
+    assert {"loss_vs_flops.png", "loss_vs_tokens.png", "dense_vs_moe.png", "isoflop.png", "loss_nd.png"} <= names
+    assert [(n, o) for n, o in tick_overlaps if o] == []

@@ -307,3 +307,13 @@ def test_report_takes_the_current_specs_words_but_the_records_runs(quick, root, 
     assert md.startswith("# Renamed MHA, GQA, MQA and MLA") and "full multi-head (`mha`)" in md
     record = json.loads((out / "experiment.json").read_text())
     assert [a["name"] for a in record["arms"]] == ["mha", "mqa"]  # the record on disk is unchanged
+
+
+def test_ceg_limits_leave_room_around_the_reference():
+    from tools.experiment_ceg import ceg_limits
+
+    for values in ([1.0, 1.0, 3.3, 2.9, 1.25], [1.0, 0.99, 1.08], [2.0, 3.0], [0.5, 0.8, None]):
+        lo, hi = ceg_limits(values)
+        span = math.log(hi / lo)
+        for v in [1.0] + [x for x in values if x]:
+            assert 0.05 <= math.log(v / lo) / span <= 0.95, (values, v)

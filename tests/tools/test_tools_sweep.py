@@ -104,7 +104,7 @@ def test_a_real_sweep_records_failures_and_resumes(tmp_path, capsys):
                     "broken": {"recipe": "recipes/dense/tiny.yaml",
                                "set": ["data.source=text", f"data.paths=[{tmp_path / 'missing.txt'}]"]}},
     }))
-    assert main(["--spec", str(spec), "--jobs", "2", "--threads", "1"]) == 1  # both points at once
+    assert main(["--spec", str(spec), "--jobs", "2", "--threads", "1", "--yes"]) == 1  # both points at once
     manifest = json.loads((out / "manifest.json").read_text())
     points = {p["name"]: p for p in manifest["points"]}
     ok, broken = points["ok-tok4096"], points["broken-tok4096"]
@@ -363,7 +363,7 @@ def test_a_real_cooldown_sweep_branches_resumes_and_blocks(tmp_path, capsys):
                    "set": ["data.source=text", f"data.paths=[{tmp_path / 'missing.txt'}]"]}},
         cooldown={"tokens": [1024, 2048]})
     out = tmp_path / "sweep"
-    assert main(["--spec", str(path), "--jobs", "2", "--threads", "1"]) == 1
+    assert main(["--spec", str(path), "--jobs", "2", "--threads", "1", "--yes"]) == 1
     points = {p["name"]: p for p in json.loads((out / "manifest.json").read_text())["points"]}
     assert {n: (p["role"], p["parent"], p["status"]) for n, p in points.items()} == {
         "ok-stable": ("stable", None, "finished"), "ok-cd1024": ("cooldown", "ok-stable", "finished"),

@@ -70,10 +70,11 @@ def routing_stats(model: nn.Module, all_reduce_sum: AllReduce) -> dict[str, floa
     ranks, as flat keys "moe/layer<i>/<stat>" (i = decoder block index), plus across layers:
     the means "moe/maxvio" and "moe/cv", the percentiles of the per-layer MaxVio
     "moe/maxvio_p50", "_p90", "_p95", "_max" (:func:`archlab.nn.moe.stats.layer_percentiles`)
-    and the sums "moe/dead_experts" and "moe/dropped_tokens". Resets the accumulators.
+    and the sums "moe/dead_experts", "moe/starved_experts" and "moe/dropped_tokens". Resets the accumulators.
 
     Per layer: tokens, dropped_slots, top_k, tokens_per_expert (kept slots, list) and its min,
-    max and std (``tokens_per_expert_min`` ...), dead_experts (zero tokens in the window),
+    max and std (``tokens_per_expert_min`` ...), dead_experts (zero tokens in the window) and
+    dead_expert_ids, starved_experts and starved_expert_ids (under ``STARVED_FRACTION`` of the mean),
     load_fraction (list), maxvio, cv (std/mean of the counts), router_entropy (mean over tokens,
     nats), dropped_fraction (of the tokens*K slots), dropped_tokens (tokens that lost all K
     slots), each enabled balancing term (coefficient-weighted, mean over the window's forwards)
@@ -81,7 +82,7 @@ def routing_stats(model: nn.Module, all_reduce_sum: AllReduce) -> dict[str, floa
     call (``RoutingStats.read``). Raises RuntimeError when the counts do not sum to tokens *
     top_k - dropped_slots."""
     out: dict[str, float | list] = {}
-    maxvio, cv, dead, lost = [], [], 0, 0
+    maxvio, cv, dead, starved, lost = [], [], 0, 0, 0
     for name, layer in _named_moe_layers(model):
         s = layer.stats.read(all_reduce_sum, layer.enabled_terms())
         if not s:
@@ -92,6 +93,7 @@ def routing_stats(model: nn.Module, all_reduce_sum: AllReduce) -> dict[str, floa
         maxvio.append(s["maxvio"])
         cv.append(s["cv"])
         dead += s["dead_experts"]
+        starved += s["starved_experts"]
         lost += s["dropped_tokens"]
         out.update({f"moe/{name}/{k}": v for k, v in s.items()})
     if maxvio:
@@ -99,6 +101,7 @@ def routing_stats(model: nn.Module, all_reduce_sum: AllReduce) -> dict[str, floa
         out["moe/cv"] = sum(cv) / len(cv)
         out.update({f"moe/{k}": v for k, v in layer_percentiles(maxvio).items()})
         out["moe/dead_experts"] = dead
+        out["moe/starved_experts"] = starved
         out["moe/dropped_tokens"] = lost
     return out
 

@@ -23,6 +23,9 @@ from archlab.nn.moe.balance import loss_term_names
 TERMS = loss_term_names()  # every registered balancing term that adds a loss
 # percentiles of the per-layer MaxVio reported across layers (linear interpolation, numpy's default)
 LAYER_PERCENTILES = (50, 90, 95)
+# an expert whose kept slots in a window fall under this fraction of the uniform share (mean over experts),
+# but not to zero, is starved: it trains on too few tokens to learn, though it is not dead
+STARVED_FRACTION = 0.1
 
 
 class RoutingStats:
@@ -58,10 +61,11 @@ class RoutingStats:
         Over the window's kept slots per expert c_e: ``tokens_per_expert`` (the list),
         ``tokens_per_expert_min`` / ``_max`` / ``_std`` (population std), ``dead_experts`` (experts
         with c_e = 0: no token routed to them in the whole window; a chosen expert always keeps
-        its first slot, capacity >= 1, so this is also "never chosen"), ``maxvio`` = (max c - mean c)
-        / mean c, ``cv`` = std / mean. Dropping: ``dropped_slots`` (token-expert slots over
-        capacity), ``dropped_fraction`` (of the tokens*K slots), ``dropped_tokens`` (tokens that
-        lost all K slots: only the residual and any shared experts carried them; 0 when dropless)."""
+        its first slot, capacity >= 1, so this is also "never chosen") and ``dead_expert_ids``,
+        ``starved_experts`` / ``starved_expert_ids`` (0 < c_e < :data:`STARVED_FRACTION` x mean c),
+        ``maxvio`` = (max c - mean c) / mean c, ``cv`` = std / mean. Dropping: ``dropped_slots``
+        (token-expert slots over capacity), ``dropped_fraction`` (of the tokens*K slots), ``dropped_tokens``
+        (tokens that lost all K slots: only the residual and any shared experts carried them; 0 when dropless)."""
         w = all_reduce_sum(self.window.clone())
         self.window.zero_()
         E, K = self.E, self.K
@@ -75,6 +79,7 @@ class RoutingStats:
         mean = counts_E.mean()
         std = counts_E.std(unbiased=False)
         load_E = counts_E / counts_E.sum().clamp_min(1)
+        starved = [e for e, c in enumerate(counts_E.tolist()) if round(c) > 0 and c < STARVED_FRACTION * float(mean)]
         out: dict[str, float | list] = {
             "tokens": tokens,
             "dropped_slots": dropped,
@@ -83,6 +88,9 @@ class RoutingStats:
             "tokens_per_expert_max": int(round(float(counts_E.max()))),
             "tokens_per_expert_std": float(std),
             "dead_experts": int((counts_E.round() == 0).sum()),
+            "dead_expert_ids": [e for e, c in enumerate(counts_E.tolist()) if round(c) == 0],
+            "starved_experts": len(starved),
+            "starved_expert_ids": starved,
             "load_fraction": load_E.tolist(),
             "maxvio": float((counts_E.max() - mean) / mean) if mean > 0 else 0.0,
             "cv": float(std / mean) if mean > 0 else 0.0,

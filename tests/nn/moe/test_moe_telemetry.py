@@ -73,6 +73,24 @@ def test_dead_experts_count_over_the_whole_window_and_restart_after_a_read():
     assert s["tokens_per_expert_std"] == pytest.approx(math.sqrt(3 * 0.75 ** 2 + 2.25 ** 2) / 2)
 
 
+def test_starved_experts_are_named_beside_the_dead_ones():
+    """Starved: 0 < tokens < 10% of the mean over experts. 40 tokens over 4 experts (mean 10): 1 token is not
+    under 10% of it; of 50 (mean 12.5) it is."""
+    layer = forced_layer(E=4, K=1)
+    layer(tokens_choosing([(0,)] * 38 + [(1,)] + [(2,)], E=4))  # counts [38, 1, 1, 0]: mean 10
+    s = stats(layer)
+    assert s["dead_expert_ids"] == [3] and s["starved_expert_ids"] == [] and s["starved_experts"] == 0
+    layer(tokens_choosing([(0,)] * 44 + [(1,)] * 4 + [(2,)] + [(3,)], E=4))  # [44, 4, 1, 1]: mean 12.5
+    s = stats(layer)
+    assert s["tokens_per_expert"] == [44, 4, 1, 1] and s["starved_expert_ids"] == [2, 3] and s["dead_experts"] == 0
+    both = torch.nn.ModuleDict({"0": forced_layer(E=4, K=1), "1": forced_layer(E=4, K=1)})
+    both["0"](tokens_choosing([(0,)] * 49 + [(1,)], E=4))  # [49, 1, 0, 0]: 1 < 0.1 * 12.5, starved; 2 dead
+    both["1"](tokens_choosing([(0,)] * 10 + [(1,)] * 10 + [(2,)] * 10 + [(3,)] * 10, E=4))
+    total = routing_stats(both, identity)
+    assert total["moe/layer0/starved_expert_ids"] == [1] and total["moe/layer0/dead_expert_ids"] == [2, 3]
+    assert total["moe/starved_experts"] == 1 and total["moe/dead_experts"] == 2
+
+
 # tokens 0-3 choose (0, 1), tokens 4-7 choose (2, 0); capacity ceil(8 * 2 / 4 * 0.5) = 2 per expert, kept in
 # token order: expert 0 keeps tokens 0, 1; expert 1 tokens 0, 1; expert 2 tokens 4, 5; expert 3 is never chosen
 CHOICES = [(0, 1)] * 4 + [(2, 0)] * 4
