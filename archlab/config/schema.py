@@ -146,7 +146,7 @@ class TrainConfig:
     muon: MuonConfig = field(default_factory=MuonConfig)  # optimizer muon: momentum, nesterov, ns_steps, adjust_lr_fn
     # causal_lm (next-token prediction) | mtp (DeepSeek-V3's multi-token prediction: model.mtp_depth modules)
     # | mlm (BERT's masked-token prediction: model.type encoder) | span_corruption (T5's: model.type
-    # encoder_decoder); archlab/objectives/
+    # encoder_decoder) | classify (fine-tuning with a classification head on a labelled task); archlab/objectives/
     objective: str = "causal_lm"
     mtp_weight: float = 0.3  # objective mtp: lambda, the MTP loss's weight (DeepSeek-V3: 0.3, later 0.1)
     # objective mlm: share of positions selected for prediction (BERT: 0.15; of them 80% masked, 10% a random
@@ -155,6 +155,15 @@ class TrainConfig:
     # objective span_corruption (T5): share of a window's ids dropped as noise, and their mean span length
     span_noise_density: float = 0.15
     span_mean_length: float = 3.0
+    # objective classify (fine-tuning, archlab/objectives/classify.py): a pre-trained run folder (its newest complete
+    # checkpoint) or checkpoint folder whose weights the model loads by name, and whose tokenizer the task uses;
+    # null = a fresh init (the no-pre-training control)
+    init_from: Optional[str] = None
+    # objective classify: the state the head reads, first | last | mean; null = the model type's convention
+    # (decoder: last; encoder: first, BERT's [CLS] position; encoder_decoder: the encoder's mean)
+    classify_pooling: Optional[str] = None
+    classify_train_examples: int = 8192  # objective classify: labelled training examples (archlab/data/splice.py)
+    classify_eval_examples: int = 1024  # objective classify: labelled examples in val, and again in test
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     precision: str = "auto"  # auto (bf16 where supported, else fp32) | fp32 | bf16
     compile: bool = False  # torch.compile the model

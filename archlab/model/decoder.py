@@ -110,6 +110,11 @@ class Decoder(Exportable, nn.Module):
     options: ClassVar[frozenset[str]] = frozenset({"mtp_depth"})  # the model keys only this type reads
     hf_export = {f: "causal LM" for f in ("gpt2", "llama", "mistral", "mixtral", "qwen3_moe", "deepseek_v3")}
     hf_unsupported = "a causal decoder (one stack): this family's class is an encoder or an encoder-decoder"
+    # what a classification head may pool of hidden_states (archlab.nn.heads.POOLINGS), the first the convention:
+    # GPT reads its last position (the only one that has seen the whole window; Radford et al. 2018), or the mean
+    poolings: ClassVar[tuple[str, ...]] = ("last", "mean")
+    pooling_refused: ClassVar[str] = ("position 0 of a causal decoder attends only to itself, so its state "
+                                      "knows nothing of the rest of the window")
 
     @classmethod
     def validate(cls, m, prefix: str = "model") -> None:
@@ -227,24 +232,8 @@ class Decoder(Exportable, nn.Module):
         A model with ``mtp_depth`` = K modules also takes ``targets`` (B, S + K): the window's ids after
         the first; module k reads ``targets[:, k-1 : S+k-1]`` (the tokens k places ahead of the inputs)
         and predicts ``targets[:, k : S+k]``, and ``mtp_losses`` holds the K mean cross-entropies."""
-        B, S = input_ids.shape
-        past = kv_cache.length if kv_cache is not None else 0
-        self.positions.check_length(past + S)  # on Python ints: no host read of a tensor value
-        pos = torch.arange(past, past + S, device=input_ids.device)  # (S,)
-        x = self.drop(self.embed_tokens(input_ids, pos))  # (B, S, D)
-        ctx = self.positions.context(pos, torch.arange(past + S, device=input_ids.device))
-        aux_total = x.new_zeros(())
-        recompute = self.checkpointing != "none" and kv_cache is None and torch.is_grad_enabled()
-
-        def run_block(block: Block, x_BSD: Tensor, ctx: PosContext, cache: Optional[LayerKVCache] = None):
-            if recompute:
-                return checkpointed_block(block, self.checkpointing, x_BSD, ctx)
-            return block(x_BSD, ctx, cache)
-
-        for i, block in enumerate(self.blocks):
-            x, aux = run_block(block, x, ctx, kv_cache.layers[i] if kv_cache is not None else None)
-            if aux is not None:
-                aux_total = aux_total + aux
+        S = input_ids.shape[1]
+        x, ctx, aux_total, run_block = self._stack(input_ids, kv_cache)
         h = self.final_norm(x)  # (B, S, D)
         if targets is None:
             logits_BSV = self.head_logits(h)
@@ -270,6 +259,35 @@ class Decoder(Exportable, nn.Module):
             mtp_losses.append(self._head_loss(module.out_norm(x), targets[:, k:S + k]))
         return ModelOutput(logits=None, aux_loss=aux_total, kv_cache=kv_cache, loss=loss,
                            mtp_losses=torch.stack(mtp_losses))
+
+    def _stack(self, input_ids: Tensor, kv_cache: Optional[KVCache] = None):
+        """Embedding and blocks: (x (B, S, D) before the final norm, the position context, the summed MoE
+        aux loss, the block runner (checkpointed in training forwards when ``checkpointing`` says so))."""
+        S = input_ids.shape[1]
+        past = kv_cache.length if kv_cache is not None else 0
+        self.positions.check_length(past + S)  # on Python ints: no host read of a tensor value
+        pos = torch.arange(past, past + S, device=input_ids.device)  # (S,)
+        x = self.drop(self.embed_tokens(input_ids, pos))  # (B, S, D)
+        ctx = self.positions.context(pos, torch.arange(past + S, device=input_ids.device))
+        aux_total = x.new_zeros(())
+        recompute = self.checkpointing != "none" and kv_cache is None and torch.is_grad_enabled()
+
+        def run_block(block: Block, x_BSD: Tensor, ctx: PosContext, cache: Optional[LayerKVCache] = None):
+            if recompute:
+                return checkpointed_block(block, self.checkpointing, x_BSD, ctx)
+            return block(x_BSD, ctx, cache)
+
+        for i, block in enumerate(self.blocks):
+            x, aux = run_block(block, x, ctx, kv_cache.layers[i] if kv_cache is not None else None)
+            if aux is not None:
+                aux_total = aux_total + aux
+        return x, ctx, aux_total, run_block
+
+    def hidden_states(self, input_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """(the final hidden states (B, S, D) the LM head reads, after the final norm; the summed MoE aux loss):
+        what a classification head pools (:mod:`archlab.model.classifier`)."""
+        x, _, aux, _ = self._stack(input_ids)
+        return self.final_norm(x), aux
 
     def embed_tokens(self, input_ids_BS: Tensor, pos_S: Tensor) -> Tensor:
         """Token embeddings (scaled when ``scale_embeddings``) with the absolute positions added: (B, S, D)."""

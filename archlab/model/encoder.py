@@ -51,6 +51,9 @@ class Encoder(Decoder):
     hf_export = {"bert": "masked LM"}
     hf_unsupported = ("an encoder (bidirectional attention): this family's class is a causal decoder or "
                       "an encoder-decoder")
+    # BERT reads its first position ([CLS]'s; Devlin et al. 2019, sec. 3) or the mean; every position sees the window
+    poolings = ("first", "mean", "last")
+    pooling_refused = ""  # every position sees the whole window
 
     @classmethod
     def validate(cls, m, prefix: str = "model") -> None:

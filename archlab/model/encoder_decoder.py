@@ -91,6 +91,9 @@ class EncoderDecoder(Decoder):
     options = frozenset()
     hf_export = {"t5": "conditional generation"}
     hf_unsupported = "an encoder-decoder: this family's class has a single stack"
+    # a classification head pools the encoder's output (hidden_states: the memory), by the mean by convention
+    poolings = ("mean", "first", "last")
+    pooling_refused = ""  # every position sees the whole window
 
     @classmethod
     def validate(cls, m, prefix: str = "model") -> None:
@@ -200,6 +203,12 @@ class EncoderDecoder(Decoder):
         for block in self.encoder_blocks:
             x, _ = self._run(block, x, ctx)
         return self.drop(self.encoder_norm(x))
+
+    def hidden_states(self, input_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """(the encoder's output (B, M, D), a zero aux loss): what a classification head pools; the decoder
+        does not run."""
+        memory = self.encode(input_ids)
+        return memory, memory.new_zeros(())
 
     def forward(self, input_ids: Tensor, decoder_input_ids: Optional[Tensor] = None,
                 kv_cache: Optional[Seq2SeqCache] = None, targets: Optional[Tensor] = None) -> ModelOutput:

@@ -1,8 +1,9 @@
-"""BERT's masked-LM head transform (``model.head_transform``, an encoder option): between the last block
-and the LM head, h -> norm(act(dense(h))) with a D x D dense layer (with bias), the FFN's activation
-(BERT's ``hidden_act`` serves both) and a norm of ``norm.type``.
+"""Heads on a trunk's hidden states. BERT's masked-LM head transform (``model.head_transform``, an encoder
+option): between the last block and the LM head, h -> norm(act(dense(h))) with a D x D dense layer (with bias),
+the FFN's activation (BERT's ``hidden_act`` serves both) and a norm of ``norm.type``. A classification head
+(:class:`ClassifierHead`, fine-tuning): a linear layer on one pooled state per sequence (:data:`POOLINGS`).
 
-Shape legend: N tokens (any leading dims), D model dim.
+Shape legend: N tokens (any leading dims), B batch, S sequence, D model dim, C classes.
 
 It runs on every position the head reads (all of them: the logits of every position, as HF's
 ``BertForMaskedLM``, and the fused loss over all positions with the unselected ones ignored), so its
@@ -11,7 +12,7 @@ FLOPs and saved bytes are per token like a block's.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from torch import Tensor, nn
 
@@ -65,3 +66,35 @@ class HeadTransform(Exportable, nn.Module):
         act_input = ffn.hidden_saved - 1  # GELU keeps its input (2 - 1), ReLU only its output (1 - 1)
         act_output = keeps_input or ffn.hidden_saved == 1
         return float(n * D * a * (1 + act_input + act_output) + n * extra)
+
+
+# how a classification head reads one state per sequence from the trunk's final hidden states (B, S, D)
+POOLINGS: dict[str, Callable[[Tensor], Tensor]] = {
+    "first": lambda h_BSD: h_BSD[:, 0],  # BERT's [CLS] position
+    "last": lambda h_BSD: h_BSD[:, -1],  # a causal decoder's: the one position that has seen the whole window
+    "mean": lambda h_BSD: h_BSD.mean(dim=1),
+}
+
+
+class ClassifierHead(nn.Module):
+    """dropout -> linear (D -> C, bias) on the pooled state: the fresh layer fine-tuning adds (BERT, sec. 4.1:
+    "the only new parameters introduced during fine-tuning are classification layer weights")."""
+
+    def __init__(self, d_model: int, n_classes: int, pooling: str, dropout: float = 0.0):
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling={pooling!r}: must be one of {', '.join(sorted(POOLINGS))}")
+        self.pooling = pooling
+        self.drop = nn.Dropout(dropout)
+        self.out = nn.Linear(d_model, n_classes, bias=True)
+
+    def forward(self, h_BSD: Tensor) -> Tensor:
+        return self.out(self.drop(POOLINGS[self.pooling](h_BSD)))  # (B, C)
+
+    def init_weights(self, std: float) -> None:
+        nn.init.normal_(self.out.weight, 0.0, std)
+        nn.init.zeros_(self.out.bias)
+
+    @staticmethod
+    def num_params(d_model: int, n_classes: int) -> int:
+        return d_model * n_classes + n_classes

@@ -1,7 +1,8 @@
 """Training objectives, one registry (``train.objective``): ``causal_lm`` (:mod:`.causal_lm`: next-token
 prediction, GPT), ``mtp`` (:mod:`.mtp`: DeepSeek-V3's multi-token prediction on top of it) and ``mlm``
 (:mod:`.mlm`: BERT's masked-token prediction, for an encoder) and ``span_corruption`` (:mod:`.span_corruption`:
-T5's, for an encoder-decoder). The protocol is :class:`.base.Objective`.
+T5's, for an encoder-decoder) and ``classify`` (:mod:`.classify`: fine-tuning a pre-trained model with a
+classification head on a labelled task). The protocol is :class:`.base.Objective`.
 
     objective = objective_for(cfg)                  # the class train.objective names, holding the recipe
     batches = TokenBatches(tokens, S, ..., ahead=objective.ahead(cfg.model))   # windows of S + ahead ids
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from archlab.objectives import causal_lm, mlm, mtp, span_corruption  # noqa: F401  (registration)
+from archlab.objectives import causal_lm, classify, mlm, mtp, span_corruption  # noqa: F401  (registration)
 from archlab.objectives.base import OBJECTIVES, Loss, Objective, objective_class, objective_name
 
 

@@ -14,6 +14,9 @@ An objective is one class registered in :data:`OBJECTIVES` under the name a reci
   must never produce (masked LM: 1, its mask id; span corruption: its start id and sentinels); the data
   layer trains the tokenizer without them;
 - ``split(x_BW)``: the model's inputs and targets of a window: the one place the shift is written;
+- ``prepare_data(cfg)``, ``build_model(cfg)``, ``train_batches(data, rank, world_size)`` and
+  ``eval_batches(...)``: the run's data, model and windows (by default the token data, the recipe's model and
+  token windows; fine-tuning: a labelled task and a pre-trained model with a classification head);
 - ``loss(model, x_BW, step=, micro=)``: a :class:`Loss` (what back-propagates, and its named parts) of one
   training window through the (possibly wrapped) model: the trainer's micro-step, the benchmarks' step and
   the cost model's measured step all call it. ``step`` and ``micro`` (which of the step's micro batches:
@@ -96,6 +99,32 @@ class Objective:
         """``cfg``: the full recipe (``model`` and ``train`` nodes)."""
         self.t, self.m = cfg.train, cfg.model
         self.window_ahead = self.ahead(self.m)  # ids past the S inputs in one training window
+
+    def prepare_data(self, cfg: Any):
+        """The run's data (``archlab.data.prepare_data``: the tokenizer and the token ids of both splits)."""
+        from archlab.data import prepare_data
+
+        return prepare_data(cfg)
+
+    def build_model(self, cfg: Any) -> nn.Module:
+        """The model the trainer trains (``archlab.model.build_model``: the recipe's, freshly initialised)."""
+        from archlab.model.build import build_model
+
+        return build_model(cfg)
+
+    def train_batches(self, data: Any, rank: int, world_size: int):
+        """Training windows: ``get(step, micro)`` -> (B, S + ahead) and ``global_batch_size``."""
+        from archlab.data import TokenBatches
+
+        t = self.t
+        return TokenBatches(data.train, t.seq_len, t.micro_batch_size, t.grad_accum, rank, world_size, t.seed,
+                            ahead=self.window_ahead)
+
+    def eval_batches(self, data: Any, seq_len: int, batch_size: int, n_batches: int, rank: int, world_size: int):
+        """Validation windows (b, seq_len + 1) of this rank (``archlab.data.eval_windows``)."""
+        from archlab.data import eval_windows
+
+        return eval_windows(data.val, seq_len, batch_size, n_batches, rank, world_size)
 
     def loss(self, model: nn.Module, x_BW: Tensor, *, step: int = 0, micro: int = 0) -> Loss:
         raise NotImplementedError

@@ -60,14 +60,15 @@ def param_roles(model: nn.Module) -> list[tuple[str, nn.Parameter, str]]:
     - ``readout``: a matrix outside the blocks that is not an embedding (an untied LM head).
     """
     embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
-    blocks = getattr(model, "blocks", None)
+    body = getattr(model, "trunk", model)  # a classifier's pre-trained model (archlab.model.classifier)
+    blocks = getattr(body, "blocks", None)
     in_blocks: set[int] = set()
     gates: set[int] = set()
     if isinstance(blocks, nn.Module):
         from archlab.nn.moe.router import Router
 
         parts = ("mtp", "head_transform", "encoder_blocks")  # MTP modules, BERT's head, T5's encoder stack
-        stacks = [blocks] + [getattr(model, p) for p in parts if isinstance(getattr(model, p, None), nn.Module)]
+        stacks = [blocks] + [getattr(body, p) for p in parts if isinstance(getattr(body, p, None), nn.Module)]
         in_blocks = {id(p) for stack in stacks for p in stack.parameters()}
         gates = {id(mod.gate.weight) for stack in stacks for mod in stack.modules() if isinstance(mod, Router)}
     out = []

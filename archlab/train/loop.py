@@ -28,7 +28,6 @@ from torch import Tensor
 import archlab
 from archlab.config.validate import RecipeError
 from archlab.costs.peak import peak_flops
-from archlab.model.build import build_model
 from archlab.model.checkpointing import allow_compiled_recomputation
 from archlab.nn.moe import start_step, start_trace, stop_trace, take_trace
 from archlab.nn.positions import position_class
@@ -116,20 +115,20 @@ class Trainer:
         # come here, before anything is built
         self.backend: Backend = select_backend(self.accelerator, self.info, cfg)
         self.device = self.accelerator.device
-        from archlab.data import TokenBatches, prepare_data
-
         # where the run writes and what it resumes, before the data is built: a refused resume says so at once
         self.run_dir, resume_from, notes = self._resolve_run()
         for note in notes:
             self.log(note)
+        # train.objective: the run's data and model, the window each micro batch holds, its inputs and targets, the loss
+        self.objective: Objective = objective_for(cfg)
         with main_process_first(self.info):
-            self.data = prepare_data(cfg)
+            self.data = self.objective.prepare_data(cfg)
         # train.router_trace_every: the main process traces the routing of sampled tokens (off by default)
         self.tracer: Optional[RouterTracer] = tracer_for(self.run_dir, t, self.info.is_main, cfg.model.moe is not None)
         self._trace: Optional[tuple] = None  # (trace, token ids, seconds) of this step, written after it
 
         torch.manual_seed(t.seed)  # identical initial weights on every rank
-        self.model = build_model(cfg)  # the plain module; the wrapped one is self.model_t
+        self.model = self.objective.build_model(cfg)  # the plain module; the wrapped one is self.model_t
         self.model.checkpointing = t.activation_checkpointing  # how its blocks keep activations for backward
         self.step, self.tokens, self.elapsed_before = 0, 0, 0.0
         self.branch: Optional[dict] = None  # train.branch_from: {"from": parent checkpoint, "step": branch step}
@@ -144,10 +143,7 @@ class Trainer:
         torch.manual_seed(t.seed + 1000 * (self.info.rank + 1))  # dropout differs between ranks
         if resume_from is not None:
             ckpt.load_rng(resume_from, self.info.rank)
-        # train.objective: the window each micro batch holds, its inputs and targets, the loss
-        self.objective: Objective = objective_for(cfg)
-        self.batches = TokenBatches(self.data.train, t.seq_len, t.micro_batch_size, t.grad_accum,
-                                    self.info.rank, self.info.world_size, t.seed, ahead=self.objective.window_ahead)
+        self.batches = self.objective.train_batches(self.data, self.info.rank, self.info.world_size)
         self.tokens_per_step = self.batches.global_batch_size * t.seq_len
         self.flops_per_token, self.flops_source = flops_per_token(cfg)
         self.peak_flops, self.peak_source = peak_flops(cfg, self.device)
@@ -383,7 +379,7 @@ class Trainer:
     def evaluate(self, multiplier: int = 1) -> dict[str, Any]:
         """Validation loss at context ``multiplier * seq_len``: the objective's sums (``eval_keys``: token-loss
         sums and counts) all-reduced, then its row (``eval_row``: causal LM's ``loss``, masked LM's ``mlm_loss``)."""
-        from archlab.data import DataError, eval_windows
+        from archlab.data import DataError
 
         t, m = self.cfg.train, self.cfg.model
         S = t.seq_len * multiplier
@@ -394,7 +390,7 @@ class Trainer:
             return {**row, "skipped": f"{m.position.type} positions end at {limit} (model.max_seq_len={m.max_seq_len})"}
         B = max(1, t.micro_batch_size // multiplier)  # about the same tokens per batch at every length
         try:
-            windows = eval_windows(self.data.val, S, B, t.eval_batches, self.info.rank, self.info.world_size)
+            windows = self.objective.eval_batches(self.data, S, B, t.eval_batches, self.info.rank, self.info.world_size)
         except DataError as e:
             return {**row, "skipped": str(e)}
         keys = self.objective.eval_keys

@@ -1,0 +1,206 @@
+"""Fine-tuning on a labelled task (the seeds' ULMFiT / BERT recipe): a pre-trained checkpoint's model with a
+fresh classification head, trained by cross-entropy on labelled windows (``train.objective: classify``).
+
+- ``train.init_from``: a run folder (its newest complete checkpoint) or a checkpoint folder; the recipe's model
+  (:class:`archlab.model.classifier.Classifier`'s trunk) loads its weights by tensor name, and a checkpoint
+  that does not fit is refused naming the tensors. The tokenizer is the pre-trained run's (``tokenizer.json``
+  in its run folder). null: the trunk starts from a fresh init (the no-pre-training control), the tokenizer
+  is trained on the task's training documents.
+- ``train.classify_pooling``: which state of the trunk the head reads (``archlab.nn.heads.POOLINGS``); null is
+  the model type's convention (GPT: last, BERT: first, T5: the encoder's mean); one the model type has no use
+  for is refused by name (a causal decoder's first position).
+- The task (:mod:`archlab.data.splice`): was the window spliced right after its middle id? Made from
+  ``data.source``'s corpus, split by document (``data.seed``, ``data.val_fraction`` for val and for test,
+  ``data.max_bytes``), ``train.classify_train_examples`` training examples and
+  ``train.classify_eval_examples`` each for val and test, balanced.
+
+A window is the S input ids and the label behind them, (B, S + 1) (``ahead`` 1): the trainer's micro batches
+are drawn from the training examples by (``train.seed``, step), as token windows are. Validation rows say
+``metric: classify``, ``classify_loss`` and ``classify_accuracy`` over ``train.eval_batches`` batches of the
+val examples; the baselines are in the run's ``env.json`` (``data_meta.baselines``); :func:`score` scores a
+split (test) after training.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from archlab.errors import fail
+from archlab.objectives.base import OBJECTIVES, Loss, Objective
+
+
+def pretrained_checkpoint(t: Any) -> Optional[Path]:
+    """The checkpoint folder ``train.init_from`` names (a run folder: its newest complete one), or None."""
+    if t.init_from is None:
+        return None
+    from archlab.train.checkpoint import CheckpointError, resolve_checkpoint  # archlab.train imports this package
+
+    try:
+        return resolve_checkpoint(str(t.init_from))
+    except CheckpointError as e:
+        fail("train.init_from", t.init_from, f"not a pre-trained run or checkpoint ({e})")
+
+
+class ExampleBatches:
+    """Training micro batches of labelled windows, (B, S + 1): stateless like ``archlab.data.TokenBatches``
+    (step ``step``'s W*A*B examples drawn with replacement from ``default_rng([seed, step])``; rank r at micro
+    m takes slice m*W + r)."""
+
+    def __init__(self, x_NS: np.ndarray, y_N: np.ndarray, micro_batch_size: int, grad_accum: int,
+                 rank: int = 0, world_size: int = 1, seed: int = 0):
+        self.windows = torch.from_numpy(np.concatenate([x_NS, y_N[:, None]], axis=1).astype(np.int64))
+        self.micro_batch_size, self.grad_accum, self.rank, self.world_size, self.seed = \
+            micro_batch_size, grad_accum, rank, world_size, seed
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.world_size * self.grad_accum * self.micro_batch_size
+
+    def get(self, step: int, micro: int = 0) -> Tensor:
+        picks = np.random.default_rng([self.seed, step]).integers(0, len(self.windows), size=self.global_batch_size)
+        first = (micro * self.world_size + self.rank) * self.micro_batch_size
+        return self.windows[torch.from_numpy(picks[first:first + self.micro_batch_size])]
+
+
+def example_windows(x_NS: np.ndarray, y_N: np.ndarray, batch_size: int, n_batches: Optional[int] = None,
+                    rank: int = 0, world_size: int = 1) -> Iterator[Tensor]:
+    """Evaluation batches (b, S + 1) of the examples in order, the first ``n_batches`` (None: all); rank r
+    takes batches r, r + W, ..."""
+    windows = torch.from_numpy(np.concatenate([x_NS, y_N[:, None]], axis=1).astype(np.int64))
+    starts = list(range(0, len(windows), batch_size))[:n_batches]
+    return (windows[s:s + batch_size] for s in starts[rank::world_size])
+
+
+@OBJECTIVES.register("classify")
+class Classify(Objective):
+    """Cross-entropy of a classification head on the pooled states of a pre-trained trunk."""
+
+    name = "classify"
+    options = frozenset({"init_from", "classify_pooling", "classify_train_examples", "classify_eval_examples"})
+    eval_metric = "classify: the labelled task's cross-entropy (nats) and accuracy on the validation examples"
+    eval_keys = ("loss", "correct", "count")
+    eval_loss_key = "classify_loss"
+
+    @classmethod
+    def validate(cls, cfg: Any) -> None:
+        from archlab.model.classifier import pooling_for  # archlab.model imports the config package, which this
+
+        t, m = cfg.train, cfg.model
+        pooling_for(m, t.classify_pooling)
+        if getattr(m, "mtp_depth", 0):
+            fail("model.mtp_depth", m.mtp_depth, "multi-token-prediction modules are trained only by "
+                 "train.objective=mtp; a classifier reads the trunk's hidden states: set model.mtp_depth=0")
+        for key in ("classify_train_examples", "classify_eval_examples"):
+            if getattr(t, key) < 2:
+                fail(f"train.{key}", getattr(t, key), "must be >= 2 (a balanced set holds both labels)")
+        if t.seq_len < 3:
+            fail("train.seq_len", t.seq_len, "the task's windows need ids on both sides of the middle: >= 3")
+        if list(t.eval_context_multipliers) != [1]:
+            fail("train.eval_context_multipliers", list(t.eval_context_multipliers), "the task's examples are "
+                 "windows of train.seq_len ids: set [1]")
+        if t.init_from is not None and not str(t.init_from).strip():
+            fail("train.init_from", t.init_from, "must be a pre-trained run folder or checkpoint (or null)")
+        if t.init_from is not None and t.branch_from is not None:
+            fail("train.branch_from", t.branch_from, f"contradicts train.init_from={t.init_from!r}: a fine-tuning "
+                 "run starts from the pre-trained weights only, with a fresh optimizer and step 0")
+
+    @classmethod
+    def split(cls, x_BW: Tensor, ahead: int) -> tuple[Tensor, Tensor]:
+        """(inputs (B, S), labels (B,)): the label is the window's last entry."""
+        return x_BW[:, :-1], x_BW[:, -1]
+
+    def prepare_data(self, cfg: Any):
+        """The labelled task (:func:`archlab.data.splice.splice_task`) under the pre-trained run's tokenizer."""
+        from archlab.data import build_corpus, build_tokenizer
+        from archlab.data.splice import read_split_documents, splice_task
+        from archlab.data.tokenizer import Tokenizer
+        from archlab.train.run_folder import TOKENIZER
+
+        d, t = cfg.data, cfg.train
+        corpus = build_corpus(d)
+        texts = read_split_documents(corpus, int(d.seed), float(d.val_fraction), d.max_bytes)
+        ckpt = pretrained_checkpoint(t)
+        path = None
+        if ckpt is not None:
+            path = ckpt.parent.parent / TOKENIZER
+            tokenizer = Tokenizer.load(path)
+            if tokenizer.vocab_size > cfg.model.vocab_size:
+                fail("train.init_from", t.init_from, f"its tokenizer has {tokenizer.vocab_size} ids, more than "
+                     f"model.vocab_size={cfg.model.vocab_size}: the recipe's model is not the pre-trained one")
+        else:
+            tokenizer = build_tokenizer(d.tokenizer, texts["train"], int(cfg.model.vocab_size))
+        data = splice_task(corpus, tokenizer, int(t.seq_len), int(t.classify_train_examples),
+                           int(t.classify_eval_examples), int(d.seed), float(d.val_fraction), d.max_bytes,
+                           texts=texts, tokenizer_path=path)
+        data.meta["init_from"] = str(ckpt) if ckpt is not None else None
+        return data
+
+    def build_model(self, cfg: Any) -> nn.Module:
+        """The classifier, its trunk loaded by name from ``train.init_from`` (a fresh head either way)."""
+        from archlab.config.load import model_config
+        from archlab.data.splice import N_CLASSES
+        from archlab.model.classifier import Classifier, load_pretrained
+        from archlab.train.checkpoint import WEIGHTS
+
+        model = Classifier(model_config(cfg), N_CLASSES, cfg.train.classify_pooling)
+        ckpt = pretrained_checkpoint(cfg.train)
+        if ckpt is not None:
+            load_pretrained(model.trunk, ckpt / WEIGHTS)
+        return model
+
+    def train_batches(self, data: Any, rank: int, world_size: int) -> ExampleBatches:
+        t, e = self.t, data.examples["train"]
+        return ExampleBatches(e.x, e.y, t.micro_batch_size, t.grad_accum, rank, world_size, t.seed)
+
+    def eval_batches(self, data: Any, seq_len: int, batch_size: int, n_batches: int, rank: int,
+                     world_size: int) -> Iterator[Tensor]:
+        e = data.examples["val"]
+        return example_windows(e.x, e.y, batch_size, n_batches, rank, world_size)
+
+    def loss(self, model: nn.Module, x_BW: Tensor, *, step: int = 0, micro: int = 0) -> Loss:
+        inputs, labels = self.split(x_BW, 1)
+        out = model(inputs)
+        return Loss(main=F.cross_entropy(out.logits.float(), labels), aux=out.aux_loss.float())
+
+    @torch.no_grad()
+    def eval_sums(self, model: nn.Module, x_BS1: Tensor, *, index: int = 0) -> tuple[Tensor, Tensor, int]:
+        """(summed cross-entropy, correct argmax predictions, examples) of a batch of labelled windows."""
+        inputs, labels = self.split(x_BS1, 1)
+        logits = model(inputs).logits.float()
+        return (F.cross_entropy(logits, labels, reduction="sum"), (logits.argmax(-1) == labels).sum(),
+                labels.numel())
+
+    @classmethod
+    def eval_row(cls, sums: dict[str, float]) -> dict[str, Any]:
+        n = sums["count"]
+        return {"metric": "classify", "classify_loss": sums["loss"] / n, "classify_accuracy": sums["correct"] / n,
+                "eval_examples": int(n)}
+
+    @classmethod
+    def forward_flops(cls, cfg: Any, seq_len: int) -> dict[str, float]:
+        """The head: one D x C product per window, per input token (counted under ``lm_head``)."""
+        from archlab.data.splice import N_CLASSES
+
+        return {"lm_head": 2.0 * cfg.d_model * N_CLASSES / seq_len}
+
+    @classmethod
+    def saved_bytes(cls, s: Any, loss: str, checkpointing: str) -> dict[str, float]:
+        raise ValueError("train.objective=classify: the memory model of the classification head is not derived")
+
+
+@torch.no_grad()
+def score(model: nn.Module, x_NS: np.ndarray, y_N: np.ndarray, batch_size: int = 64) -> dict[str, float]:
+    """Loss and accuracy of a classifier on examples (e.g. the test split's, after training)."""
+    model.eval()
+    loss = correct = 0.0
+    for w in example_windows(x_NS, y_N, batch_size):
+        logits = model(w[:, :-1]).logits.float()
+        loss += float(F.cross_entropy(logits, w[:, -1], reduction="sum"))
+        correct += float((logits.argmax(-1) == w[:, -1]).sum())
+    return {"loss": loss / len(y_N), "accuracy": correct / len(y_N), "examples": len(y_N)}
