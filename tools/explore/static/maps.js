@@ -136,7 +136,7 @@ function flowDiagram(flow, selected, onPick) {
 
 // Expert load over the prompt: one bar per expert, tokens routed there (counting each of K slots).
 function loadChart(load, title) {
-  const n = load.length, W = Math.max(260, n * 22 + 60), H = 170, left = 44, bottom = 36;
+  const n = load.length, W = Math.max(title.length * 7 + 20, n * 22 + 60), H = 170, left = 44, bottom = 36;
   const max = Math.max(1, ...load);
   const g = svg("svg", {width: W, height: H, class: "load", role: "img", "aria-label": title});
   g.appendChild(svg("text", {x: W / 2, y: 14, "text-anchor": "middle", class: "chart-title"}, title));
