@@ -55,7 +55,7 @@ def token_text(ex: Explorable, i: int) -> str:
         if m.vocab_size - 1 - MAX_SENTINELS <= i <= m.vocab_size - 2:
             return f"<extra_id_{m.vocab_size - 2 - i}>"
     s = ex.codec.decode([i])
-    if "\ufffd" in s and i < 256 and ex.byte_codec:
+    if ex.byte_codec and i < 256 and ("\ufffd" in s or not (s.isprintable() or s in "\n\t")):
         return f"<0x{i:02X}>"
     return s
 

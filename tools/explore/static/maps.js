@@ -88,7 +88,7 @@ function flowDiagram(flow, selected, onPick) {
   const W = 150, H = 58, gap = 26;
   const stacks = flow.stacks;
   const maxBlocks = Math.max(...stacks.map((s) => s.blocks.length));
-  const width = 2 * (W + gap) + maxBlocks * (W + gap) + 40;
+  const width = (maxBlocks + 3) * (W + gap) + 20;  // embedding, blocks, final norm, head
   const height = stacks.length * (H + 40) + 30;
   const g = svg("svg", {width, height, class: "flow", role: "img", "aria-label": "data flow"});
   const box = (x, y, lines, cls, attrs = {}) => {
