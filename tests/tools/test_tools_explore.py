@@ -107,3 +107,36 @@ def test_server_refuses_foreign_paths_big_bodies_and_foreign_hosts():
     assert c.post("/api/analyze", json={"text": "hi"}).json()["runs"][0]["tokens"][0]["id"] == ord("h")
     assert c.post("/api/detail", json={"text": "hi", "stack": "self", "layer": 0, "head": 9}).status_code == 400
     assert c.get("/", headers={"host": "evil.example"}).status_code == 400
+
+
+def test_cli_serves_on_loopback_and_ctrl_c_stops_it_cleanly():
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    p = subprocess.Popen([sys.executable, "-m", "tools.explore", "recipes/llama/tiny.yaml", "model.n_layers=1",
+                          "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    assert line.startswith("archlab explorer: http://127.0.0.1:"), line
+    url = line.split()[2]
+    with urllib.request.urlopen(url + "api/info", timeout=20) as r:
+        assert json.loads(r.read())["runs"][0]["kind"] == "decoder"
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0 and "explorer stopped" in out and "Traceback" not in err
+
+
+def test_two_tabs_at_once_get_their_own_prompts():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from starlette.testclient import TestClient
+
+    from tools.explore.server import Explorer, app
+
+    c = TestClient(app(Explorer([_ex("recipes/llama/tiny.yaml")]), ["testserver"]))
+    texts = [f"tab {i} text" for i in range(6)]
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda t: c.post("/api/analyze", json={"text": t}).json(), texts))
+    assert [a["text"] for a in answers] == texts
+    assert all([t["id"] for t in a["runs"][0]["tokens"]] == list(t.encode()) for a, t in zip(answers, texts))
