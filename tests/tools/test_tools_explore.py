@@ -140,3 +140,11 @@ def test_two_tabs_at_once_get_their_own_prompts():
         answers = list(pool.map(lambda t: c.post("/api/analyze", json={"text": t}).json(), texts))
     assert [a["text"] for a in answers] == texts
     assert all([t["id"] for t in a["runs"][0]["tokens"]] == list(t.encode()) for a, t in zip(answers, texts))
+
+
+def test_a_missing_server_extra_is_named(monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if not installed
+    assert cli.main(["recipes/llama/tiny.yaml", "model.n_layers=1", "--port", "0"]) == 2
+    assert "pip install -e '.[explore]'" in capsys.readouterr().err

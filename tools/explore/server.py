@@ -21,19 +21,6 @@ from tools.explore import compute
 from tools.explore.load import Explorable, ExploreError
 from tools.explore.page import ASSETS, asset, render
 
-try:
-    import uvicorn
-    from starlette.applications import Starlette
-    from starlette.concurrency import run_in_threadpool
-    from starlette.middleware import Middleware
-    from starlette.middleware.trustedhost import TrustedHostMiddleware
-    from starlette.requests import Request
-    from starlette.responses import HTMLResponse, JSONResponse, Response
-    from starlette.routing import Route
-except ImportError as e:  # the optional extra
-    raise ExploreError(f"the explorer's server needs starlette and uvicorn ({e.name} is missing): "
-                       "pip install -e '.[explore]'") from None
-
 MAX_BODY = 256 * 1024  # bytes of one request body
 CACHED = 8  # analyses kept for the detail view (per run and text)
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -88,6 +75,16 @@ class Explorer:
         return {"runs": [{"label": r.label, "kind": r.kind, "max_len": r.max_len} for r in self.runs]}
 
 
+def _web():
+    """starlette and uvicorn, the optional extra ``explore`` (imported here, not at module level)."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise ExploreError(f"the explorer's server needs starlette and uvicorn ({e.name} is missing): "
+                           "pip install -e '.[explore]'") from None
+
+
 def _field(body: dict, name: str, kind):
     v = body.get(name)
     if not isinstance(v, kind) or isinstance(v, bool):
@@ -95,7 +92,7 @@ def _field(body: dict, name: str, kind):
     return v
 
 
-async def _body(request: Request) -> dict:
+async def _body(request) -> dict:
     size = request.headers.get("content-length")
     if size is not None and (not size.isdigit() or int(size) > MAX_BODY):
         raise ExploreError(f"request body over {MAX_BODY} bytes")
@@ -113,9 +110,18 @@ async def _body(request: Request) -> dict:
     return body
 
 
-def app(explorer: Explorer, allowed_hosts: list[str]) -> Starlette:
+def app(explorer: Explorer, allowed_hosts: list[str]):
+    """The Starlette app: the page, its assets and the JSON routes."""
+    _web()
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+    from starlette.responses import HTMLResponse, JSONResponse, Response
+    from starlette.routing import Route
+
     def endpoint(job: Callable[[dict], dict]):
-        async def handle(request: Request) -> Response:
+        async def handle(request):
             try:
                 body = await _body(request)
 
@@ -132,16 +138,16 @@ def app(explorer: Explorer, allowed_hosts: list[str]) -> Starlette:
                                     status_code=500)
         return handle
 
-    async def index(_request: Request) -> Response:
+    async def index(_request):
         return HTMLResponse(render(None))
 
-    async def assets(request: Request) -> Response:
+    async def assets(request):
         name = request.path_params["name"]
         if name not in ASSETS:
             return JSONResponse({"error": f"no asset {name!r}"}, status_code=404)
         return Response(asset(name), media_type=ASSETS[name])
 
-    async def info(_request: Request) -> Response:
+    async def info(_request):
         return JSONResponse(explorer.info())
 
     routes = [Route("/", index), Route("/assets/{name}", assets), Route("/api/info", info),
@@ -165,7 +171,11 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def make_server(explorer: Explorer, host: str) -> "uvicorn.Server":
+def make_server(explorer: Explorer, host: str):
+    """A uvicorn server of :func:`app`; ``run(sockets=[bind(...)])`` serves until Ctrl-C."""
+    _web()
+    import uvicorn
+
     hosts = ["127.0.0.1", "localhost", "[::1]"] if host in LOOPBACK else ["*"]
     config = uvicorn.Config(app(explorer, hosts), log_level="warning", lifespan="off")
     return uvicorn.Server(config)
