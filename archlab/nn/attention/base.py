@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from archlab.errors import fail
+from archlab.nn.attention.capture import Capturable
 from archlab.nn.component import ActShape, Exportable
 from archlab.registry import Registry
 
@@ -97,7 +98,7 @@ class KVCache:
         return self.layers[0].length
 
 
-class Attention(Exportable, nn.Module):
+class Attention(Capturable, Exportable, nn.Module):
     """Base of every variant; see the module docstring for the protocol."""
 
     options: ClassVar[frozenset[str]] = frozenset({"bias", "dropout", "scale"})  # every variant reads these

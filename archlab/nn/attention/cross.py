@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from archlab.nn.attention.base import LayerKVCache
+from archlab.nn.attention.capture import Capturable
 from archlab.nn.component import STATS_BYTES, ActShape, Exportable
 from archlab.nn.mup import attention_scale
 
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from archlab.config.schema import ModelConfig
 
 
-class CrossAttention(Exportable, nn.Module):
+class CrossAttention(Capturable, Exportable, nn.Module):
     """softmax(q(x) k(memory)^T * scale) v(memory), then the output projection."""
 
     hf_export = {"t5": "EncDecAttention"}
@@ -113,4 +115,6 @@ class CrossAttention(Exportable, nn.Module):
                 cache.k, cache.v, cache.length = k, v, k.shape[2]
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
                                            scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads)
+        if self.capture is not None:  # every query sees every memory position
+            self.capture.record(q, k, v, scale=self.scale, allowed=q.new_ones(S, k.shape[2], dtype=torch.bool))
         return self.wo(y.transpose(1, 2).reshape(B, S, self.n_heads * self.d_head))

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from archlab.errors import fail
 from archlab.nn.attention.base import ATTENTIONS, Attention, LayerKVCache
+from archlab.nn.attention.capture import causal_allowed
 from archlab.nn.component import STATS_BYTES, ActShape
 from archlab.nn.mup import attention_scale
 from archlab.nn.norms import build_norm, norm_class, norm_params
@@ -187,6 +188,10 @@ class CausalSelfAttention(Attention):
             q, k, v, attn_mask=mask, is_causal=self.causal and mask is None and past == 0,
             dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
             enable_gqa=self.n_kv_heads != self.n_heads)  # (B, H, S, Dh)
+        if self.capture is not None and cache is None:
+            T = k.shape[2]
+            allowed = causal_allowed(S, T, x_BSD.device) if self.causal else x_BSD.new_ones(S, T, dtype=torch.bool)
+            self.capture.record(q, k, v, scale=self.scale, allowed=allowed, bias=ctx.bias)
         return self.out(y)
 
     @staticmethod

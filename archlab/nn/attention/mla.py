@@ -44,6 +44,7 @@ from torch import Tensor, nn
 
 from archlab.errors import fail
 from archlab.nn.attention.base import ATTENTIONS, Attention, LayerKVCache
+from archlab.nn.attention.capture import causal_allowed
 from archlab.nn.attention.mha import CausalSelfAttention
 from archlab.nn.component import STATS_BYTES, ActShape, option_names
 from archlab.nn.mup import width_mult
@@ -292,6 +293,8 @@ class MultiHeadLatentAttention(Attention):
         k = torch.cat([k_nope, k_rope[:, None].expand(B, H, S, R)], dim=-1)  # (B, H, S, P + R)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
                                            dropout_p=self.dropout if self.training else 0.0)  # (B, H, S, V)
+        if self.capture is not None:  # one key per head: the up-projected latent with the shared RoPE key
+            self.capture.record(q, k, v, scale=self.scale, allowed=causal_allowed(S, S, x_BSD.device))
         return self.wo(y.transpose(1, 2).reshape(B, S, H * V))
 
     def _absorbed(self, x_BSD: Tensor, ctx: PosContext, cache: LayerKVCache) -> Tensor:

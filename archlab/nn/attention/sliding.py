@@ -35,6 +35,7 @@ from torch import Tensor
 
 from archlab.errors import fail
 from archlab.nn.attention.base import ATTENTIONS, LayerKVCache
+from archlab.nn.attention.capture import causal_allowed
 from archlab.nn.attention.mha import CausalSelfAttention
 from archlab.nn.component import STATS_BYTES, ActShape, option_names
 from archlab.nn.norms import norm_class
@@ -227,6 +228,8 @@ class SlidingWindowAttention(CausalSelfAttention):
                                                    enable_gqa=gqa)
             else:
                 y = self._banded(q, k, v, drop)
+            if self.capture is not None and cache is None:
+                self.capture.record(q, k, v, scale=self.scale, allowed=causal_allowed(S, S, q.device, W))
             return self.out(y)
         past = cache.length
         k, v = cache.update(k, v)  # (B, G, T, Dh): the kept past, then the new positions
