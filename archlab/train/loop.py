@@ -197,7 +197,7 @@ class Trainer:
         from tqdm.auto import tqdm
 
         t = self.cfg.train
-        stop = StopSignal()
+        stop = StopSignal(announce=self.info.is_main)  # every rank gets the signal, rank 0 says so
         self._start = time.perf_counter()
         bar = tqdm(total=t.max_steps, initial=self.step, disable=not self.info.is_main, desc=self.cfg.name,
                    unit="step", dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
