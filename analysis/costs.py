@@ -33,6 +33,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+import yaml
+
 import archlab
 from analysis.plotting import pyplot, save_figure, stacked_bars, style_axes, unit_scale
 from archlab.config import RecipeError
@@ -58,20 +60,40 @@ FLOP_UNITS = [(1.0, "FLOP"), (1e3, "kFLOP"), (1e6, "MFLOP"), (1e9, "GFLOP"), (1e
 BYTE_UNITS = [(1.0, "B"), (2.0**10, "KiB"), (2.0**20, "MiB"), (2.0**30, "GiB"), (2.0**40, "TiB")]
 
 
-def expand(inputs: Sequence[str]) -> list[Path]:
-    """Recipe paths; a folder stands for its *.yaml files. Fails on a missing path."""
+LAUNCH_KEYS = ("compute_environment", "distributed_type")  # accelerate config files (recipes/launch/)
+
+
+def _launch_config(path: Path) -> bool:
+    """An accelerate launch config (``accelerate launch --config_file``), not a recipe."""
+    try:
+        node = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return False  # the recipe loader says what is wrong with it
+    return isinstance(node, dict) and any(k in node for k in LAUNCH_KEYS)
+
+
+def expand(inputs: Sequence[str], note=lambda msg: print(f"note: {msg}", file=sys.stderr)) -> list[Path]:
+    """Recipe paths; a folder stands for the *.yaml files under it, searched recursively. Launch configs
+    (accelerate's, e.g. recipes/launch/*.yaml) are skipped with a note. Fails on a missing path and when
+    no recipe is left."""
     out: list[Path] = []
     for item in inputs:
         p = Path(item)
         if p.is_dir():
-            found = sorted(p.glob("*.yaml"))
+            found = sorted(p.rglob("*.yaml"))
             if not found:
                 raise RecipeError(f"{p}: folder holds no recipe (*.yaml)")
-            out.extend(found)
         elif p.exists():
-            out.append(p)
+            found = [p]
         else:
             raise RecipeError(f"{p}: no such recipe file or folder")
+        for f in found:
+            if _launch_config(f):
+                note(f"skipped {f}: an accelerate launch config (accelerate launch --config_file), not a recipe")
+            else:
+                out.append(f)
+    if not out:
+        raise RecipeError(f"{' '.join(inputs)}: no recipe left (launch configs are not recipes)")
     return out
 
 
@@ -194,15 +216,17 @@ def format_table(rows: list[dict]) -> str:
         value = rows[i].get(key)
         return fmt(value) if value is not None else f"not modelled [{numbers[(i, key)]}]"
 
-    cells = [HEADERS] + [[r["recipe"]] + [cell(i, k, f) for k, f in zip(COLUMNS[1:], formats)]
-                         for i, r in enumerate(rows)]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(HEADERS))]
+    header = HEADERS[:1] + ["seq_len"] + HEADERS[1:]  # each row's own context length
+    cells = [header] + [[r["recipe"], str(r["seq_len"])] + [cell(i, k, f) for k, f in zip(COLUMNS[1:], formats)]
+                        for i, r in enumerate(rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    r0 = rows[0]
-    lines.append(f"\nseq_len {r0['seq_len']}; memory: batch {r0['batch']} per rank (recipe default unless "
-                 "--batch); full attention counts the S x S square, a sliding window its band.")
+    batches = sorted({r["batch"] for r in rows})
+    lines.append("\nseq_len: each recipe's train.seq_len unless --seq-len; memory: batch "
+                 f"{', '.join(map(str, batches))} per rank (each recipe's train.micro_batch_size unless --batch); "
+                 "full attention counts the S x S square, a sliding window its band.")
     return "\n".join(lines + notes)
 
 

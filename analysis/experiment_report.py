@@ -14,6 +14,7 @@ from typing import Optional
 
 from analysis.experiments import (
     COST_HEADER,
+    LEARN_MARGIN,
     Context,
     Group,
     _finite,
@@ -186,6 +187,8 @@ def _setup(ctx: Context) -> str:
              f"- Seeds: {spec['seeds']} (`train.seed`: initial weights and data order; the corpus split is fixed)."
              + (" Quick mode: tiny models, a few steps: the numbers only show that the pipeline works."
                 if spec.get("quick") else ""),
+             *([f"- Quick defaults (keys the spec's `quick:` does not set): {'; '.join(spec['quick_defaults'])}."]
+               if spec.get("quick_defaults") else []),
              f"- Every arm: `{' '.join(spec['set'])}`" if spec["set"] else "- Every arm: the recipe as it is.",
              f"- Reference arm: `{ctx.reference}`."]
     if spec.get("grid"):
@@ -199,6 +202,49 @@ def _setup(ctx: Context) -> str:
                      " ".join(f"`{o}`" for o in a["own"]) or "-", budget_text, a.get("note") or ""])
     return "\n".join(lines) + "\n\n" + table(["arm", "label", "recipe or parent", "its overrides", "budget", "note"],
                                             rows)
+
+
+def excluded_runs(ctx: Context) -> list[dict]:
+    """Every run the analysis leaves out, with why: seeded runs that did not finish (not in the loss table or
+    the verdicts), compute-curve branches that did not finish or stayed near the unigram loss (not in the
+    curve's fit), tuning runs that diverged or did not learn (scored as the worst lr, not in the lr fit)."""
+    out = []
+    for r in ctx.rows:
+        if r["status"] != "finished":
+            out.append({"run": r["point"], "stage": "seeded", "arm": r["arm"], "seed": r["seed"],
+                        "why": f"{r['status']}" + (f" ({r['reason']})" if r["reason"] else "")
+                        + ": not in the loss table or the verdicts"})
+    for r in ctx.curve_rows:
+        if r["role"] != "ceg-cooldown":
+            continue  # the trunks are not points of the curve, by design
+        why = None
+        if r["status"] != "finished":
+            why = f"{r['status']}" + (f" ({r['reason']})" if r["reason"] else "")
+        elif not r["learned"]:
+            why = (f"near-unigram: final loss {r['val_loss']:.3f} within {LEARN_MARGIN} nats of the unigram entropy "
+                   f"{r['unigram_entropy']:.3f}" if _finite(r["val_loss"]) and _finite(r["unigram_entropy"])
+                   else "no final loss to compare with the unigram entropy")
+        if why:
+            out.append({"run": r["point"], "stage": "compute curve", "arm": r["arm"], "seed": r["seed"],
+                        "why": why + ": not in the curve's fit"})
+    for arm, t in (ctx.record.get("tuning") or {}).items():
+        for i, point in enumerate(t.get("runs") or []):
+            flags = [name for name, key in (("diverged", "diverged"), ("did not learn", "did_not_learn"))
+                     if i < len(t.get(key) or []) and t[key][i]]
+            if flags:
+                out.append({"run": point, "stage": "tuning", "arm": arm, "seed": None,
+                            "why": f"{' and '.join(flags)} at lr {t['lrs'][i]:g}: scored as the worst lr, "
+                                   "not in the lr fit"})
+    return out
+
+
+def excluded_table(ctx: Context) -> str:
+    rows = excluded_runs(ctx)
+    if not rows:
+        return "None: every run of every stage is in the analysis."
+    return table(["run", "stage", "arm", "seed", "why"],
+                 [[f"`{r['run']}`", r["stage"], f"`{r['arm']}`", "-" if r["seed"] is None else r["seed"], r["why"]]
+                  for r in rows])
 
 
 def runs_table(ctx: Context) -> str:
@@ -259,6 +305,7 @@ def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
         md += [f"## {section.title}", "", section.markdown.strip(), ""]
         figures += section.figures
         sections_json[m.name] = section.data
+    md += ["## Runs left out of the analysis", "", excluded_table(ctx), ""]
     md += ["## Every run", "", runs_table(ctx), ""]
     data = {"experiment": spec["name"], "command": command, "spec": spec, "arms": list(ctx.arms.values()),
             "runs": [{**r, "run_dir": _relative(r["run_dir"])} for r in ctx.rows],
@@ -266,7 +313,7 @@ def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
             "tuning": record.get("tuning"), "tune_wall_s": record.get("tune_wall_s"), "comparison": ctx.comparison,
             "curve_runs": [{**r, "run_dir": _relative(r["run_dir"])} for r in ctx.curve_rows],
             "timed_budgets": record.get("timed_budgets"), "measure_wall_s": record.get("measure_wall_s"),
-            "figures": figures}
+            "excluded_runs": excluded_runs(ctx), "figures": figures}
     md_path = write_text_atomic(out / "report.md", "\n".join(md))
     json_path = write_json_atomic(out / "report.json", data)
     return {"markdown": md_path, "json": json_path, "figures": [out / f for f in figures],

@@ -1,0 +1,5 @@
+"""tools: archlab's command-line tools (training drivers, benchmarks, export)."""
+
+from archlab.quiet import quiet_third_party
+
+quiet_third_party()  # DeepSpeed's "Setting accelerator to CPU" warning kept out of the output

@@ -91,6 +91,10 @@ Spec file (YAML):
 
 ``--quick`` also applies :data:`QUICK_SET` (tiny width, short sequences, a small corpus) before
 the spec's ``quick.set`` and the arms' own overrides, trains one seed, and writes to ``<out>-quick``.
+Keys that ``quick:`` does not give shrink by default (also without any ``quick:`` block), each named in
+the report's setup: budget -> {tokens: 4096}; tune.lr -> the grid's lowest and highest lr, max_extend 0;
+ceg.seeds -> the quick seeds ([0]). A spec's grid: and measurements: keep their values (the measurements'
+own quick settings apply).
 """
 
 from __future__ import annotations
@@ -123,6 +127,10 @@ DEFAULT_SEEDS = [0, 1, 2]
 QUICK_SET = ["model.vocab_size=384", "data.max_bytes=150000", "model.d_model=32", "model.n_layers=2",
              "train.seq_len=32", "train.micro_batch_size=4", "train.eval_batches=2",
              "train.tensorboard=false", "train.log_every=1", "train.warmup_steps=2"]
+# --quick, for a key its spec's `quick:` block does not give: a budget of a few thousand tokens, the tuning grid's
+# lowest and highest lr without extension, the compute curve on the quick seeds (one) only
+QUICK_BUDGET = {"tokens": 4096}
+QUICK_TUNE = {"max_extend": 0}
 
 
 @dataclass
@@ -172,6 +180,7 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
         for key in ("budget", "grid", "tune", "ceg"):
             if key in quick_part:
                 spec[key] = quick_part[key]
+        spec["quick_defaults"] = quick_defaults(spec, quick_part, spec["seeds"])
         wanted = spec.get("measurements") or {}
         quick_measures = _merge({n: m.quick for n, m in MEASUREMENTS.items() if m.quick},
                                 quick_part.get("measurements") or {})
@@ -218,6 +227,28 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
     if quick:
         spec["out"] = spec["out"].rstrip("/") + "-quick"
     return spec
+
+
+def quick_defaults(spec: dict, quick_part: dict, seeds: Sequence[int]) -> list[str]:
+    """``--quick`` without a key in ``quick:``: the budget, the tuning grid and the compute curve's seeds
+    shrink by :data:`QUICK_BUDGET` and :data:`QUICK_TUNE` (in place); returns what was applied, one line each."""
+    applied = []
+    if "budget" not in quick_part:
+        was = spec.get("budget")
+        spec["budget"] = dict(QUICK_BUDGET)
+        applied.append(f"budget {was} -> {QUICK_BUDGET}")
+    tune = spec.get("tune")
+    if "tune" not in quick_part and isinstance(tune, dict) and isinstance(tune.get("lr"), list) and tune["lr"]:
+        lrs = sorted(float(v) for v in tune["lr"])
+        new = {**tune, "lr": [lrs[0], lrs[-1]] if len(lrs) > 1 else lrs, **QUICK_TUNE}
+        applied.append(f"tune.lr {tune['lr']} -> {new['lr']}, max_extend {tune.get('max_extend', 'default')} -> "
+                       f"{QUICK_TUNE['max_extend']}")
+        spec["tune"] = new
+    ceg = spec.get("ceg")
+    if "ceg" not in quick_part and isinstance(ceg, dict) and "seeds" in ceg and list(ceg["seeds"]) != list(seeds):
+        applied.append(f"ceg.seeds {ceg['seeds']} -> {list(seeds)}")
+        spec["ceg"] = {**ceg, "seeds": list(seeds)}
+    return applied
 
 
 def _check_keys(d: dict, valid: Sequence[str], where: str) -> None:

@@ -1,13 +1,16 @@
-"""Export a dense model to a Hugging Face folder that ``AutoModelForCausalLM.from_pretrained`` loads.
+"""Export a checkpoint or recipe, dense or MoE, to a Hugging Face folder that transformers loads.
 
     python -m tools.export_hf --checkpoint runs/llama-tiny --out exports/llama-tiny
     python -m tools.export_hf --recipe recipes/dense/tiny.yaml --out /tmp/gpt2-tiny model.n_layers=2
     python -m tools.export_hf --checkpoint runs/<token-shard run> --tokenizer gpt2/tokenizer.json --out exports/x
 
-GPT-3-style models become ``GPT2LMHeadModel``, LLaMA-style ones ``LlamaForCausalLM``; the family
-is chosen from the architecture (see ``archlab.export.hf``). A model no HF class can express
-(ALiBi, post-LN, NTK RoPE, ...) is refused with the reason. ``--verify`` reloads the folder with
-``transformers`` and checks that its logits equal archlab's on random tokens.
+The family is chosen from the architecture (``archlab.export.hf``). Dense: GPT-3-style models become
+``GPT2LMHeadModel``, LLaMA-style ones ``LlamaForCausalLM``, sliding-window ones ``MistralForCausalLM``,
+BERT-style encoders ``BertForMaskedLM``, T5-style encoder-decoders ``T5ForConditionalGeneration``. MoE:
+Mixtral-style ``MixtralForCausalLM``, with q/k norm or dense layers ``Qwen3MoeForCausalLM``, DeepSeek-style
+(shared experts, MLA, sigmoid router) ``DeepseekV3ForCausalLM``. Multi-token-prediction modules are dropped. A model no
+HF class can express (ALiBi, post-LN, NTK RoPE, ...) is refused with the reason. ``--verify`` reloads the
+folder with ``transformers`` and checks that its logits equal archlab's on random tokens.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from tools.sample import add_model_args, load_codec, load_model, recipe_eot_id
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tools.export_hf", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.export_hf", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 2)[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     p.add_argument("--out", type=Path, required=True, help="output folder (must not exist unless --force)")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")

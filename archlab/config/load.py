@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Union
+from typing import Iterable, Optional, Union
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from archlab.config.keys import key_groups, nearest_keys, schema_keys
 from archlab.config.options import check_moe_switch
 from archlab.config.schema import ModelConfig, Recipe
 from archlab.config.validate import RecipeError, validate
@@ -34,11 +35,30 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
     return node
 
 
+def unknown_key_message(key: str) -> str:
+    """``unknown key 'train.max_step': ...; did you mean train.max_steps, ...?``"""
+    near = nearest_keys(key)
+    hint = f"; did you mean {' or '.join([', '.join(near[:-1]), near[-1]] if len(near) > 1 else near)}?" \
+        if near else ""
+    return (f"unknown key '{key}': not part of the recipe schema{hint} "
+            "(python -m archlab.train --help lists the key groups; archlab/config/schema.py)")
+
+
+def _check_override_keys(overrides: list[str]) -> None:
+    """Each override names a key or a group of the schema (``extra`` is free-form): an unknown one is named
+    whole (``model.attenton.type``, not just its first unknown part), with the nearest valid keys."""
+    valid = set(schema_keys()) | set(key_groups())
+    for o in overrides:
+        key = o.split("=", 1)[0].strip().lstrip("+~")
+        if key not in valid and key.split(".")[0] != "extra":
+            raise RecipeError(unknown_key_message(key))
+
+
 def _omegaconf_message(e: OmegaConfBaseException) -> str:
     key = getattr(e, "full_key", None) or getattr(e, "key", None)
     msg = str(e).splitlines()[0]
     if "not in struct" in msg or "Key '" in msg and "not in" in msg:
-        return f"unknown key '{key}': not part of the recipe schema (see archlab/config/schema.py)"
+        return unknown_key_message(str(key))
     return f"key '{key}': {msg}"
 
 
@@ -58,6 +78,33 @@ def fold_tensorboard(t) -> None:
     t.tensorboard = None
 
 
+WARMUP_CAP_FRACTION = 0.1  # a warmup longer than the run becomes this share of its steps
+
+
+def fit_warmup(t, overrides: DictConfig) -> None:
+    """A warmup longer than the run (a recipe's 30 steps under ``train.max_steps=20``) is capped to
+    ``WARMUP_CAP_FRACTION`` of the steps (at least 1), the recipe's value kept in
+    ``train.warmup_capped_from`` (saved with the run; the trainer prints it). A warmup set among the
+    overrides is the user's own and stays refused by the validator, as is a hand-set ``warmup_capped_from``."""
+    given = overrides.get("train") or {}
+    if "warmup_capped_from" in given:
+        raise RecipeError(f"train.warmup_capped_from={given['warmup_capped_from']!r}: set at load when the recipe's "
+                          "warmup exceeds train.max_steps, not by hand; set train.warmup_steps instead")
+    if "warmup_steps" in given or not isinstance(t.max_steps, int) or t.max_steps <= 0:
+        return
+    if t.warmup_steps > t.max_steps:
+        t.warmup_capped_from = int(t.warmup_steps)
+        t.warmup_steps = max(1, int(WARMUP_CAP_FRACTION * t.max_steps))
+
+
+def warmup_note(t) -> Optional[str]:
+    """The line that says a warmup was capped (None when it was not)."""
+    if t.warmup_capped_from is None:
+        return None
+    return (f"train.warmup_steps={t.warmup_capped_from} exceeds train.max_steps={t.max_steps}: capped to "
+            f"{t.warmup_steps} ({WARMUP_CAP_FRACTION:.0%} of the steps; set train.warmup_steps to choose)")
+
+
 def load_recipe(path: Union[str, Path, None] = None, overrides: Iterable[str] = ()) -> DictConfig:
     """Load and validate a recipe.
 
@@ -73,9 +120,11 @@ def load_recipe(path: Union[str, Path, None] = None, overrides: Iterable[str] = 
     for o in overrides:
         if "=" not in o:
             raise RecipeError(f"override {o!r} is not of the form key=value (e.g. model.n_layers=4)")
+    _check_override_keys(overrides)
     try:
         cfg = OmegaConf.merge(*layers)
         written = OmegaConf.merge(OmegaConf.create(), *layers[1:])  # what the file and overrides set, no defaults
+        dotlist = OmegaConf.create()
         if overrides:
             dotlist = OmegaConf.from_dotlist(overrides)
             cfg = OmegaConf.merge(cfg, dotlist)
@@ -86,6 +135,7 @@ def load_recipe(path: Union[str, Path, None] = None, overrides: Iterable[str] = 
         raise RecipeError(_omegaconf_message(e)) from None
     check_moe_switch(written.get("model"))  # MoE is switched on by model.moe.num_experts, not by any moe key
     fold_tensorboard(cfg.train)
+    fit_warmup(cfg.train, dotlist)  # a short run of a recipe with a longer warmup: capped, recorded
     validate(cfg)
     OmegaConf.set_readonly(cfg, False)
     return cfg

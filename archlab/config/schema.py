@@ -135,6 +135,10 @@ class TrainConfig:
     # cosine | wsd (warmup-stable-decay) | constant (a WSD stable trunk: never decays); archlab/optim/schedules.py
     schedule: str = "cosine"
     warmup_steps: int = 30
+    # set at load, never by hand: the recipe's warmup_steps when it exceeded max_steps (a short run of a longer
+    # recipe, e.g. train.max_steps=20 on a 30-step warmup), which is then capped to 10% of max_steps (at least 1
+    # step; archlab/config/load.py: fit_warmup). null = not capped
+    warmup_capped_from: Optional[int] = None
     decay_fraction: float = 0.2  # wsd: share of steps in the final decay
     decay_steps: int = 0  # wsd: length of the final decay in steps, overriding decay_fraction (0 = use the fraction)
     decay_shape: str = "linear"  # wsd decay: linear | sqrt (1 - sqrt(progress), best in Hägele et al. 2024)

@@ -27,7 +27,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import tokenizers
@@ -44,6 +44,8 @@ from archlab.data.tokenizer import (
     load_tokenizer_file,
 )
 from archlab.io import write_json_atomic
+
+Progress = Optional[Callable[[str], None]]  # gets one line per stage of a cache build
 
 DATA_FORMAT_VERSION = 1  # bump when the cache layout or the split/encoding rules change
 ENCODE_CHUNK_CHARS = 4 * 2**20  # characters handed to encode_batch at once (bounds memory)
@@ -163,7 +165,7 @@ def _load(folder: Path, key: str) -> Optional[PreparedData]:
 
 
 def _build(folder: Path, corpus: Corpus, data_cfg, vocab_size: int, key: str,
-           file_tokenizer: Optional[Tokenizer] = None) -> Path:
+           file_tokenizer: Optional[Tokenizer] = None, progress: Progress = None) -> Path:
     """Build the cache in a temporary folder next to ``folder`` and return it.
 
     On any failure the temporary folder is removed: no partial cache is left behind.
@@ -171,7 +173,7 @@ def _build(folder: Path, corpus: Corpus, data_cfg, vocab_size: int, key: str,
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
     try:
-        _build_into(tmp, corpus, data_cfg, vocab_size, key, file_tokenizer)
+        _build_into(tmp, corpus, data_cfg, vocab_size, key, file_tokenizer, progress or (lambda msg: None))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -179,15 +181,23 @@ def _build(folder: Path, corpus: Corpus, data_cfg, vocab_size: int, key: str,
 
 
 def _build_into(tmp: Path, corpus: Corpus, data_cfg, vocab_size: int, key: str,
-                file_tokenizer: Optional[Tokenizer] = None) -> None:
+                file_tokenizer: Optional[Tokenizer], progress: Callable[[str], None]) -> None:
     """Split, train the tokenizer (or take the tokenizer file's), encode both splits, then write
-    ``meta.json`` last."""
+    ``meta.json`` last. ``progress`` gets a line before each stage."""
     t0 = time.perf_counter()
+    progress(f"data: building the token cache for {corpus.description} (first use of this corpus, split and "
+             "tokenizer; reused afterwards)")
     split = split_corpus(corpus, data_cfg.val_fraction, data_cfg.seed, data_cfg.max_bytes)
+    mb = {s: split.n_bytes[s] / 1e6 for s in SPLITS}
+    if file_tokenizer is None:
+        progress(f"data: training the {data_cfg.tokenizer} tokenizer ({vocab_size:,} ids) on the training split "
+                 f"({split.n_docs['train']:,} files, {mb['train']:.1f} MB)")
     tokenizer = file_tokenizer or build_tokenizer(data_cfg.tokenizer, split.train, vocab_size)
     dtype = token_dtype(tokenizer.vocab_size)
     tokenizer.save(tmp / "tokenizer.json")
+    progress(f"data: encoding the training and validation splits ({mb['train']:.1f} MB + {mb['val']:.1f} MB)")
     n_tokens = {s: _write_ids(tokenizer, getattr(split, s), tmp / f"{s}.bin", dtype) for s in SPLITS}
+    progress(f"data: built in {time.perf_counter() - t0:.1f} s")
     meta = {
         "format": DATA_FORMAT_VERSION,
         "key": key,
@@ -243,7 +253,7 @@ def _file_tokenizer(data_cfg, model_vocab_size: int) -> Optional[Tokenizer]:
     return tokenizer
 
 
-def _prepare_text(cfg) -> PreparedData:
+def _prepare_text(cfg, progress: Progress = None) -> PreparedData:
     """A text source: its cache folder for this recipe's key, built when missing or incomplete."""
     data_cfg = cfg.data
     file_tokenizer = _file_tokenizer(data_cfg, int(cfg.model.vocab_size))
@@ -256,24 +266,25 @@ def _prepare_text(cfg) -> PreparedData:
     folder = Path(os.path.expanduser(str(data_cfg.cache_dir))) / f"{corpus.family}-{key[:16]}"
     data = _load(folder, key)
     if data is None:
-        tmp = _build(folder, corpus, data_cfg, vocab_size, key, file_tokenizer)
+        tmp = _build(folder, corpus, data_cfg, vocab_size, key, file_tokenizer, progress)
         data = _publish(tmp, folder, key)
     return data
 
 
-def prepare_data(cfg) -> PreparedData:
+def prepare_data(cfg, progress: Progress = None) -> PreparedData:
     """Tokenized train/validation data for a recipe (``cfg.data``, ``cfg.model.vocab_size``).
 
     A text source: reuses the cache folder for this recipe's key when it is complete; otherwise
     builds it. ``data.source: tokens``: memory maps of the shards (``archlab.data.tokens``).
-    Raises :class:`DataError` (a ``RecipeError``) with a clear message on bad data.
+    Raises :class:`DataError` (a ``RecipeError``) with a clear message on bad data. ``progress``
+    (e.g. ``print``) gets one line per stage of a build (the corpus, the tokenizer, the encoding).
     """
     if cfg.data.source == "tokens":
         from archlab.data.tokens import prepare_tokens  # imports this module: resolved here
 
         data = prepare_tokens(cfg)
     else:
-        data = _prepare_text(cfg)
+        data = _prepare_text(cfg, progress)
     check_reserved_ids(cfg, data.tokenizer)
     train_cfg = cfg.get("train") if hasattr(cfg, "get") else None
     if train_cfg is not None:

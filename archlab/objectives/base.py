@@ -100,11 +100,12 @@ class Objective:
         self.t, self.m = cfg.train, cfg.model
         self.window_ahead = self.ahead(self.m)  # ids past the S inputs in one training window
 
-    def prepare_data(self, cfg: Any):
-        """The run's data (``archlab.data.prepare_data``: the tokenizer and the token ids of both splits)."""
+    def prepare_data(self, cfg: Any, progress=None):
+        """The run's data (``archlab.data.prepare_data``: the tokenizer and the token ids of both splits);
+        ``progress``, if given, is told each stage of a cache being built."""
         from archlab.data import prepare_data
 
-        return prepare_data(cfg)
+        return prepare_data(cfg, progress=progress)
 
     def build_model(self, cfg: Any) -> nn.Module:
         """The model the trainer trains (``archlab.model.build_model``: the recipe's, freshly initialised)."""

@@ -115,8 +115,9 @@ class Classify(Objective):
         """(inputs (B, S), labels (B,)): the label is the window's last entry."""
         return x_BW[:, :-1], x_BW[:, -1]
 
-    def prepare_data(self, cfg: Any):
-        """The labelled task (:func:`archlab.data.splice.splice_task`) under the pre-trained run's tokenizer."""
+    def prepare_data(self, cfg: Any, progress=None):
+        """The labelled task (:func:`archlab.data.splice.splice_task`) under the pre-trained run's tokenizer
+        (built in memory: ``progress`` has no cache stage to report)."""
         from archlab.data import build_corpus, build_tokenizer
         from archlab.data.splice import read_split_documents, splice_task
         from archlab.data.tokenizer import Tokenizer

@@ -1,4 +1,4 @@
-"""Command line: ``python -m archlab.train <recipe.yaml> [key=value ...]``.
+"""Command line: ``python -m archlab.train <recipe.yaml> [key=value ...] [--print-config]``.
 
 Also under a launcher: ``accelerate launch [--multi_gpu --num_processes N | --use_deepspeed
 --deepspeed_config_file recipes/launch/zero2.json] -m archlab.train <recipe.yaml> ...``.
@@ -14,10 +14,17 @@ from typing import Optional, Sequence
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m archlab.train", description="Train a recipe.")
+    from archlab.config.keys import keys_help
+
+    parser = argparse.ArgumentParser(prog="python -m archlab.train", description="Train a recipe.",
+                                     epilog=keys_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", help="recipe YAML file, e.g. recipes/llama/tiny.yaml")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_steps=100")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved, validated recipe (YAML, every key) and exit without training")
     args = parser.parse_args(argv)
+    if args.print_config:
+        return _print_config(args.recipe, args.overrides)
 
     from archlab.train.dist import shutdown_distributed
 
@@ -31,13 +38,37 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return status
 
 
-def _train(recipe: str, overrides: Sequence[str]) -> int:
+def _origin(recipe: str, overrides: Sequence[str]) -> str:
+    """How the recipe was given, as the start block names it."""
+    return " ".join([recipe, *(["+", *overrides] if overrides else [])])
+
+
+def _print_config(recipe: str, overrides: Sequence[str]) -> int:
+    from omegaconf import OmegaConf
+
     from archlab.config import RecipeError, load_recipe
-    from archlab.train import CheckpointError, NonFiniteError, train
+    from archlab.config.load import warmup_note
 
     try:
         cfg = load_recipe(recipe, overrides)
-        summary = train(cfg)
+    except RecipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"# {_origin(recipe, overrides)}: resolved and validated")
+    if (note := warmup_note(cfg.train)) is not None:
+        print(f"# {note}")
+    print(OmegaConf.to_yaml(cfg), end="")
+    return 0
+
+
+def _train(recipe: str, overrides: Sequence[str]) -> int:
+    from archlab.config import RecipeError, load_recipe
+    from archlab.train import CheckpointError, NonFiniteError, train
+    from archlab.train.console import closing_lines
+
+    try:
+        cfg = load_recipe(recipe, overrides)
+        summary = train(cfg, _origin(recipe, overrides))
     except RecipeError as e:  # includes data errors
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -48,22 +79,8 @@ def _train(recipe: str, overrides: Sequence[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if summary["rank"] == 0:
-        print(_closing_lines(summary), file=sys.stderr)
+        print(closing_lines(summary), file=sys.stderr)
     return 0
-
-
-def _closing_lines(summary: dict) -> str:
-    """What a user wants at the end: where the run is, how good it got, where the plot is."""
-    run = summary["run_dir"]
-    lines = [f"[archlab] {summary['status']}: step {summary['step']}, run folder {run}"]
-    val = summary.get("final_val_loss") or {}
-    if val:
-        by_len = ", ".join(f"{loss:.3f} at {ctx} tokens" for ctx, loss in val.items())
-        lines.append(f"[archlab] final validation loss (nats/token): {by_len}")
-    if summary.get("unigram_entropy_train") is not None:
-        lines.append(f"[archlab] unigram entropy of the training split: {summary['unigram_entropy_train']:.3f}")
-    lines.append(f"[archlab] loss curve: {run}/loss.png")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,14 @@ class StopSignal:
 
     A second signal while stopping falls back to the default behaviour, so a user can still
     force an exit. Handlers are restored on ``close``. Only the main thread can install them.
+    ``announce``: print the message when a signal arrives (rank 0 only: every rank gets the signal).
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self) -> None:
+    def __init__(self, announce: bool = True) -> None:
         self.received: Optional[str] = None
+        self.announce = announce
         self._previous = {}
         for sig in self.SIGNALS:
             try:
@@ -31,8 +33,9 @@ class StopSignal:
 
     def _handle(self, signum, frame) -> None:
         self.received = signal.Signals(signum).name
-        print(f"\n[archlab] {self.received} received: finishing this step, saving a checkpoint, then exiting "
-              "(send it again to exit at once)", file=sys.stderr, flush=True)
+        if self.announce:
+            print(f"\n[archlab] {self.received} received: finishing this step, saving a checkpoint, then exiting "
+                  "(send it again to exit at once)", file=sys.stderr, flush=True)
         self.close()  # a second signal gets the previous (default) behaviour
 
     @property

@@ -33,7 +33,7 @@ from archlab.nn.moe import start_step, start_trace, stop_trace, take_trace
 from archlab.nn.positions import position_class
 from archlab.objectives import Loss, Objective, objective_for
 from archlab.train import checkpoint as ckpt
-from archlab.train import trackers
+from archlab.train import console, trackers
 from archlab.train.backends import Backend, select_backend
 from archlab.train.dist import (
     DistInfo,
@@ -102,8 +102,9 @@ class _Window:
 class Trainer:
     """Builds everything a run needs from a recipe, then :meth:`run` trains it."""
 
-    def __init__(self, cfg: DictConfig):
+    def __init__(self, cfg: DictConfig, origin: Optional[str] = None):
         self.cfg = cfg
+        self.origin = origin  # how the recipe was given (file + overrides), for the start block
         t = cfg.train
         tracker_names = trackers.requested(t)
         trackers.check_installed(tracker_names)  # a missing tracker package stops the run here, before anything
@@ -121,8 +122,9 @@ class Trainer:
             self.log(note)
         # train.objective: the run's data and model, the window each micro batch holds, its inputs and targets, the loss
         self.objective: Objective = objective_for(cfg)
-        with main_process_first(self.info):
-            self.data = self.objective.prepare_data(cfg)
+        with main_process_first(self.info):  # rank 0 builds the data cache, saying what it builds
+            self.data = self.objective.prepare_data(cfg, progress=self.log)
+        self.log(console.data_line(self.data))
         # train.router_trace_every: the main process traces the routing of sampled tokens (off by default)
         self.tracer: Optional[RouterTracer] = tracer_for(self.run_dir, t, self.info.is_main, cfg.model.moe is not None)
         self._trace: Optional[tuple] = None  # (trace, token ids, seconds) of this step, written after it
@@ -193,11 +195,14 @@ class Trainer:
         from tqdm.auto import tqdm
 
         t = self.cfg.train
-        stop = StopSignal()
+        stop = StopSignal(announce=self.info.is_main)  # every rank gets the signal, rank 0 says so
+        for line in console.start_block(self, self.origin):  # what runs, how big, where it writes
+            self.log(line)
         self._start = time.perf_counter()
         bar = tqdm(total=t.max_steps, initial=self.step, disable=not self.info.is_main, desc=self.cfg.name,
                    unit="step", dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
         self._window = _Window()
+        self._bar = console.BarFields(self.objective.eval_loss_key)
         self._routing_read_at = self.step  # routing statistics count from here
         status, message = "failed", ""
         ckpt_steps = set(t.ckpt_steps)
@@ -274,13 +279,14 @@ class Trainer:
             self.metrics.write_routing({"step": self.step, "tokens": self.tokens, **moe})
         if log_now:
             tok_s, loss_avg = self._window.take()
-            self._write({"kind": "train", "step": self.step, "tokens": self.tokens, "loss": r["loss"],
-                         "loss_avg": loss_avg, "aux_loss": r["aux_loss"], **r["parts"], "lr": lr,
-                         "grad_norm": r["grad_norm"],
-                         "tokens_per_s": tok_s, "flops_per_token": self.flops_per_token,
-                         "mfu": tok_s * self.flops_per_token / (self.peak_flops * self.info.world_size),
-                         "elapsed_s": self.elapsed(), **moe})
-            bar.set_postfix(loss=f"{r['loss']:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+            row = {"kind": "train", "step": self.step, "tokens": self.tokens, "loss": r["loss"],
+                   "loss_avg": loss_avg, "aux_loss": r["aux_loss"], **r["parts"], "lr": lr,
+                   "grad_norm": r["grad_norm"],
+                   "tokens_per_s": tok_s, "flops_per_token": self.flops_per_token,
+                   "mfu": tok_s * self.flops_per_token / (self.peak_flops * self.info.world_size),
+                   "elapsed_s": self.elapsed(), **moe}
+            self._write(row)
+            bar.set_postfix(self._bar.postfix(row), refresh=False)  # loss, lr, tokens/s, MFU, latest val loss
         bar.update(1)
 
     def train_step(self) -> dict[str, float]:
@@ -364,7 +370,9 @@ class Trainer:
             return
         t0 = time.perf_counter()
         if eval_now:
-            self._write(self.evaluate(1))
+            row = self.evaluate(1)
+            self._bar.saw(row)
+            self._write(row)
         if ckpt_now:
             self.save_checkpoint(self.elapsed())
         self._window.pause(time.perf_counter() - t0)
@@ -530,6 +538,7 @@ class Trainer:
             "peak_flops_source": self.peak_source,
             "mfu_definition": "tokens/s * flops_per_token / (peak_flops * world_size)",
             "tokens_per_step": self.tokens_per_step,
+            "warmup_capped_from": self.cfg.train.warmup_capped_from,  # the recipe's warmup, longer than the run
             "data_cache": str(self.data.cache_path),
             "data_meta": self.data.meta,
             "unigram_entropy_train": self.unigram_entropy,
@@ -572,6 +581,7 @@ class Trainer:
             "final_val_skipped": {str(r["context_len"]): r["skipped"] for r in final_val if "skipped" in r},
             "unigram_entropy_train": self.unigram_entropy,
             "mean_tokens_per_s": (sum(r["tokens_per_s"] for r in train) / len(train)) if train else None,
+            "mean_mfu": (sum(r["mfu"] for r in train) / len(train)) if train else None,
             "flops_per_token": self.flops_per_token,
             "training_flops": self.flops_per_token * self.tokens,
             "n_params": archlab.num_params(self.cfg),
@@ -602,13 +612,13 @@ def check_local_routing(model, rank: int) -> None:
                                f"but tokens*K - dropped = {tokens * K - dropped}")
 
 
-def train(cfg: DictConfig) -> dict[str, Any]:
+def train(cfg: DictConfig, origin: Optional[str] = None) -> dict[str, Any]:
     """Train the recipe ``cfg`` (a loaded DictConfig) and return the run's summary.
 
     Raises RecipeError / DataError / CheckpointError for bad input and NonFiniteError when the
     loss or gradient stops being finite (train.on_nonfinite=stop).
     """
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, origin)
     try:
         return trainer.run()
     finally:

@@ -54,7 +54,7 @@ def test_table_and_csv(capsys):
     lines = out.splitlines()
     assert "train FLOP/tok" in lines[0] and "KV cache/tok" in lines[0]
     assert lines[2].startswith("dense-tiny") and lines[3].startswith("llama-tiny")
-    assert "MFLOP" in lines[2] and "seq_len 1024" in out
+    assert "MFLOP" in lines[2] and lines[0].split()[1] == "seq_len" and lines[2].split()[1] == "1024"
     rc, out, _ = _run(TINY[:2] + ["--format", "csv", "--batch", "2"], capsys)
     rows = list(csv.DictReader(io.StringIO(out)))
     assert [r["recipe"] for r in rows] == ["dense-tiny", "llama-tiny"]
@@ -78,6 +78,19 @@ def test_folder_stands_for_its_recipes(capsys):
     rc, out, _ = _run(["recipes/mixtral", "--format", "json"], capsys)
     assert rc == 0
     assert {r["recipe"] for r in json.loads(out)} == {"mixtral-tiny", "mixtral-mini", "mixtral-xs", "mixtral-s"}
+
+
+def test_folders_are_searched_recursively_and_launch_configs_skipped_with_a_note(capsys):
+    rc, out, err = _run(["recipes", "--format", "json"], capsys)
+    assert rc == 0
+    names = {r["recipe"] for r in json.loads(out)}
+    assert {"llama-tiny", "mixtral-s", "dense-tiny"} <= names and len(names) == len(MODEL_RECIPES)
+    assert "skipped recipes/launch/ddp.yaml: an accelerate launch config" in err
+    rc, out, _ = _run(["recipes/llama/tiny.yaml", "recipes/llama/125m.yaml"], capsys)  # each row's own seq_len
+    seq = {line.split()[0]: line.split()[1] for line in out.splitlines()[2:4]}
+    lens = {archlab.load_recipe(f"recipes/llama/{n}.yaml").name: archlab.load_recipe(f"recipes/llama/{n}.yaml")
+            for n in ("tiny", "125m")}
+    assert seq == {name: str(r.train.seq_len) for name, r in lens.items()} and len(set(seq.values())) == 2
 
 
 def test_out_writes_the_charts_and_the_table(tmp_path, capsys):
@@ -109,7 +122,7 @@ def test_every_chart_has_title_units_and_legend(monkeypatch, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["does/not/exist.yaml"], "no such recipe"),
-    (["recipes/launch/ddp.yaml"], "not a valid recipe"),
+    (["recipes/launch/ddp.yaml"], "no recipe left"),
     (["recipes/dense/tiny.yaml", "--seq-len", "4096"], "max_seq_len"),
     (["recipes/mixtral/tiny.yaml", "--dp", "4", "--ep", "3"], "ep=3"),
 ])

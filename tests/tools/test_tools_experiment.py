@@ -160,11 +160,14 @@ def test_quick_experiment_writes_a_complete_report(quick, root, name):
     # the command that regenerates it, the setup, one section per measurement, every run
     assert f"python -m tools.experiment run experiments/{name}.yaml --quick --out {out}" in md
     assert data["command"] in md
-    for title in ["## Regenerate", "## Setup", "## Every run"] + [SECTION_TITLES[m] for m in spec["measurements"]]:
+    for title in ["## Regenerate", "## Setup", "## Runs left out of the analysis", "## Every run"] + \
+            [SECTION_TITLES[m] for m in spec["measurements"]]:
         assert title in md, title
     if not spec.get("grid"):
         assert "## Results" in md and "mean [95% CI]" in md
     # figures: every one named in the markdown exists and is a PNG
+    assert isinstance(data["excluded_runs"], list)  # each with its run, stage and why
+    assert all({"run", "stage", "why"} <= set(r) for r in data["excluded_runs"])
     assert data["figures"]
     for fig in data["figures"]:
         assert f"]({fig})" in md
@@ -317,3 +320,49 @@ def test_ceg_limits_leave_room_around_the_reference():
         span = math.log(hi / lo)
         for v in [1.0] + [x for x in values if x]:
             assert 0.05 <= math.log(v / lo) / span <= 0.95, (values, v)
+
+
+def test_quick_without_a_quick_block_shrinks_budget_tuning_grid_and_curve_seeds(tmp_path, capsys):
+    path = _write_spec(tmp_path, budget={"tokens": 1.0e6}, seeds=[0, 1, 2],
+                       tune={"lr": [1e-3, 2e-3, 4e-3], "max_extend": 3},
+                       ceg={"fractions": [0.25, 0.5, 1.0, 2.0], "seeds": [0, 1, 2]})
+    full = load_spec(path)
+    assert full["budget"] == {"tokens": 1.0e6} and full["tune"]["lr"] == [1e-3, 2e-3, 4e-3]
+    spec = load_spec(path, quick=True)
+    assert spec["budget"] == experiment.QUICK_BUDGET == {"tokens": 4096}
+    assert spec["tune"]["lr"] == [1e-3, 4e-3] and spec["tune"]["max_extend"] == 0
+    assert spec["seeds"] == [0] and spec["ceg"]["seeds"] == [0]
+    assert len(spec["quick_defaults"]) == 3 and "budget {'tokens': 1000000.0} -> {'tokens': 4096}" in \
+        spec["quick_defaults"]
+    # a quick: block's own keys win; only the keys it leaves out shrink by default
+    path = _write_spec(tmp_path, budget={"tokens": 1.0e6}, tune={"lr": [1e-3, 2e-3, 4e-3]},
+                       quick={"budget": {"tokens": 2048}})
+    spec = load_spec(path, quick=True)
+    assert spec["budget"] == {"tokens": 2048} and spec["tune"]["lr"] == [1e-3, 4e-3]
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "budget -> {tokens: 4096}" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_report_lists_every_excluded_run_and_why():
+    from types import SimpleNamespace
+
+    from analysis.experiment_report import excluded_runs, excluded_table
+
+    row = {"reason": "", "val_loss": 4.0, "unigram_entropy": 6.0, "learned": True, "status": "finished"}
+    ctx = SimpleNamespace(
+        rows=[{**row, "point": "a-seed0", "arm": "a", "seed": 0},
+              {**row, "point": "a-seed1", "arm": "a", "seed": 1, "status": "failed", "reason": "exit 1"}],
+        curve_rows=[{**row, "point": "trunk", "arm": "a", "seed": 0, "role": "ceg-stable", "learned": False},
+                    {**row, "point": "b025", "arm": "a", "seed": 0, "role": "ceg-cooldown", "val_loss": 5.95,
+                     "learned": False},
+                    {**row, "point": "b1", "arm": "a", "seed": 0, "role": "ceg-cooldown"}],
+        record={"tuning": {"a": {"runs": ["a-lr1", "a-lr2"], "lrs": [1e-3, 1e-2], "diverged": [False, True],
+                                 "did_not_learn": [False, False]}}})
+    out = {r["run"]: r for r in excluded_runs(ctx)}
+    assert set(out) == {"a-seed1", "b025", "a-lr2"}  # the trunk is not a curve point: not excluded, by design
+    assert out["a-seed1"]["why"].startswith("failed (exit 1): not in the loss table")
+    assert "near-unigram: final loss 5.950 within 0.1 nats of the unigram entropy 6.000" in out["b025"]["why"]
+    assert out["a-lr2"]["why"].startswith("diverged at lr 0.01: scored as the worst lr")
+    assert "`b025`" in excluded_table(ctx)
+    assert excluded_table(SimpleNamespace(rows=[], curve_rows=[], record={})).startswith("None")

@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from tools import export_hf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,3 +25,30 @@ def test_inexpressible_model_exits_2_with_the_reason(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "position.type=alibi" in err and "Traceback" not in err
     assert not (tmp_path / "x").exists()
+
+
+def test_help_says_it_exports_dense_and_moe_families(capsys):
+    from tools.export_hf import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "dense or MoE" in out
+    for hf in ("GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+               "DeepseekV3ForCausalLM", "BertForMaskedLM", "T5ForConditionalGeneration"):
+        assert hf in out
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="DeepSpeed warns only where it finds no GPU")
+def test_no_deepspeed_accelerator_warning_in_the_output(tmp_path, root):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    proc = subprocess.run([sys.executable, "-m", "tools.export_hf", "--recipe", "recipes/llama/tiny.yaml",
+                           "--out", str(tmp_path / "out"), "model.n_layers=1"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "LlamaForCausalLM" in proc.stderr + proc.stdout
+    assert "Setting accelerator" not in proc.stderr + proc.stdout
