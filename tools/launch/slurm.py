@@ -8,7 +8,7 @@ submitit calls :meth:`TrainJob.checkpoint`, which asks the trainer to save a che
 with ``train.resume=auto``. Time limits may requeue a job ``timeouts`` times (submitit's
 ``max_num_timeout``); preemptions always requeue. submitit's own files (the pickled job, its
 sbatch script and logs) go to ``<sweep folder>/slurm/<job id>/``. A job's state is the scheduler's:
-``sacct`` through submitit where accounting is on, else ``scontrol show job``.
+``scontrol show job`` while the controller knows the job, then ``sacct`` through submitit.
 """
 
 from __future__ import annotations
@@ -169,11 +169,11 @@ def _scontrol_state(job_id: str) -> Optional[str]:
 
 
 def job_state(job) -> str:
-    """The scheduler's word for a submitit job: sacct's (submitit's watcher) where accounting answers, else
-    scontrol's; UNKNOWN when neither answers."""
-    state = str(job.state).split()[0].upper() if job.state else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
-    if state == "UNKNOWN" and job.__class__.__name__ == "SlurmJob":
-        state = _scontrol_state(job.job_id) or "UNKNOWN"
+    """The scheduler's word for a submitit job: ``scontrol show job`` while the controller knows it (active
+    and MinJobAge after), else sacct's through submitit's watcher (accounting); UNKNOWN when neither answers."""
+    state = _scontrol_state(job.job_id) if job.__class__.__name__ == "SlurmJob" else None
+    if state in (None, "GONE"):
+        state = str(job.state).split()[0].upper() if job.state else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
     if state == "FINISHED":  # submitit's local executor: the process ended (its result says how)
         state = "COMPLETED"
     return state
