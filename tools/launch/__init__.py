@@ -76,8 +76,10 @@ def from_args(args, cluster: str = "slurm"):
         if not sep or not key.strip():
             raise LaunchError(f"--slurm-set {item!r}: expected KEY=VALUE (e.g. account=myproject)")
         extra[key.strip()] = _value(value)
-    options = SlurmOptions(partition=args.slurm_partition, time_min=args.slurm_time or 60, cpus=args.slurm_cpus,
-                           mem_gb=args.slurm_mem, gpus=args.slurm_gpus, timeouts=args.slurm_timeouts or 3, extra=extra)
+    time_min = 60 if args.slurm_time is None else args.slurm_time
+    timeouts = 3 if args.slurm_timeouts is None else args.slurm_timeouts
+    options = SlurmOptions(partition=args.slurm_partition, time_min=time_min, cpus=args.slurm_cpus,
+                           mem_gb=args.slurm_mem, gpus=args.slurm_gpus, timeouts=timeouts, extra=extra)
     return SlurmLauncher(options, cluster=cluster)
 
 
