@@ -114,7 +114,7 @@ from omegaconf import OmegaConf
 from analysis.measurements import MEASUREMENTS
 from archlab.config import RecipeError, load_recipe
 from archlab.io import write_json_atomic
-from tools import experiment_ceg, experiment_seeds, experiment_tuning, sweep
+from tools import experiment_ceg, experiment_seeds, experiment_tuning, launch, sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECORD = "experiment.json"
@@ -689,6 +689,9 @@ def _parser() -> argparse.ArgumentParser:
         if name == "run":
             p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (default 1)")
             p.add_argument("--threads", type=int, help="torch threads per trainer (default: torch's)")
+            p.add_argument("--launcher", choices=["python", "slurm"], default="python",
+                           help="train each run on this machine, or as one SLURM job (submitit; --slurm-* options)")
+            launch.add_arguments(p)
     return ap
 
 
@@ -707,8 +710,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "run":
             if args.jobs < 1 or (args.threads is not None and args.threads < 1):
                 raise RecipeError("--jobs and --threads must be >= 1")
-            record = run_experiment(spec, jobs=args.jobs, threads=args.threads,
-                                    command=regenerate_command(spec, args))
+            with launch.use(launch.from_args(args)):
+                record = run_experiment(spec, jobs=args.jobs, threads=args.threads,
+                                        command=regenerate_command(spec, args))
         else:
             record = with_current_words(read_record(Path(spec["out"])), spec, resolve_arms(spec))
         t0 = time.time()

@@ -12,8 +12,9 @@
     python -m tools.sweep --spec docs/scaling/design/sweep-llama.yaml --restore docs/scaling/runs/llama --jobs 2
 
 Each point of the grid is one run of ``python -m archlab.train`` (or ``accelerate launch -m
-archlab.train`` with ``--launcher accelerate``) in a subprocess, with its run folder
-``<out>/<point name>/``. ``train.max_steps`` comes from the budget:
+archlab.train`` with ``--launcher accelerate``) in a subprocess, or one SLURM job with ``--launcher slurm``
+(``tools.launch``: resources from ``--slurm-*``, requeued from its checkpoint at a time limit or a
+preemption), with its run folder ``<out>/<point name>/``. ``train.max_steps`` comes from the budget:
 
     tokens budget T:  max_steps = ceil(T / tokens_per_step)
     FLOPs budget C:   max_steps = ceil(C / (training_flops_per_token * tokens_per_step))
@@ -100,7 +101,6 @@ import re
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -116,6 +116,7 @@ from archlab.io import write_json_atomic
 from archlab.train.checkpoint import CKPT_DIR, checkpoints, step_dir_name
 from archlab.train.checkpoint import MANIFEST as CKPT_MANIFEST
 from archlab.train.run_folder import ENV, METRICS, RECIPE, ROUTING, RUN_MARKER, SUMMARY, run_role
+from tools import launch
 from tools.sweep_check import design_checks
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -151,6 +152,7 @@ class Point:
     cooldown: dict = field(default_factory=dict)  # cooldown.* of the spec and the planned branch steps
     peak_rss_bytes: Optional[int] = None  # peak resident memory of the trainer process (ru_maxrss of the child)
     cell: dict = field(default_factory=dict)  # the grid's values of this point: {key: value} (as written in the spec)
+    job: dict = field(default_factory=dict)  # a SLURM job's {"launcher", "id", "folder", "state"} (tools.launch)
 
 
 # --------------------------------------------------------------------------------------------
@@ -598,15 +600,12 @@ def _child_env(threads: Optional[int]) -> dict:
     return env
 
 
-def start_point(p: Point, cmd: list[str], env: dict) -> subprocess.Popen:
-    """Launch one point in the background, its output appended to its log file."""
-    Path(p.log).parent.mkdir(parents=True, exist_ok=True)
-    with open(p.log, "a") as log:
-        log.write(f"\n$ {shlex.join(cmd)}\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=os.getcwd())
-    p.status, p.returncode, p.elapsed_s = "running", None, None
-    return proc
+def start_point(p: Point, cmd: list[str], env: dict, via=None):
+    """Launch one point in the background (a process, or a job with ``via``: ``tools.launch``), its output
+    appended to its log file."""
+    run = (via or launch.LocalLauncher()).start(p, cmd, env)
+    p.status, p.returncode, p.elapsed_s, p.job = "running", None, None, run.job  # a job's state as last polled
+    return run
 
 
 def finish_point(p: Point, rc: int, elapsed: float, interrupted: bool) -> Point:
@@ -625,12 +624,13 @@ def finish_point(p: Point, rc: int, elapsed: float, interrupted: bool) -> Point:
 def run_sweep(spec: dict, *, launcher: str = "python", processes: int = 1, accelerate_args: Sequence[str] = (),
               evals: int = 8, dry_run: bool = False, stop_on_failure: bool = False, jobs: int = 1,
               threads: Optional[int] = None, log=print, progress=None, check: bool = True,
-              hours: Optional[float] = None) -> list[Point]:
+              hours: Optional[float] = None, via=None) -> list[Point]:
     """Plan every point (all recipes validated before anything runs), then train the unfinished
     ones, ``jobs`` at a time. Ctrl-C (or SIGTERM to the sweep) stops the running trainers
     cleanly (each writes a checkpoint); running the same command again resumes. ``progress``,
     if given, is called with each point as it ends (e.g. to advance a progress bar). ``check=False``
-    (a dry run only) lists the commands without comparing them with the runs already in the folder."""
+    (a dry run only) lists the commands without comparing them with the runs already in the folder. ``via``:
+    where the runs train (``tools.launch``; default the one :func:`tools.launch.use` set, else this machine)."""
     out_dir = Path(spec.get("out") or "runs/sweep").resolve()
     points = [plan_point(p, out_dir, processes, evals) for p in build_points(spec)]
     if check or not dry_run:
@@ -644,14 +644,14 @@ def run_sweep(spec: dict, *, launcher: str = "python", processes: int = 1, accel
     for p in points:
         if p.name in before:  # keep what earlier invocations recorded
             p.returncode, p.elapsed_s = before[p.name].get("returncode"), before[p.name].get("elapsed_s")
-            p.peak_rss_bytes = before[p.name].get("peak_rss_bytes")
+            p.peak_rss_bytes, p.job = before[p.name].get("peak_rss_bytes"), before[p.name].get("job") or {}
         if is_done(p):
             p.status = run_state(p)
     write_manifest(out_dir, spec, points)
     todo = [p for p in points if p.status not in ("finished", "diverged")]
     log(f"sweep {out_dir}: {len(points)} points, {len(points) - len(todo)} already done")
     _schedule(todo, points, out_dir, spec, jobs, _child_env(threads), stop_on_failure, log,
-              lambda p: command(p, launcher, processes, accelerate_args), progress, hours)
+              lambda p: command(p, launcher, processes, accelerate_args), progress, hours, via or launch.current())
     return points
 
 
@@ -740,8 +740,11 @@ def sweep_status(spec: dict, jobs: int = 1, processes: int = 1, evals: int = 8) 
     for p in points:
         flops, state = own_flops(p), run_state(p)
         done = steps_done(p) / max(1, own_steps(p)) * flops
+        job = dict(recorded.get(p.name, {}).get("job") or {})
+        if job and state not in ("finished", "diverged"):  # the scheduler's word on a run still to finish
+            job["state"] = launch.recorded_state(job)
         rows.append({"name": p.name, "ladder": p.ladder, "size": p.size, "state": state, "flops": flops,
-                     "flops_done": done, "flops_per_token": p.flops_per_token})
+                     "flops_done": done, "flops_per_token": p.flops_per_token, "job": job})
         if state not in ("finished", "diverged"):
             left.append(times.seconds(p, flops - done))
     seconds = sum(left) / jobs if models and None not in left else None
@@ -769,26 +772,11 @@ def status_text(st: dict) -> str:
     elif to_go:
         lines.append("time left: unknown until some size has finished runs of >= 3x different lengths "
                      "(their wall times give its speed and start-up time)")
+    jobs = [r for r in st["rows"] if r.get("job") and r["state"] not in ("finished", "diverged")]
+    if jobs:
+        lines.append("SLURM jobs of the runs to go (the scheduler's state): "
+                     + ", ".join(f"{r['name']} {r['job']['id']} {r['job']['state']}" for r in jobs))
     return "\n".join(lines)
-
-
-def poll_with_peak_rss(proc: subprocess.Popen) -> tuple[Optional[int], Optional[int]]:
-    """(exit code or None while running, peak resident bytes of the ended child or None).
-
-    ``os.wait4`` reaps the child and returns its rusage: ``ru_maxrss`` is the largest resident set
-    of the child (or of a descendant it waited for; KiB on Linux, bytes on macOS). Where wait4
-    does not exist, plain ``poll`` and no memory figure."""
-    if not hasattr(os, "wait4") or proc.returncode is not None:
-        return proc.poll(), None
-    try:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-    except ChildProcessError:  # reaped elsewhere
-        return proc.poll(), None
-    if pid == 0:
-        return None, None
-    proc.returncode = os.waitstatus_to_exitcode(status)  # so that Popen never waits for it again
-    scale = 1 if sys.platform == "darwin" else 1024
-    return proc.returncode, int(usage.ru_maxrss) * scale
 
 
 def _fits(p: Point, queue: list[Point], times: Optional[RunTimes], deadline: Optional[float]) -> bool:
@@ -808,12 +796,12 @@ def _next_point(queue: list[Point], points: list[Point], deadline: Optional[floa
 
 
 def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make_cmd, progress=None,
-              hours: Optional[float] = None) -> None:
+              hours: Optional[float] = None, via=None) -> None:
     """Keep up to ``jobs`` trainers running until ``todo`` is done or the sweep is stopped. A point
     starts when it is ready (:func:`is_ready`: a branch waits for its trunk's checkpoint) and, with
     ``hours``, when it fits (:func:`_fits`); when nothing runs and nothing left is ready, the rest is
     marked blocked; when nothing runs and what is ready does not fit, the sweep ends, the rest pending."""
-    running: dict[str, tuple[Point, subprocess.Popen, float]] = {}
+    running: dict[str, tuple] = {}  # name -> (point, run (tools.launch), start time)
     queue = list(todo)
     stopping = False
     deadline = None if hours is None else time.time() + hours * 3600
@@ -822,7 +810,7 @@ def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make
         nonlocal stopping
         stopping = True
         for _, proc, _ in running.values():
-            proc.send_signal(signal.SIGTERM)
+            proc.stop()
 
     previous = signal.signal(signal.SIGTERM, forward_sigterm)
     n, total = 0, len(todo)
@@ -841,10 +829,12 @@ def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make
                         f"{p.planned_flops:.3g} FLOPs")
                     # a resumed run (its folder exists) adds this invocation's wall time to the earlier ones'
                     prior = (p.elapsed_s or 0.0) if Path(p.run_dir).is_dir() else 0.0
-                    running[p.name] = (p, start_point(p, make_cmd(p), env), time.time() - prior)
+                    running[p.name] = (p, start_point(p, make_cmd(p), env, via), time.time() - prior)
+                    if running[p.name][1].describe():
+                        log(f"    {p.name}: {running[p.name][1].describe()}")
                     write_manifest(out_dir, spec, points)
                 for name, (p, proc, t0) in list(running.items()):
-                    rc, peak_rss = poll_with_peak_rss(proc)
+                    rc, peak_rss = proc.poll_with_peak_rss()
                     if rc is None:
                         continue
                     del running[name]
@@ -879,6 +869,8 @@ def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make
             except KeyboardInterrupt:  # Ctrl-C reached the trainers too: let them checkpoint and exit
                 if not stopping:
                     log("stopping: waiting for the running trainers to write their checkpoints")
+                    for _, proc, _ in running.values():
+                        proc.interrupted()
                 stopping = True
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -1077,8 +1069,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--set", nargs="+", metavar="KEY=VALUE", help="overrides for every point")
     ap.add_argument("--grid", nargs="+", metavar="KEY=V1,V2", help="cartesian grid of overrides")
     ap.add_argument("--out", help="sweep folder (default: the spec's 'out', else runs/sweep)")
-    ap.add_argument("--launcher", choices=["python", "accelerate"], default="python",
-                    help="run each point with python -m archlab.train or accelerate launch")
+    ap.add_argument("--launcher", choices=["python", "accelerate", "slurm"], default="python",
+                    help="run each point with python -m archlab.train or accelerate launch on this machine, or as "
+                         "one SLURM job (submitit; --slurm-* options; --jobs: jobs queued at once)")
     ap.add_argument("--num-processes", type=int, default=1, help="processes per run (accelerate launcher)")
     ap.add_argument("--accelerate-args", default="", help="extra arguments for accelerate launch (quoted)")
     ap.add_argument("--evals", type=int, default=8, help="validation points per run (default 8)")
@@ -1103,8 +1096,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--restore", metavar="DIR",
                     help="first copy the runs archived in DIR (--archive) that the sweep folder lacks into it, "
                          "then train (or --status) as usual: only the rest trains")
+    launch.add_arguments(ap)
     args = ap.parse_args(argv)
     try:
+        via = launch.from_args(args) if not (args.status or args.archive or args.dry_run) else None
         if args.num_processes < 1:
             raise RecipeError(f"--num-processes {args.num_processes}: must be >= 1")
         if args.jobs < 1 or (args.threads is not None and args.threads < 1):
@@ -1134,7 +1129,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             refused = _design_check(spec_from_args(args), args)
             if refused is not None:
                 return refused
-        points = run_sweep(spec_from_args(args), launcher=args.launcher, processes=args.num_processes,
+        points = run_sweep(spec_from_args(args), launcher="accelerate" if args.launcher == "accelerate" else "python",
+                           via=via, processes=args.num_processes,
                            accelerate_args=shlex.split(args.accelerate_args), evals=args.evals,
                            dry_run=args.dry_run, stop_on_failure=args.stop_on_failure, jobs=args.jobs,
                            threads=args.threads, hours=args.hours)
