@@ -269,15 +269,27 @@ def _moe_bytes(s: _Shape) -> float:
     return total
 
 
+def _moe_keeps_input(s: _Shape) -> bool:
+    """Whether an MoE layer keeps its input tensor itself: the router's fp32 copy is the input in an fp32
+    model (without jitter, which makes the gate read x * noise), and shared experts read the input."""
+    m = s.cfg.moe
+    return (s.act == STATS_BYTES and m.router.jitter == 0) or m.n_shared_experts > 0
+
+
 def _layer_bytes(s: _Shape, layer: int) -> dict[str, float]:
     """Bytes one layer keeps for backward, by component, without checkpointing."""
+    from archlab.model import model_class
+
     cfg, n = s.cfg, s.n
-    out = {"norms": 2 * n * _norm_bytes(s, cfg.d_model),
+    block = model_class(cfg).layer_class(cfg)
+    out = {"norms": float(block.norms_saved_bytes(s)),
            "attention": attention_class(cfg).saved_bytes(s, layer=layer)}
+    # a parallel block with one norm: the FFN's input is the attention's, kept once (counted with the attention)
+    shared = n * cfg.d_model * s.act if block.ffn_reads_attention_input(cfg) else 0
     if cfg.is_moe_layer(layer):
-        out["moe"] = _moe_bytes(s)
+        out["moe"] = _moe_bytes(s) - (shared if _moe_keeps_input(s) else 0)
     else:
-        out["ffn"] = _ffn_bytes(s, cfg.ffn_hidden, n)
+        out["ffn"] = _ffn_bytes(s, cfg.ffn_hidden, n) - shared
     drops = 2 * (cfg.dropout > 0) + (cfg.ffn.dropout > 0 and not cfg.is_moe_layer(layer))
     out["dropout"] = drops * n * cfg.d_model * s.mask
     return out

@@ -54,6 +54,7 @@ VALUES = {
     "model.position.rope_scaling.type": "linear",
     "model.position.rope_scaling.original_max_seq_len": 16,
     "model.mup_base_width": 16,
+    "model.block.type": "parallel",
     "train.mlm_probability": 0.25,
     "data.paths": ["corpus.txt"],
     "data.hf_dataset": "wikitext",
@@ -72,6 +73,7 @@ VALUES = {
 # every Registry in archlab: the choice it backs (section, selector), or why it selects no keys
 REGISTRIES = {
     "archlab.model.decoder.MODELS": ("model", "type"),
+    "archlab.model.decoder.BLOCKS": ("model", "block.type"),
     "archlab.nn.attention.base.ATTENTIONS": ("model", "attention.type"),
     "archlab.nn.norms.NORMS": ("model", "norm.type"),
     "archlab.nn.positions.POSITIONS": ("model", "position.type"),
