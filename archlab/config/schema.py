@@ -209,7 +209,7 @@ class TrainConfig:
 @dataclass
 class Recipe:
     name: str = "unnamed"
-    family: str = "custom"  # dense | llama | gptj | vanilla | mixtral | deepseek | bert | custom
+    family: str = "custom"  # dense | llama | gptj | vanilla | mixtral | expert_choice | deepseek | bert | custom
     description: str = ""
     compare_with: Optional[str] = None  # MoE: the dense recipe with equal active parameters
     base: Optional[str] = None  # a recipe file this one extends (relative path); resolved at load

@@ -249,21 +249,22 @@ def _moe_bytes(s: _Shape) -> float:
     Dropless routing has N*K slots; with a capacity C the estimate uses min(N*K, E*C) (an upper
     bound: fewer slots are kept when the routing is unbalanced).
     """
-    from archlab.nn.moe.experts import capacity_for
+    from archlab.nn.moe.router import router_class
 
     cfg, n, a = s.cfg, s.n, s.act
     m = cfg.moe
-    D, E, K = cfg.d_model, m.num_experts, m.top_k
-    cap = capacity_for(n, m)
-    slots = n * K if cap is None else min(n * K, E * cap)
+    D, E = cfg.d_model, m.num_experts
+    router = router_class(cfg)
+    slots = router.kept_slots(cfg, n)
+    gathered = router.gathered_slots(cfg, n)  # the slot-indexed tensors the gate-weighted sum reads
     shared = m.n_shared_experts * (m.shared_hidden if m.shared_hidden is not None else m.expert_hidden)
     # the layer input: the router reads an fp32 copy, the shared experts the input itself
     total = n * D * STATS_BYTES + (n * D * a if shared and a != STATS_BYTES else 0)
     total += _router_bytes(s)
     # row <-> slot indices (slot_R a view of R + 1 ids), gates; group offsets (int32)
-    total += slots * (2 * ID_BYTES + a) + ID_BYTES + 2 * E * 4
+    total += slots * ID_BYTES + gathered * (ID_BYTES + a) + ID_BYTES + 2 * E * 4
     total += _ffn_bytes(s, m.expert_hidden, slots)  # tokens' rows + expert hidden
-    total += slots * D * a  # expert outputs, read by the gate-weighted sum
+    total += gathered * D * a  # expert outputs, read by the gate-weighted sum
     if shared:
         total += _ffn_bytes(s, shared, n) - n * D * a  # its input is counted above
     return total
@@ -304,11 +305,10 @@ def _selective_layer_bytes(s: _Shape, layer: int) -> dict[str, float]:
     out = {"checkpoint": float(n * D * a), "attention": float(attention)}
     ffn = ffn_class(cfg)
     if cfg.is_moe_layer(layer):
-        from archlab.nn.moe.experts import capacity_for
+        from archlab.nn.moe.router import router_class
 
         m = cfg.moe
-        cap = capacity_for(n, m)
-        slots = n * m.top_k if cap is None else min(n * m.top_k, m.num_experts * cap)
+        slots = router_class(cfg).kept_slots(cfg, n)
         shared = m.n_shared_experts * (m.shared_hidden if m.shared_hidden is not None else m.expert_hidden)
         moe = n * m.num_experts * f + ffn.selective_saved_bytes(s, hidden=m.expert_hidden, n_tokens=slots)
         if shared:  # gate logits (fp32), the experts' and shared experts' projections

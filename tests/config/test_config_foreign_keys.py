@@ -39,6 +39,8 @@ SETUP = {
                                          "model.attention.v_head_dim=8"],
     ("model", "position.rope_scaling.type", "*"): ["model.position.type=rope"],
     ("model", "moe.router.type", "*"): ["model.moe.num_experts=4", "model.moe.expert_hidden=16"],
+    ("model", "moe.router.type", "expert_choice"): ["model.moe.num_experts=4", "model.moe.expert_hidden=16",
+                                                    "model.moe.capacity_factor=2.0"],
     ("train", "objective", "mlm"): ["model.type=encoder"],
     ("train", "objective", "span_corruption"): ["model.type=encoder_decoder", "model.position.type=relative",
                                                 "train.eval_context_multipliers=[1]"],

@@ -104,3 +104,15 @@ def test_parallel_block_flops_match_flop_counter(name, overrides):
     sequential = archlab.load_recipe(f"recipes/{name}.yaml",
                                      ["model.n_layers=2", *others, "model.block.type=sequential"])
     assert training_flops_per_token(sequential, S) == training_flops_per_token(cfg, S)
+
+
+@pytest.mark.parametrize("factor", [1.0, 2.0, 4.0])
+def test_expert_choice_flops_are_capacity_factor_expert_passes_per_token(factor):
+    """E*C rows through the experts: capacity_factor passes per token when E divides N * capacity_factor."""
+    cfg = archlab.load_recipe("recipes/expert_choice/tiny.yaml",
+                              ["model.n_layers=2", f"model.moe.capacity_factor={factor}"])
+    model = archlab.build_model(cfg).train()
+    ids = torch.randint(0, cfg.model.vocab_size, (B, S + 1))
+    assert training_flops_per_token(cfg, S) == pytest.approx(measured_flops(model, ids)["total"] / (B * S), rel=1e-9)
+    m = cfg.model
+    assert forward_flops(cfg, S).experts == 2 * factor * ffn_flops(m, m.moe.expert_hidden)

@@ -302,3 +302,13 @@ def test_parallel_block_activations_match_saved_tensors(name, overrides, dtype):
     """The parallel block: a tensor both branches (or both norms) read is kept once."""
     cfg = archlab.load_recipe(f"recipes/{name}.yaml", ["model.n_layers=2", "model.block.type=parallel", *overrides])
     _check_modes(cfg, dtype)
+
+
+@pytest.mark.parametrize("overrides, dtype", [
+    (["model.moe.n_shared_experts=1"], "fp32"),
+    (["model.moe.router.jitter=0.1", "model.moe.balance.z_loss_coeff=0.001"], "bf16"),
+    (["model.moe.capacity_factor=1.0", "model.block.type=parallel"], "fp32"),
+])
+def test_expert_choice_activations_match_saved_tensors(overrides, dtype):
+    """Expert choice: E*C expert rows, and the (N, E) gates and gathered outputs of every token-expert slot."""
+    _check_modes(archlab.load_recipe("recipes/expert_choice/tiny.yaml", ["model.n_layers=2", *overrides]), dtype)
