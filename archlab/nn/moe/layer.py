@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from archlab.nn.ffn import build_ffn, ffn_class
 from archlab.nn.moe.balance import BalanceConfig, BalanceTerm, build_terms, expert_counts
-from archlab.nn.moe.experts import GroupedExperts, expert_params
+from archlab.nn.moe.experts import GroupedExperts, capacity_for, dispatch, expert_params  # noqa: F401  (re-exported)
 from archlab.nn.moe.router import Router, RouterConfig, build_router, router_class
 from archlab.nn.moe.stats import RoutingStats
 from archlab.nn.moe.trace import TraceBuffer
