@@ -80,14 +80,13 @@ def _timed_call(fn: Callable[..., tuple], inputs: tuple) -> Callable[[], None]:
 def chain(layer: nn.Module, x_BSD: Tensor):
     """The layer's forward as its phases, in order: (routing, row layout, expert-major input rows
     (R, D), expert output rows (R, D), the layer's output (N, D)), the output equal to the layer's."""
-    from archlab.nn.moe.experts import dispatch, from_rows, to_rows
-    from archlab.nn.moe.layer import capacity_for
+    from archlab.nn.moe.experts import from_rows, to_rows
 
     B, S, D = x_BSD.shape
-    moe, experts = layer.moe, layer.experts
+    experts = layer.experts
     x_ND = x_BSD.reshape(B * S, D)
     r = layer.router(x_ND)
-    d = dispatch(r.experts_NK, r.weights_NK, moe.num_experts, capacity_for(B * S, moe))
+    d = layer.router.dispatch(r, B * S)  # the router's own (expert choice fills its slots itself)
     layout = experts.layout(x_ND, d)
     x_RD = to_rows(x_ND, layout, d.top_k)
     y_RD = experts.rows_forward(x_RD, layout.rows_E, layout.capacity)

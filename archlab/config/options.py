@@ -39,6 +39,7 @@ from omegaconf import ListConfig
 
 from archlab.config.schema import (
     AttentionConfig,
+    BlockConfig,
     DataConfig,
     FFNConfig,
     ModelConfig,
@@ -92,6 +93,12 @@ def _model_types() -> dict[str, frozenset[str]]:
     return registry_options(MODELS)
 
 
+def _block_types() -> dict[str, frozenset[str]]:
+    from archlab.model.decoder import BLOCKS  # archlab.model imports the config package: resolved here
+
+    return registry_options(BLOCKS)
+
+
 @dataclass(frozen=True)
 class Choice:
     """A key whose value selects which keys of a node take effect."""
@@ -137,6 +144,7 @@ CHOICES: dict[str, list[Choice]] = {
         Choice("position.rope_scaling", "position.rope_scaling.type", "position.rope_scaling.type", "rope scaling",
                RopeScalingConfig, lambda: registry_options(ROPE_SCALINGS)),
         Choice("ffn", "ffn.type", "ffn.type", "ffn", FFNConfig, lambda: registry_options(FFNS)),
+        Choice("block", "block.type", "block.type", "block", BlockConfig, _block_types),
         Choice("moe.router", "moe.router.type", "moe.router.type", "router", RouterConfig,
                lambda: registry_options(ROUTERS)),
         Choice("", "parametrization", "parametrization", "parametrization", ModelConfig,

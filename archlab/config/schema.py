@@ -24,8 +24,16 @@ from archlab.nn.norms import NormConfig
 from archlab.nn.positions import PositionConfig, RopeScalingConfig
 from archlab.optim.muon import MuonConfig
 
-__all__ = ["AttentionConfig", "BalanceConfig", "DataConfig", "FFNConfig", "ModelConfig", "MoEConfig", "MuonConfig",
-           "NormConfig", "PositionConfig", "Recipe", "RopeScalingConfig", "RouterConfig", "TrainConfig"]
+__all__ = ["AttentionConfig", "BalanceConfig", "BlockConfig", "DataConfig", "FFNConfig", "ModelConfig", "MoEConfig",
+           "MuonConfig", "NormConfig", "PositionConfig", "Recipe", "RopeScalingConfig", "RouterConfig", "TrainConfig"]
+
+
+@dataclass
+class BlockConfig:
+    # how a layer composes attention and FFN (archlab/model/decoder.py, parallel_block.py): sequential x + attn(norm
+    # x), then + ffn(norm .); parallel x + attn(norm x) + ffn(norm x), both branches read the layer's input
+    type: str = "sequential"  # sequential (GPT-2, LLaMA) | parallel (GPT-J, PaLM, GPT-NeoX)
+    shared_norm: bool = True  # parallel: one norm feeds both branches (GPT-J, PaLM); false: one each (GPT-NeoX)
 
 
 @dataclass
@@ -44,6 +52,7 @@ class ModelConfig:
     position: PositionConfig = field(default_factory=PositionConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     ffn: FFNConfig = field(default_factory=FFNConfig)
+    block: BlockConfig = field(default_factory=BlockConfig)  # how a layer composes attention and FFN (decoder)
     # set (with moe.num_experts, the switch: any other moe key alone is refused) to replace the FFN of (some)
     # layers by routed experts
     moe: Optional[MoEConfig] = None
@@ -213,7 +222,7 @@ class TrainConfig:
 @dataclass
 class Recipe:
     name: str = "unnamed"
-    family: str = "custom"  # dense | llama | vanilla | mixtral | deepseek | bert | custom
+    family: str = "custom"  # dense | llama | gptj | vanilla | mixtral | expert_choice | deepseek | bert | custom
     description: str = ""
     compare_with: Optional[str] = None  # MoE: the dense recipe with equal active parameters
     base: Optional[str] = None  # a recipe file this one extends (relative path); resolved at load

@@ -49,6 +49,7 @@ def validate_model(m, prefix: str = "model") -> None:
     """Model rules. ``m`` is the ``model`` node of a recipe (DictConfig or ModelConfig): the
     shared sizes here, then each component's own rules, asked of the component itself."""
     from archlab.model.build import MODELS, model_class  # archlab.model imports this package: resolved here
+    from archlab.model.decoder import BLOCKS, block_type
 
     _positive(m, prefix, "vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads")
     # every type name first, so that a component's rules may ask another component
@@ -58,6 +59,7 @@ def validate_model(m, prefix: str = "model") -> None:
     _one_of(f"{prefix}.position.type", m.position.type, POSITIONS.names())
     _one_of(f"{prefix}.position.rope_scaling.type", m.position.rope_scaling.type, ROPE_SCALINGS.names())
     _one_of(f"{prefix}.ffn.type", m.ffn.type, FFNS.names())
+    _one_of(f"{prefix}.block.type", m.block.type, BLOCKS.names())
     _one_of(f"{prefix}.parametrization", m.parametrization, PARAMETRIZATIONS)
     if getattr(m, "mtp_depth", 0) < 0:
         _fail(f"{prefix}.mtp_depth", m.mtp_depth, "must be >= 0 (0 = no multi-token-prediction modules)")
@@ -68,6 +70,7 @@ def validate_model(m, prefix: str = "model") -> None:
     norm_class(m).validate(m, prefix)
     position_class(m).validate(m, prefix)
     ffn_class(m).validate(m, prefix)
+    block_type(m).validate(m, prefix)  # e.g. the parallel block is pre-LN only
     model_class(m).validate(m, prefix)  # e.g. an encoder's components must run without the causal mask
     _fraction(f"{prefix}.dropout", m.dropout)
     _positive(m, prefix, "init_std")

@@ -249,35 +249,48 @@ def _moe_bytes(s: _Shape) -> float:
     Dropless routing has N*K slots; with a capacity C the estimate uses min(N*K, E*C) (an upper
     bound: fewer slots are kept when the routing is unbalanced).
     """
-    from archlab.nn.moe.experts import capacity_for
+    from archlab.nn.moe.router import router_class
 
     cfg, n, a = s.cfg, s.n, s.act
     m = cfg.moe
-    D, E, K = cfg.d_model, m.num_experts, m.top_k
-    cap = capacity_for(n, m)
-    slots = n * K if cap is None else min(n * K, E * cap)
+    D, E = cfg.d_model, m.num_experts
+    router = router_class(cfg)
+    slots = router.kept_slots(cfg, n)
+    gathered = router.gathered_slots(cfg, n)  # the slot-indexed tensors the gate-weighted sum reads
     shared = m.n_shared_experts * (m.shared_hidden if m.shared_hidden is not None else m.expert_hidden)
     # the layer input: the router reads an fp32 copy, the shared experts the input itself
     total = n * D * STATS_BYTES + (n * D * a if shared and a != STATS_BYTES else 0)
     total += _router_bytes(s)
     # row <-> slot indices (slot_R a view of R + 1 ids), gates; group offsets (int32)
-    total += slots * (2 * ID_BYTES + a) + ID_BYTES + 2 * E * 4
+    total += slots * ID_BYTES + gathered * (ID_BYTES + a) + ID_BYTES + 2 * E * 4
     total += _ffn_bytes(s, m.expert_hidden, slots)  # tokens' rows + expert hidden
-    total += slots * D * a  # expert outputs, read by the gate-weighted sum
+    total += gathered * D * a  # expert outputs, read by the gate-weighted sum
     if shared:
         total += _ffn_bytes(s, shared, n) - n * D * a  # its input is counted above
     return total
 
 
+def _moe_keeps_input(s: _Shape) -> bool:
+    """Whether an MoE layer keeps its input tensor itself: the router's fp32 copy is the input in an fp32
+    model (without jitter, which makes the gate read x * noise), and shared experts read the input."""
+    m = s.cfg.moe
+    return (s.act == STATS_BYTES and m.router.jitter == 0) or m.n_shared_experts > 0
+
+
 def _layer_bytes(s: _Shape, layer: int) -> dict[str, float]:
     """Bytes one layer keeps for backward, by component, without checkpointing."""
+    from archlab.model import model_class
+
     cfg, n = s.cfg, s.n
-    out = {"norms": 2 * n * _norm_bytes(s, cfg.d_model),
+    block = model_class(cfg).layer_class(cfg)
+    out = {"norms": float(block.norms_saved_bytes(s)),
            "attention": attention_class(cfg).saved_bytes(s, layer=layer)}
+    # a parallel block with one norm: the FFN's input is the attention's, kept once (counted with the attention)
+    shared = n * cfg.d_model * s.act if block.ffn_reads_attention_input(cfg) else 0
     if cfg.is_moe_layer(layer):
-        out["moe"] = _moe_bytes(s)
+        out["moe"] = _moe_bytes(s) - (shared if _moe_keeps_input(s) else 0)
     else:
-        out["ffn"] = _ffn_bytes(s, cfg.ffn_hidden, n)
+        out["ffn"] = _ffn_bytes(s, cfg.ffn_hidden, n) - shared
     drops = 2 * (cfg.dropout > 0) + (cfg.ffn.dropout > 0 and not cfg.is_moe_layer(layer))
     out["dropout"] = drops * n * cfg.d_model * s.mask
     return out
@@ -292,11 +305,10 @@ def _selective_layer_bytes(s: _Shape, layer: int) -> dict[str, float]:
     out = {"checkpoint": float(n * D * a), "attention": float(attention)}
     ffn = ffn_class(cfg)
     if cfg.is_moe_layer(layer):
-        from archlab.nn.moe.experts import capacity_for
+        from archlab.nn.moe.router import router_class
 
         m = cfg.moe
-        cap = capacity_for(n, m)
-        slots = n * m.top_k if cap is None else min(n * m.top_k, m.num_experts * cap)
+        slots = router_class(cfg).kept_slots(cfg, n)
         shared = m.n_shared_experts * (m.shared_hidden if m.shared_hidden is not None else m.expert_hidden)
         moe = n * m.num_experts * f + ffn.selective_saved_bytes(s, hidden=m.expert_hidden, n_tokens=slots)
         if shared:  # gate logits (fp32), the experts' and shared experts' projections

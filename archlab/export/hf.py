@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from archlab.config.schema import ModelConfig
-from archlab.model.decoder import Decoder
+from archlab.model.decoder import Decoder, block_type
 from archlab.nn.attention import attention_class
 from archlab.nn.ffn import ffn_class
 from archlab.nn.mup import width_mult
@@ -165,7 +165,8 @@ def component_reasons(cfg: ModelConfig, family: str) -> Optional[str]:
              (f"attention.type={cfg.attention.type}", attention_class(cfg)),
              (f"norm.type={cfg.norm.type}", norm_class(cfg)),
              (f"position.type={cfg.position.type}", position_class(cfg)),
-             (f"ffn.type={cfg.ffn.type}", ffn_class(cfg))]
+             (f"ffn.type={cfg.ffn.type}", ffn_class(cfg)),
+             (f"block.type={cfg.block.type}", block_type(cfg))]
     if position_class(cfg).rotates_qk:
         sc = cfg.position.rope_scaling.type
         parts.append((f"position.rope_scaling.type={sc}", ROPE_SCALINGS.get(sc)))

@@ -25,16 +25,17 @@ from torch import Tensor, nn
 from archlab.config.schema import ModelConfig
 from archlab.model.checkpointing import check_mode, checkpointed_block
 from archlab.nn.attention import KVCache, LayerKVCache, attention_class, build_attention
-from archlab.nn.component import Exportable
+from archlab.nn.component import ActShape, Exportable
 from archlab.nn.ffn import build_ffn, ffn_class
 from archlab.nn.loss import linear_cross_entropy
 from archlab.nn.mtp import MTPModule
 from archlab.nn.mup import readout_mult, rescale_init
-from archlab.nn.norms import build_norm, norm_params
+from archlab.nn.norms import build_norm, norm_class, norm_params
 from archlab.nn.positions import PosContext, build_positions, position_class
 from archlab.registry import Registry
 
 MODELS: Registry = Registry("model")
+BLOCKS: Registry = Registry("block")  # model.block.type: how a layer composes attention and FFN
 
 
 @dataclass
@@ -53,12 +54,22 @@ def _moe_layer_cls():
     return MoELayer
 
 
-class Block(nn.Module):
-    """One layer: attention then feed-forward, each a residual branch.
+class Block(Exportable, nn.Module):
+    """One layer: attention then feed-forward, each a residual branch (``model.block.type: sequential``).
 
     pre-LN  (GPT-2, LLaMA):  x = x + f(norm(x))
     post-LN (2017):          x = norm(x + f(x))
+
+    A block layout is one class in :data:`BLOCKS` (:mod:`archlab.model.parallel_block`: the parallel one);
+    it states, as the components do, the ``model.block`` keys it reads (``options``), its rules
+    (``validate``), its parameters and what its norms keep for backward (``norms_saved_bytes``,
+    ``ffn_reads_attention_input``), and the HF families that express it (``hf_export``).
     """
+
+    options: ClassVar[frozenset[str]] = frozenset()  # the keys of model.block it reads (besides type)
+    hf_export = {f: "sequential residual branches" for f in
+                 ("gpt2", "llama", "mistral", "mixtral", "qwen3_moe", "deepseek_v3", "bert", "t5")}
+    hf_unsupported = "sequential attention then FFN: this family's layer runs them in parallel"
 
     def __init__(self, cfg: ModelConfig, layer: int, causal: bool = True):
         super().__init__()
@@ -66,19 +77,38 @@ class Block(nn.Module):
         self.attn_norm = build_norm(cfg, dim=cfg.d_model)
         self.attn = build_attention(cfg, layer=layer, causal=causal)  # causal=False: an encoder's
         self.ffn_norm = build_norm(cfg, dim=cfg.d_model)
-        self.is_moe = cfg.is_moe_layer(layer)
-        if self.is_moe:
-            self.ffn = _moe_layer_cls()(cfg)
-        else:
-            self.ffn = build_ffn(cfg, hidden=cfg.ffn_hidden)
+        self.build_ffn(cfg, layer)
         self.drop = nn.Dropout(cfg.dropout)
 
+    def build_ffn(self, cfg: ModelConfig, layer: int) -> None:
+        """The feed-forward branch: routed experts on an MoE layer, else the dense FFN."""
+        self.is_moe = cfg.is_moe_layer(layer)
+        self.ffn = _moe_layer_cls()(cfg) if self.is_moe else build_ffn(cfg, hidden=cfg.ffn_hidden)
+
+    @classmethod
+    def validate(cls, m, prefix: str = "model") -> None:
+        """Rules of this layout on the ``model`` node (the sequential one has none)."""
+
     @staticmethod
-    def num_params(cfg: ModelConfig, layer: int) -> int:
-        n = 2 * norm_params(cfg, dim=cfg.d_model) + attention_class(cfg).num_params(cfg, layer=layer)
+    def n_norms(cfg: ModelConfig) -> int:
+        return 2
+
+    @classmethod
+    def num_params(cls, cfg: ModelConfig, layer: int) -> int:
+        n = cls.n_norms(cfg) * norm_params(cfg, dim=cfg.d_model) + attention_class(cfg).num_params(cfg, layer=layer)
         if cfg.is_moe_layer(layer):
             return n + _moe_layer_cls().num_params(cfg)
         return n + ffn_class(cfg).num_params(cfg, hidden=cfg.ffn_hidden)
+
+    @staticmethod
+    def norms_saved_bytes(s: ActShape) -> float:
+        """What the block's norms keep for backward (``Norm.saved``), over the micro-batch: two norms, two inputs."""
+        return 2 * s.n * norm_class(s.cfg).saved_bytes(s, dim=s.cfg.d_model)
+
+    @staticmethod
+    def ffn_reads_attention_input(cfg: ModelConfig) -> bool:
+        """Whether the FFN branch's input is the attention's input tensor (kept for backward once, not twice)."""
+        return False
 
     def _ffn(self, x: Tensor) -> tuple[Tensor, Optional[Tensor]]:
         if self.is_moe:
@@ -95,6 +125,14 @@ class Block(nn.Module):
         return self.ffn_norm(x + self.drop(h)), aux
 
 
+BLOCKS.register("sequential")(Block)
+
+
+def block_type(cfg) -> type[Block]:
+    """The layer class ``model.block.type`` names (:data:`BLOCKS`)."""
+    return BLOCKS.get(cfg.block.type)
+
+
 @MODELS.register("decoder")
 class Decoder(Exportable, nn.Module):
     """Token embedding (+ absolute positions) -> blocks -> final norm (pre-LN) -> LM head.
@@ -105,10 +143,11 @@ class Decoder(Exportable, nn.Module):
     """
 
     causal: ClassVar[bool] = True  # each query sees the keys at or before its position
-    block_class: ClassVar[type[Block]] = Block  # one layer of the stack the LM head reads
+    block_class: ClassVar[type[Block]] = Block  # one layer of the stack the LM head reads (Block: model.block's)
     stacks: ClassVar[int] = 1  # stacks of blocks, each with its own position encoding
-    options: ClassVar[frozenset[str]] = frozenset({"mtp_depth"})  # the model keys only this type reads
-    hf_export = {f: "causal LM" for f in ("gpt2", "llama", "mistral", "mixtral", "qwen3_moe", "deepseek_v3")}
+    options: ClassVar[frozenset[str]] = frozenset({"mtp_depth", "block"})  # the model keys only this type reads
+    hf_export = {f: "causal LM" for f in ("gpt2", "gptj", "gpt_neox", "llama", "mistral", "mixtral", "qwen3_moe",
+                                          "deepseek_v3")}
     hf_unsupported = "a causal decoder (one stack): this family's class is an encoder or an encoder-decoder"
     # what a classification head may pool of hidden_states (archlab.nn.heads.POOLINGS), the first the convention:
     # GPT reads its last position (the only one that has seen the whole window; Radford et al. 2018), or the mean
@@ -127,7 +166,8 @@ class Decoder(Exportable, nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.positions = build_positions(cfg, causal=self.causal)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(self.block_class(cfg, i, causal=self.causal) for i in range(cfg.n_layers))
+        layer = self.layer_class(cfg)
+        self.blocks = nn.ModuleList(layer(cfg, i, causal=self.causal) for i in range(cfg.n_layers))
         # post-LN already normalises each block's output; pre-LN needs a last norm
         self.final_norm = build_norm(cfg, dim=cfg.d_model) if cfg.norm.placement == "pre" else nn.Identity()
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -137,6 +177,12 @@ class Decoder(Exportable, nn.Module):
         self.readout_mult = readout_mult(cfg)  # muP: logits * 1/m (tied or not); 1 under standard
         self.build_parts(cfg)
         self.init_weights()
+
+    @classmethod
+    def layer_class(cls, cfg: ModelConfig) -> type[Block]:
+        """The class of the stack's layers: the recipe's block layout where this model type reads it (``options``),
+        else its own layer (``block_class``)."""
+        return block_type(cfg) if "block" in cls.options else cls.block_class
 
     def build_parts(self, cfg: ModelConfig) -> None:
         """The parts only this model type has, before the weights are initialised."""
@@ -151,11 +197,11 @@ class Decoder(Exportable, nn.Module):
     def checkpointing(self, mode: str) -> None:
         self._checkpointing = check_mode(mode)
 
-    @staticmethod
-    def num_params(cfg: ModelConfig) -> int:
+    @classmethod
+    def num_params(cls, cfg: ModelConfig) -> int:
         """Parameter count from the config alone (tied weights counted once)."""
         n = cfg.vocab_size * cfg.d_model + position_class(cfg).num_params(cfg)
-        n += sum(Block.num_params(cfg, i) for i in range(cfg.n_layers))
+        n += sum(cls.layer_class(cfg).num_params(cfg, i) for i in range(cfg.n_layers))
         if cfg.norm.placement == "pre":
             n += norm_params(cfg, dim=cfg.d_model)
         if not cfg.tie_embeddings:

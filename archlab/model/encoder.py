@@ -73,9 +73,9 @@ class Encoder(Decoder):
         if m.head_transform:
             HeadTransform.validate(m, prefix)
 
-    @staticmethod
-    def num_params(cfg: ModelConfig) -> int:
-        n = Decoder.num_params(cfg)
+    @classmethod
+    def num_params(cls, cfg: ModelConfig) -> int:
+        n = super().num_params(cfg)
         if cfg.embed_norm:
             n += norm_params(cfg, dim=cfg.d_model)
         if cfg.head_transform:

@@ -106,7 +106,7 @@ class GeluMLP(FFN):
     """down(gelu(up(x))): GPT-2/3's MLP, tanh-approximated GELU as in GPT-2. Keeps its input and
     output (2F per token)."""
 
-    hf_export = {"gpt2": "gelu_new", "bert": "gelu_new"}
+    hf_export = {"gpt2": "gelu_new", "bert": "gelu_new", "gptj": "gelu_new", "gpt_neox": "gelu_new"}
     hf_unsupported = "a GELU MLP: this family's MLP is SwiGLU"
 
     @staticmethod
@@ -120,7 +120,7 @@ class ReluMLP(FFN):
     saved tensor of both the relu and the down projection (F per token)."""
 
     hidden_saved = 1
-    hf_export = {"gpt2": "relu", "bert": "relu", "t5": "relu"}
+    hf_export = {"gpt2": "relu", "bert": "relu", "t5": "relu", "gptj": "relu", "gpt_neox": "relu"}
     hf_unsupported = "a ReLU MLP: this family's MLP is SwiGLU or GELU"
 
     @staticmethod
@@ -138,7 +138,7 @@ class SwiGLU(FFN):
     up_width = 2
     hidden_saved = 4
     hf_export = {"llama": "silu", "mistral": "silu", "mixtral": "silu", "qwen3_moe": "silu", "deepseek_v3": "silu"}
-    hf_unsupported = "SwiGLU: GPT-2's and BERT's MLP is up-activation-down (gelu or relu), not gated"
+    hf_unsupported = "SwiGLU: GPT-2's, GPT-J's, GPT-NeoX's and BERT's MLP is up-activation-down (gelu, relu), not gated"
 
     @staticmethod
     def activate(h: Tensor) -> Tensor:

@@ -46,12 +46,12 @@ class MTPModule(nn.Module):
 
     def __init__(self, cfg: "ModelConfig"):
         super().__init__()
-        from archlab.model.decoder import Block  # the decoder imports this module
+        from archlab.model.decoder import block_type  # the decoder imports this module
 
         self.hidden_norm = build_norm(cfg, dim=cfg.d_model)
         self.embed_norm = build_norm(cfg, dim=cfg.d_model)
         self.proj = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=False)
-        self.block = Block(cfg, mtp_layer(cfg))
+        self.block = block_type(cfg)(cfg, mtp_layer(cfg))  # the main model's block layout
         self.out_norm = build_norm(cfg, dim=cfg.d_model)
 
     def forward(self, h_BSD: Tensor, emb_BSD: Tensor, ctx, run_block) -> tuple[Tensor, Optional[Tensor]]:
@@ -64,10 +64,10 @@ class MTPModule(nn.Module):
 
     @staticmethod
     def num_params(cfg: "ModelConfig") -> int:
-        from archlab.model.decoder import Block
+        from archlab.model.decoder import block_type
 
         D = cfg.d_model
-        return 3 * norm_params(cfg, dim=D) + 2 * D * D + Block.num_params(cfg, mtp_layer(cfg))
+        return 3 * norm_params(cfg, dim=D) + 2 * D * D + block_type(cfg).num_params(cfg, mtp_layer(cfg))
 
     @staticmethod
     def forward_flops(cfg: "ModelConfig", seq_len: int) -> dict[str, float]:

@@ -66,7 +66,7 @@ class LayerNorm(Norm, nn.LayerNorm):
     """(x - mean) / std * gamma + beta over the last dim."""
 
     options = Norm.options | {"bias"}
-    hf_export = {"gpt2": "layernorm", "bert": "LayerNorm"}
+    hf_export = {"gpt2": "layernorm", "bert": "LayerNorm", "gptj": "ln_1", "gpt_neox": "input_layernorm"}
     hf_unsupported = "LayerNorm with a mean: this family uses RMSNorm"
 
     def __init__(self, cfg: "ModelConfig", *, dim: int):
@@ -88,7 +88,7 @@ class RMSNorm(Norm, nn.RMSNorm):
 
     hf_export = {"llama": "rmsnorm", "mistral": "rmsnorm", "mixtral": "rmsnorm", "qwen3_moe": "rmsnorm",
                  "deepseek_v3": "rmsnorm", "t5": "T5LayerNorm"}
-    hf_unsupported = "RMSNorm: GPT-2 and BERT use LayerNorm"
+    hf_unsupported = "RMSNorm: GPT-2 and BERT use LayerNorm (so do GPT-J and GPT-NeoX)"
 
     def __init__(self, cfg: "ModelConfig", *, dim: int):
         nn.RMSNorm.__init__(self, dim, eps=cfg.norm.eps)

@@ -203,7 +203,7 @@ _ROPE_FAMILIES = ("llama", "mistral", "mixtral", "qwen3_moe", "deepseek_v3")
 
 @ROPE_SCALINGS.register("none")
 class NoRopeScaling(RopeScaling):
-    hf_export = {f: "default" for f in _ROPE_FAMILIES}
+    hf_export = {f: "default" for f in (*_ROPE_FAMILIES, "gptj", "gpt_neox")}
 
     @staticmethod
     def inv_freq(idx, base, rot_dim, sc, max_seq_len):
@@ -287,7 +287,7 @@ class RotaryPositions(PositionEncoding):
 
     options = frozenset({"rope_base", "rope_scaling"})
     rotates_qk = True
-    hf_export = {f: "rope" for f in _ROPE_FAMILIES}
+    hf_export = {f: "rope" for f in (*_ROPE_FAMILIES, "gptj", "gpt_neox")}
     hf_unsupported = "RoPE: GPT-2 and BERT have learned absolute positions only"
 
     def __init__(self, cfg: "ModelConfig", *, causal: bool = True):

@@ -39,6 +39,8 @@ SETUP = {
                                          "model.attention.v_head_dim=8"],
     ("model", "position.rope_scaling.type", "*"): ["model.position.type=rope"],
     ("model", "moe.router.type", "*"): ["model.moe.num_experts=4", "model.moe.expert_hidden=16"],
+    ("model", "moe.router.type", "expert_choice"): ["model.moe.num_experts=4", "model.moe.expert_hidden=16",
+                                                    "model.moe.capacity_factor=2.0"],
     ("train", "objective", "mlm"): ["model.type=encoder"],
     ("train", "objective", "span_corruption"): ["model.type=encoder_decoder", "model.position.type=relative",
                                                 "train.eval_context_multipliers=[1]"],
@@ -55,6 +57,7 @@ VALUES = {
     "model.position.rope_scaling.type": "linear",
     "model.position.rope_scaling.original_max_seq_len": 16,
     "model.mup_base_width": 16,
+    "model.block.type": "parallel",
     "train.mlm_probability": 0.25,
     "train.init_from": "runs/pre-trained",
     "train.classify_pooling": "mean",
@@ -75,6 +78,7 @@ VALUES = {
 # every Registry in archlab: the choice it backs (section, selector), or why it selects no keys
 REGISTRIES = {
     "archlab.model.decoder.MODELS": ("model", "type"),
+    "archlab.model.decoder.BLOCKS": ("model", "block.type"),
     "archlab.nn.attention.base.ATTENTIONS": ("model", "attention.type"),
     "archlab.nn.norms.NORMS": ("model", "norm.type"),
     "archlab.nn.positions.POSITIONS": ("model", "position.type"),

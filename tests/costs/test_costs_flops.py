@@ -89,3 +89,30 @@ def test_training_is_three_forwards_and_accepts_recipe_or_model_config():
 def test_bad_seq_len_is_rejected(seq_len):
     with pytest.raises(ValueError, match="seq_len"):
         forward_flops(archlab.model_config(archlab.load_recipe("recipes/dense/tiny.yaml")), seq_len)
+
+
+@pytest.mark.parametrize("name, overrides", [("dense/tiny", ["model.block.shared_norm=false"]),
+                                             ("deepseek/tiny", []),
+                                             ("gptj/tiny", ["model.mtp_depth=1", "train.objective=mtp"])])
+def test_parallel_block_flops_match_flop_counter(name, overrides):
+    """The parallel block runs the sequential block's matmuls: the same estimate, equal to the count."""
+    cfg = archlab.load_recipe(f"recipes/{name}.yaml", ["model.n_layers=2", "model.block.type=parallel", *overrides])
+    model = archlab.build_model(cfg).train()
+    ids = torch.randint(0, cfg.model.vocab_size, (B, S + objective_for(cfg).window_ahead))
+    assert training_flops_per_token(cfg, S) == pytest.approx(measured_flops(model, ids)["total"] / (B * S), rel=1e-9)
+    others = [o for o in overrides if not o.startswith("model.block.")]
+    sequential = archlab.load_recipe(f"recipes/{name}.yaml",
+                                     ["model.n_layers=2", *others, "model.block.type=sequential"])
+    assert training_flops_per_token(sequential, S) == training_flops_per_token(cfg, S)
+
+
+@pytest.mark.parametrize("factor", [1.0, 2.0, 4.0])
+def test_expert_choice_flops_are_capacity_factor_expert_passes_per_token(factor):
+    """E*C rows through the experts: capacity_factor passes per token when E divides N * capacity_factor."""
+    cfg = archlab.load_recipe("recipes/expert_choice/tiny.yaml",
+                              ["model.n_layers=2", f"model.moe.capacity_factor={factor}"])
+    model = archlab.build_model(cfg).train()
+    ids = torch.randint(0, cfg.model.vocab_size, (B, S + 1))
+    assert training_flops_per_token(cfg, S) == pytest.approx(measured_flops(model, ids)["total"] / (B * S), rel=1e-9)
+    m = cfg.model
+    assert forward_flops(cfg, S).experts == 2 * factor * ffn_flops(m, m.moe.expert_hidden)

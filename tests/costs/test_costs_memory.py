@@ -287,3 +287,28 @@ def test_activations_match_cuda_allocations(name):
     held = torch.cuda.memory_allocated() - before
     assert est.total == pytest.approx(held, rel=0.10)
     del loss
+
+
+@pytest.mark.parametrize("name, overrides, dtype", [
+    ("dense/tiny", ["model.block.shared_norm=false", "model.dropout=0.1", "model.ffn.dropout=0.1"], "fp32"),
+    ("llama/tiny", [], "bf16"),  # RMSNorm's fp32 copies: one per norm even of the same input
+    ("llama/tiny", ["model.block.shared_norm=false"], "fp32"),
+    ("mixtral/tiny", [], "fp32"),  # the router's fp32 input is the attention's input itself
+    ("mixtral/tiny", ["model.moe.router.jitter=0.1"], "fp32"),  # ...unless jitter makes it x * noise
+    ("deepseek/tiny", [], "bf16"),  # shared experts read the attention's input
+    ("gptj/tiny", ["model.mtp_depth=1", "train.objective=mtp"], "fp32"),  # the MTP module's block is parallel too
+])
+def test_parallel_block_activations_match_saved_tensors(name, overrides, dtype):
+    """The parallel block: a tensor both branches (or both norms) read is kept once."""
+    cfg = archlab.load_recipe(f"recipes/{name}.yaml", ["model.n_layers=2", "model.block.type=parallel", *overrides])
+    _check_modes(cfg, dtype)
+
+
+@pytest.mark.parametrize("overrides, dtype", [
+    (["model.moe.n_shared_experts=1"], "fp32"),
+    (["model.moe.router.jitter=0.1", "model.moe.balance.z_loss_coeff=0.001"], "bf16"),
+    (["model.moe.capacity_factor=1.0", "model.block.type=parallel"], "fp32"),
+])
+def test_expert_choice_activations_match_saved_tensors(overrides, dtype):
+    """Expert choice: E*C expert rows, and the (N, E) gates and gathered outputs of every token-expert slot."""
+    _check_modes(archlab.load_recipe("recipes/expert_choice/tiny.yaml", ["model.n_layers=2", *overrides]), dtype)

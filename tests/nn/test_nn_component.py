@@ -15,6 +15,7 @@ import pytest
 
 from archlab.config.schema import (
     AttentionConfig,
+    BlockConfig,
     FFNConfig,
     ModelConfig,
     NormConfig,
@@ -22,6 +23,7 @@ from archlab.config.schema import (
     RopeScalingConfig,
     RouterConfig,
 )
+from archlab.model.decoder import BLOCKS
 from archlab.nn.attention import ATTENTIONS
 from archlab.nn.ffn import FFNS
 from archlab.nn.moe.router import ROUTERS
@@ -36,6 +38,7 @@ KINDS = {  # recipe key -> (registry, config dataclass holding its `type` field)
     "model.attention.type": (ATTENTIONS, AttentionConfig),
     "model.ffn.type": (FFNS, FFNConfig),
     "model.moe.router.type": (ROUTERS, RouterConfig),
+    "model.block.type": (BLOCKS, BlockConfig),
 }
 
 
@@ -89,12 +92,14 @@ def _recipe_types() -> dict[str, set[str]]:
         used["model.position.rope_scaling.type"].add(m.position.rope_scaling.type)
         used["model.attention.type"].add(m.attention.type)
         used["model.ffn.type"].add(m.ffn.type)
+        used["model.block.type"].add(m.block.type)
         if m.moe is not None:
             used["model.moe.router.type"].add(m.moe.router.type)
     return used
 
 
-@pytest.mark.parametrize("key", ["model.norm.type", "model.attention.type", "model.ffn.type", "model.moe.router.type"])
+@pytest.mark.parametrize("key", ["model.norm.type", "model.attention.type", "model.ffn.type", "model.moe.router.type",
+                                 "model.block.type"])
 def test_every_variant_has_a_recipe(key):
     """The cost-model tests check every recipe's FLOPs and saved bytes against measurement, so a
     recipe per variant means every variant's own facts are checked."""

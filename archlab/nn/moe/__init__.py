@@ -25,6 +25,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
+from archlab.nn.moe import expert_choice  # noqa: F401  (registers moe.router.type expert_choice)
 from archlab.nn.moe.layer import MoELayer
 from archlab.nn.moe.stats import layer_percentiles
 from archlab.nn.moe.trace import TraceBuffer
@@ -87,7 +88,7 @@ def routing_stats(model: nn.Module, all_reduce_sum: AllReduce) -> dict[str, floa
         s = layer.stats.read(all_reduce_sum, layer.enabled_terms())
         if not s:
             continue
-        s["top_k"] = layer.moe.top_k
+        s["top_k"] = layer.slots
         if layer.router.expert_bias is not None:
             s["bias"] = layer.router.expert_bias.float().tolist()
         maxvio.append(s["maxvio"])
@@ -112,8 +113,8 @@ def start_trace(model: nn.Module, index_T: Tensor) -> None:
     keeps its :class:`TraceBuffer` between calls (reallocated only when T or the device change)."""
     for layer in moe_layers(model):
         m = layer.moe
-        if layer.trace is None or not layer.trace.fits(index_T, m.num_experts, m.top_k):
-            layer.trace = TraceBuffer(index_T, m.num_experts, m.top_k)
+        if layer.trace is None or not layer.trace.fits(index_T, m.num_experts, layer.slots):
+            layer.trace = TraceBuffer(index_T, m.num_experts, layer.slots)
         layer.trace.reset(index_T)
         layer.tracing = True
 

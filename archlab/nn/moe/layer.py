@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from archlab.nn.ffn import build_ffn, ffn_class
 from archlab.nn.moe.balance import BalanceConfig, BalanceTerm, build_terms, expert_counts
-from archlab.nn.moe.experts import GroupedExperts, capacity_for, dispatch, expert_params
+from archlab.nn.moe.experts import GroupedExperts, capacity_for, dispatch, expert_params  # noqa: F401  (re-exported)
 from archlab.nn.moe.router import Router, RouterConfig, build_router, router_class
 from archlab.nn.moe.stats import RoutingStats
 from archlab.nn.moe.trace import TraceBuffer
@@ -63,7 +63,8 @@ class MoELayer(nn.Module):
         shared = _shared_hidden(cfg)
         self.shared = build_ffn(cfg, hidden=shared, expert=True) if shared else None
         self.balance_terms: list[BalanceTerm] = build_terms(cfg)
-        self.stats = RoutingStats(m.num_experts, m.top_k)
+        self.slots = router_class(cfg).slots_per_token(cfg)  # columns of the routing: K (expert choice: E)
+        self.stats = RoutingStats(m.num_experts, self.slots)
         # off while activation checkpointing runs a block's forward again in backward
         # (archlab.model.checkpointing): each training forward is recorded once
         self.record_stats = True
@@ -85,7 +86,8 @@ class MoELayer(nn.Module):
     def active_params(cfg: ModelConfig) -> int:
         """Parameters one token uses: K routed experts + shared experts + router."""
         m = cfg.moe
-        return (m.top_k * expert_params(cfg.ffn.type, cfg.d_model, m.expert_hidden)
+        passes = router_class(cfg).experts_per_token(cfg)  # K (expert choice: capacity_factor on average)
+        return (round(passes * expert_params(cfg.ffn.type, cfg.d_model, m.expert_hidden))
                 + _shared_params(cfg) + router_class(cfg).num_params(cfg))
 
     @staticmethod
@@ -95,7 +97,7 @@ class MoELayer(nn.Module):
         m = cfg.moe
         ffn = ffn_class(cfg)
         shared_hidden = m.shared_hidden if m.shared_hidden is not None else m.expert_hidden
-        experts = m.top_k * ffn.forward_flops(cfg, hidden=m.expert_hidden)
+        experts = router_class(cfg).experts_per_token(cfg) * ffn.forward_flops(cfg, hidden=m.expert_hidden)
         experts += m.n_shared_experts * ffn.forward_flops(cfg, hidden=shared_hidden)
         return experts, 2.0 * cfg.d_model * m.num_experts
 
@@ -113,7 +115,7 @@ class MoELayer(nn.Module):
         B, S, D = x_BSD.shape
         x_ND = x_BSD.reshape(B * S, D)
         r = self.router(x_ND)
-        d = dispatch(r.experts_NK, r.weights_NK, self.moe.num_experts, capacity_for(B * S, self.moe))
+        d = self.router.dispatch(r, B * S)
         y_ND = self.experts(x_ND, d) if self.dispatcher is None else self.dispatcher(self, x_ND, d)
         if self.shared is not None:
             y_ND = y_ND + self.shared(x_ND)

@@ -8,6 +8,8 @@ Shape legend: N tokens, D model dim, E routed experts, K experts per token, G ex
   the K selected logits".
 - ``sigmoid_topk`` (DeepSeek-V3): s = sigmoid(logits); keep the K largest; with ``renormalize``
   the K kept scores are divided by their sum.
+- ``expert_choice`` (Zhou et al. 2022, ``archlab.nn.moe.expert_choice``): the other way round, each
+  expert keeps its top-C tokens; a router's ``dispatch`` turns its choice into the experts' slots.
 
 Both multiply the gate weights by ``route_scale``, support group-limited routing (experts split
 into ``n_groups`` groups, only the best ``topk_groups`` groups per token are eligible) and the
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Iterator
+from typing import TYPE_CHECKING, ClassVar, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +44,7 @@ from torch import Tensor, nn
 from archlab.errors import fail
 from archlab.nn.component import Exportable, option_names
 from archlab.nn.flags import flag_set
+from archlab.nn.moe.experts import Dispatch, capacity_for, dispatch
 from archlab.registry import Registry
 
 if TYPE_CHECKING:
@@ -50,7 +53,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class RouterConfig:
-    type: str = "softmax_topk"  # softmax_topk (Mixtral, Switch) | sigmoid_topk (DeepSeek-V3)
+    # expert_choice: each expert takes its top-C tokens (archlab/nn/moe/expert_choice.py; non-causal)
+    type: str = "softmax_topk"  # softmax_topk (Mixtral, Switch) | sigmoid_topk (DeepSeek-V3) | expert_choice
     renormalize: bool = True  # renormalise the k selected weights to sum 1 (Mixtral: yes)
     route_scale: float = 1.0  # multiply the gate weights (DeepSeek-V3: 2.5)
     n_groups: int = 1  # group-limited routing: experts split into n_groups groups...
@@ -82,6 +86,7 @@ class Routing:
     weights_NK: Tensor  # fp32 gate weights of those experts
     probs_NE: Tensor  # fp32 router probabilities over all E experts (rows sum to 1): balancing losses, entropy
     logits_NE: Tensor  # fp32 raw router logits: z-loss
+    chosen_NK: Optional[Tensor] = None  # bool: which slots the router filled (expert choice); None = all
 
 
 class Router(Exportable, nn.Module):
@@ -106,6 +111,7 @@ class Router(Exportable, nn.Module):
         self.renormalize, self.route_scale = r.renormalize, r.route_scale
         self.n_groups, self.topk_groups, self.jitter = r.n_groups, r.topk_groups, r.jitter
         self.gate = nn.Linear(cfg.d_model, moe.num_experts, bias=False)
+        self.moe_cfg = moe
         # aux-loss-free balancing: selection bias, updated by archlab.nn.moe.balance_step
         if moe.balance.bias_update_rate > 0:
             self.register_buffer("expert_bias", torch.zeros(moe.num_experts, dtype=torch.float32))
@@ -124,6 +130,32 @@ class Router(Exportable, nn.Module):
     @staticmethod
     def num_params(cfg: ModelConfig) -> int:
         return cfg.d_model * cfg.moe.num_experts  # the bias is a buffer, not a parameter
+
+    @staticmethod
+    def slots_per_token(cfg: ModelConfig) -> int:
+        """Columns of ``Routing.experts_NK``: K (expert choice: E, one per expert that may take the token)."""
+        return cfg.moe.top_k
+
+    @staticmethod
+    def experts_per_token(cfg: ModelConfig) -> float:
+        """Expert passes per token (the FLOPs and active parameters): K."""
+        return cfg.moe.top_k
+
+    @staticmethod
+    def kept_slots(cfg: ModelConfig, n_tokens: int) -> int:
+        """Token-expert slots the experts compute for N tokens: N*K dropless, at most E*C with a capacity C
+        (the memory model's upper bound: fewer when the routing is unbalanced)."""
+        m, cap = cfg.moe, capacity_for(n_tokens, cfg.moe)
+        return n_tokens * m.top_k if cap is None else min(n_tokens * m.top_k, m.num_experts * cap)
+
+    @classmethod
+    def gathered_slots(cls, cfg: ModelConfig, n_tokens: int) -> int:
+        """Rows of the slot-indexed tensors the gate-weighted sum reads (its gates, indices, expert outputs)."""
+        return cls.kept_slots(cfg, n_tokens)
+
+    def dispatch(self, r: Routing, n_tokens: int) -> Dispatch:
+        """The slots sorted by expert, each expert's first C kept (capacity) or all (dropless)."""
+        return dispatch(r.experts_NK, r.weights_NK, self.num_experts, capacity_for(n_tokens, self.moe_cfg))
 
     @classmethod
     def validate(cls, m, prefix: str = "model") -> None:

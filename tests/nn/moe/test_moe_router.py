@@ -20,7 +20,7 @@ def router(d=16, **kw):
 
 
 def test_moe_router_registry_names():
-    assert ROUTERS.names() == ["sigmoid_topk", "softmax_topk"]
+    assert ROUTERS.names() == ["expert_choice", "sigmoid_topk", "softmax_topk"]
     assert all(ROUTERS.get(n).name == n for n in ROUTERS.names())
 
 
