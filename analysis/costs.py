@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-import yaml
+from omegaconf import OmegaConf
 
 import archlab
 from analysis.plotting import pyplot, save_figure, stacked_bars, style_axes, unit_scale
@@ -66,9 +66,9 @@ LAUNCH_KEYS = ("compute_environment", "distributed_type")  # accelerate config f
 def _launch_config(path: Path) -> bool:
     """An accelerate launch config (``accelerate launch --config_file``), not a recipe."""
     try:
-        node = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return False  # the recipe loader says what is wrong with it
+        node = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception:  # unreadable or not YAML: the recipe loader says what is wrong with it
+        return False
     return isinstance(node, dict) and any(k in node for k in LAUNCH_KEYS)
 
 

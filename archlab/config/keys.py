@@ -17,6 +17,7 @@ __all__ = ["GROUPS", "choices", "key_groups", "nearest_keys", "schema_keys"]
 GROUPS: dict[str, str] = {
     "": "the recipe itself: its name, family, base recipe and notes",
     "model": "the network's sizes and switches",
+    "model.block": "how a layer composes attention and feed-forward (sequential | parallel)",
     "model.norm": "normalisation and where it sits (pre | post)",
     "model.position": "how positions enter",
     "model.position.rope_scaling": "RoPE context extension",

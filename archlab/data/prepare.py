@@ -13,12 +13,14 @@ where it lies by ``archlab.data.tokens``.
 
 A folder is built under a temporary name and renamed into place when complete, ``meta.json`` is
 written last, and a folder whose ``meta.json`` is missing or does not match its files is rebuilt:
-a crash never leaves a cache that a later run would trust. Several processes may call this at once
-only if one (rank 0) calls it first, e.g. inside ``accelerator.main_process_first()``.
+a crash never leaves a cache that a later run would trust. Processes that need the same missing folder
+at once (a sweep's parallel runs) take turns on an advisory lock file beside it: one builds, the others
+then load what it published.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -265,9 +267,15 @@ def _prepare_text(cfg, progress: Progress = None) -> PreparedData:
     key = cache_key(corpus, data_cfg, vocab_size, file_tokenizer)
     folder = Path(os.path.expanduser(str(data_cfg.cache_dir))) / f"{corpus.family}-{key[:16]}"
     data = _load(folder, key)
-    if data is None:
-        tmp = _build(folder, corpus, data_cfg, vocab_size, key, file_tokenizer, progress)
-        data = _publish(tmp, folder, key)
+    if data is not None:
+        return data
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.with_name(f".{folder.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when the process dies
+        data = _load(folder, key)  # built by the process that held the lock before us
+        if data is None:
+            tmp = _build(folder, corpus, data_cfg, vocab_size, key, file_tokenizer, progress)
+            data = _publish(tmp, folder, key)
     return data
 
 

@@ -4,6 +4,9 @@ failed build leaves nothing behind."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +17,10 @@ from archlab.data import prepare as prepare_module
 
 
 def cache_entries(cache_dir) -> list[str]:
-    return sorted(p.name for p in cache_dir.iterdir()) if cache_dir.exists() else []
+    """The cache's folders and files, less the lock files that builders take turns on."""
+    if not cache_dir.exists():
+        return []
+    return sorted(p.name for p in cache_dir.iterdir() if not p.name.endswith(".lock"))
 
 
 def test_prepared_arrays_hold_the_encoded_splits(text_recipe):
@@ -150,3 +156,29 @@ def test_token_dtype_and_encoding_in_chunks(text_recipe, monkeypatch):
     chunked = prepare_data(text_recipe("data.cache_dir=" + str(text_recipe.cache / "chunked")))
     assert np.array_equal(chunked.train, train_ids)
     assert chunked.meta["dtype"] == "<u2"
+
+
+WORKER = """
+import sys
+from archlab.config import load_recipe
+from archlab.data import prepare_data
+built = []
+data = prepare_data(load_recipe(None, sys.argv[1:]), progress=built.append)
+print("built" if any("building the token cache" in m for m in built) else "loaded", len(data.train), data.cache_path)
+"""
+
+
+def test_parallel_runs_needing_one_missing_cache_build_it_once(text_recipe):
+    # a sweep's --jobs N runs start together on a cache nobody has built: one builds, the others load it
+    overrides = [
+        "data.source=text", f"data.paths=[{text_recipe.corpus}]", f"data.cache_dir={text_recipe.cache}",
+        "model.vocab_size=320", "train.seq_len=32",
+    ]
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, *overrides], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+    assert [rc for rc, _, _ in results] == [0] * 4, [err for _, _, err in results]
+    lines = sorted(out.split() for _, out, _ in results)
+    assert [line[0] for line in lines] == ["built", "loaded", "loaded", "loaded"]
+    assert len({tuple(line[1:]) for line in lines}) == 1  # one folder, one length
+    assert cache_entries(text_recipe.cache) == [Path(lines[0][2]).name]
