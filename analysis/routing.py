@@ -777,7 +777,7 @@ def _markdown(run: Run, train: dict, ck: Optional[dict], files: list[str], healt
         first = next(iter(ck["top_tokens"]))
         for e, toks in enumerate(ck["top_tokens"][first]):
             shown = ", ".join(f"{t['text']!r} ({t['count']}, {t['share_of_id']:.0%})" for t in toks[:6])
-            lines.append(f"- expert {e}: " + shown)
+            lines.append(f"- expert {e}: " + (shown or "no token of these was routed to it"))
     lines += ["", "Files: " + ", ".join(files)]
     return "\n".join(lines) + "\n"
 

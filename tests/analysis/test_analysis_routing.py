@@ -129,6 +129,8 @@ def test_routing_program_on_a_real_moe_run(analysis_runs, tmp_path, capsys):
     assert saved["training"]["layer0"]["records"] == 10
     md = (tmp_path / "summary.md").read_text()
     assert "# Routing of mixtral-d32" in md and "| layer | mean tokens per expert per step | dead experts |" in md
+    expert_lines = [line for line in md.splitlines() if line.startswith("- expert ")]
+    assert len(expert_lines) == 4 and all(line.split(":", 1)[1].strip() for line in expert_lines)  # none blank
 
 
 def test_routing_program_with_text_and_bias(analysis_runs, tmp_path):
