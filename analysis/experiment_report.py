@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from analysis import ceg_report, tuning_report
 from analysis.experiments import (
     COST_HEADER,
     LEARN_MARGIN,
@@ -30,7 +31,6 @@ from analysis.experiments import (
 from analysis.measurements import MEASUREMENTS
 from analysis.plotting import COLORS, pyplot, save_figure, style_axes, wrap_label
 from analysis.runs import write_json_atomic, write_text_atomic
-from tools import experiment_ceg, experiment_tuning
 
 
 def loss_note(g: Group, ctx: Optional["Context"] = None) -> str:
@@ -66,7 +66,7 @@ def tuned_lr(ctx: Context, arm: str) -> str:
 
 
 def main_table(ctx: Context, cell: str = "") -> str:
-    from tools.experiment_ceg import fmt_ceg
+    from analysis.ceg_report import fmt_ceg
 
     comp = ctx.comparison.get("arms", {}) if not cell else {}
     header = ["arm", "lr", "final val loss (nats/token), mean [95% CI]", f"vs `{ctx.reference}` (paired)",
@@ -278,7 +278,7 @@ def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     ctx = build_context(record, measures, out)
     if not ctx.spec.get("grid"):  # a grid's cells are compared in their own sections (stability)
-        ctx.comparison = experiment_ceg.compare(ctx)
+        ctx.comparison = ceg_report.compare(ctx)
     spec = ctx.spec
     figures = []
     md = [f"# {spec.get('title') or spec['name']}", ""]
@@ -296,7 +296,7 @@ def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
         md += ["## Results", "", main_table(ctx), ""]
         embed = figure_md(figures, plot_losses(ctx, out / "val_loss.png"), "final validation loss per arm")
         md += [embed.strip(), ""] if embed else []
-    for section in ([experiment_tuning.section(ctx)] + ([experiment_ceg.section(ctx)] if ctx.comparison else [])):
+    for section in ([tuning_report.section(ctx)] + ([ceg_report.section(ctx)] if ctx.comparison else [])):
         md += [f"## {section.title}", "", section.markdown.strip(), ""]  # the stages' data: tuning, comparison
         figures += section.figures
     wanted = [MEASUREMENTS[name] for name in spec.get("measurements") or {}]

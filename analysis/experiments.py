@@ -196,7 +196,7 @@ class Context:
     measures: dict
     out: Path
     curve_rows: list = field(default_factory=list)  # the compute curve's trunks and branches (role ceg-*)
-    comparison: dict = field(default_factory=dict)  # tools.experiment_ceg.compare (set by the report): verdicts, CEG
+    comparison: dict = field(default_factory=dict)  # analysis.ceg_report.compare (set by the report): verdicts, CEG
 
     @property
     def spec(self) -> dict:

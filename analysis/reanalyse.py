@@ -2,7 +2,7 @@
 
 A report.json keeps every run's final loss and training FLOPs (``runs``), the reference's compute-curve
 branches (``curve_runs``) and each arm's tuning grid (``tuning``): enough to decide every comparison again
-(``tools.experiment_ceg.compare``, one paired inference per comparison, ``analysis.verdicts``) and to choose
+(``analysis.ceg_report.compare``, one paired inference per comparison, ``analysis.verdicts``) and to choose
 each lr again from the whole grid (``analysis.lr_choice``) without any run folder. Nothing is retrained:
 the seeded runs stay at the lr they trained at, and the lr table says whether that lr lies within seed
 noise of the grid's fitted minimum.
@@ -29,8 +29,7 @@ POINTER = "<!-- reanalysis -->"
 
 def reanalyse(report_json: Path) -> dict:
     """Decide the report's comparisons again; write reanalysis/verdicts.{md,json}; return the json's data."""
-    from analysis import experiment_report
-    from tools import experiment_ceg
+    from analysis import ceg_report, experiment_report
 
     report_json = Path(report_json)
     rep = json.loads(report_json.read_text())
@@ -49,12 +48,12 @@ def reanalyse(report_json: Path) -> dict:
           "again by one paired inference per comparison (`analysis/verdicts.py`), each lr chosen again from its "
           "whole tuning grid (`analysis/lr_choice.py`). Nothing was retrained.", ""]
     data: dict = {"experiment": name, "source": str(report_json), "changes": [], "lr": {}}
-    ctx.comparison = experiment_ceg.compare(ctx)
+    ctx.comparison = ceg_report.compare(ctx)
     data["comparison"] = ctx.comparison
     data["changes"] = changes(rep.get("comparison") or {}, ctx.comparison)
     md += ["## What changed", "", changes_table(data["changes"], ctx), "",
            "## Results (re-read)", "", experiment_report.main_table(ctx), ""]
-    sec = experiment_ceg.section(ctx)
+    sec = ceg_report.section(ctx)
     md += [f"## {sec.title}", "", sec.markdown.strip(), ""]
     if rep.get("tuning"):
         data["lr"] = lr_checks(ctx)
@@ -114,13 +113,12 @@ def changes_table(rows: list[dict], ctx) -> str:
 
 def lr_checks(ctx) -> dict:
     """Per tuned arm: the lr its seeded runs trained at, the fitted choice and its range within seed noise."""
-    from analysis import lr_choice
-    from tools import experiment_tuning
+    from analysis import lr_choice, tuning_report
 
-    noise = experiment_tuning.seed_sd(ctx)
+    noise = tuning_report.seed_sd(ctx)
     out = {}
     for arm, t in (ctx.record.get("tuning") or {}).items():
-        fit = experiment_tuning.refit(t, noise)
+        fit = tuning_report.refit(t, noise)
         trained = t.get("grid_lr", t["lr"])  # the seeded runs' lr: the grid's best run when trained
         cost = lr_choice.regret(fit, trained) if fit else None
         out[arm] = {"trained_lr": trained, "fitted_lr": fit["lr"] if fit else None,

@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
-from analysis import sequential
+from analysis import ceg_report, sequential
 from analysis.experiments import build_context
 from archlab.config import RecipeError
-from tools import experiment_ceg, sweep
+from tools import sweep
 
 
 def check(spec: dict, where: str) -> Optional[sequential.Design]:
@@ -57,7 +57,7 @@ def run_looks(spec: dict, arms: Sequence, runs: list[dict], stage: dict, *, jobs
     for look in range(2, len(design.stages) + 1):
         stage["write_record"](runs)
         ctx = build_context(stage["read_record"](out), {}, out)
-        results = [a["verdict"] for a in experiment_ceg.compare(ctx)["arms"].values() if a.get("verdict")]
+        results = [a["verdict"] for a in ceg_report.compare(ctx)["arms"].values() if a.get("verdict")]
         add = sequential.next_seeds(design, results)
         if not add:
             log(f"sequential: every comparison resolved after look {look - 1}")

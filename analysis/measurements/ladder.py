@@ -140,7 +140,7 @@ def plot_waterfall(ctx: Context, steps: list[Group], path) -> Optional[object]:
 
 def _draw_step_effects(ctx: Context, ax, bars: list[dict], labels: list[str], arms: list[str]) -> None:
     """Forest plot of the steps' paired changes (rows top to bottom in ladder order)."""
-    from tools.experiment_ceg import fmt_ceg
+    from analysis.ceg_report import fmt_ceg
 
     rows = [b for b in bars if b["kind"] == "step"]
     if not rows:

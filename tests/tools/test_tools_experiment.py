@@ -313,7 +313,7 @@ def test_report_takes_the_current_specs_words_but_the_records_runs(quick, root, 
 
 
 def test_ceg_limits_leave_room_around_the_reference():
-    from tools.experiment_ceg import ceg_limits
+    from analysis.ceg_report import ceg_limits
 
     for values in ([1.0, 1.0, 3.3, 2.9, 1.25], [1.0, 0.99, 1.08], [2.0, 3.0], [0.5, 0.8, None]):
         lo, hi = ceg_limits(values)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis import verdicts
+from analysis import ceg_report, verdicts
 from archlab.config import RecipeError
 from tools import experiment, experiment_ceg, experiment_tuning
 from tools.experiment import load_spec, resolve_arms
@@ -242,7 +242,7 @@ def test_pairs_verdicts_test_each_arm_against_its_compare_arm():
                                           "ds-mtp": ("adamw", "worse")})]:
         ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}, "verdicts": mode}, reference="adamw", arms=arms,
                               group=groups.get, arm_groups=lambda: list(groups.values()), curve_rows=[])
-        out = experiment_ceg.compare(ctx)
+        out = ceg_report.compare(ctx)
         got = {a: (c["verdict"]["against"], c["class"].split()[0]) for a, c in out["arms"].items()}
         assert got == expected, mode
 
@@ -255,7 +255,7 @@ def test_verdicts_leave_out_arms_of_another_objective():
               "bert": _Group("bert", {0: 5.0, 1: 5.1, 2: 5.05}, metric="mlm_loss")}
     ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}}, reference="gpt", arms={a: {} for a in groups},
                           group=groups.get, arm_groups=lambda: list(groups.values()), curve_rows=[])
-    out = experiment_ceg.compare(ctx)
+    out = ceg_report.compare(ctx)
     assert set(out["arms"]) == {"gpt-8"} and out["arms"]["gpt-8"]["class"].startswith("better")
 
 
@@ -270,7 +270,7 @@ def test_side_arms_are_tested_only_against_their_compare_arm():
     arms = {"dense": {}, "moe": {}, "dense-time": {"side": True}, "deep": {"side": True, "compare": "moe"}}
     ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}}, reference="dense", arms=arms, group=groups.get,
                           arm_groups=lambda: list(groups.values()), curve_rows=[])
-    out = experiment_ceg.compare(ctx)
+    out = ceg_report.compare(ctx)
     assert {a: c["verdict"]["against"] for a, c in out["arms"].items()} == {"moe": "dense", "deep": "moe"}
 
 
@@ -285,7 +285,7 @@ def test_parent_verdicts_test_each_step_of_a_ladder_against_the_step_before():
     arms = {"a": {"parent": None}, "b": {"parent": "a"}, "c": {"parent": "b"}}
     ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}, "verdicts": "parent"}, reference="a", arms=arms,
                           group=groups.get, arm_groups=lambda: list(groups.values()), curve_rows=[])
-    out = experiment_ceg.compare(ctx)
+    out = ceg_report.compare(ctx)
     got = {a: (c["verdict"]["against"], c["class"].split()[0]) for a, c in out["arms"].items()}
     assert got == {"b": ("a", "better"), "c": ("b", "equivalent")}
     assert out["family"] == "every step against the arm it extends"
@@ -309,7 +309,7 @@ def test_parent_verdicts_give_each_step_its_ceg_against_its_parent():
     ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}, "verdicts": "parent", "ceg": {"fractions": [1]}},
                           reference="a", arms=arms, group=groups.get, arm_groups=lambda: list(groups.values()),
                           curve_rows=rows)
-    out = experiment_ceg.compare(ctx)
+    out = ceg_report.compare(ctx)
     b, c = out["arms"]["b"], out["arms"]["c"]
     assert b["verdict"]["against"] == "a" and b["ceg"]["ceg"] == pytest.approx(2.0, rel=0.02)
     rel = c["verdict"]  # c's verdict is against its parent b, from the same paired inference as its interval

@@ -1,0 +1,135 @@
+"""The tuning section of an experiment's report: per arm the lr grid, the lr chosen from it
+(``analysis.lr_choice``) with its range within seed noise, and the loss-against-lr figure. The runs behind
+it are ``tools.experiment_tuning``'s."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+from analysis import lr_choice
+
+
+def section(ctx):
+    """The tuning table (per arm: grid, chosen lr, bracketed, cost) and the loss-vs-lr plot."""
+    from analysis.experiments import Section, figure_md, table
+
+    tuning = ctx.record.get("tuning") or {}
+    tune = ctx.spec.get("tune") or {}
+    if "shared" in tune:
+        return Section("Learning rate", f"Every arm trains at its recipe's lr, by design: {tune['shared']}")
+    if not tuning:
+        return Section("Learning rate", "Not tuned: every arm trains at its recipe's lr (the spec has no `tune:`).")
+    walls = ctx.record.get("tune_wall_s") or {}  # tuning run -> its wall seconds
+    noise = seed_sd(ctx)
+    rows = []
+    for arm, t in tuning.items():
+        where = "bracketed" if t["bracketed"] else "at the edge of the grid, extension limit hit"
+        if not t.get("learned", True):
+            where = "no lr of the grid learned (extension limit hit on the low side)"
+        dnl = t.get("did_not_learn") or [False] * len(t["lrs"])
+        losses = ", ".join("diverged" if d else f"{v:.3f} (did not learn)" if n else f"{v:.3f}" if v is not None
+                           else "-" for v, d, n in zip(t["losses"], t["diverged"], dnl))
+        if t.get("transferred_from"):
+            where += f"; muP transfer from `{t['transferred_from']}`"
+        fit = refit(t, noise)
+        rows.append([f"{ctx.arms[arm]['label']} (`{arm}`)", ", ".join(f"{lr:g}" for lr in t["lrs"]), losses,
+                     f"{t.get('grid_lr', t['lr']):g}", f"**{t['lr']:g}**", _flat_text(fit), where, len(t["runs"]),
+                     f"{sum(walls.get(r, 0.0) for r in t['runs']) / 60:.1f}"])
+    seeded = sum(r["elapsed_s"] for r in ctx.rows if r["elapsed_s"])
+    runs = {r for t in tuning.values() for r in t["runs"]}  # under muP every arm shares the base's runs
+    tuned_s = sum(walls.get(r, 0.0) for r in runs)
+    share = ("the arm's full budget" if tune["budget_fraction"] == 1
+             else f"{tune['budget_fraction']:g} x the arm's budget")
+    md = (f"Each arm's lr is chosen on its own (`tools/experiment_tuning.py`): a log grid at {share}, one run per lr "
+          f"at seed {tune['seed']} (not one of the "
+          "reported seeds); a run that diverged or did not learn (within "
+          "0.1 nats of the unigram entropy) counts as worst, and when no lr learned the grid extends downwards; "
+          "the grid extends by its own ratio until the best lr is interior. The chosen lr is not the grid's best "
+          "run alone, which follows its seed's luck: it is the minimum of a parabola in log lr through the best "
+          "run and up to two neighbours on each side, kept inside the bracket (`analysis/lr_choice.py`; the "
+          "grid's best when not bracketed or the points do not curve upwards). 'Within seed noise': the lrs whose "
+          "fitted loss is within one seed sd of the minimum"
+          + (f" ({noise:.4f} nats, the pooled sd of the seeded runs)" if noise else "")
+          + ". The seeded runs train at the chosen lr.\n\n"
+          + table(["arm", "lrs tried", "final val loss at each lr (nats/token)", "grid's best", "chosen lr",
+                   "within seed noise", "where", "runs", "wall min"], rows)
+          + f"\n\nTuning cost: {len(runs)} runs, {tuned_s / 60:.1f} min of training "
+          f"wall time (the seeded runs: {len(ctx.rows)} runs, {seeded / 60:.1f} min; tuning is "
+          f"{tuned_s / max(seeded, 1e-9):.2f}x their cost).")
+    figures: list = []
+    md += figure_md(figures, plot(ctx, tuning, ctx.out / "tuning.png"), "final validation loss against lr per arm")
+    return Section("Learning rate, tuned per arm", md, figures, {"tuning": tuning, "wall_s": walls})
+
+
+def seed_sd(ctx) -> Optional[float]:
+    """The pooled sd of the seeded runs' final losses within arms (the noise one tuning run carries)."""
+    ss, df = 0.0, 0
+    for g in ctx.arm_groups():
+        vals = [v for v in g.losses().values() if v is not None and math.isfinite(v)]
+        if len(vals) > 1:
+            m = sum(vals) / len(vals)
+            ss += sum((v - m) ** 2 for v in vals)
+            df += len(vals) - 1
+    return math.sqrt(ss / df) if df else None
+
+
+def refit(t: dict, noise_sd: Optional[float]) -> Optional[dict]:
+    """The tuning grid's lr choice (``analysis.lr_choice``) with its range within ``noise_sd``; None unbracketed."""
+    if not t.get("bracketed"):
+        return None
+    dnl = t.get("did_not_learn") or [False] * len(t["lrs"])
+    losses = [None if d or n else v for v, d, n in zip(t["losses"], t["diverged"], dnl)]
+    return lr_choice.choose(t["lrs"], losses, noise_sd)
+
+
+def _flat_text(fit: Optional[dict]) -> str:
+    if not fit or fit.get("flat_low") is None:
+        return "-"
+    lo = ("<= " if fit.get("flat_open_low") else "") + f"{fit['flat_low']:.2g}"
+    hi = (">= " if fit.get("flat_open_high") else "") + f"{fit['flat_high']:.2g}"
+    return f"{lo} .. {hi}"
+
+
+def plot(ctx, tuning: dict, path: Path):
+    from matplotlib.ticker import NullFormatter
+
+    from analysis.plotting import COLORS, pyplot, save_figure, style_axes, wrap_label
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    finite, chosen, tried = [], [], set()
+    for i, (arm, t) in enumerate(tuning.items()):
+        pts = [(lr, v) for lr, v in zip(t["lrs"], t["losses"]) if v is not None]
+        if not pts:
+            continue
+        finite += [v for _, v in pts]
+        tried |= set(t["lrs"])
+        color = COLORS[i % len(COLORS)]
+        ax.plot(*zip(*pts), "o-", color=color,
+                label=wrap_label(f"{ctx.arms[arm]['label']} (chosen {t['lr']:g})", 50))
+        if t["loss"] is not None:
+            chosen.append(t["loss"])
+            best = t.get("grid_lr", t["lr"])  # the grid's best run; the chosen lr may lie between grid points
+            ax.plot([best], [t["loss"]], "*", color=color, markersize=14, markeredgecolor="black", zorder=5)
+            if not math.isclose(best, t["lr"], rel_tol=1e-3):
+                ax.axvline(t["lr"], color=color, ls="--", lw=1.2)
+        for lr, d in zip(t["lrs"], t["diverged"]):
+            if d:
+                ax.axvline(lr, color=color, ls=":", lw=1)
+    if not finite:
+        plt.close(fig)
+        return None
+    ax.set_xscale("log")
+    ax.set_xticks(sorted(tried), [f"{lr:g}" for lr in sorted(tried)])  # the lrs tried, no crowded minor labels
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    lo, hi = min(finite), sorted(finite)[-1]
+    # the interesting range: the minima (every chosen one), not a run far off at an edge of the grid
+    top = min(hi, max(lo + 4 * (sorted(finite)[len(finite) // 2] - lo) + 0.05, max(chosen, default=lo) + 0.1))
+    ax.set_ylim(lo - 0.02 * max(top - lo, 0.05), top + 0.02 * max(top - lo, 0.05))
+    style_axes(ax, f"{ctx.spec['name']}: tuning runs, final validation loss against peak lr\n"
+               "(star: the grid's best run; dashed: the chosen lr)",
+               "peak learning rate (log scale)", "final validation loss (nats/token)", grid="both",
+               legend_outside=True)
+    return save_figure(fig, path)
