@@ -5,6 +5,7 @@ measured, and reported with intervals.
     python -m tools.experiment run experiments/evolution.yaml --quick      # tiny models, a few steps, one seed
     python -m tools.experiment report experiments/evolution.yaml           # the report again from the runs
     python -m tools.experiment plan experiments/evolution.yaml             # arms, steps and costs; trains nothing
+    python -m tools.experiment status experiments/evolution.yaml           # each stage's runs: done, to go, failed
 
 Three stages train. (1) Tuning (``tools.experiment_tuning``, ``<out>/tune/``): each arm's lr is
 chosen on its own by a log grid at the full budget, extended until the best lr is interior (or
@@ -114,7 +115,7 @@ from omegaconf import OmegaConf
 from analysis.measurements import MEASUREMENTS
 from archlab.config import RecipeError, load_recipe
 from archlab.io import write_json_atomic
-from tools import experiment_ceg, experiment_seeds, experiment_tuning, launch, sweep
+from tools import experiment_ceg, experiment_seeds, experiment_status, experiment_tuning, launch, sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECORD = "experiment.json"
@@ -677,14 +678,15 @@ def _parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     for name, text in (("run", "train (resumable), measure and write the report"),
                        ("report", "write the report from the finished runs (measuring what is missing)"),
-                       ("plan", "print the arms, their costs and the training commands")):
+                       ("plan", "print the arms, their costs and the training commands"),
+                       ("status", "where the runs stand, stage by stage (trains nothing)")):
         p = sub.add_parser(name, help=text)
         p.add_argument("spec", help="experiment spec, e.g. experiments/evolution.yaml")
         p.add_argument("--quick", action="store_true", help="tiny models, a few steps, one seed (<out>-quick)")
         p.add_argument("--out", help="folder of the runs (default: the spec's out:)")
         p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                        help="overrides for every arm, after the spec's set: (e.g. data.cache_dir=/tmp/cache)")
-        if name != "plan":
+        if name not in ("plan", "status"):
             p.add_argument("--report", help="report folder (default: the spec's report:, or <out>/report)")
         if name == "run":
             p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (default 1)")
@@ -706,6 +708,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             spec["out"] = args.out
         if args.command == "plan":
             plan(spec)
+            return 0
+        if args.command == "status":
+            print(experiment_status.status_text(Path(spec["out"]), RECORD))
             return 0
         if args.command == "run":
             if args.jobs < 1 or (args.threads is not None and args.threads < 1):

@@ -559,9 +559,14 @@ def check_consistent(out_dir: Path, points: list[Point]) -> None:
 
 
 def run_state(p: Point) -> str:
-    """What the run folder says: finished | diverged (stopped on non-finite numbers: rerunning the
+    """What the point's run folder says (:func:`run_dir_state`)."""
+    return run_dir_state(p.run_dir)
+
+
+def run_dir_state(run_dir) -> str:
+    """What a run folder says: finished | diverged (stopped on non-finite numbers: rerunning the
     same deterministic run would diverge again) | started (resumable) | new."""
-    path = Path(p.run_dir) / SUMMARY
+    path = Path(run_dir) / SUMMARY
     if path.is_file():
         try:
             status = json.loads(path.read_text()).get("status")
@@ -571,7 +576,7 @@ def run_state(p: Point) -> str:
             return "finished"
         if status == "nonfinite":
             return "diverged"
-    return "started" if Path(p.run_dir).is_dir() else "new"
+    return "started" if Path(run_dir).is_dir() else "new"
 
 
 def is_done(p: Point) -> bool:
