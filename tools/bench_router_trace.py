@@ -7,12 +7,13 @@ against off, interleaved in one process.
 One :class:`archlab.train.Trainer` of the recipe, built with ``train.router_trace_every=1``; its
 steps alternate between traced and untraced (the tracer's ``every`` set to 1 or 0), in pairs whose
 order is swapped from one pair to the next (on-off, off-on, ...), after ``--warmup`` pairs that
-are not counted. A timed step is the trainer's whole optimizer step (``Trainer._one_step``:
+are not counted. A timed step is the trainer's whole optimizer step (``Trainer.run_step``:
 forward, backward, update, routing bookkeeping and, traced, the capture in the forward, the copy
-to the host and the file write). Reported: the median over pairs of (traced step time /
-untraced step time), the ratio of the summed times, and the host seconds the trainer itself
-records per traced step in ``router_trace/steps.jsonl``. At ``router_trace_every = n`` a run pays
-about (ratio - 1) / n on top of its steps. Printed; nothing is asserted (the machine is shared).
+to the host and the file write; no metrics row is due, and the progress bar is left out).
+Reported: the median over pairs of (traced step time / untraced step time), the ratio of the
+summed times, and the host seconds the trainer itself records per traced step in
+``router_trace/steps.jsonl``. At ``router_trace_every = n`` a run pays about (ratio - 1) / n on
+top of its steps. Printed; nothing is asserted (the machine is shared).
 """
 
 from __future__ import annotations
@@ -27,16 +28,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 
-class _Bar:
-    """What ``Trainer._one_step`` asks of its progress bar."""
-
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix(self, **kwargs) -> None:
-        pass
-
-
 def measure(recipe: str, overrides: Sequence[str] = (), pairs: int = 20, warmup: int = 2,
             out_dir: Optional[str] = None) -> dict:
     """Time ``pairs`` traced/untraced step pairs of ``recipe`` (+ ``overrides``) in one process;
@@ -46,7 +37,7 @@ def measure(recipe: str, overrides: Sequence[str] = (), pairs: int = 20, warmup:
     import archlab
     from archlab.io import read_jsonl
     from archlab.train import Trainer
-    from archlab.train.loop import _Window
+    from archlab.train.callbacks import MetricsLogger, RouterTracing
     from archlab.train.router_trace import INDEX, STEPS, TRACE_DIR
 
     out_dir = out_dir or tempfile.mkdtemp(prefix="bench-router-trace-")
@@ -57,15 +48,15 @@ def measure(recipe: str, overrides: Sequence[str] = (), pairs: int = 20, warmup:
                                        "train.run_name=bench-router-trace"])
     trainer = Trainer(cfg)
     try:
-        if trainer.tracer is None:
+        tracing = trainer.callback(RouterTracing)
+        if tracing is None:
             raise SystemExit("the recipe has no MoE layer: nothing to trace")
-        trainer._window, trainer._start = _Window(), time.perf_counter()
-        bar = _Bar()
+        trainer.callbacks = [cb for cb in trainer.callbacks if not isinstance(cb, MetricsLogger)]  # no bar
 
         def step(on: bool) -> float:
-            trainer.tracer.every = 1 if on else 0
+            tracing.tracer.every = 1 if on else 0
             t0 = time.perf_counter()
-            trainer._one_step(bar)
+            trainer.run_step()
             return time.perf_counter() - t0
 
         times: dict[bool, list[float]] = {True: [], False: []}

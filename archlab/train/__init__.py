@@ -6,7 +6,10 @@
     from archlab.train.checkpoint import load_model, latest
     model, cfg = load_model("runs/llama-tiny-20250101-120000")   # newest complete checkpoint
 
-- ``loop``: the :class:`Trainer` (steps, evaluation, logging, checkpoints, faults)
+- ``loop``: the :class:`Trainer` (steps, evaluation, checkpoints), calling its callbacks' hooks
+- ``callbacks``: the loop's optional features (non-finite policy, MoE bookkeeping, router tracing, WSD
+  branching, metrics rows, trackers), chosen from the recipe once; the hooks and their order in ``callbacks.base``
+- ``evaluate``, ``checkpointer``, ``record``: a Trainer's validation, checkpoint save/load, run folder and summary
 - ``optim``: the optimizer (``train.optimizer``) and the lr schedule of a run; the classes are in ``archlab.optim``
 - ``checkpoint``: atomic, verified checkpoints; ``load_model``, ``latest``
 - ``run_folder``: what a run writes (env.json, metrics.jsonl, summary.json, loss.png...)

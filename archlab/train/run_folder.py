@@ -134,23 +134,17 @@ def copy_jsonl_rows(src: Path, dst: Path, max_step: int) -> None:
 
 
 class MetricsLog:
-    """Appends rows to metrics.jsonl (and routing.jsonl), the run's record, and hands each metrics
-    row to the experiment trackers of ``accelerator`` (``train.trackers``, see
-    :mod:`archlab.train.trackers`). Only the main process creates one."""
+    """Appends rows to metrics.jsonl (and routing.jsonl), the run's record (the trackers get their copy
+    from :class:`archlab.train.callbacks.Trackers`). Only the main process creates one."""
 
-    def __init__(self, run_dir: Path, accelerator=None):
+    def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         self._metrics = open(run_dir / METRICS, "a")
         self._routing = None
-        self._accelerator = accelerator
 
     def write(self, row: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
-        if self._accelerator is not None:
-            from archlab.train import trackers
-
-            trackers.log(self._accelerator, row)
 
     def write_routing(self, row: dict[str, Any]) -> None:
         if self._routing is None:
@@ -159,14 +153,10 @@ class MetricsLog:
         self._routing.flush()
 
     def close(self) -> None:
-        """Close the files and finish the trackers' runs; idempotent."""
+        """Close the files; idempotent."""
         self._metrics.close()
         if self._routing is not None:
             self._routing.close()
-        if self._accelerator is not None:
-            from archlab.train import trackers
-
-            trackers.finish(self._accelerator)
 
 
 def plot_losses(run_dir: Path, title: str) -> Path:

@@ -13,6 +13,7 @@ import torch.distributed as dist
 import archlab
 from archlab.nn.moe import moe_layers
 from archlab.train import Trainer
+from archlab.train.callbacks import MoEBookkeeping
 from archlab.train.dist import exit_process, groups_left, shutdown_distributed
 
 
@@ -22,14 +23,14 @@ def main() -> int:
     trainer = Trainer(archlab.load_recipe(recipe, overrides))
     layers = moe_layers(trainer.model)
     biases: list[list] = []
-    after_step = trainer._moe_after_step
+    moe = trainer.callback(MoEBookkeeping)
+    after_update = moe.after_update
 
-    def record(log_now: bool):
-        result = after_step(log_now)
+    def record(trainer, result, read):
+        after_update(trainer, result, read)
         biases.append([[] if ly.router.expert_bias is None else ly.router.expert_bias.tolist() for ly in layers])
-        return result
 
-    trainer._moe_after_step = record
+    moe.after_update = record
     trainer.run()
     mine = {"rank": trainer.info.rank, "biases": biases,
             "local_experts": [int(ly.experts.w_up.shape[0]) for ly in layers]}
