@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from analysis.experiment_spec import Spec
 from analysis.measurements import MEASUREMENTS
 from tools import experiment
 from tools.experiment import load_spec, main, match_time_budgets, resolve_arms
@@ -52,6 +53,14 @@ def test_arms_inherit_their_parents_overrides_and_previous_skips_side_arms(tmp_p
     assert arms["rope"].overrides[-2:] == ["model.norm.placement=pre", "model.position.type=rope"]
     assert arms["rope"].own == ["model.position.type=rope"] and arms["rope"].recipe == "recipes/vanilla/tiny.yaml"
     assert spec.reference == "base" and spec.seeds == [0, 1, 2]
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_every_spec_survives_the_record_as_it_loaded(root, quick):
+    """The record keeps ``Spec.to_dict()`` as JSON; the report reads it back with ``Spec.from_dict``."""
+    for path in sorted((root / "experiments").glob("*.yaml")):
+        spec = load_spec(str(path), quick=quick)
+        assert Spec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec, path.name
 
 
 @pytest.mark.parametrize("spec,message", [
