@@ -191,7 +191,7 @@ class Context:
     measurement results; sections add their figures under ``out``."""
 
     record: dict
-    arms: dict  # name -> arm dict (as tools.experiment.Arm) + "costs"
+    arms: dict  # name -> arm dict (analysis.experiment_spec.Arm.to_dict(), as the record keeps it) + "costs"
     rows: list
     groups: dict  # (arm, cell tag) -> Group
     measures: dict

@@ -22,7 +22,7 @@ class Measurement:
     """One measurement an experiment spec can name (``measurements: {name: settings}``).
 
     - :attr:`keys`: the settings it accepts; :meth:`check` rejects any other, and bad values, when
-      the spec loads (``tools.experiment.load_spec``), naming the key.
+      the spec loads (``tools.experiment.load.load_spec``), naming the key.
     - :attr:`quick`: the settings ``--quick`` gives it (the spec's ``quick.measurements`` go over them).
     - :meth:`run`: what it computes beyond the run folders, after training (``tools.experiment
       .measure``), cached under ``<out>/measurements/``; None (the default): nothing to compute.
