@@ -8,8 +8,6 @@ import math
 from pathlib import Path
 from typing import Optional
 
-DEFAULT_MARGIN = {"ceg": [0.9, 1.1]}  # "no difference": equivalent within 10% of compute (TOST)
-
 
 def curves(ctx, arm: str) -> dict[int, list[tuple[float, float]]]:
     """{seed: [(training FLOPs, final val loss)]} of the arm's finished cooldown branches."""
@@ -26,9 +24,8 @@ def compare(ctx) -> dict:
     from analysis import fair, sequential, verdicts
 
     spec = ctx.spec
-    margin_spec = spec.get("margin") or dict(DEFAULT_MARGIN)
     ref = ctx.group(ctx.reference)
-    ref_curves = curves(ctx, ctx.reference) if spec.get("ceg") else {}
+    ref_curves = curves(ctx, ctx.reference) if spec.ceg else {}
     fit, curve_note = None, ""
     if ref_curves:
         try:
@@ -36,8 +33,8 @@ def compare(ctx) -> dict:
         except ValueError as e:  # fewer than 2 distinct computes learned: no curve, no CEG
             curve_note = f"no compute curve: {e}"
     budget_c = _compute(ref) if ref is not None else None
-    margin = verdicts.margins(fit, budget_c, margin_spec)
-    mode = spec.get("verdicts", "reference")
+    margin = verdicts.margins(fit, budget_c, spec.margin.to_dict())
+    mode = spec.verdicts
     pairs = []
     for g in ctx.arm_groups():
         # the family: every arm against the reference, its `compare:` arm (verdicts: pairs) or the arm it extends
@@ -53,11 +50,8 @@ def compare(ctx) -> dict:
         if not set(g.losses()) & set(other.losses()):
             continue
         pairs.append(_pair(g, other))
-    design = spec.get("sequential")
-    if design and pairs:  # seeds: {min, max}: each comparison read at the look that stopped it
-        results = sequential.family(sequential.Design(design["min"], design["max"], design["step"],
-                                                      design["spending"], design["alpha"]),
-                                    fit, ref_curves, pairs, margin)
+    if spec.sequential and pairs:  # seeds: {min, max}: each comparison read at the look that stopped it
+        results = sequential.family(spec.sequential, fit, ref_curves, pairs, margin)
     else:
         results = verdicts.family(fit, ref_curves, pairs, margin) if pairs else []
     family = {"pairs": "every arm against its `compare:` arm", "parent": "every step against the arm it extends"
@@ -134,7 +128,7 @@ def _p(v: Optional[float]) -> str:
 
 def section(ctx):
     """The verdict table (one paired inference per comparison, Holm) and the reference's compute curve."""
-    from analysis import sequential, verdicts
+    from analysis import verdicts
     from analysis.experiments import Section, figure_md, table
 
     comp = ctx.comparison
@@ -156,10 +150,9 @@ def section(ctx):
              "so it excludes 1 (or 0 nats) exactly when the verdict is better or worse. Verdicts: better / worse, "
              "equivalent within the margin, unresolved (with the seeds that would resolve it at 80% power if the "
              "observed mean and sd are the truth)."]
-    design = ctx.spec.get("sequential")
+    design = ctx.spec.sequential
     if design:
-        d = sequential.Design(design["min"], design["max"], design["step"], design["spending"], design["alpha"])
-        lines.append(f"Seeds: {d.describe()}, stated in the spec before the first run "
+        lines.append(f"Seeds: {design.describe()}, stated in the spec before the first run "
                      "(`analysis/sequential.py`). At each look the comparisons still unresolved are read with Holm "
                      "at that look's level; a verdict reached is final and its arms stop when all their comparisons "
                      "are resolved. The per-look levels sum to 5%, so each error rate stays at most 5% over the "
@@ -186,9 +179,9 @@ def section(ctx):
         cal_text = "-" if cal.get("ceg") is None else (
             f"{cal['ceg']:.2f}x" + ("" if cal.get("low") is None else f" [{cal['low']:.2f}, {cal['high']:.2f}]"))
         md += (f"\n\n**Compute curve of `{ctx.reference}`** (WSD trunks with cooldown branches at "
-               f"{ctx.spec['ceg']['fractions']} x the budget, seeds {ctx.spec['ceg']['seeds']}): "
+               f"{ctx.spec.ceg.fractions} x the budget, seeds {ctx.spec.ceg.seeds}): "
                f"{_fit_text(fit)}. Calibration: the reference's own seeded runs ("
-               + ("the curve's WSD schedule" if ctx.spec["ceg"]["arms_schedule"] == "wsd" else "its recipe's schedule")
+               + ("the curve's WSD schedule" if ctx.spec.ceg.arms_schedule == "wsd" else "its recipe's schedule")
                + f") read through the curve sit at {cal_text} of their compute (95% t-interval over seeds): the "
                "offset every unpaired reading would carry, which the paired CEG divides out.")
         md += figure_md(figures, plot(ctx, fit, ctx.out / "compute_curve.png"),
@@ -256,7 +249,7 @@ def plot(ctx, fit: dict, path: Path):
         rows.append((g, color, (ctx.comparison.get("arms", {}).get(g.arm) or {}).get("ceg")
                      or (ctx.comparison.get("calibration") if g.arm == ctx.reference else None)))
     ax.set_xscale("log")
-    style_axes(ax, f"{ctx.spec['name']}: loss against training compute\n(dotted: to the reference's compute, the CEG)",
+    style_axes(ax, f"{ctx.spec.name}: loss against training compute\n(dotted: to the reference's compute, the CEG)",
                "training compute (FLOPs, log scale)", "final validation loss (nats/token)", legend=False, grid="both")
     ax.legend(loc="upper right", fontsize=8)  # the curve falls from upper left to lower right
     for y, (g, color, res) in enumerate(rows):

@@ -94,7 +94,7 @@ def paired_rows(ctx: Context, cell: str = "") -> list[tuple[Group, str, dict]]:
     """(arm, the arm it is differenced against, the paired difference) for every arm the claims rest on: its
     ``compare:`` arm under ``verdicts: pairs`` (or when it names one), the arm it extends under ``verdicts: parent``,
     else the reference; never across objectives (the difference is absent there)."""
-    mode = ctx.spec.get("verdicts", "reference")
+    mode = ctx.spec.verdicts
     out = []
     for g in ctx.arm_groups(cell):
         other = ctx.arms[g.arm].get("compare")
@@ -147,7 +147,7 @@ def plot_losses(ctx: Context, path: Path, cell: str = "") -> Optional[Path]:
                "nats/token (lower is better)", "", legend=False, grid="x")
     handles, names = ax.get_legend_handles_labels()
     if diffs:
-        margin = (ctx.spec.get("margin") or {}).get("nats")
+        margin = ctx.spec.margin.nats
         if margin:
             ax_d.axvspan(-margin, margin, color="0.85", zorder=0, label=f"equivalence margin +-{margin:g} nats")
         ax_d.axvline(0.0, color="0.3", lw=0.8)
@@ -179,20 +179,19 @@ def _wall_time(ctx: Context) -> str:
 
 def _setup(ctx: Context) -> str:
     spec = ctx.spec
-    budget = spec["budget"]
-    kind, value = next(iter(budget.items()))
+    kind, value = spec.budget.kind, spec.budget.value
     lines = [f"- Budget per run: {value:.3g} {'training FLOPs' if kind == 'flops' else 'tokens'}"
              + (" (equal training FLOPs: tokens = budget / the arm's FLOPs per token)" if kind == "flops" else "")
              + "; arms with their own budget say so below.",
-             f"- Seeds: {spec['seeds']} (`train.seed`: initial weights and data order; the corpus split is fixed)."
+             f"- Seeds: {spec.seeds} (`train.seed`: initial weights and data order; the corpus split is fixed)."
              + (" Quick mode: tiny models, a few steps: the numbers only show that the pipeline works."
-                if spec.get("quick") else ""),
-             *([f"- Quick defaults (keys the spec's `quick:` does not set): {'; '.join(spec['quick_defaults'])}."]
-               if spec.get("quick_defaults") else []),
-             f"- Every arm: `{' '.join(spec['set'])}`" if spec["set"] else "- Every arm: the recipe as it is.",
+                if spec.quick else ""),
+             *([f"- Quick defaults (keys the spec's `quick:` does not set): {'; '.join(spec.quick_defaults)}."]
+               if spec.quick_defaults else []),
+             f"- Every arm: `{' '.join(spec.set)}`" if spec.set else "- Every arm: the recipe as it is.",
              f"- Reference arm: `{ctx.reference}`."]
-    if spec.get("grid"):
-        lines.append("- Grid (every arm, every seed): " + "; ".join(f"`{k}` in {v}" for k, v in spec["grid"].items()))
+    if spec.grid:
+        lines.append("- Grid (every arm, every seed): " + "; ".join(f"`{k}` in {v}" for k, v in spec.grid.items()))
     rows = []
     for a in ctx.arms.values():
         b = a["budget"]
@@ -277,29 +276,29 @@ def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ctx = build_context(record, measures, out)
-    if not ctx.spec.get("grid"):  # a grid's cells are compared in their own sections (stability)
+    if not ctx.spec.grid:  # a grid's cells are compared in their own sections (stability)
         ctx.comparison = ceg_report.compare(ctx)
     spec = ctx.spec
     figures = []
-    md = [f"# {spec.get('title') or spec['name']}", ""]
-    if spec.get("description"):
-        md += [spec["description"].strip(), ""]
-    if spec.get("claim"):
-        md += [f"**Claim checked.** {spec['claim'].strip()}", ""]
+    md = [f"# {spec.title or spec.name}", ""]
+    if spec.description:
+        md += [spec.description.strip(), ""]
+    if spec.claim:
+        md += [f"**Claim checked.** {spec.claim.strip()}", ""]
     md += ["## Regenerate", "", "From the repository root (runs go under "
-           f"`{spec['out']}`, git-ignored; finished runs are skipped, interrupted ones resumed):", "", "```sh",
+           f"`{spec.out}`, git-ignored; finished runs are skipped, interrupted ones resumed):", "", "```sh",
            command, "```", "", _wall_time(ctx), "", "## Setup", "", _setup(ctx), ""]
-    if spec.get("notes"):
-        md += [spec["notes"].strip(), ""]
+    if spec.notes:
+        md += [spec.notes.strip(), ""]
     sections_json = {}
-    if not spec.get("grid"):
+    if not spec.grid:
         md += ["## Results", "", main_table(ctx), ""]
         embed = figure_md(figures, plot_losses(ctx, out / "val_loss.png"), "final validation loss per arm")
         md += [embed.strip(), ""] if embed else []
     for section in ([tuning_report.section(ctx)] + ([ceg_report.section(ctx)] if ctx.comparison else [])):
         md += [f"## {section.title}", "", section.markdown.strip(), ""]  # the stages' data: tuning, comparison
         figures += section.figures
-    wanted = [MEASUREMENTS[name] for name in spec.get("measurements") or {}]
+    wanted = [MEASUREMENTS[name] for name in spec.wanted]
     for m in [m for m in wanted if not m.last] + [m for m in wanted if m.last]:  # in the spec's order
         section = m.section(ctx)
         md += [f"## {section.title}", "", section.markdown.strip(), ""]
@@ -307,7 +306,7 @@ def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
         sections_json[m.name] = section.data
     md += ["## Runs left out of the analysis", "", excluded_table(ctx), ""]
     md += ["## Every run", "", runs_table(ctx), ""]
-    data = {"experiment": spec["name"], "command": command, "spec": spec, "arms": list(ctx.arms.values()),
+    data = {"experiment": spec.name, "command": command, "spec": record["spec"], "arms": list(ctx.arms.values()),
             "runs": [{**r, "run_dir": _relative(r["run_dir"])} for r in ctx.rows],
             "groups": [_json_group(g) for g in ctx.groups.values()], "sections": sections_json,
             "tuning": record.get("tuning"), "tune_wall_s": record.get("tune_wall_s"), "comparison": ctx.comparison,

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from analysis.experiment_spec import Spec
 from analysis.runs import LEARN_MARGIN, RunError, open_run  # noqa: F401  (LEARN_MARGIN: re-exported)
 
 LEVEL = 0.95
@@ -78,9 +79,9 @@ def cell_tag(cell: dict) -> str:
 
 
 def _manifests(record: dict) -> dict[str, dict]:
-    out = {}
+    out, runs = {}, Path(Spec.from_dict(record["spec"]).out)
     for folder in sorted({r["sweep"] for r in record["runs"] + record.get("ceg_runs", [])}):
-        path = Path(record["spec"]["out"]) / folder / "manifest.json"
+        path = runs / folder / "manifest.json"
         if path.is_file():
             for p in json.loads(path.read_text()).get("points", []):
                 out[p["name"]] = p
@@ -190,7 +191,7 @@ class Context:
     measurement results; sections add their figures under ``out``."""
 
     record: dict
-    arms: dict  # name -> arm dict (as tools.experiment.Arm) + "costs"
+    arms: dict  # name -> arm dict (analysis.experiment_spec.Arm.to_dict(), as the record keeps it) + "costs"
     rows: list
     groups: dict  # (arm, cell tag) -> Group
     measures: dict
@@ -199,12 +200,12 @@ class Context:
     comparison: dict = field(default_factory=dict)  # analysis.ceg_report.compare (set by the report): verdicts, CEG
 
     @property
-    def spec(self) -> dict:
-        return self.record["spec"]
+    def spec(self) -> Spec:
+        return Spec.from_dict(self.record["spec"])
 
     @property
     def reference(self) -> str:
-        return self.spec["reference"]
+        return self.spec.reference
 
     def group(self, arm: str, cell: str = "") -> Optional[Group]:
         return self.groups.get((arm, cell))
@@ -238,12 +239,13 @@ def context_from_rows(record: dict, rows: list[dict], curve_rows: list[dict], me
     for (arm, _), g in groups.items():
         g.bench_tokens_per_s = (bench.get(arm) or {}).get("tokens_per_s")
     order = {a: i for i, a in enumerate(arms)}
+    reference = Spec.from_dict(record["spec"]).reference
     groups = dict(sorted(groups.items(), key=lambda kv: (kv[0][1], order[kv[0][0]])))
     for (arm, tag), g in groups.items():
         g.loss = t_interval(list(g.losses().values()))
         # losses of different objectives (next-token, masked-token, span) measure different things: only arms
         # sharing the objective are differenced
-        ref = groups.get((record["spec"]["reference"], tag))
+        ref = groups.get((reference, tag))
         if ref is not None and arm != ref.arm and ref.metric == g.metric:
             g.vs_reference = paired_difference(g.losses(), ref.losses())
         parent = groups.get((arms[arm]["parent"], tag)) if arms[arm]["parent"] else None

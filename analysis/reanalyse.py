@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from analysis.experiment_spec import Spec
 from analysis.experiments import context_from_rows, table
 from archlab.io import write_json_atomic, write_text_atomic
 
@@ -33,8 +34,9 @@ def reanalyse(report_json: Path) -> dict:
 
     report_json = Path(report_json)
     rep = json.loads(report_json.read_text())
-    name = rep["spec"]["name"]
-    if rep["spec"].get("grid"):  # a grid's cells are compared in its own sections, without a compute curve
+    spec = Spec.from_dict(rep["spec"])
+    name = spec.name
+    if spec.grid:  # a grid's cells are compared in its own sections, without a compute curve
         return {"experiment": name, "source": str(report_json), "changes": [], "lr": {}, "skipped": "a grid"}
     out = report_json.parent / FOLDER
     out.mkdir(exist_ok=True)
@@ -42,7 +44,7 @@ def reanalyse(report_json: Path) -> dict:
               "tune_wall_s": rep.get("tune_wall_s")}
     costs = {a["name"]: a.get("costs") for a in rep["arms"]}
     ctx = context_from_rows(record, rep["runs"], rep.get("curve_runs") or [], {}, out, costs=costs)
-    md = [f"# {rep['spec'].get('title') or name}: verdicts re-read", "",
+    md = [f"# {spec.title or name}: verdicts re-read", "",
           f"From [report.json](../report.json) alone (`python -m analysis.reanalyse {report_json}`): the same "
           f"{len(rep['runs'])} seeded runs and {len(rep.get('curve_runs') or [])} compute-curve runs, decided "
           "again by one paired inference per comparison (`analysis/verdicts.py`), each lr chosen again from its "

@@ -16,9 +16,9 @@ def section(ctx):
     from analysis.experiments import Section, figure_md, table
 
     tuning = ctx.record.get("tuning") or {}
-    tune = ctx.spec.get("tune") or {}
-    if "shared" in tune:
-        return Section("Learning rate", f"Every arm trains at its recipe's lr, by design: {tune['shared']}")
+    tune = ctx.spec.tune
+    if tune is not None and not tune.searched:
+        return Section("Learning rate", f"Every arm trains at its recipe's lr, by design: {tune.shared}")
     if not tuning:
         return Section("Learning rate", "Not tuned: every arm trains at its recipe's lr (the spec has no `tune:`).")
     walls = ctx.record.get("tune_wall_s") or {}  # tuning run -> its wall seconds
@@ -40,10 +40,10 @@ def section(ctx):
     seeded = sum(r["elapsed_s"] for r in ctx.rows if r["elapsed_s"])
     runs = {r for t in tuning.values() for r in t["runs"]}  # under muP every arm shares the base's runs
     tuned_s = sum(walls.get(r, 0.0) for r in runs)
-    share = ("the arm's full budget" if tune["budget_fraction"] == 1
-             else f"{tune['budget_fraction']:g} x the arm's budget")
+    share = ("the arm's full budget" if tune.budget_fraction == 1
+             else f"{tune.budget_fraction:g} x the arm's budget")
     md = (f"Each arm's lr is chosen on its own (`tools/experiment_tuning.py`): a log grid at {share}, one run per lr "
-          f"at seed {tune['seed']} (not one of the "
+          f"at seed {tune.seed} (not one of the "
           "reported seeds); a run that diverged or did not learn (within "
           "0.1 nats of the unigram entropy) counts as worst, and when no lr learned the grid extends downwards; "
           "the grid extends by its own ratio until the best lr is interior. The chosen lr is not the grid's best "
@@ -128,7 +128,7 @@ def plot(ctx, tuning: dict, path: Path):
     # the interesting range: the minima (every chosen one), not a run far off at an edge of the grid
     top = min(hi, max(lo + 4 * (sorted(finite)[len(finite) // 2] - lo) + 0.05, max(chosen, default=lo) + 0.1))
     ax.set_ylim(lo - 0.02 * max(top - lo, 0.05), top + 0.02 * max(top - lo, 0.05))
-    style_axes(ax, f"{ctx.spec['name']}: tuning runs, final validation loss against peak lr\n"
+    style_axes(ax, f"{ctx.spec.name}: tuning runs, final validation loss against peak lr\n"
                "(star: the grid's best run; dashed: the chosen lr)",
                "peak learning rate (log scale)", "final validation loss (nats/token)", grid="both",
                legend_outside=True)

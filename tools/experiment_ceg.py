@@ -42,7 +42,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
-from analysis.ceg_report import DEFAULT_MARGIN
+from analysis.experiment_spec import DEFAULT_MARGIN, Ceg, Margin, Spec
 from archlab.config import RecipeError
 from tools import sweep
 
@@ -51,7 +51,7 @@ MARGIN_KEYS = ("ceg", "nats")
 FOLDER = "ceg"
 
 
-def check(value, seeds: Sequence[int], where: str = "ceg") -> Optional[dict]:
+def check(value, seeds: Sequence[int], where: str = "ceg") -> Optional[Ceg]:
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -74,14 +74,14 @@ def check(value, seeds: Sequence[int], where: str = "ceg") -> Optional[dict]:
     s = out["seeds"]
     if not isinstance(s, list) or not s or not all(isinstance(x, int) and x >= 0 for x in s):
         raise RecipeError(f"{where}.seeds={s!r}: a list of integers >= 0")
-    out["fractions"] = fractions
     sweep.cooldown_spec({"tokens": [1.0], "decay_fraction": out["decay_fraction"], "shape": out["shape"]})
-    return out
+    return Ceg(fractions=fractions, seeds=s, decay_fraction=out["decay_fraction"], shape=out["shape"],
+               arms_schedule=out["arms_schedule"])
 
 
-def check_margin(value, where: str = "margin") -> dict:
+def check_margin(value, where: str = "margin") -> Margin:
     if value is None:
-        return dict(DEFAULT_MARGIN)
+        return DEFAULT_MARGIN
     if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in MARGIN_KEYS:
         raise RecipeError(f"{where}={value!r}: give one of {{ceg: [0.9, 1.1]}} or {{nats: 0.02}}")
     kind, v = next(iter(value.items()))
@@ -89,41 +89,41 @@ def check_margin(value, where: str = "margin") -> dict:
         ok = isinstance(v, (list, tuple)) and len(v) == 2 and 0 < float(v[0]) < 1 < float(v[1])
         if not ok:
             raise RecipeError(f"{where}.ceg={v!r}: [low, high] with 0 < low < 1 < high, e.g. [0.9, 1.1]")
-        return {"ceg": [float(v[0]), float(v[1])]}
+        return Margin("ceg", [float(v[0]), float(v[1])])
     if not float(v) > 0:
         raise RecipeError(f"{where}.nats={v!r}: a positive number of nats")
-    return {"nats": float(v)}
+    return Margin("nats", float(v))
 
 
-def arms_schedule(spec: dict) -> list[str]:
+def arms_schedule(spec: Spec) -> list[str]:
     """The overrides that give every arm the curve's schedule (``arms_schedule: wsd``), else none."""
-    c = spec.get("ceg")
-    if not c or c["arms_schedule"] != "wsd":
+    c = spec.ceg
+    if not c or c.arms_schedule != "wsd":
         return []
-    return ["train.schedule=wsd", f"train.decay_fraction={c['decay_fraction']:g}", f"train.decay_shape={c['shape']}"]
+    return ["train.schedule=wsd", f"train.decay_fraction={c.decay_fraction:g}", f"train.decay_shape={c.shape}"]
 
 
 def ladder_name(arm: str, seed: int) -> str:
     return sweep._safe(f"{arm}-seed{seed}")
 
 
-def sweep_spec(spec: dict, arm, lr_set: Sequence[str]) -> dict:
+def sweep_spec(spec: Spec, arm, lr_set: Sequence[str]) -> dict:
     """One trunk per seed (a ladder each) with a branch at each fraction of the arm's budget."""
-    c = spec["ceg"]
-    kind, value = next(iter(arm.budget.items()))
+    c = spec.ceg
+    kind, value = arm.budget.kind, arm.budget.value
     warmup = [f"train.warmup_steps={seeded_warmup(arm)}"]  # the seeded runs' warmup, not a shorter one
     own = [o for o in arm.overrides if o.split("=", 1)[0].strip() not in sweep.COOLDOWN_OWNED]  # the sweep's
     ladders = {ladder_name(arm.name, s): {"recipe": arm.recipe, "set": [*own, *lr_set, *warmup, f"train.seed={s}"]}
-               for s in c["seeds"]}
-    cooldown = {kind: [float(f"{float(value) * f:.6g}") for f in c["fractions"]], "decay_fraction": c["decay_fraction"],
-                "shape": c["shape"]}
-    return {"out": str(Path(spec["out"]) / FOLDER), "ladders": ladders, "cooldown": cooldown,
-            "description": f"compute curve of {arm.name} ({spec['name']})"}
+               for s in c.seeds}
+    cooldown = {kind: [float(f"{float(value) * f:.6g}") for f in c.fractions], "decay_fraction": c.decay_fraction,
+                "shape": c.shape}
+    return {"out": str(Path(spec.out) / FOLDER), "ladders": ladders, "cooldown": cooldown,
+            "description": f"compute curve of {arm.name} ({spec.name})"}
 
 
 def seeded_warmup(arm) -> int:
     """The warmup steps of the arm's seeded runs (``tools.sweep``: the recipe's, at most a tenth of the run)."""
-    ladder = {"recipe": arm.recipe, "set": arm.overrides, **{k: [float(v)] for k, v in arm.budget.items()}}
+    ladder = {"recipe": arm.recipe, "set": arm.overrides, arm.budget.kind: [float(arm.budget.value)]}
     pt = sweep.plan_points({"out": "/nonexistent", "ladders": {arm.name: ladder}})
     launch = dict(o.split("=", 1) for o in pt[0].extra["launch_overrides"])
     return int(launch.get("train.warmup_steps") or next(o.split("=", 1)[1] for o in reversed(arm.overrides)
@@ -137,7 +137,7 @@ def records(sspec: dict, points: Sequence[sweep.Point], arm: str, seeds: Sequenc
              "planned_flops": p.planned_flops} for p in points]
 
 
-def run(spec: dict, arm, lr_set: Sequence[str], *, jobs: int = 1, threads: Optional[int] = None,
+def run(spec: Spec, arm, lr_set: Sequence[str], *, jobs: int = 1, threads: Optional[int] = None,
         log=print) -> list[dict]:
     sspec = sweep_spec(spec, arm, lr_set)
     points = sweep.run_sweep(sspec, jobs=jobs, threads=threads, log=log)
@@ -145,16 +145,16 @@ def run(spec: dict, arm, lr_set: Sequence[str], *, jobs: int = 1, threads: Optio
     if left:
         raise sweep.Stopped(f"compute curve: {len(left)} runs not finished ({', '.join(left[:3])}); run the same "
                             "command again to resume them")
-    return records(sspec, points, arm.name, spec["ceg"]["seeds"])
+    return records(sspec, points, arm.name, spec.ceg.seeds)
 
 
-def plan(spec: dict, arm, log=print) -> None:
-    if not spec.get("ceg"):
+def plan(spec: Spec, arm, log=print) -> None:
+    if not spec.ceg:
         log("compute curve: none (no `ceg:` in the spec: no compute-equivalent gains)")
         return
-    c = spec["ceg"]
-    log(f"compute curve of {arm.name}: {len(c['seeds'])} WSD trunks (seeds {c['seeds']}), branches at "
-        f"{c['fractions']} x the budget (the trunk's lr: the arm's tuned lr, chosen before it trains)")
+    c = spec.ceg
+    log(f"compute curve of {arm.name}: {len(c.seeds)} WSD trunks (seeds {c.seeds}), branches at "
+        f"{c.fractions} x the budget (the trunk's lr: the arm's tuned lr, chosen before it trains)")
     try:
         sweep.run_sweep(sweep_spec(spec, arm, []), dry_run=True, log=log)
     except ValueError as e:  # the folder holds the trunks at the tuned lr, which the plan does not know

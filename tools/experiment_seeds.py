@@ -10,18 +10,20 @@ verdicts the runs stopped on.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Sequence
 
 from analysis import ceg_report, sequential
+from analysis.experiment_spec import Spec
 from analysis.experiments import build_context
 from archlab.config import RecipeError
 from tools import sweep
 
 
 def check(spec: dict, where: str) -> Optional[sequential.Design]:
-    """Read ``seeds:`` as a design (None for a list); spec["seeds"] becomes the first look's seeds and
-    spec["sequential"] the design. Grids and time-matched arms keep a fixed list of seeds."""
+    """The YAML's ``seeds:`` read as a design (None for a list): the first look trains seeds 0..min-1.
+    Grids and time-matched arms keep a fixed list of seeds."""
     design = sequential.check(spec.get("seeds"), f"{where}: seeds")
     if design is None:
         return None
@@ -32,27 +34,20 @@ def check(spec: dict, where: str) -> Optional[sequential.Design]:
     if timed:
         raise RecipeError(f"{where}: seeds: {{min, max}} with time-matched arms ({', '.join(map(str, timed))}): "
                           "their budgets are set from the first seeds' runs; give a list of seeds")
-    spec["sequential"] = sequential.as_dict(design)
-    spec["seeds"] = list(range(design.min))
     return design
-
-
-def design_of(spec: dict) -> Optional[sequential.Design]:
-    d = spec.get("sequential")
-    return sequential.Design(d["min"], d["max"], d["step"], d["spending"], d["alpha"]) if d else None
 
 
 def folder(look: int) -> str:
     return f"sweep-look{look}"
 
 
-def run_looks(spec: dict, arms: Sequence, runs: list[dict], stage: dict, *, jobs: int = 1,
+def run_looks(spec: Spec, arms: Sequence, runs: list[dict], stage: dict, *, jobs: int = 1,
               threads: Optional[int] = None, log=print) -> list[dict]:
     """Train the later looks (module docstring); returns the seeded runs of every look. ``stage``: the
     experiment's own steps, {sweep_spec, record_runs, write_record, read_record, check_stopped}."""
     sweep_spec, record_runs = stage["sweep_spec"], stage["record_runs"]
-    design = design_of(spec)
-    out = Path(spec["out"])
+    design = spec.sequential
+    out = Path(spec.out)
     by_name = {a.name: a for a in arms}
     for look in range(2, len(design.stages) + 1):
         stage["write_record"](runs)
@@ -67,18 +62,18 @@ def run_looks(spec: dict, arms: Sequence, runs: list[dict], stage: dict, *, jobs
         log(f"sequential look {look}: {len(open_rows)} comparisons unresolved "
             f"({', '.join(r['arm'] + ' vs ' + r['against'] for r in open_rows)}); arms {', '.join(add)} train "
             f"seeds {seeds}")
-        lspec = sweep_spec({**spec, "seeds": seeds}, [by_name[a] for a in add], folder(look),
+        lspec = sweep_spec(replace(spec, seeds=seeds), [by_name[a] for a in add], folder(look),
                            {a: by_name[a].budget for a in add})
         points = sweep.plan_points(lspec)
         done = sweep.run_sweep(lspec, jobs=jobs, threads=threads, log=log)
         stage["check_stopped"](done)
-        runs = runs + record_runs({**spec, "seeds": seeds}, points, folder(look))
+        runs = runs + record_runs(replace(spec, seeds=seeds), points, folder(look))
     return runs
 
 
-def plan(spec: dict, arms: Sequence, sweep_spec, log=print) -> dict[str, list]:
+def plan(spec: Spec, arms: Sequence, sweep_spec, log=print) -> dict[str, list]:
     """The later looks' runs in the worst case (every comparison unresolved until ``max``): {stage: points}."""
-    design = design_of(spec)
+    design = spec.sequential
     if design is None:
         return {}
     log(f"\n== sequential looks: {design.describe()}; a comparison stops at the first look that resolves it "
@@ -86,7 +81,7 @@ def plan(spec: dict, arms: Sequence, sweep_spec, log=print) -> dict[str, list]:
     out = {}
     for look in range(2, len(design.stages) + 1):
         seeds = list(range(design.stages[look - 2], design.stages[look - 1]))
-        lspec = sweep_spec({**spec, "seeds": seeds}, arms, folder(look), {a.name: a.budget for a in arms})
+        lspec = sweep_spec(replace(spec, seeds=seeds), arms, folder(look), {a.name: a.budget for a in arms})
         pts = sweep.plan_points(lspec)
         log(f"- look {look}: seeds {seeds} for the arms still open (worst case all {len(arms)} arms: {len(pts)} runs)")
         out[f"seeded runs, look {look} (worst case)"] = pts

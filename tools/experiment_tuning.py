@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from analysis import lr_choice
+from analysis.experiment_spec import Spec, Tune
 from archlab.config import RecipeError
 from tools import sweep
 
@@ -57,7 +58,7 @@ FOLDER = "tune"
 DEFAULTS = {"budget_fraction": 1.0, "seed": 1000, "max_extend": 3}
 
 
-def check(value, seeds: Sequence[int], where: str = "tune") -> Optional[dict]:
+def check(value, seeds: Sequence[int], where: str = "tune") -> Optional[Tune]:
     """The spec's ``tune:`` mapping, checked and filled with defaults (None: no tuning key)."""
     if value is None:
         return None
@@ -70,7 +71,7 @@ def check(value, seeds: Sequence[int], where: str = "tune") -> Optional[dict]:
     if "shared" in value:
         if len(value) != 1 or not str(value["shared"] or "").strip():
             raise RecipeError(f"{where}.shared: give only the reason the arms share one lr (a sentence), no grid")
-        return {"shared": str(value["shared"]).strip()}
+        return Tune(shared=str(value["shared"]).strip())
     out = {**DEFAULTS, **value}
     lrs = out.get("lr")
     try:
@@ -89,10 +90,8 @@ def check(value, seeds: Sequence[int], where: str = "tune") -> Optional[dict]:
         raise RecipeError(f"{where}.max_extend={out['max_extend']!r}: an integer >= 0")
     if not isinstance(out.get("mup", False), bool):
         raise RecipeError(f"{where}.mup={out['mup']!r}: true (tune at the muP base width, transfer) or false")
-    out["lr"] = lrs
-    out["budget_fraction"] = float(out["budget_fraction"])
-    out["mup"] = bool(out.get("mup", False))
-    return out
+    return Tune(budget_fraction=float(out["budget_fraction"]), seed=out["seed"], max_extend=out["max_extend"], lr=lrs,
+                mup=bool(out.get("mup", False)))
 
 
 def _lr_text(lr: float) -> str:
@@ -103,17 +102,16 @@ def ladder_name(arm: str, lr: float) -> str:
     return sweep._safe(f"{arm}-lr{_lr_text(lr)}")
 
 
-def sweep_spec(spec: dict, arms, lrs: dict[str, list[float]]) -> dict:
+def sweep_spec(spec: Spec, arms, lrs: dict[str, list[float]]) -> dict:
     """A ``tools.sweep`` spec: one ladder per (arm, lr) at the arm's budget x budget_fraction."""
-    tune = spec["tune"]
+    tune = spec.tune
     ladders = {}
     for arm in arms:
-        kind, value = next(iter(arm.budget.items()))
         for lr in lrs[arm.name]:
             ladders[ladder_name(arm.name, lr)] = {
-                "recipe": arm.recipe, kind: [float(value) * tune["budget_fraction"]],
-                "set": [*arm.overrides, f"train.lr={_lr_text(lr)}", f"train.seed={tune['seed']}"]}
-    return {"out": str(Path(spec["out"]) / FOLDER), "ladders": ladders, "description": f"tuning of {spec['name']}"}
+                "recipe": arm.recipe, arm.budget.kind: [float(arm.budget.value) * tune.budget_fraction],
+                "set": [*arm.overrides, f"train.lr={_lr_text(lr)}", f"train.seed={tune.seed}"]}
+    return {"out": str(Path(spec.out) / FOLDER), "ladders": ladders, "description": f"tuning of {spec.name}"}
 
 
 def records(sspec: dict, points: Sequence[sweep.Point], lrs: dict[str, list[float]], seed: int) -> list[dict]:
@@ -181,10 +179,10 @@ def extend(lrs: list[float], side: str, ratio: float) -> list[float]:
     return lrs + [float(_lr_text(lrs[-1] * ratio))]
 
 
-def run(spec: dict, arms, *, jobs: int = 1, threads: Optional[int] = None, log=print) -> tuple[dict, list[dict]]:
+def run(spec: Spec, arms, *, jobs: int = 1, threads: Optional[int] = None, log=print) -> tuple[dict, list[dict]]:
     """Tune every arm with a fixed budget (resumable), or under ``mup: true`` the base-width arm
     only; returns ({arm: result}, run records)."""
-    if not spec["tune"].get("mup"):
+    if not spec.tune.mup:
         return search(spec, arms, jobs=jobs, threads=threads, log=log)
     base = mup_base_arm(arms)
     tuned, recs = search(spec, [base], jobs=jobs, threads=threads, log=log)
@@ -218,11 +216,11 @@ def mup_base_arm(arms):
                                overrides=[*first.overrides, f"model.d_model={width}"])
 
 
-def search(spec: dict, arms, *, jobs: int = 1, threads: Optional[int] = None, log=print) -> tuple[dict, list[dict]]:
+def search(spec: Spec, arms, *, jobs: int = 1, threads: Optional[int] = None, log=print) -> tuple[dict, list[dict]]:
     """The bracketed log-grid search of each arm's lr (module docstring)."""
-    tune = spec["tune"]
-    ratio = tune["lr"][1] / tune["lr"][0]
-    lrs = {a.name: list(tune["lr"]) for a in arms}
+    tune = spec.tune
+    ratio = tune.lr[1] / tune.lr[0]
+    lrs = {a.name: list(tune.lr) for a in arms}
     extended = {a.name: {"low": 0, "high": 0} for a in arms}
     while True:
         sspec = sweep_spec(spec, arms, lrs)
@@ -231,13 +229,13 @@ def search(spec: dict, arms, *, jobs: int = 1, threads: Optional[int] = None, lo
         if left:
             raise sweep.Stopped(f"tuning: {len(left)} runs not finished ({', '.join(left[:3])}); run the same command "
                           "again to resume them")
-        recs = records(sspec, points, lrs, tune["seed"])
+        recs = records(sspec, points, lrs, tune.seed)
         again = False
         for a in arms:
             mine = sorted((r for r in recs if r["arm"] == a.name), key=lambda r: r["lr"])
             best = choose([r["lr"] for r in mine], [score(r["run_dir"]) for r in mine])
             side = best["side"]
-            if side and extended[a.name][side] < tune["max_extend"]:
+            if side and extended[a.name][side] < tune.max_extend:
                 log(f"tuning {a.name}: best lr {best['lr']:g} at the {side} end of {lrs[a.name]}; extending")
                 lrs[a.name] = extend(lrs[a.name], side, ratio)
                 extended[a.name][side] += 1
@@ -246,7 +244,7 @@ def search(spec: dict, arms, *, jobs: int = 1, threads: Optional[int] = None, lo
             return summarise(recs, tune), recs
 
 
-def summarise(recs: Sequence[dict], tune: dict) -> dict:
+def summarise(recs: Sequence[dict], tune: Tune) -> dict:
     """{arm: {lrs, losses, lr (chosen), bracketed, limit_hit, runs, wall_s}} from the tuning records."""
     out = {}
     for arm in dict.fromkeys(r["arm"] for r in recs):
@@ -280,19 +278,16 @@ def tuned_overrides(arms, tuned: dict) -> dict[str, list[str]]:
     return out
 
 
-def plan(spec: dict, arms, log=print) -> None:
+def plan(spec: Spec, arms, log=print) -> None:
     """Print the tuning runs of the starting grid (extensions, if any, are decided as results come in)."""
-    tune = spec.get("tune")
-    if not tune:
-        log("tuning: none (every arm trains at its recipe's lr; add `tune:` to the spec to tune each arm)")
+    tune = spec.tune
+    if not tune.searched:
+        log(f"tuning: none by design: {tune.shared}")
         return
-    if "shared" in tune:
-        log(f"tuning: none by design: {tune['shared']}")
-        return
-    if tune.get("mup"):
+    if tune.mup:
         arms = [mup_base_arm(arms)]
         log(f"tuning under muP: the base-width arm {arms[0].name} only; every arm trains at its lr")
-    log(f"tuning: {len(arms)} arms x {len(tune['lr'])} lrs {tune['lr']} at {tune['budget_fraction']:g} x each "
-        f"arm's budget, seed {tune['seed']}; up to {tune['max_extend']} more lrs per side when the best is at an "
+    log(f"tuning: {len(arms)} arms x {len(tune.lr)} lrs {tune.lr} at {tune.budget_fraction:g} x each "
+        f"arm's budget, seed {tune.seed}; up to {tune.max_extend} more lrs per side when the best is at an "
         "edge")
-    sweep.run_sweep(sweep_spec(spec, arms, {a.name: list(tune["lr"]) for a in arms}), dry_run=True, log=log)
+    sweep.run_sweep(sweep_spec(spec, arms, {a.name: list(tune.lr) for a in arms}), dry_run=True, log=log)

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from analysis.experiment_spec import Spec
 from archlab.errors import RecipeError
 from archlab.io import write_json_atomic
 
@@ -21,7 +22,7 @@ class Measurement:
     """One measurement an experiment spec can name (``measurements: {name: settings}``).
 
     - :attr:`keys`: the settings it accepts; :meth:`check` rejects any other, and bad values, when
-      the spec loads (``tools.experiment.load_spec``), naming the key.
+      the spec loads (``tools.experiment.load.load_spec``), naming the key.
     - :attr:`quick`: the settings ``--quick`` gives it (the spec's ``quick.measurements`` go over them).
     - :meth:`run`: what it computes beyond the run folders, after training (``tools.experiment
       .measure``), cached under ``<out>/measurements/``; None (the default): nothing to compute.
@@ -49,7 +50,7 @@ class Measurement:
 
     def settings(self, record: dict) -> dict:
         """The settings the record's spec gives this measurement (``{}`` for none)."""
-        return record["spec"]["measurements"].get(self.name) or {}
+        return Spec.from_dict(record["spec"]).wanted.get(self.name) or {}
 
     def run(self, record: dict, log=print) -> Optional[Any]:
         """Compute what the report needs beyond the run folders (cached); None: nothing to compute."""
@@ -122,4 +123,4 @@ def cached(path: Path, settings: dict, compute: Callable[[], Any]) -> Any:
 
 def measurement_folder(record: dict) -> Path:
     """``<out>/measurements``: where the measurements cache what they compute."""
-    return Path(record["spec"]["out"]) / "measurements"
+    return Path(Spec.from_dict(record["spec"]).out) / "measurements"

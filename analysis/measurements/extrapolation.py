@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from analysis.experiment_spec import Spec
 from analysis.experiments import Context, Section, figure_md, fmt_ci, mean_unigram, paired_difference, t_interval, table
 from analysis.measurements.base import (
     Measurement,
@@ -98,7 +99,7 @@ class Extrapolation(Measurement):
                 growth = fmt_ci(g, signed=True) + (f" (to {g['to']}L)" if g["to"] != multipliers[-1] else "")
             rows.append([v["label"], *cells, growth])
         md = (f"Validation loss (nats/token, mean [95% CI] over seeds) at multiples of the training context L = {L}, "
-              f"{int((ctx.spec['measurements']['extrapolation'] or {}).get('tokens', 32768))} validation tokens per "
+              f"{int((ctx.spec.wanted['extrapolation'] or {}).get('tokens', 32768))} validation tokens per "
               "length (the same windows for every run). Variants with `+` apply a RoPE scaling at evaluation only, "
               "with factor s = length / L (at L: s = 1, the unscaled model).\n\n" + table(header, rows))
         figures = []
@@ -118,7 +119,7 @@ def _finished(run: dict) -> bool:
 
 def extrapolation_jobs(record: dict) -> list[dict]:
     """(arm, variant, overrides) of every evaluation: each listed arm as trained, then the variants."""
-    m = record["spec"]["measurements"]["extrapolation"] or {}
+    m = Spec.from_dict(record["spec"]).wanted["extrapolation"] or {}
     arm_names = [a["name"] for a in record["arms"]]
     listed = m.get("arms") or arm_names
     jobs = [{"arm": a, "variant": a, "label": next(x["label"] for x in record["arms"] if x["name"] == a),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from analysis.experiment_spec import Spec
 from analysis.experiments import Context, Section, figure_md, fmt_ci, t_interval, table
 from analysis.measurements.base import (
     Measurement,
@@ -46,7 +47,7 @@ class InitGradNorms(Measurement):
         listed = m.get("arms") or list(arms)
         depths = [int(d) for d in m.get("depths", [2, 4, 8])]
         batches = int(m.get("batches", 2))
-        seeds = m.get("seeds") or record["spec"]["seeds"]
+        seeds = m.get("seeds") or Spec.from_dict(record["spec"]).seeds
         folder = measurement_folder(record) / self.name
         out = []
         for name in listed:

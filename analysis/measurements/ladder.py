@@ -133,7 +133,7 @@ def plot_waterfall(ctx: Context, steps: list[Group], path) -> Optional[object]:
     style_axes(ax, "Final validation loss, one change per step\n(bars: mean change; whiskers: paired 95% CI)",
                "step (numbered as on the right)", "final validation loss (nats/token)")
     _draw_step_effects(ctx, ax_d, bars, labels, [g.arm for g in steps])
-    fig.suptitle(f"{ctx.spec['name']}: the ladder", fontsize=12)
+    fig.suptitle(f"{ctx.spec.name}: the ladder", fontsize=12)
     fig.tight_layout()
     return save_figure(fig, path)
 

@@ -59,7 +59,7 @@ class Routing(Measurement):
         return out
 
     def section(self, ctx: Context) -> Section:
-        conf = ctx.spec["measurements"].get("routing") or {}
+        conf = ctx.spec.wanted.get("routing") or {}
         held_out = ctx.measures.get(self.name) or {}
         held_tokens = int(conf.get("held_out_tokens", HELD_OUT_TOKENS))
         rows, data = [], []

@@ -33,7 +33,7 @@ class Stability(Measurement):
     title = "Stability over the learning-rate x warmup grid"
 
     def section(self, ctx: Context) -> Section:
-        grid = ctx.spec.get("grid") or {}
+        grid = ctx.spec.grid or {}
         keys = list(grid)
         if not keys:
             return Section("Stability", "(the spec has no grid)")
@@ -93,7 +93,7 @@ def _group_at(ctx: Context, arm: str, cell: dict) -> Optional[Group]:
 
 
 def plot_stability(ctx: Context, arms: list[str], row_key: str, col_key: Optional[str], path):
-    grid = ctx.spec["grid"]
+    grid = ctx.spec.grid
     rows = [str(v) for v in grid[row_key]]
     cols = [str(v) for v in grid[col_key]] if col_key else [""]
     unigram = mean_unigram(ctx) or 8.0

@@ -4,9 +4,17 @@ against its parent from one paired inference."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace as Namespace
+
 import pytest
 
 from analysis import ceg_report, verdicts
+from analysis.experiment_spec import Ceg, Margin
+
+
+def _spec(verdicts: str = "reference", ceg=None):
+    """The spec fields compare reads: an equivalence margin of 0.02 nats, the verdicts' family, the curve."""
+    return Namespace(margin=Margin("nats", 0.02), verdicts=verdicts, ceg=ceg, sequential=None)
 
 
 class _Group:
@@ -29,7 +37,7 @@ def test_pairs_verdicts_test_each_arm_against_its_compare_arm():
     for mode, expected in [("pairs", {"muon": ("adamw", "better"), "ds-mtp": ("ds", "equivalent")}),
                            ("reference", {"muon": ("adamw", "better"), "ds": ("adamw", "worse"),
                                           "ds-mtp": ("adamw", "worse")})]:
-        ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}, "verdicts": mode}, reference="adamw", arms=arms,
+        ctx = SimpleNamespace(spec=_spec(verdicts=mode), reference="adamw", arms=arms,
                               group=groups.get, arm_groups=lambda: list(groups.values()), curve_rows=[])
         out = ceg_report.compare(ctx)
         got = {a: (c["verdict"]["against"], c["class"].split()[0]) for a, c in out["arms"].items()}
@@ -42,7 +50,7 @@ def test_verdicts_leave_out_arms_of_another_objective():
 
     groups = {"gpt": _Group("gpt", {0: 4.0, 1: 4.1, 2: 4.05}), "gpt-8": _Group("gpt-8", {0: 3.9, 1: 3.95, 2: 3.92}),
               "bert": _Group("bert", {0: 5.0, 1: 5.1, 2: 5.05}, metric="mlm_loss")}
-    ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}}, reference="gpt", arms={a: {} for a in groups},
+    ctx = SimpleNamespace(spec=_spec(), reference="gpt", arms={a: {} for a in groups},
                           group=groups.get, arm_groups=lambda: list(groups.values()), curve_rows=[])
     out = ceg_report.compare(ctx)
     assert set(out["arms"]) == {"gpt-8"} and out["arms"]["gpt-8"]["class"].startswith("better")
@@ -57,7 +65,7 @@ def test_side_arms_are_tested_only_against_their_compare_arm():
               "dense-time": _Group("dense-time", {0: 4.1, 1: 4.2, 2: 4.15}),
               "deep": _Group("deep", {0: 3.7, 1: 3.75, 2: 3.72})}
     arms = {"dense": {}, "moe": {}, "dense-time": {"side": True}, "deep": {"side": True, "compare": "moe"}}
-    ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}}, reference="dense", arms=arms, group=groups.get,
+    ctx = SimpleNamespace(spec=_spec(), reference="dense", arms=arms, group=groups.get,
                           arm_groups=lambda: list(groups.values()), curve_rows=[])
     out = ceg_report.compare(ctx)
     assert {a: c["verdict"]["against"] for a, c in out["arms"].items()} == {"moe": "dense", "deep": "moe"}
@@ -72,7 +80,7 @@ def test_parent_verdicts_test_each_step_of_a_ladder_against_the_step_before():
               "b": _Group("b", {0: 4.00, 1: 4.02, 2: 3.98, 3: 4.01}),
               "c": _Group("c", {0: 4.001, 1: 4.019, 2: 3.9805, 3: 4.0101})}
     arms = {"a": {"parent": None}, "b": {"parent": "a"}, "c": {"parent": "b"}}
-    ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}, "verdicts": "parent"}, reference="a", arms=arms,
+    ctx = SimpleNamespace(spec=_spec(verdicts="parent"), reference="a", arms=arms,
                           group=groups.get, arm_groups=lambda: list(groups.values()), curve_rows=[])
     out = ceg_report.compare(ctx)
     got = {a: (c["verdict"]["against"], c["class"].split()[0]) for a, c in out["arms"].items()}
@@ -95,7 +103,7 @@ def test_parent_verdicts_give_each_step_its_ceg_against_its_parent():
     for g in groups.values():
         g.runs = {s: {"status": "finished", "training_flops": 1e12} for s in luck}
     arms = {"a": {"parent": None}, "b": {"parent": "a"}, "c": {"parent": "b"}}
-    ctx = SimpleNamespace(spec={"margin": {"nats": 0.02}, "verdicts": "parent", "ceg": {"fractions": [1]}},
+    ctx = SimpleNamespace(spec=_spec(verdicts="parent", ceg=Ceg(fractions=[1], seeds=[0])),
                           reference="a", arms=arms, group=groups.get, arm_groups=lambda: list(groups.values()),
                           curve_rows=rows)
     out = ceg_report.compare(ctx)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from analysis.experiment_spec import Spec
 from analysis.measurements import MEASUREMENTS
 from tools import experiment
 from tools.experiment import load_spec, main, match_time_budgets, resolve_arms
@@ -50,7 +52,15 @@ def test_arms_inherit_their_parents_overrides_and_previous_skips_side_arms(tmp_p
     assert arms["rope"].parent == "pre" and arms["side"].parent == "base"  # previous = the last non-side arm
     assert arms["rope"].overrides[-2:] == ["model.norm.placement=pre", "model.position.type=rope"]
     assert arms["rope"].own == ["model.position.type=rope"] and arms["rope"].recipe == "recipes/vanilla/tiny.yaml"
-    assert spec["reference"] == "base" and spec["seeds"] == [0, 1, 2]
+    assert spec.reference == "base" and spec.seeds == [0, 1, 2]
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_every_spec_survives_the_record_as_it_loaded(root, quick):
+    """The record keeps ``Spec.to_dict()`` as JSON; the report reads it back with ``Spec.from_dict``."""
+    for path in sorted((root / "experiments").glob("*.yaml")):
+        spec = load_spec(str(path), quick=quick)
+        assert Spec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec, path.name
 
 
 @pytest.mark.parametrize("spec,message", [
@@ -108,11 +118,11 @@ def test_time_matched_budget_is_the_target_time_at_the_measured_speed(tmp_path):
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         runs.append({"arm": arm, "run_dir": str(d)})
     arm = experiment.Arm(name="dense-time", label="", recipe="", overrides=[], own=[],
-                         budget={"match_time_of": "moe", "speed_of": "dense"})
+                         budget=experiment.Budget("match_time_of", match_time_of="moe", speed_of="dense"))
     budget = match_time_budgets({}, [arm], runs)["dense-time"]
     assert budget["seconds"] == pytest.approx((10 + 20) / 2)  # mean of 1000/100 and 1000/50
     assert budget["tokens"] == pytest.approx(15 * 200)
-    arm.budget["match_time_of"] = "nothing"
+    arm = replace(arm, budget=replace(arm.budget, match_time_of="nothing"))
     with pytest.raises(ValueError, match="arm 'nothing' has no completed run"):
         match_time_budgets({}, [arm], runs)
 
@@ -161,9 +171,9 @@ def test_quick_experiment_writes_a_complete_report(quick, root, name):
     assert f"python -m tools.experiment run experiments/{name}.yaml --quick --out {out}" in md
     assert data["command"] in md
     for title in ["## Regenerate", "## Setup", "## Runs left out of the analysis", "## Every run"] + \
-            [SECTION_TITLES[m] for m in spec["measurements"]]:
+            [SECTION_TITLES[m] for m in spec.wanted]:
         assert title in md, title
-    if not spec.get("grid"):
+    if not spec.grid:
         assert "## Results" in md and "mean [95% CI]" in md
     # figures: every one named in the markdown exists and is a PNG
     assert isinstance(data["excluded_runs"], list)  # each with its run, stage and why
@@ -173,7 +183,7 @@ def test_quick_experiment_writes_a_complete_report(quick, root, name):
         assert f"]({fig})" in md
         assert (report / fig).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # numbers: a finite loss and the costs for every arm that was trained
-    trained = spec.get("only_arms") or [a["name"] for a in spec["arms"]]
+    trained = spec.only_arms or [a.name for a in spec.arms]
     assert sorted({g["arm"] for g in data["groups"]}) == sorted(trained)
     for g in data["groups"]:
         assert _finite(g["loss"]["mean"]) and g["loss"]["n"] == 1, g["arm"]
@@ -181,29 +191,29 @@ def test_quick_experiment_writes_a_complete_report(quick, root, name):
         assert c["params_total"] >= c["params_active"] > 0 and c["flops_per_token"] > 0
         assert c["kv_bytes_per_token"] > 0
         assert m["tokens_per_s"]["mean"] > 0 and m["peak_rss_bytes"] > 50 * 2**20  # python + torch at least
-        if g["arm"] != spec["reference"] and not g["cell"]:
+        if g["arm"] != spec.reference and not g["cell"]:
             assert _finite(g["vs_reference"]["mean"]) and g["vs_reference"]["seeds"] == [0]
     for run in data["runs"]:
         assert run["status"] == "finished" and run["peak_rss_bytes"] > 0 and run["elapsed_s"] > 0
     manifest = json.loads((out / "sweep" / "manifest.json").read_text())
     assert all(p["peak_rss_bytes"] > 0 for p in manifest["points"])
-    assert set(data["sections"]) == set(spec["measurements"])
+    assert set(data["sections"]) == set(spec.wanted)
     # the stages: every arm's lr tuned (or shared by design, said so), the comparison classified
-    if "shared" in spec["tune"]:
-        assert "## Learning rate" in md and spec["tune"]["shared"][:40] in md
+    if not spec.tune.searched:
+        assert "## Learning rate" in md and spec.tune.shared[:40] in md
     else:
         assert "## Learning rate, tuned per arm" in md and "tuning.png" in data["figures"]
         timed = {a["name"] for a in data["arms"] if "match_time_of" in a["budget"]}  # they take their parent's lr
         assert set(data["tuning"]) == set(trained) - timed
         for t in data["tuning"].values():
-            assert len(t["lrs"]) >= len(spec["tune"]["lr"]) and t["lr"] in t["lrs"]
-    if not spec.get("grid"):
+            assert len(t["lrs"]) >= len(spec.tune.lr) and t["lr"] in t["lrs"]
+    if not spec.grid:
         assert "## Compute-equivalent gain and verdicts" in md
         parents = {a["name"]: a["parent"] for a in data["arms"]}
         for arm in trained:
             # verdicts: parent tests a step against the arm it extends, when that arm trained too
-            against = parents[arm] if spec.get("verdicts") == "parent" else spec["reference"]
-            if arm != spec["reference"] and against in trained:
+            against = parents[arm] if spec.verdicts == "parent" else spec.reference
+            if arm != spec.reference and against in trained:
                 assert data["comparison"]["arms"][arm]["class"] in ("better", "worse", "equivalent within the margin",
                                                                    "unresolved")
 
@@ -327,18 +337,18 @@ def test_quick_without_a_quick_block_shrinks_budget_tuning_grid_and_curve_seeds(
                        tune={"lr": [1e-3, 2e-3, 4e-3], "max_extend": 3},
                        ceg={"fractions": [0.25, 0.5, 1.0, 2.0], "seeds": [0, 1, 2]})
     full = load_spec(path)
-    assert full["budget"] == {"tokens": 1.0e6} and full["tune"]["lr"] == [1e-3, 2e-3, 4e-3]
+    assert full.budget.to_dict() == {"tokens": 1.0e6} and full.tune.lr == [1e-3, 2e-3, 4e-3]
     spec = load_spec(path, quick=True)
-    assert spec["budget"] == experiment.QUICK_BUDGET == {"tokens": 4096}
-    assert spec["tune"]["lr"] == [1e-3, 4e-3] and spec["tune"]["max_extend"] == 0
-    assert spec["seeds"] == [0] and spec["ceg"]["seeds"] == [0]
-    assert len(spec["quick_defaults"]) == 3 and "budget {'tokens': 1000000.0} -> {'tokens': 4096}" in \
-        spec["quick_defaults"]
+    assert spec.budget.to_dict() == experiment.QUICK_BUDGET == {"tokens": 4096}
+    assert spec.tune.lr == [1e-3, 4e-3] and spec.tune.max_extend == 0
+    assert spec.seeds == [0] and spec.ceg.seeds == [0]
+    assert len(spec.quick_defaults) == 3 and "budget {'tokens': 1000000.0} -> {'tokens': 4096}" in \
+        spec.quick_defaults
     # a quick: block's own keys win; only the keys it leaves out shrink by default
     path = _write_spec(tmp_path, budget={"tokens": 1.0e6}, tune={"lr": [1e-3, 2e-3, 4e-3]},
                        quick={"budget": {"tokens": 2048}})
     spec = load_spec(path, quick=True)
-    assert spec["budget"] == {"tokens": 2048} and spec["tune"]["lr"] == [1e-3, 4e-3]
+    assert spec.budget.to_dict() == {"tokens": 2048} and spec.tune.lr == [1e-3, 4e-3]
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "budget -> {tokens: 4096}" in " ".join(capsys.readouterr().out.split())

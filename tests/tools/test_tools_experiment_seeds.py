@@ -4,6 +4,7 @@ worst-case runs, and a run adds seeds to exactly the arms of the comparisons its
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ def _spec(tmp_path: Path, **over) -> str:
 
 def test_the_design_replaces_the_seeds_with_its_first_look(tmp_path):
     spec = load_spec(_spec(tmp_path))
-    assert spec["seeds"] == [0, 1, 2] and spec["sequential"]["stages"] == [3, 4]
+    assert spec.seeds == [0, 1, 2] and spec.sequential.stages == [3, 4]
 
 
 @pytest.mark.parametrize("over, message", [
@@ -51,7 +52,7 @@ def test_bad_sequential_specs_are_refused(tmp_path, capsys, over, message):
 
 def test_plan_lists_every_look_with_its_worst_case_runs(tmp_path, capsys):
     spec = load_spec(_spec(tmp_path, seeds={"min": 3, "max": 7, "step": 2}))
-    spec["out"] = str(tmp_path / "out")
+    spec = replace(spec, out=str(tmp_path / "out"))
     from tools.experiment import plan
     out = plan(spec, estimate=False)
     text = capsys.readouterr().out

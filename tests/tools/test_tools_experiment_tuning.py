@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -113,7 +114,7 @@ def _fake_sweep(monkeypatch, optimum: dict[str, float], learns_below: float = ma
 
 def test_tuning_extends_the_grid_until_the_best_lr_is_interior(tmp_path, monkeypatch):
     spec = load_spec(_spec(tmp_path, tune={"lr": [1e-3, 2e-3, 4e-3], "max_extend": 3}))
-    spec["out"] = str(tmp_path / "out")
+    spec = replace(spec, out=str(tmp_path / "out"))
     arms = resolve_arms(spec)
     seen = _fake_sweep(monkeypatch, {"a": 2e-2, "b": 2.2e-3})
     tuned, recs = experiment_tuning.run(spec, arms, log=lambda *a: None)
@@ -133,7 +134,7 @@ def test_tuning_extends_the_grid_until_the_best_lr_is_interior(tmp_path, monkeyp
 
 def test_tuning_reports_an_unbracketed_lr_when_the_limit_is_hit(tmp_path, monkeypatch):
     spec = load_spec(_spec(tmp_path, tune={"lr": [1e-3, 2e-3, 4e-3], "max_extend": 1}))
-    spec["out"] = str(tmp_path / "out")
+    spec = replace(spec, out=str(tmp_path / "out"))
     _fake_sweep(monkeypatch, {"a": 1e-1, "b": 1e-4})
     tuned, _ = experiment_tuning.run(spec, resolve_arms(spec), log=lambda *a: None)
     assert tuned["a"]["lrs"] == [1e-3, 2e-3, 4e-3, 8e-3] and not tuned["a"]["bracketed"]
@@ -144,7 +145,7 @@ def test_runs_that_did_not_learn_count_as_worst_and_send_the_grid_down(tmp_path,
     """A post-LN model stuck at the unigram loss at every lr of the grid: the tuner must not pick the
     'best' of those (noise at the unigram loss) nor extend upwards; it goes down until a run learns."""
     spec = load_spec(_spec(tmp_path, tune={"lr": [1e-3, 2e-3, 4e-3], "max_extend": 3}))
-    spec["out"] = str(tmp_path / "out")
+    spec = replace(spec, out=str(tmp_path / "out"))
     # a: optimum 8e-3 by the loss curve, but nothing at or above 1e-3 learns
     _fake_sweep(monkeypatch, {"a": 8e-3, "b": 2e-3}, learns_below=1e-3)
     tuned, _ = experiment_tuning.run(spec, resolve_arms(spec), log=lambda *a: None)
@@ -161,7 +162,7 @@ def test_runs_that_did_not_learn_count_as_worst_and_send_the_grid_down(tmp_path,
 
 def test_plan_lists_the_tuning_runs_the_seeded_runs_and_the_compute_curve(tmp_path):
     spec = load_spec(_spec(tmp_path, budget={"tokens": 4.0e4}, ceg={"fractions": [0.25, 0.5, 1.0, 2.0], "seeds": [0]}))
-    spec["out"] = str(tmp_path / "out")
+    spec = replace(spec, out=str(tmp_path / "out"))
     lines = []
     out = experiment.plan(spec, log=lines.append, estimate=False)
     text = "\n".join(lines)
@@ -192,7 +193,7 @@ def _mup_arms(base_width: int, widths=(64, 128), parametrization="mup"):
 
 def test_mup_tuning_searches_the_base_width_once_and_transfers(tmp_path, monkeypatch):
     spec = load_spec(_spec(tmp_path, arms=_mup_arms(64), tune={"lr": [1e-3, 2e-3, 4e-3], "mup": True}))
-    spec["out"] = str(tmp_path / "out")
+    spec = replace(spec, out=str(tmp_path / "out"))
     seen = _fake_sweep(monkeypatch, {"w64": 2e-3})
     tuned, recs = experiment_tuning.run(spec, resolve_arms(spec), log=lambda *a: None)
     assert {r["arm"] for r in recs} == {"w64"} and len(seen) == 1  # only the base width is trained

@@ -1,0 +1,239 @@
+"""An experiment spec as types: what ``experiments/*.yaml`` says (``Spec`` and its parts) and the arms it
+resolves to (``Arm``). ``tools.experiment.load`` builds and checks a ``Spec`` once from the YAML; the record
+(``experiment.json``) carries it as ``Spec.to_dict()``, and the report reads it back with ``Spec.from_dict``,
+so every stage reads fields. The keys are documented in ``tools/experiment/__init__.py``; the checks (errors
+naming the key) live with the loader, which owns the YAML; these types live in analysis because the report
+reads them and analysis never imports tools."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from analysis.sequential import Design, as_dict
+
+REFERENCE, PAIRS, PARENT = "reference", "pairs", "parent"  # the verdicts' families
+TIMED = "match_time_of"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one run trains: ``{tokens: T}`` or ``{flops: C}`` (``kind``, ``value`` as written), or the
+    time of another arm's runs at an arm's speed (``{match_time_of: ARM, speed_of: ARM}``)."""
+
+    kind: str  # tokens | flops | match_time_of
+    value: Optional[float] = None
+    match_time_of: Optional[str] = None
+    speed_of: Optional[str] = None
+
+    @property
+    def timed(self) -> bool:
+        return self.kind == TIMED
+
+    def to_dict(self) -> dict:
+        if not self.timed:
+            return {self.kind: self.value}
+        return {TIMED: self.match_time_of, **({"speed_of": self.speed_of} if self.speed_of is not None else {})}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Budget":
+        if TIMED in d:
+            return cls(TIMED, match_time_of=d[TIMED], speed_of=d.get("speed_of"))
+        kind, value = next(iter(d.items()))
+        return cls(kind, value)
+
+
+@dataclass(frozen=True)
+class Tune:
+    """How each arm's lr is chosen (``tools.experiment_tuning``): a log grid searched per arm (``lr``), at the
+    muP base width and transferred (``mup``), or shared by design (``shared``: the reason, nothing tuned)."""
+
+    shared: Optional[str] = None
+    budget_fraction: float = 1.0
+    seed: int = 1000
+    max_extend: int = 3
+    lr: list[float] = field(default_factory=list)
+    mup: bool = False
+
+    @property
+    def searched(self) -> bool:
+        return self.shared is None
+
+    def to_dict(self) -> dict:
+        if self.shared is not None:
+            return {"shared": self.shared}
+        return {"budget_fraction": self.budget_fraction, "seed": self.seed, "max_extend": self.max_extend,
+                "lr": list(self.lr), "mup": self.mup}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Tune":
+        if "shared" in d:
+            return cls(shared=d["shared"])
+        return cls(budget_fraction=d["budget_fraction"], seed=d["seed"], max_extend=d["max_extend"],
+                   lr=list(d["lr"]), mup=d.get("mup", False))
+
+
+@dataclass(frozen=True)
+class Ceg:
+    """The reference's compute curve (``tools.experiment_ceg``): WSD trunks per seed, cooldown branches at
+    ``fractions`` of the budget; ``arms_schedule: wsd`` trains every arm on the curve's schedule."""
+
+    fractions: list[float]
+    seeds: list[int]
+    decay_fraction: float = 0.2
+    shape: str = "sqrt"
+    arms_schedule: str = "wsd"
+
+    def to_dict(self) -> dict:
+        return {"fractions": list(self.fractions), "seeds": list(self.seeds), "decay_fraction": self.decay_fraction,
+                "shape": self.shape, "arms_schedule": self.arms_schedule}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Ceg":
+        return cls(list(d["fractions"]), list(d["seeds"]), d["decay_fraction"], d["shape"],
+                   d.get("arms_schedule", "wsd"))
+
+
+@dataclass(frozen=True)
+class Margin:
+    """The verdicts' equivalence margin: ``{ceg: [low, high]}`` (compute-equivalent gain) or ``{nats: m}``."""
+
+    kind: str  # ceg | nats
+    value: object  # [low, high] | m
+
+    @property
+    def nats(self) -> Optional[float]:
+        return self.value if self.kind == "nats" else None
+
+    @property
+    def ceg(self) -> Optional[list[float]]:
+        return self.value if self.kind == "ceg" else None
+
+    def to_dict(self) -> dict:
+        return {self.kind: self.value}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Margin":
+        kind, value = next(iter(d.items()))
+        return cls(kind, value)
+
+
+DEFAULT_MARGIN = Margin("ceg", [0.9, 1.1])  # "no difference": equivalent within 10% of compute (TOST)
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One entry of ``arms:`` as written (None: the key is not given); ``tools.experiment.arms`` resolves it."""
+
+    name: str
+    label: Optional[str] = None
+    recipe: Optional[str] = None
+    extends: Optional[str] = None
+    set: Optional[list[str]] = None
+    budget: Optional[Budget] = None
+    side: Optional[bool] = None
+    note: Optional[str] = None
+    compare: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        out = {"name": self.name, "label": self.label, "recipe": self.recipe, "extends": self.extends,
+               "set": self.set, "budget": self.budget.to_dict() if self.budget else None, "side": self.side,
+               "note": self.note, "compare": self.compare}
+        return {k: v for k, v in out.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ArmSpec":
+        return cls(**{**d, "budget": Budget.from_dict(d["budget"]) if d.get("budget") else None})
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm, resolved: the recipe and every override it trains with (common, quick, inherited, own)."""
+
+    name: str
+    label: str
+    recipe: str
+    overrides: list[str]
+    own: list[str]  # the arm's own `set` (what it changes relative to `parent`)
+    parent: Optional[str] = None
+    budget: Budget = Budget("tokens")
+    side: bool = False
+    note: str = ""
+    compare: Optional[str] = None  # one more arm to pair this one with in the tables
+
+    @property
+    def timed(self) -> bool:
+        return self.budget.timed
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "label": self.label, "recipe": self.recipe, "overrides": list(self.overrides),
+                "own": list(self.own), "parent": self.parent, "budget": self.budget.to_dict(), "side": self.side,
+                "note": self.note, "compare": self.compare}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """An experiment spec, checked (``tools.experiment.load.load_spec``). Optional keys the YAML does not give
+    are None and stay out of :meth:`to_dict`; ``quick_defaults``, ``only_arms`` and ``extra_set`` are set by
+    ``--quick`` and ``--set``."""
+
+    name: str
+    arms: list[ArmSpec]
+    budget: Budget
+    tune: Optional[Tune]  # always given by a spec (tools.experiment.load); None only in a record without it
+    reference: str  # the first arm's name when the YAML names none
+    out: str
+    spec_path: str
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # a sequential design: its first look's seeds
+    set: list[str] = field(default_factory=list)
+    verdicts: str = REFERENCE
+    margin: Margin = DEFAULT_MARGIN
+    ceg: Optional[Ceg] = None
+    sequential: Optional[Design] = None
+    grid: Optional[dict] = None
+    measurements: Optional[dict] = None  # {name: settings}, each checked by its measurement
+    title: Optional[str] = None
+    description: Optional[str] = None
+    claim: Optional[str] = None
+    notes: Optional[str] = None
+    report: Optional[str] = None
+    quick: bool = False
+    quick_defaults: Optional[list[str]] = None
+    only_arms: Optional[list[str]] = None
+    extra_set: Optional[list[str]] = None
+
+    @property
+    def wanted(self) -> dict:
+        """The measurements the spec names, ``{}`` for none."""
+        return self.measurements or {}
+
+    def to_dict(self) -> dict:
+        """The spec as the record keeps it (JSON), read back by :meth:`from_dict`."""
+        out = {"name": self.name, "title": self.title, "description": self.description, "claim": self.claim,
+               "out": self.out, "report": self.report, "seeds": list(self.seeds), "budget": self.budget.to_dict(),
+               "set": list(self.set), "grid": self.grid, "reference": self.reference,
+               "arms": [a.to_dict() for a in self.arms], "tune": self.tune.to_dict() if self.tune else None,
+               "verdicts": self.verdicts,
+               "ceg": self.ceg.to_dict() if self.ceg else None, "margin": self.margin.to_dict(),
+               "measurements": self.measurements, "notes": self.notes, "quick": self.quick,
+               "quick_defaults": self.quick_defaults, "only_arms": self.only_arms, "extra_set": self.extra_set,
+               "spec_path": self.spec_path, "sequential": as_dict(self.sequential) if self.sequential else None}
+        return {k: v for k, v in out.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Spec":
+        """The spec of a record or a committed report.json (written by :meth:`to_dict`, or by the dict this
+        type replaced: its keys in another order, ``margin``, ``verdicts`` and ``sequential`` maybe absent)."""
+        seq = d.get("sequential")
+        return cls(
+            name=d["name"], arms=[ArmSpec.from_dict(a) for a in d["arms"]], budget=Budget.from_dict(d["budget"]),
+            tune=Tune.from_dict(d["tune"]) if d.get("tune") else None, reference=d["reference"],
+            out=d["out"], spec_path=d.get("spec_path", ""), seeds=list(d["seeds"]), set=list(d.get("set") or []),
+            verdicts=d.get("verdicts") or REFERENCE,
+            margin=Margin.from_dict(d["margin"]) if d.get("margin") else DEFAULT_MARGIN,
+            ceg=Ceg.from_dict(d["ceg"]) if d.get("ceg") else None,
+            sequential=Design(seq["min"], seq["max"], seq["step"], seq["spending"], seq["alpha"]) if seq else None,
+            grid=d.get("grid"), measurements=d.get("measurements"), title=d.get("title"),
+            description=d.get("description"), claim=d.get("claim"), notes=d.get("notes"), report=d.get("report"),
+            quick=bool(d.get("quick", False)), quick_defaults=d.get("quick_defaults"), only_arms=d.get("only_arms"),
+            extra_set=d.get("extra_set"))

@@ -1,0 +1,5 @@
+import sys
+
+from tools.experiment.cli import main
+
+sys.exit(main())

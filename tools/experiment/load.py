@@ -1,0 +1,203 @@
+"""Reading an experiment spec: the YAML, ``--quick`` and ``--set`` applied, every key checked once (an error
+names the key), into a typed :class:`analysis.experiment_spec.Spec` that every later stage reads by field."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Optional, Sequence
+
+from omegaconf import OmegaConf
+
+from analysis.experiment_spec import ArmSpec, Budget, Spec
+from analysis.measurements import MEASUREMENTS
+from archlab.config import RecipeError
+from tools import experiment_ceg, experiment_seeds, experiment_tuning, sweep
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SPEC_KEYS = ("name", "title", "description", "claim", "out", "report", "seeds", "budget", "set", "grid", "reference",
+             "arms", "measurements", "quick", "notes", "tune", "ceg", "margin", "verdicts")
+ARM_KEYS = ("name", "label", "recipe", "extends", "set", "budget", "side", "note", "compare")
+QUICK_KEYS = ("arms", "seeds", "budget", "set", "grid", "measurements", "tune", "ceg")
+WORDS = ("title", "description", "claim", "notes")  # spec fields that describe, never change, the runs
+DEFAULT_SEEDS = [0, 1, 2]
+# --quick: a model and corpus small enough that every experiment runs end to end in seconds
+QUICK_SET = ["model.vocab_size=384", "data.max_bytes=150000", "model.d_model=32", "model.n_layers=2",
+             "train.seq_len=32", "train.micro_batch_size=4", "train.eval_batches=2",
+             "train.tensorboard=false", "train.log_every=1", "train.warmup_steps=2"]
+# --quick, for a key its spec's `quick:` block does not give: a budget of a few thousand tokens, the tuning grid's
+# lowest and highest lr without extension, the compute curve on the quick seeds (one) only
+QUICK_BUDGET = {"tokens": 4096}
+QUICK_TUNE = {"max_extend": 0}
+
+
+def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> Spec:
+    """Read an experiment spec, apply ``quick:`` when asked (and ``extra_set``, overrides for every
+    arm after the spec's ``set``), and check every key."""
+    p = Path(path)
+    if not p.is_file():
+        raise RecipeError(f"{path}: experiment spec not found (experiments live in experiments/<name>.yaml)")
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(p), resolve=False)  # ${...} stay for the recipes
+    except Exception as e:
+        raise RecipeError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{path}: an experiment spec is a YAML mapping (name, arms, budget, ...)")
+    _check_keys(raw, SPEC_KEYS, path)
+    quick_part = raw.pop("quick", None) or {}
+    _check_keys(quick_part, QUICK_KEYS, f"{path}: quick")
+    _check_measurements(quick_part.get("measurements"), f"{path}: quick.measurements")
+    if quick:
+        raw["set"] = list(raw.get("set") or []) + QUICK_SET + list(quick_part.get("set") or [])
+        raw["seeds"] = quick_part.get("seeds", [0])
+        for key in ("budget", "grid", "tune", "ceg"):
+            if key in quick_part:
+                raw[key] = quick_part[key]
+        raw["quick_defaults"] = quick_defaults(raw, quick_part, raw["seeds"])
+        wanted = raw.get("measurements") or {}
+        quick_measures = _merge({n: m.quick for n, m in MEASUREMENTS.items() if m.quick},
+                                quick_part.get("measurements") or {})
+        raw["measurements"] = _merge(wanted, {k: v for k, v in quick_measures.items() if k in wanted})
+        if quick_part.get("arms"):
+            raw["only_arms"] = list(quick_part["arms"])
+    if extra_set:
+        raw["set"] = list(raw.get("set") or []) + list(extra_set)
+    for key in ("name", "arms", "budget"):
+        if not raw.get(key):
+            raise RecipeError(f"{path}: '{key}:' is required (see python -m tools.experiment --help)")
+    design = experiment_seeds.check(raw, path)  # seeds: {min, max, ...}: the first look's seeds
+    seeds = list(range(design.min)) if design else raw.get("seeds", list(DEFAULT_SEEDS))
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
+        raise RecipeError(f"{path}: seeds={seeds!r}: expected a list of integers >= 0, e.g. [0, 1, 2]")
+    budget = _check_budget(raw["budget"], f"{path}: budget")
+    common = sweep._as_override_list(raw.get("set"), "set")
+    if any(o.split("=", 1)[0].strip() == "train.seed" for o in common):
+        raise RecipeError(f"{path}: set: train.seed is chosen by 'seeds:'; remove it from 'set:'")
+    grid = raw.get("grid") or {}
+    if not isinstance(grid, dict) or "train.seed" in grid:
+        raise RecipeError(f"{path}: grid={grid!r}: a mapping of key -> list of values, without train.seed")
+    measurements = (_check_measurements(raw["measurements"], f"{path}: measurements") if "measurements" in raw
+                    else None)
+    if raw.get("tune") is None:  # no arm is compared at an lr that suits another arm better, by construction
+        raise RecipeError(f"{path}: 'tune:' is required: each arm's lr tuned ({{lr: [1.0e-3, 2.0e-3, 4.0e-3]}}), "
+                          "tuned at the muP base width and transferred ({lr: [...], mup: true}), or shared by design "
+                          "({shared: <why>}); see tools/experiment_tuning.py")
+    tune = experiment_tuning.check(raw.get("tune"), list(range(design.max)) if design else seeds)
+    if tune.searched and "train.lr" in grid:
+        raise RecipeError(f"{path}: tune: and grid: train.lr both choose the lr; a grid over lr shares it by design "
+                          "(write tune: {shared: <why>})")
+    ceg = experiment_ceg.check(raw.get("ceg"), seeds)
+    margin = experiment_ceg.check_margin(raw.get("margin"))
+    verdicts = raw.get("verdicts") or "reference"
+    if verdicts not in ("reference", "pairs", "parent"):
+        raise RecipeError(f"verdicts={verdicts!r}: must be reference (every arm against the reference), "
+                          "pairs (every arm that names a compare: arm against that arm) or parent (every arm against "
+                          "the arm it extends)")
+    out = raw.get("out") or f"runs/experiments/{raw['name']}"
+    arms = _arm_specs(raw["arms"])
+    return Spec(name=raw["name"], arms=arms, budget=budget, tune=tune,
+                reference=raw.get("reference") or arms[0].name,
+                out=out.rstrip("/") + "-quick" if quick else out, spec_path=_relative(p), seeds=seeds, set=common,
+                verdicts=verdicts, margin=margin, ceg=ceg, sequential=design, grid=raw.get("grid"),
+                measurements=measurements, title=raw.get("title"), description=raw.get("description"),
+                claim=raw.get("claim"), notes=raw.get("notes"), report=raw.get("report"), quick=quick,
+                quick_defaults=raw.get("quick_defaults"), only_arms=raw.get("only_arms"),
+                extra_set=list(extra_set) if extra_set else None)
+
+
+def quick_defaults(raw: dict, quick_part: dict, seeds: Sequence[int]) -> list[str]:
+    """``--quick`` without a key in ``quick:``: the budget, the tuning grid and the compute curve's seeds
+    shrink by :data:`QUICK_BUDGET` and :data:`QUICK_TUNE` (in place, in the YAML's mapping before it is
+    checked); returns what was applied, one line each."""
+    applied = []
+    if "budget" not in quick_part:
+        was = raw.get("budget")
+        raw["budget"] = dict(QUICK_BUDGET)
+        applied.append(f"budget {was} -> {QUICK_BUDGET}")
+    tune = raw.get("tune")
+    if "tune" not in quick_part and isinstance(tune, dict) and isinstance(tune.get("lr"), list) and tune["lr"]:
+        lrs = sorted(float(v) for v in tune["lr"])
+        new = {**tune, "lr": [lrs[0], lrs[-1]] if len(lrs) > 1 else lrs, **QUICK_TUNE}
+        applied.append(f"tune.lr {tune['lr']} -> {new['lr']}, max_extend {tune.get('max_extend', 'default')} -> "
+                       f"{QUICK_TUNE['max_extend']}")
+        raw["tune"] = new
+    ceg = raw.get("ceg")
+    if "ceg" not in quick_part and isinstance(ceg, dict) and "seeds" in ceg and list(ceg["seeds"]) != list(seeds):
+        applied.append(f"ceg.seeds {ceg['seeds']} -> {list(seeds)}")
+        raw["ceg"] = {**ceg, "seeds": list(seeds)}
+    return applied
+
+
+def _arm_specs(entries) -> list[ArmSpec]:
+    """The ``arms:`` entries as written, each a mapping with a safe, unrepeated name, known keys, overrides
+    without train.seed and a budget of a known kind (how they chain is ``tools.experiment.arms``' job)."""
+    out: list[ArmSpec] = []
+    for i, entry in enumerate(entries):
+        where = f"arms[{i}]"
+        if not isinstance(entry, dict) or not entry.get("name"):
+            raise RecipeError(f"{where}: each arm is a mapping with a 'name:' (and 'recipe:' or 'extends:')")
+        _check_keys(entry, ARM_KEYS, f"{where} ({entry['name']})")
+        name = str(entry["name"])
+        if name in {a.name for a in out} or sweep._safe(name) != name:
+            raise RecipeError(f"{where}: arm name {name!r} is repeated or has characters other than letters, digits, "
+                              "'.', '_' and '-'")
+        own = sweep._as_override_list(entry.get("set"), f"{where}.set")
+        if any(o.split("=", 1)[0].strip() == "train.seed" for o in own):
+            raise RecipeError(f"{where}.set: train.seed is chosen by 'seeds:'")
+        budget = _check_budget(entry["budget"], f"{where}.budget") if entry.get("budget") else None
+        out.append(ArmSpec(name=name, label=entry.get("label"), recipe=entry.get("recipe"),
+                           extends=entry.get("extends"), set=own if "set" in entry else None, budget=budget,
+                           side=entry.get("side"), note=entry.get("note"), compare=entry.get("compare")))
+    return out
+
+
+def _check_keys(d: dict, valid: Sequence[str], where: str) -> None:
+    if not isinstance(d, dict):
+        raise RecipeError(f"{where}: expected a mapping")
+    unknown = sorted(set(d) - set(valid))
+    if unknown:
+        raise RecipeError(f"{where}: unknown keys {unknown}; valid: {', '.join(valid)}")
+
+
+def _check_measurements(wanted: Optional[dict], where: str) -> dict:
+    """``{name: settings}`` with every name a registered measurement and its settings checked by it."""
+    if wanted is None:
+        return {}
+    if not isinstance(wanted, dict):
+        raise RecipeError(f"{where}={wanted!r}: expected a mapping of measurement name -> settings")
+    unknown = sorted(set(wanted) - set(MEASUREMENTS))
+    if unknown:
+        raise RecipeError(f"{where}: unknown {unknown}; valid: {', '.join(MEASUREMENTS)}")
+    return {name: MEASUREMENTS[name].check(settings, f"{where}.{name}") for name, settings in wanted.items()}
+
+
+def _check_budget(budget, where: str) -> Budget:
+    if not isinstance(budget, dict) or len(budget) != 1 and "match_time_of" not in budget:
+        raise RecipeError(f"{where}={budget!r}: give one of {{tokens: T}}, {{flops: C}} or {{match_time_of: ARM}}")
+    if "match_time_of" in budget:
+        _check_keys(budget, ("match_time_of", "speed_of"), where)
+        return Budget.from_dict(budget)
+    kind, value = next(iter(budget.items()))
+    if kind not in ("tokens", "flops"):
+        raise RecipeError(f"{where}: unknown budget kind {kind!r}; use tokens or flops")
+    try:
+        ok = float(value) > 0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise RecipeError(f"{where}.{kind}={value!r}: must be a positive number")
+    return Budget(kind, value)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _relative(p: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(p)

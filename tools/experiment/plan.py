@@ -1,0 +1,78 @@
+"""``python -m tools.experiment plan SPEC``: every arm with its overrides, steps and costs, the training
+commands of each stage and an estimate of their CPU time; trains nothing."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from analysis.experiment_spec import Arm, Spec
+from analysis.throughput import benchmark
+from archlab.config import load_recipe, model_config
+from archlab.costs import kv_cache_bytes, param_counts, training_flops_per_token
+from tools import experiment_ceg, experiment_seeds, experiment_tuning, sweep
+from tools.experiment.arms import resolve_arms
+from tools.experiment.run import grid_of, planned_points, sweep_spec
+
+
+def plan(spec: Spec, log=print, estimate: bool = True) -> dict:
+    """Print every arm with its overrides, steps and costs, the training commands of each stage
+    (tuning, seeded runs, the compute curve) and an estimate of their CPU time; train nothing.
+    Returns {stage: {"runs", "flops"}} and the estimate."""
+    arms = resolve_arms(spec)
+    log(f"experiment {spec.name}: {len(arms)} arms x {len(sweep._grid_items(grid_of(spec)))} runs "
+        f"(grid x seeds {spec.seeds}), reference {spec.reference}, out {spec.out}")
+    for a in arms:
+        cfg = load_recipe(a.recipe, a.overrides)
+        pc = param_counts(cfg)
+        fpt = training_flops_per_token(model_config(cfg), int(cfg.train.seq_len))
+        changes = a.overrides[len(spec.set):]  # everything beyond the common overrides
+        log(f"- {a.name} ({a.label}): {a.recipe} {' '.join(changes)}; budget {a.budget.to_dict()}; params "
+            f"{pc.total:,} total / {pc.active:,} active; {fpt / 1e6:.2f} MFLOP/token; "
+            f"KV {kv_cache_bytes(cfg, 1, 1, 'bf16'):.0f} B/token")
+    fixed = [a for a in arms if not a.timed]
+    stages = {}
+    log("\n== stage 1: tuning")
+    experiment_tuning.plan(spec, fixed, log=log)
+    if spec.tune.searched:
+        searched = [experiment_tuning.mup_base_arm(fixed)] if spec.tune.mup else fixed
+        pts = planned_points(experiment_tuning.sweep_spec(spec, searched, {a.name: spec.tune.lr for a in searched}))
+        stages["tuning (starting grid)"] = pts
+    log("\n== stage 2: seeded runs" + (" (at each arm's tuned lr)" if "tuning (starting grid)" in stages else ""))
+    sspec = sweep_spec(spec, fixed, "sweep", {a.name: a.budget for a in fixed})
+    # listed without the tuned lrs (chosen by stage 1): not compared with seeded runs already trained at them
+    sweep.run_sweep(sspec, dry_run=True, log=log, check="tuning (starting grid)" not in stages)
+    stages["seeded runs"] = planned_points(sspec)
+    if len(fixed) < len(arms):
+        log("time-matched arms (" + ", ".join(a.name for a in arms if a.timed) + "): their token budgets are set "
+            "once the runs they match are finished (not in the estimate)")
+    log("\n== stage 3: compute curve (CEG)")
+    ref = next(a for a in arms if a.name == spec.reference)
+    experiment_ceg.plan(spec, ref, log=log)
+    if spec.ceg:
+        stages["compute curve"] = planned_points(experiment_ceg.sweep_spec(spec, ref, []))
+    stages.update(experiment_seeds.plan(spec, fixed, sweep_spec, log=log))
+    out = {name: {"runs": len(pts), "flops": sum(_new_flops(p) for p in pts)} for name, pts in stages.items()}
+    speed = _flops_per_s(ref) if estimate else None
+    log("\n== cost" + (f" (estimated at {speed / 1e9:.2f} GFLOP/s of training, the reference arm's step timed here "
+                       "on 1 thread; a run per core)" if speed else ""))
+    for name, o in out.items():
+        est = f", ~{o['flops'] / speed / 60:.0f} CPU-min" if speed else ""
+        log(f"- {name}: {o['runs']} runs, {o['flops']:.3g} training FLOPs{est}")
+    total = sum(o["flops"] for o in out.values())
+    if speed:
+        log(f"- total: ~{total / speed / 60:.0f} CPU-min (~{total / speed / 120:.0f} min wall with --jobs 2)")
+    return {"stages": out, "flops_per_s": speed}
+
+
+def _new_flops(p: sweep.Point) -> float:
+    """The FLOPs a point trains itself: a cooldown branch only its steps after the trunk's checkpoint."""
+    if p.role == "cooldown" and p.cooldown:
+        return p.cooldown["decay_steps"] * p.tokens_per_step * p.flops_per_token
+    return p.planned_flops
+
+
+def _flops_per_s(arm: Arm) -> Optional[float]:
+    """Training FLOP/s of the arm's step on this machine (1 thread, a few steps): the plan's yardstick."""
+    cfg = load_recipe(arm.recipe, arm.overrides)
+    tps = benchmark({arm.name: (arm.recipe, arm.overrides)}, steps=2, rounds=2, warmup=1, threads=1)
+    return tps[arm.name]["tokens_per_s"] * training_flops_per_token(model_config(cfg), int(cfg.train.seq_len))
