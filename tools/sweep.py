@@ -33,12 +33,13 @@ kernel's accounting of the finished child) and is rewritten atomically after eac
 so far (:class:`RunTimes`; a stable trunk counts its queued branches, which need its checkpoints): a
 machine with a time limit ends with whole runs instead of half-trained ones.
 
-A sweep that outlasts its machine (or a clone) keeps its results with ``--archive DIR``: the finished
-runs' records (run.json, recipe.yaml, summary.json, metrics.jsonl, routing.jsonl, env.json; no
-checkpoints, no tokenizer), tens of KB a run, and a manifest whose ``run_dir`` are relative, so that
-``analysis.scaling DIR`` reads it like the sweep folder. A stable trunk is archived only once all its
-branches are done (its checkpoints stay behind). ``--restore DIR`` copies the archived runs that the
-sweep folder lacks into it (refusing an archive of other settings) before training the rest.
+A sweep that outlasts its machine (or a clone) keeps its results with ``--archive DIR``: a manifest whose
+``run_dir`` are relative and ``runs.tar.xz``, the finished runs slimmed to what the analysis reads (run.json,
+recipe.yaml, summary.json, env.json, the evaluation rows of metrics.jsonl, routing summaries; no checkpoints,
+no tokenizer: ``analysis.run_archive``), well under 1 KB a run compressed, so that ``analysis.scaling DIR`` reads
+it like the sweep folder. A stable trunk is archived only once all its branches are done (its checkpoints stay
+behind). ``--restore DIR`` writes the archived runs that the sweep folder lacks into it as run folders (refusing
+an archive of other settings) before training the rest.
 
 WSD cooldown branches (Hägele et al. 2024; ``cooldown:`` in the spec): per ladder x size x grid
 combination, one stable trunk ``<point>-stable`` (warmup, then a constant lr) and one branch
@@ -110,12 +111,13 @@ from typing import Optional, Sequence
 import numpy as np
 from omegaconf import OmegaConf
 
+from analysis.run_archive import read_archive, slim_run, write_archive, write_run
 from archlab.config import RecipeError, load_recipe, model_config
 from archlab.costs import param_counts, training_flops_per_token
 from archlab.io import write_json_atomic
 from archlab.train.checkpoint import CKPT_DIR, checkpoints, step_dir_name
 from archlab.train.checkpoint import MANIFEST as CKPT_MANIFEST
-from archlab.train.run_folder import ENV, METRICS, RECIPE, ROUTING, RUN_MARKER, SUMMARY, run_role
+from archlab.train.run_folder import RUN_MARKER, SUMMARY, run_role
 from tools import launch
 from tools.sweep_check import design_checks
 
@@ -884,13 +886,8 @@ def _schedule(todo, points, out_dir, spec, jobs, env, stop_on_failure, log, make
 
 
 # --------------------------------------------------------------------------------------------
-# archive: a sweep's finished runs kept in a small folder (to commit), and restored from it
+# archive: a sweep's finished runs kept small (to commit), and restored from it
 # --------------------------------------------------------------------------------------------
-
-# what a finished run's analysis reads (analysis.runs, analysis.routing's records) and where it ran; no checkpoints,
-# no tokenizer.json (the recipe rebuilds it): a dense or LLaMA run of the CPU scaling study keeps 30-500 KB, an MoE run
-# 0.15-6 MB (its metrics and routing records log every expert; git stores them compressed about 5x)
-ARCHIVED_FILES = (RUN_MARKER, RECIPE, SUMMARY, METRICS, ROUTING, ENV)
 
 
 def _archivable(points: list[dict], done: set) -> list[str]:
@@ -904,12 +901,28 @@ def _archivable(points: list[dict], done: set) -> list[str]:
             and all(c in done for c in children.get(q["name"], []))]
 
 
+def _legacy_runs(folder: Path) -> dict[str, Path]:
+    """The run folders of an archive written by an earlier archlab (one plain folder per run)."""
+    return {d.name: d for d in sorted(Path(folder).iterdir()) if (d / RUN_MARKER).is_file()} \
+        if Path(folder).is_dir() else {}
+
+
+def _archived_state(files: dict[str, str]) -> str:
+    """finished | diverged | not archived, from an archived run's summary (as :func:`run_dir_state` reads it)."""
+    try:
+        status = json.loads(files.get(SUMMARY, "")).get("status")
+    except (ValueError, AttributeError):
+        status = None
+    return {"completed": "finished", "nonfinite": "diverged"}.get(status, "not archived")
+
+
 def archive_sweep(spec: dict, dest: Path) -> tuple[int, int]:
-    """Copy the sweep's finished runs (:data:`ARCHIVED_FILES` only) to ``dest``, a folder that
-    ``analysis.scaling`` reads like the sweep folder and ``--restore`` brings back. Runs already in ``dest``
-    stay; the manifest records every point the spec plans, its ``run_dir`` relative, with status
-    ``finished``/``diverged`` for the archived ones and ``not archived`` for the rest, and the wall times the
-    sweep folder's manifest (or an earlier archive's) recorded. Returns (runs copied now, runs in the archive)."""
+    """Add the sweep's finished runs, slimmed (:func:`analysis.run_archive.slim_run`), to ``dest/runs.tar.xz``, an
+    archive that ``analysis.scaling`` reads like the sweep folder and ``--restore`` brings back. Runs already in
+    ``dest`` stay (those of an earlier archlab's plain run folders are packed and their folders removed); the
+    manifest records every point the spec plans, its ``run_dir`` relative, with status ``finished``/``diverged``
+    for the archived ones and ``not archived`` for the rest, and the wall times the sweep folder's manifest (or an
+    earlier archive's) recorded. Returns (runs archived now, runs in the archive)."""
     out_dir = Path(spec.get("out") or "runs/sweep").resolve()
     if not out_dir.is_dir():
         raise ValueError(f"--archive: the sweep folder {out_dir} does not exist; run the sweep first")
@@ -918,23 +931,21 @@ def archive_sweep(spec: dict, dest: Path) -> tuple[int, int]:
     recorded = {q["name"]: q for m in (read_manifest(dest), read_manifest(out_dir))  # the sweep folder's win
                 for q in (m or {}).get("points", [])}
     done = {p.name for p in points if run_state(p) in ("finished", "diverged")}
-    copied = 0
-    for name in _archivable([asdict(p) for p in points], done):
-        (dest / name).mkdir(parents=True, exist_ok=True)
-        for f in ARCHIVED_FILES:
-            if (out_dir / name / f).is_file():
-                shutil.copyfile(out_dir / name / f, dest / name / f)
-        copied += 1
+    legacy = _legacy_runs(dest)
+    runs = {**read_archive(dest), **{name: slim_run(d) for name, d in legacy.items()}}
+    new = _archivable([asdict(p) for p in points], done)
+    runs.update({name: slim_run(out_dir / name) for name in new})
+    write_archive(dest, runs)
+    for d in legacy.values():  # now in the archive
+        shutil.rmtree(d)
     kept = []
     for p in points:
         q = {**asdict(p), **{k: recorded[p.name].get(k) for k in ("returncode", "elapsed_s", "peak_rss_bytes")
                              if p.name in recorded}}
-        state = run_state(Point(**{**q, "run_dir": str(dest / p.name)}))
-        kept.append({**q, "run_dir": p.name, "log": "",
-                     "status": state if state in ("finished", "diverged") else "not archived"})
+        kept.append({**q, "run_dir": p.name, "log": "", "status": _archived_state(runs.get(p.name, {}))})
     write_json_atomic(dest / MANIFEST, {"kind": "archlab-sweep", "version": 1, "spec": spec, "points": kept},
                       sort_keys=False)
-    return copied, sum(q["status"] != "not archived" for q in kept)
+    return len(new), sum(q["status"] != "not archived" for q in kept)
 
 
 def _without_paths(cooldown: dict) -> dict:
@@ -943,8 +954,9 @@ def _without_paths(cooldown: dict) -> dict:
 
 
 def restore_sweep(spec: dict, src: Path) -> int:
-    """Copy the archived runs of ``src`` (written by :func:`archive_sweep`) that the sweep folder lacks into it,
-    with their recorded wall times, so that the sweep trains only the rest. The archive must hold the spec's
+    """Write the archived runs of ``src`` (written by :func:`archive_sweep`, or an earlier archlab's plain run
+    folders) that the sweep folder lacks into it as run folders, with their recorded wall times, so that the sweep
+    trains only the rest. The archive must hold the spec's
     points with the same settings; a spec narrowed to part of the archived one (``--grid train.seed=0``) restores
     its own points only. Returns the runs restored."""
     src = Path(src)
@@ -966,12 +978,19 @@ def restore_sweep(spec: dict, src: Path) -> int:
                              "(recipe/overrides/steps/cooldown) than this spec's")
     check_consistent(out_dir, points)
     before = {q["name"]: q for q in (read_manifest(out_dir) or {}).get("points", [])}
+    packed, legacy = read_archive(src), _legacy_runs(src)
     restored = 0
     for p in points:
         q = by_name.get(p.name)
         if q is None or q["status"] not in ("finished", "diverged") or Path(p.run_dir).exists():
             continue
-        shutil.copytree(src / p.name, p.run_dir)
+        if p.name in legacy:
+            shutil.copytree(legacy[p.name], p.run_dir)
+        elif p.name in packed:
+            write_run(packed[p.name], Path(p.run_dir))
+        else:
+            raise ValueError(f"--restore {src}: its manifest says {p.name} is archived, but neither its "
+                             f"runs.tar.xz nor a run folder holds it")
         p.status, p.returncode, p.elapsed_s = q["status"], q.get("returncode"), q.get("elapsed_s")
         p.peak_rss_bytes = q.get("peak_rss_bytes")
         before.pop(p.name, None)
@@ -1096,11 +1115,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="print where the sweep stands (points and FLOPs done, measured speed, time left at --jobs) "
                          "and train nothing")
     ap.add_argument("--archive", metavar="DIR",
-                    help="copy the finished runs' records (no checkpoints) to DIR, a small folder to commit that "
-                         "analysis.scaling reads like the sweep folder, and train nothing")
+                    help="add the finished runs, slimmed to what the analysis reads (no checkpoints), to DIR's "
+                         "runs.tar.xz, a small folder to commit that analysis.scaling reads like the sweep folder, "
+                         "and train nothing")
     ap.add_argument("--restore", metavar="DIR",
-                    help="first copy the runs archived in DIR (--archive) that the sweep folder lacks into it, "
-                         "then train (or --status) as usual: only the rest trains")
+                    help="first write the runs archived in DIR (--archive) that the sweep folder lacks into it as "
+                         "run folders, then train (or --status) as usual: only the rest trains")
     launch.add_arguments(ap)
     args = ap.parse_args(argv)
     try:

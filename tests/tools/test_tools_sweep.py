@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import tarfile
 
 import pytest
 
@@ -397,15 +398,17 @@ def test_a_real_cooldown_sweep_branches_resumes_and_blocks(tmp_path, capsys):
     assert main(["--spec", str(changed), "--dry-run"]) == 2
     assert "different settings" in capsys.readouterr().err
 
-    # the finished runs' records go to an archive (no checkpoints, no tokenizer) that a new sweep folder restores
+    # the finished runs' records go to a slim archive (no checkpoints, no tokenizer) that a new sweep folder restores
     archive = tmp_path / "archive"
     assert main(["--spec", str(path), "--archive", str(archive)]) == 0
     assert "archived 3 finished runs" in capsys.readouterr().out
     kept = {p["name"]: p for p in json.loads((archive / "manifest.json").read_text())["points"]}
     assert {n for n, p in kept.items() if p["status"] == "finished"} == {"ok-stable", "ok-cd1024", "ok-cd2048"}
     assert kept["broken-stable"]["status"] == "not archived" and kept["ok-cd1024"]["run_dir"] == "ok-cd1024"
-    assert {f.name for f in (archive / "ok-stable").iterdir()} == {"run.json", "recipe.yaml", "summary.json",
-                                                                   "metrics.jsonl", "env.json"}
+    assert sorted(f.name for f in archive.iterdir()) == ["manifest.json", "runs.tar.xz"]
+    with tarfile.open(archive / "runs.tar.xz") as tf:
+        assert {m.split("/")[1] for m in tf.getnames() if m.startswith("ok-stable/")} == {
+            "run.json", "recipe.yaml", "summary.json", "metrics.jsonl", "env.json"}
     fresh = tmp_path / "fresh"
     assert main(["--spec", str(path), "--out", str(fresh), "--restore", str(archive), "--status"]) == 0
     out_text = capsys.readouterr().out
