@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.tools.test_tools_sweep import TINY
-from tools.sweep import main
+from tools.sweep.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,11 @@ import pytest
 
 from archlab.config import load_recipe, model_config
 from archlab.costs import param_counts, training_flops_per_token
-from tools.sweep import build_points, command, main, own_steps, plan_point, steps_done, sweep_status
+from tools.sweep.archive import _archivable
+from tools.sweep.cli import main
+from tools.sweep.plan import build_points, plan_point
+from tools.sweep.schedule import _fits, _schedule, command
+from tools.sweep.status import RunTimes, _time_model, own_flops, own_steps, steps_done, sweep_status
 
 TINY = ["model.vocab_size=384", "train.seq_len=32", "train.micro_batch_size=8", "data.max_bytes=150000",
         "train.eval_batches=2", "train.tensorboard=false", "train.eval_context_multipliers=[1]",
@@ -198,8 +202,6 @@ def test_status_counts_each_runs_own_steps_and_its_latest_checkpoint(tmp_path):
 def test_hours_starts_a_trunk_only_if_it_and_its_branches_end_in_time(tmp_path, capsys):
     import time
 
-    from tools.sweep import RunTimes, _fits
-
     _, spec = _cooldown_spec(tmp_path)
     points = {p.name: plan_point(p, tmp_path / "sweep", 1, 4) for p in build_points(spec)}
     trunk, short, long = points["ok-stable"], points["ok-cd2048"], points["ok-cd4096"]
@@ -224,8 +226,6 @@ def test_hours_goes_on_when_runs_ending_in_one_pass_free_every_slot(tmp_path):
     to stop while those points fit (here no speed is measured yet, so they do)."""
     import sys
 
-    from tools.sweep import _schedule
-
     spec = {"ladders": {"d": {"recipe": "recipes/dense/tiny.yaml"}}, "set": TINY, "tokens": [1000, 2000, 3000, 4000]}
     points = [plan_point(p, tmp_path, 1, 4) for p in build_points(spec)]
     said = []
@@ -239,8 +239,6 @@ def test_an_unfitted_size_takes_the_fitted_sizes_speed_trend_within_their_range(
     """Sizes without a fit of their own: the fitted sizes' speed as a power law of the FLOPs per token,
     interpolated, never extrapolated beyond the fastest or slowest fitted speed."""
     from dataclasses import replace
-
-    from tools.sweep import RunTimes, own_flops
 
     _, spec = _cooldown_spec(tmp_path)
     trunk = plan_point(next(p for p in build_points(spec) if p.role == "stable"), tmp_path / "sweep", 1, 4)
@@ -258,8 +256,6 @@ def test_an_unfitted_size_takes_the_fitted_sizes_speed_trend_within_their_range(
 
 
 def test_time_model_needs_runs_of_different_lengths():
-    from tools.sweep import _time_model
-
     assert _time_model([(1e9, 12.0), (4e9, 42.0)]) == pytest.approx((2.0, 1e8))  # 2 s start-up, 1e8 FLOPs/s
     assert _time_model([(1e9, 12.0), (2e9, 22.0)]) is None  # 2x apart: start-up and speed not separable
     assert _time_model([(1e9, 12.0), (4e9, 10.0)]) is None  # longer runs faster: no speed to read
@@ -444,8 +440,6 @@ def test_a_real_cooldown_sweep_branches_resumes_and_blocks(tmp_path, capsys):
 
 def test_archive_keeps_a_trunk_only_with_all_its_branches():
     """Without its checkpoints a restored trunk could not start a branch still to train: it waits for them."""
-    from tools.sweep import _archivable
-
     points = [{"name": "t"}, {"name": "t-cd1", "parent": "t"}, {"name": "t-cd2", "parent": "t"}, {"name": "full"}]
     assert _archivable(points, {"t", "t-cd1", "full"}) == ["t-cd1", "full"]
     assert _archivable(points, {"t", "t-cd1", "t-cd2"}) == ["t", "t-cd1", "t-cd2"]

@@ -16,7 +16,9 @@ from analysis.run_archive import ARCHIVE
 from analysis.runs import expand_inputs
 from analysis.scaling import collect
 from archlab.config import load_recipe
-from tools.sweep import build_points, main, plan_point, write_manifest
+from tools.sweep.cli import main
+from tools.sweep.manifest import write_manifest
+from tools.sweep.plan import build_points, plan_point
 
 TINY = ["model.vocab_size=384", "train.seq_len=32", "train.micro_batch_size=8", "data.max_bytes=150000",
         "train.eval_batches=2", "train.tensorboard=false", "train.eval_context_multipliers=[1]",
