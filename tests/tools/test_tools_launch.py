@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.test_tools_sweep import TINY
+from tests.tools.sweep.helpers import TINY
 from tools import launch
 from tools.sweep.schedule import run_sweep
 

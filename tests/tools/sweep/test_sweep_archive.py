@@ -16,13 +16,11 @@ from analysis.run_archive import ARCHIVE
 from analysis.runs import expand_inputs
 from analysis.scaling import collect
 from archlab.config import load_recipe
+from tests.tools.sweep.helpers import TINY
+from tools.sweep.archive import _archivable
 from tools.sweep.cli import main
 from tools.sweep.manifest import write_manifest
 from tools.sweep.plan import build_points, plan_point
-
-TINY = ["model.vocab_size=384", "train.seq_len=32", "train.micro_batch_size=8", "data.max_bytes=150000",
-        "train.eval_batches=2", "train.tensorboard=false", "train.eval_context_multipliers=[1]",
-        "model.d_model=16", "model.n_layers=1", "model.n_heads=2"]
 
 
 def _spec(tmp_path):
@@ -136,3 +134,10 @@ def test_archive_restore_and_the_analysis_read_the_same_numbers(tmp_path, capsys
     assert main(["--spec", str(path), "--archive", str(legacy)]) == 0
     assert sorted(f.name for f in legacy.iterdir()) == ["manifest.json", ARCHIVE]
     assert (legacy / ARCHIVE).read_bytes() == (archive / ARCHIVE).read_bytes()  # the same runs, the same bytes
+
+
+def test_archive_keeps_a_trunk_only_with_all_its_branches():
+    """Without its checkpoints a restored trunk could not start a branch still to train: it waits for them."""
+    points = [{"name": "t"}, {"name": "t-cd1", "parent": "t"}, {"name": "t-cd2", "parent": "t"}, {"name": "full"}]
+    assert _archivable(points, {"t", "t-cd1", "full"}) == ["t-cd1", "full"]
+    assert _archivable(points, {"t", "t-cd1", "t-cd2"}) == ["t", "t-cd1", "t-cd2"]
