@@ -4,7 +4,8 @@ A run folder is what ``python -m archlab.train`` leaves behind (see ``archlab/tr
 ``run.json`` (marks it as a run), ``recipe.yaml``, ``metrics.jsonl`` (rows with ``"kind"``:
 train | val), ``routing.jsonl`` (MoE), ``checkpoints/``, ``tokenizer.json`` and, once the run
 has ended, ``summary.json``. A sweep folder (``python -m tools.sweep``) holds ``manifest.json``
-and one run folder per point.
+and one run folder per point; its archive (``--archive``) holds the manifest and ``runs.tar.xz``, whose runs
+read here like run folders at ``<archive>/<run>`` (``analysis.run_archive``).
 
 Every problem with an input (missing folder, not a run, incomplete run, wrong kind of run) is a
 :class:`RunError` whose message names the path and says what to do; the programs print it and
@@ -13,7 +14,9 @@ exit 2.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
+import io
 import json
 import math
 import os
@@ -26,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from analysis.plotting import pyplot, save_figure  # noqa: F401  (re-exported for scaling, routing)
 from analysis.plotting import style_axes as _style_axes
+from analysis.run_archive import archived_run, is_archive, jsonl_rows, read_archive
 from archlab.io import read_jsonl as _read_jsonl
 from archlab.io import write_json_atomic as _write_json_atomic
 from archlab.io import write_text_atomic  # noqa: F401  (re-exported for scaling, routing)
@@ -43,12 +47,28 @@ class RunError(ValueError):
 
 def read_jsonl(path: Path) -> list[dict]:
     """Rows of a JSON-lines file (torn lines skipped); a null loss reads as NaN (a diverged step)."""
-    return [{k: (math.nan if v is None and k == "loss" else v) for k, v in row.items()}
-            for row in _read_jsonl(path)]
+    return _null_loss_as_nan(_read_jsonl(path))
+
+
+def _null_loss_as_nan(rows: list[dict]) -> list[dict]:
+    return [{k: (math.nan if v is None and k == "loss" else v) for k, v in row.items()} for row in rows]
 
 
 def is_run_dir(path: Path) -> bool:
     return (path / RUN_MARKER).is_file()
+
+
+def _present(path: Path) -> bool:
+    """A run folder or an archived run is there."""
+    return path.exists() or archived_run(path) is not None
+
+
+def _archived_matches(pattern: str) -> list[str]:
+    """The archived runs a glob names: ``<archive folder>/<pattern of run names>``."""
+    folder, name = os.path.split(pattern)
+    if glob.has_magic(folder) or not is_archive(Path(folder or ".")):
+        return []
+    return [os.path.join(folder, run) for run in read_archive(Path(folder or ".")) if fnmatch.fnmatch(run, name)]
 
 
 @dataclass
@@ -59,6 +79,7 @@ class Run:
     recipe: DictConfig
     summary: Optional[dict]
     _status: Optional[tuple[str, str]] = field(default=None, repr=False)
+    archived: Optional[dict] = field(default=None, repr=False)  # an archived run's files (file name -> text)
 
     # ---- identity
     @property
@@ -74,9 +95,14 @@ class Run:
         return self.recipe.model.get("moe") is not None
 
     # ---- rows
+    def _rows(self, name: str) -> list[dict]:
+        if self.archived is None:
+            return read_jsonl(self.path / name)
+        return _null_loss_as_nan(jsonl_rows(self.archived.get(name, "")))
+
     @cached_property
     def metrics(self) -> list[dict]:
-        return read_jsonl(self.path / METRICS)
+        return self._rows(METRICS)
 
     @property
     def train_rows(self) -> list[dict]:
@@ -99,7 +125,7 @@ class Run:
 
     @cached_property
     def routing_rows(self) -> list[dict]:
-        return read_jsonl(self.path / ROUTING)
+        return self._rows(ROUTING)
 
     # ---- numbers
     @cached_property
@@ -188,10 +214,13 @@ def _finite(v) -> bool:
 
 
 def open_run(path: os.PathLike | str) -> Run:
-    """Read a run folder's recipe and summary; raise :class:`RunError` if it is not a run folder."""
+    """Read a run folder's (or an archived run's) recipe and summary; raise :class:`RunError` if it is not a run."""
     path = Path(path)
     if not path.exists():
-        raise RunError(f"{path}: no such folder")
+        files = archived_run(path)
+        if files is None:
+            raise RunError(f"{path}: no such folder")
+        return _open_archived(path, files)
     if not path.is_dir():
         raise RunError(f"{path}: not a folder (expected an archlab run folder)")
     if not is_run_dir(path):
@@ -214,6 +243,23 @@ def open_run(path: os.PathLike | str) -> Run:
     return Run(path=path, recipe=recipe, summary=summary)
 
 
+def _open_archived(path: Path, files: dict[str, str]) -> Run:
+    """An archived run read like its run folder (the same parsers over the same texts)."""
+    if RECIPE not in files:
+        raise RunError(f"{path}: incomplete archived run ({RECIPE} missing)")
+    try:
+        recipe = OmegaConf.load(io.StringIO(files[RECIPE]))
+    except Exception as e:
+        raise RunError(f"{path / RECIPE}: unreadable ({e})") from None
+    summary = None
+    if SUMMARY in files:
+        try:
+            summary = json.loads(files[SUMMARY])
+        except ValueError as e:
+            raise RunError(f"{path / SUMMARY}: unreadable ({e})") from None
+    return Run(path=path, recipe=recipe, summary=summary, archived=files)
+
+
 def _sweep_run_dirs(folder: Path) -> list[Path]:
     try:
         manifest = json.loads((folder / SWEEP_MANIFEST).read_text())
@@ -225,7 +271,8 @@ def _sweep_run_dirs(folder: Path) -> list[Path]:
 
 
 def expand_inputs(inputs: Iterable[str]) -> tuple[list[Run], list[tuple[str, str]]]:
-    """Run folders named by paths, globs, sweep folders (their manifest's points) or folders of runs.
+    """Run folders named by paths, globs, sweep folders (their manifest's points) or folders of runs; in an archive
+    folder its archived runs stand for the run folders.
 
     Returns (runs, problems): a folder in a glob that is not a run becomes a (path, reason) problem
     instead of an error, so that the rest can still be analysed; so do a sweep's points that have
@@ -249,18 +296,18 @@ def expand_inputs(inputs: Iterable[str]) -> tuple[list[Run], list[tuple[str, str
             problems.append((str(p), str(e)))
 
     for item in inputs:
-        matches = sorted(glob.glob(item)) if glob.has_magic(item) else [item]
+        matches = sorted(set(glob.glob(item)) | set(_archived_matches(item))) if glob.has_magic(item) else [item]
         if not matches:
             raise RunError(f"{item}: the pattern matches nothing")
         for m in matches:
             p = Path(m)
-            if not p.exists():
+            if not _present(p):
                 raise RunError(f"{p}: no such folder")
             if p.is_dir() and (p / SWEEP_MANIFEST).is_file() and not is_run_dir(p):
                 planned = _sweep_run_dirs(p)
-                absent = [d for d in planned if not d.exists()]
+                absent = [d for d in planned if not _present(d)]
                 for d in planned:
-                    if d.exists():
+                    if _present(d):
                         add(d, strict=False)
                 if absent:  # one line for the sweep's points still to train, not one per point
                     problems.append((str(p.resolve()), f"{len(absent)} of the sweep's {len(planned)} planned points "
@@ -269,6 +316,9 @@ def expand_inputs(inputs: Iterable[str]) -> tuple[list[Run], list[tuple[str, str
             elif p.is_dir() and not is_run_dir(p) and any(is_run_dir(c) for c in p.iterdir() if c.is_dir()):
                 for c in sorted(c for c in p.iterdir() if c.is_dir() and is_run_dir(c)):
                     add(c, strict=False)
+            elif p.is_dir() and is_archive(p):
+                for name in sorted(read_archive(p)):
+                    add(p / name, strict=False)
             else:
                 add(p, strict=not glob.has_magic(item))
     if not runs:

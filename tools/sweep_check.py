@@ -71,7 +71,7 @@ def _unigram(cfg, cache: dict, log) -> tuple[Optional[float], str]:
 
 
 def design_checks(spec: dict, points: list, log=print) -> tuple[list[GridCheck], str]:
-    """Check every family of planned sweep ``points`` (:func:`tools.sweep.plan_point` done); returns the
+    """Check every family of planned sweep ``points`` (:func:`tools.sweep.plan.plan_point` done); returns the
     checks and their text."""
     opts = check_options(spec.get("check"))
     families: dict[tuple, list] = {}

@@ -77,7 +77,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
 def analysis_sources() -> list[Path]:
     """The analysis modules and the tools that the experiment report and runner import."""
     return (sorted((ROOT / "analysis").glob("*.py")) + sorted((ROOT / "analysis" / "measurements").glob("*.py"))
-            + sorted((ROOT / "tools").glob("experiment*.py")) + [ROOT / "tools" / "sweep.py"])
+            + sorted((ROOT / "tools").glob("experiment*.py")) + sorted((ROOT / "tools" / "sweep").glob("*.py")))
 
 
 def test_no_import_cycle_between_analysis_modules():

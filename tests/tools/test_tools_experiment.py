@@ -15,7 +15,7 @@ from analysis.experiment_spec import Spec
 from analysis.measurements import MEASUREMENTS
 from tools import experiment
 from tools.experiment import load_spec, main, match_time_budgets, resolve_arms
-from tools.sweep import build_points
+from tools.sweep.plan import build_points
 
 EXPERIMENTS = ["evolution", "extrapolation", "attention-kv", "norm-placement", "balancing", "moe-vs-dense"]
 # the report sections each measurement of a spec adds (their titles in report.md)

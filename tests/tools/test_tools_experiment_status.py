@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tools import experiment, experiment_status, sweep
+from archlab.train.run_folder import SUMMARY
+from tools import experiment, experiment_status
+from tools.sweep.manifest import MANIFEST
 
 
 def write_stage(folder: Path, runs: dict[str, tuple[str, str]]) -> None:
@@ -18,9 +20,9 @@ def write_stage(folder: Path, runs: dict[str, tuple[str, str]]) -> None:
         if state != "new":
             run_dir.mkdir()
         if state in ("completed", "nonfinite"):
-            (run_dir / sweep.SUMMARY).write_text(json.dumps({"status": state}))
+            (run_dir / SUMMARY).write_text(json.dumps({"status": state}))
         points.append({"name": name, "run_dir": str(run_dir), "status": last, "job": {}})
-    (folder / sweep.MANIFEST).write_text(json.dumps({"kind": "archlab-sweep", "version": 1, "points": points}))
+    (folder / MANIFEST).write_text(json.dumps({"kind": "archlab-sweep", "version": 1, "points": points}))
 
 
 def test_stages_in_training_order_with_counts_from_the_run_folders(tmp_path):

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.test_tools_sweep import TINY
+from tests.tools.sweep.helpers import TINY
 from tools import launch
-from tools.sweep import run_sweep
+from tools.sweep.schedule import run_sweep
 
 
 def _spec(tmp_path, out, tokens):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.test_tools_sweep import TINY
-from tools.sweep import main
+from tests.tools.sweep.helpers import TINY
+from tools.sweep.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

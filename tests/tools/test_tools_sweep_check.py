@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tools import sweep
-from tools.sweep import main
+from tools.sweep import cli
+from tools.sweep.cli import main
 
 # the CPU study's setting: N from 1.6k (d_model 8) to 37k (d_model 40) non-embedding parameters at 2 layers
 SETTING = ["model.vocab_size=2048", "model.n_layers=2", "model.ffn.multiple_of=8"]
@@ -33,7 +33,7 @@ GOOD = {"compute": "6nd", "budgets": [{"flops": 3e10, "sizes": ["w8", "w16", "w2
 def trained(monkeypatch):
     """run_sweep replaced by a recorder: what reached training, without training."""
     calls = []
-    monkeypatch.setattr(sweep, "run_sweep", lambda spec, **kw: calls.append(spec) or [])
+    monkeypatch.setattr(cli, "run_sweep", lambda spec, **kw: calls.append(spec) or [])
     return calls
 
 

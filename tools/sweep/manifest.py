@@ -1,0 +1,72 @@
+"""The sweep folder's ``manifest.json`` (every point and what became of it) and what a run folder says of a point."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+from archlab.io import write_json_atomic
+from archlab.train.run_folder import SUMMARY
+from tools.sweep.point import Point
+
+MANIFEST = "manifest.json"
+
+
+def write_manifest(out_dir: Path, spec: dict, points: list[Point]) -> None:
+    write_json_atomic(out_dir / MANIFEST, {"kind": "archlab-sweep", "version": 1, "spec": spec,
+                                           "points": [asdict(p) for p in points]}, sort_keys=False)
+
+
+def read_manifest(out_dir: Path) -> Optional[dict]:
+    path = Path(out_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        m = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); delete it to start the sweep afresh") from None
+    if not isinstance(m, dict) or m.get("kind") != "archlab-sweep":
+        raise ValueError(f"{path}: not an archlab sweep manifest")
+    return m
+
+
+def check_consistent(out_dir: Path, points: list[Point]) -> None:
+    """A point already in the manifest must describe the same run, or resuming would mix runs."""
+    old = read_manifest(out_dir)
+    if old is None:
+        return
+    before = {q["name"]: q for q in old.get("points", [])}
+    for p in points:
+        q = before.get(p.name)
+        if q and (q["recipe"] != p.recipe or q["overrides"] != p.overrides or q["max_steps"] != p.max_steps
+                  or q.get("cooldown", {}) != p.cooldown):
+            raise ValueError(f"sweep folder {out_dir} already holds point {p.name} with different settings "
+                             f"(recipe/overrides/steps/cooldown); use a new --out folder or delete that point's run "
+                             f"folder and its manifest entry")
+
+
+def run_state(p: Point) -> str:
+    """What the point's run folder says (:func:`run_dir_state`)."""
+    return run_dir_state(p.run_dir)
+
+
+def run_dir_state(run_dir) -> str:
+    """What a run folder says: finished | diverged (stopped on non-finite numbers: rerunning the
+    same deterministic run would diverge again) | started (resumable) | new."""
+    path = Path(run_dir) / SUMMARY
+    if path.is_file():
+        try:
+            status = json.loads(path.read_text()).get("status")
+        except (ValueError, AttributeError):
+            status = None
+        if status == "completed":
+            return "finished"
+        if status == "nonfinite":
+            return "diverged"
+    return "started" if Path(run_dir).is_dir() else "new"
+
+
+def is_done(p: Point) -> bool:
+    return run_state(p) in ("finished", "diverged")
