@@ -1,4 +1,4 @@
-"""The sweep's design check: its planned points read as the designer's grid (:mod:`analysis.scaling_check`).
+"""The sweep's design check: its planned points read as the designer's grid (:mod:`analysis.scaling.design.check`).
 
 A sweep's scaling points are its full runs and cooldown branches (stable trunks are not points); each
 ladder x grid cell other than ``train.seed`` is one family, its ``train.seed`` values its seeds. N is
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from analysis.scaling_check import CPU_LAW, MARGIN, MAX_A_WIDTH, GridCheck, check_grid, check_text
-from analysis.scaling_design import Noise, _keys, _law, _number
+from analysis.scaling.design.check import CPU_LAW, MARGIN, MAX_A_WIDTH, GridCheck, check_grid, check_text
+from analysis.scaling.design.spec import Noise, _keys, _law, _number
 from archlab.config import RecipeError, load_recipe, model_config
 from archlab.costs import param_counts
 

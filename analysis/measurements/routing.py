@@ -18,6 +18,9 @@ import numpy as np
 from analysis.experiments import Context, Section, errbar, figure_md, fmt_ci, fmt_count, t_interval, table
 from analysis.measurements.base import Measurement, cached, check_int, check_names, measurement_folder, register
 from analysis.plotting import COLORS, pyplot, save_figure, style_axes
+from analysis.routing.checkpoint import held_out_maxvio
+from analysis.routing.plots import load_vmax, plot_bias, plot_load_heatmaps
+from analysis.routing.series import load_matrix, training_series
 from analysis.runs import open_run
 
 HELD_OUT_TOKENS = 32768  # validation tokens the end-of-training MaxVio is measured on
@@ -39,8 +42,6 @@ class Routing(Measurement):
 
     def run(self, record: dict, log=print) -> dict:
         """Held-out MaxVio at the end of training of every finished run (cached per run)."""
-        from analysis.routing import held_out_maxvio
-
         tokens = int(self.settings(record).get("held_out_tokens", HELD_OUT_TOKENS))
         folder = measurement_folder(record) / "routing"
         out = {}
@@ -94,8 +95,6 @@ class Routing(Measurement):
                        "MaxVio_batch (end, held out)", "tokens/s"], rows))
         figures: list[str] = []
         md += figure_md(figures, plot_maxvio(data, ctx.out / "maxvio_vs_loss.png"), "MaxVio against validation loss")
-        from analysis.routing import load_vmax, plot_bias, plot_load_heatmaps, training_series
-
         maps = []  # the listed arms' first finished runs, drawn on one colour scale so that they compare
         for arm in conf.get("heatmaps") or []:
             g = ctx.group(arm)
@@ -118,8 +117,6 @@ def maxvio(run_dir: str) -> Optional[dict]:
     with the loads summed over all of training (per layer, then the mean over MoE layers), and
     ``batch`` = the mean over records of each record's MaxVio (each record covers the steps since
     the previous one), also averaged over layers."""
-    from analysis.routing import load_matrix, training_series
-
     run = open_run(run_dir)
     series = training_series(run)
     glob, batch, layers = [], [], {}

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 import analysis.costs as costs
-import analysis.routing as routing
+import analysis.routing.plots as routing_plots
 
 E, T = 8, 40
 
@@ -28,15 +28,15 @@ def _routing_series() -> dict:
 
 def test_routing_figures(tmp_path, tick_overlaps):
     s = _routing_series()
-    routing.plot_load_heatmaps(s, "synthetic", tmp_path / "load_heatmap.png")
-    routing.plot_balance(s, "synthetic", tmp_path / "balance.png")
-    routing.plot_telemetry(s, {}, "synthetic", tmp_path / "telemetry.png")
-    routing.plot_bias(s, "synthetic", tmp_path / "bias.png")
+    routing_plots.plot_load_heatmaps(s, "synthetic", tmp_path / "load_heatmap.png")
+    routing_plots.plot_balance(s, "synthetic", tmp_path / "balance.png")
+    routing_plots.plot_telemetry(s, {}, "synthetic", tmp_path / "telemetry.png")
+    routing_plots.plot_bias(s, "synthetic", tmp_path / "bias.png")
     spec = {layer: {"mean": 0.5, "weighted_mean": 0.6, "uniform_baseline": 0.25} for layer in s}
-    routing.plot_specialisation(spec, "synthetic", tmp_path / "specialisation.png")
-    routing.plot_coactivation({layer: np.random.default_rng(1).random((E, E)) for layer in s}, "synthetic",
+    routing_plots.plot_specialisation(spec, "synthetic", tmp_path / "specialisation.png")
+    routing_plots.plot_coactivation({layer: np.random.default_rng(1).random((E, E)) for layer in s}, "synthetic",
                               tmp_path / "coactivation.png")
-    routing.plot_saturation({100: {k: 0.5 for k in s}, 500: {k: 0.8 for k in s}}, 1000, "synthetic",
+    routing_plots.plot_saturation({100: {k: 0.5 for k in s}, 500: {k: 0.8 for k in s}}, 1000, "synthetic",
                             tmp_path / "saturation.png")
     assert [name for name, _ in tick_overlaps] == ["load_heatmap.png", "balance.png", "telemetry.png", "bias.png",
                                                     "specialisation.png", "coactivation.png", "saturation.png"]

@@ -12,30 +12,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.scaling import (
-    OK,
-    EnvelopeExponent,
-    FamilyStudy,
-    NDFit,
-    NoiseFloor,
-    compute_optimal,
+import analysis.scaling.plots as plots
+from analysis.scaling.fits.common import OK, bound_flags, bound_thresholds, reported_status
+from analysis.scaling.fits.envelope import EnvelopeExponent
+from analysis.scaling.fits.isoflop import fit_isoflop_profile, isoflop_profiles
+from analysis.scaling.fits.log_log import fit_log_log
+from analysis.scaling.fits.loss_nd import NDFit, compute_optimal, fit_loss_nd
+from analysis.scaling.fits.noise import NoiseFloor
+from analysis.scaling.fits.power_law import fit_power_law
+from analysis.scaling.study import FamilyStudy, n_sensitivity
+from analysis.scaling.tables import (
     exponent_table,
-    fit_isoflop_profile,
-    fit_log_log,
-    fit_loss_nd,
-    fit_power_law,
     fits_table,
-    isoflop_profiles,
     isoflop_table,
-    n_sensitivity,
     n_sensitivity_table,
     nd_table,
     optimum_table,
-    reported_status,
 )
-from analysis.scaling_fits import bound_flags, bound_thresholds
 
-COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "scaling" / "fits.json"
+COMMITTED = Path(__file__).resolve().parents[3] / "docs" / "scaling" / "fits.json"
 C_NARROW = np.logspace(12, 13, 8)
 
 
@@ -249,8 +244,6 @@ def test_every_table_and_fits_json_name_the_flags():
 
 
 def test_the_isoflop_figure_draws_an_unbracketed_minimum_hollow_and_names_it(monkeypatch, tmp_path):
-    import analysis.scaling_plots as plots
-
     figs = []
     monkeypatch.setattr(plots, "save_figure", lambda fig, path: figs.append(fig) or path)
     N, C, L, budgets = _isoflop_sweep([0.0, -1.3, 0.0, 0.0])

@@ -1,7 +1,6 @@
-"""The figures of :mod:`analysis.scaling`: loss against compute and tokens, dense vs MoE, IsoFLOP
-profiles and the fitted L(N, D). Each has a title, labelled axes with units and a legend; seed
-groups are drawn at their mean loss with error bars of +-1 standard deviation over the seeds.
-Fitted curves are drawn over the range that was measured only (sizes, tokens, budgets), never beyond.
+"""The figures of the scaling study: loss against compute and tokens, dense vs MoE, IsoFLOP
+profiles, the fitted L(N, D) and the compute multipliers. Seed groups are drawn at their mean with
++-1 std error bars; fitted curves only over the range that was measured.
 """
 
 from __future__ import annotations
@@ -14,7 +13,8 @@ import numpy as np
 
 from analysis.plotting import count_log_axis, plain_log_axis
 from analysis.runs import pyplot, save_figure, style_axes
-from analysis.scaling_fits import NOT_BRACKETED, OK, envelope
+from analysis.scaling.fits.common import NOT_BRACKETED, OK
+from analysis.scaling.fits.envelope import envelope
 
 SEED_BARS = "error bars: ±1 std over seeds"
 

@@ -1,4 +1,4 @@
-"""analysis.routing_health and the routing figures on synthetic routing records with a known starved expert:
+"""analysis.routing.health and the routing figures on synthetic routing records with a known starved expert:
 dead and starved experts by id over a window, the load heat map's diverging scale centred on uniform, one
 colour scale across the co-activation panels."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import analysis.routing as routing
-from analysis.routing_health import expert_health, health_table
+import analysis.routing.plots as routing_plots
+from analysis.routing.health import expert_health, health_table
 
 E = 4
 
@@ -48,7 +48,7 @@ def test_starved_and_dead_experts_are_named_by_id_over_the_window():
 def figures(monkeypatch):
     """The figures the routing plots save, kept open for inspection."""
     kept = []
-    monkeypatch.setattr(routing, "save_figure", lambda fig, path: kept.append(fig) or path)
+    monkeypatch.setattr(routing_plots, "save_figure", lambda fig, path: kept.append(fig) or path)
     yield kept
     import matplotlib.pyplot as plt
 
@@ -57,7 +57,7 @@ def figures(monkeypatch):
 
 
 def test_load_heatmap_is_diverging_and_centred_on_uniform(tmp_path, figures):
-    assert routing.plot_load_heatmaps(_series(), "synthetic", tmp_path / "h.png") is not None
+    assert routing_plots.plot_load_heatmaps(_series(), "synthetic", tmp_path / "h.png") is not None
     images = [im for ax in figures[0].axes for im in ax.get_images()]
     assert len(images) == 2 and len({id(im.norm) for im in images}) == 2
     assert all(im.norm.vcenter == 1.0 and im.norm.vmin == 0.0 for im in images)
@@ -72,7 +72,7 @@ def test_load_heatmap_is_diverging_and_centred_on_uniform(tmp_path, figures):
 
 def test_coactivation_panels_share_one_colour_scale(tmp_path, figures):
     coact = {"layer0": np.array([[np.nan, 0.2], [0.1, np.nan]]), "layer1": np.array([[0.0, 0.9], [0.5, 0.0]])}
-    routing.plot_coactivation(coact, "synthetic", tmp_path / "c.png")
+    routing_plots.plot_coactivation(coact, "synthetic", tmp_path / "c.png")
     images = [im for ax in figures[0].axes for im in ax.get_images()]
     assert len(images) == 2 and {(im.norm.vmin, im.norm.vmax) for im in images} == {(0.0, 0.9)}
     assert sum(ax.get_label() == "<colorbar>" for ax in figures[0].axes) == 1

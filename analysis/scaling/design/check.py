@@ -1,22 +1,9 @@
-"""A planned scaling grid checked before it trains: the problems that would leave the study without fits.
+"""A planned scaling grid checked before it trains: the problems that would leave the study without fits
+(points near the unigram entropy, budgets without three usable sizes or with their optimum outside them,
+token budgets without an IsoFLOP group, an expected interval of a too wide), each named with what to change.
 
-:func:`check_grid` takes the points a sweep will train (N non-embedding parameters without the LM head,
-D tokens, the FLOPs budget that makes a point part of an IsoFLOP line) and names, each with what to change:
-
-- points whose predicted loss lies within ``margin`` nats of the unigram entropy: ``analysis.scaling``
-  leaves out runs within ``LEARN_MARGIN`` (0.1) nats of it, so they buy nothing (the default margin of 0.2
-  allows for the planning law's error);
-- FLOPs budgets with fewer than 3 usable sizes (an IsoFLOP parabola needs 3) or whose predicted optimum
-  N_opt(C) lies outside their sizes (a one-sided profile, its minimum not bracketed);
-- token budgets without an IsoFLOP group: at a token budget each size spends its own FLOPs, so approach 2
-  finds no budget with 3 sizes within 10% of one compute;
-- the expected 95% interval width of the compute-optimal exponent a (N_opt ∝ C^a), from the designer's
-  simulation of the whole analysis (:func:`analysis.scaling_design.simulate`) on the usable points: over
-  ``max_a_width`` (approach 3, or approach 2 where it fits), or fits failing in most simulated studies.
-
-The planning law (:data:`CPU_LAW`) is what the LLaMA CPU study measured (docs/scaling/design/llama-found.yaml:
-the stdlib corpus with its tests, a 2048-token BPE vocabulary); a study of another corpus, tokenizer or
-family states its own.
+The planning law :data:`CPU_LAW` is what the LLaMA CPU study measured (docs/scaling/design/llama-found.yaml);
+a study of another corpus, tokenizer or family states its own. The checks: docs/methods/scaling-design.md.
 """
 
 from __future__ import annotations
@@ -27,8 +14,11 @@ from typing import Optional, Sequence
 import numpy as np
 
 from analysis.runs import LEARN_MARGIN
-from analysis.scaling_design import Design, DesignSpec, Law, Noise, Plan, simulate
-from analysis.scaling_fits import OK, group_budgets
+from analysis.scaling.design.result import Design
+from analysis.scaling.design.simulate import simulate
+from analysis.scaling.design.spec import DesignSpec, Law, Noise, Plan
+from analysis.scaling.fits.common import OK
+from analysis.scaling.fits.isoflop import group_budgets
 
 # approach 3 fitted to the LLaMA CPU study's seed-0 points (docs/scaling/design/llama-found.yaml)
 CPU_LAW = Law(E=2.357, A=26.42, alpha=0.346, B=6860.0, beta=0.634)
@@ -184,10 +174,9 @@ def check_text(checks: Sequence[GridCheck], law: Law, unigram: Optional[float], 
     """The checks as lines for the terminal: the assumptions, then each family's problems. ``source``: where
     the unigram entropy came from."""
     src = source if unigram is not None else "not known: near-unigram points not checked"
-    lines = [f"design check (analysis.scaling_check): planning law L = {law.E:g} + {law.A:g} / N^{law.alpha:g} + "
-             f"{law.B:g} / D^{law.beta:g} (N non-embedding parameters without the LM head, D tokens; set "
+    lines = [f"design check (analysis.scaling.design.check): planning law L = {law.E:g} + {law.A:g} / N^{law.alpha:g} "
+             f"+ {law.B:g} / D^{law.beta:g} (N non-embedding parameters without the LM head, D tokens; set "
              f"check.law for another setting); unigram entropy {'-' if unigram is None else f'{unigram:.3f}'} ({src})"]
     for c in checks:
         lines += c.lines()
     return "\n".join(lines)
-

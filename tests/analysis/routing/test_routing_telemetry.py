@@ -14,13 +14,9 @@ import pytest
 import torch
 
 import archlab
-from analysis.routing import (
-    analyse,
-    global_series,
-    maxvio_percentiles,
-    read_trace,
-    training_series,
-)
+from analysis.routing.report import analyse
+from analysis.routing.series import global_series, maxvio_percentiles, training_series
+from analysis.routing.trace import read_trace
 from analysis.runs import RunError, open_run
 from archlab.train.router_trace import TRACE_TOKENS, sample_tokens, tracer_for
 

@@ -11,21 +11,17 @@ import numpy as np
 import pytest
 
 from analysis.runs import open_run
-from analysis.scaling import (
-    MultiplierCurve,
-    Point,
-    _sweep_budgets,
-    analyse,
-    cluster_labels,
-    family_pairs,
-    main,
-    n_params,
-    prediction_rows,
-    prediction_table,
-    read_prediction,
-)
-from analysis.scaling_design import Law
-from analysis.scaling_fits import difference_interval, fit_loss_nd, holdout_prediction
+from analysis.scaling.cli import main
+from analysis.scaling.compare import MultiplierCurve, family_pairs
+from analysis.scaling.design.spec import Law
+from analysis.scaling.fits.common import difference_interval
+from analysis.scaling.fits.holdout import holdout_prediction
+from analysis.scaling.fits.isoflop import isoflop_profiles
+from analysis.scaling.fits.loss_nd import fit_loss_nd
+from analysis.scaling.prediction import prediction_rows, read_prediction
+from analysis.scaling.read import Point, _sweep_budgets, cluster_labels, n_params
+from analysis.scaling.report import analyse
+from analysis.scaling.tables import prediction_table
 
 LAW = Law(E=1.7, A=40.0, alpha=0.34, B=60.0, beta=0.28)  # minima inside the sizes below at these budgets
 SIZES = {"d32": [32, 1], "d48": [48, 2], "d64": [64, 2], "d96": [96, 3], "d128": [128, 4], "d192": [192, 4],
@@ -371,8 +367,6 @@ def test_isoflop_interval_resamples_trunks_jointly_over_budgets():
     the joint trunk bootstrap's interval for a is about as wide as the estimates' true 95% spread,
     wider than the per-budget one with trunk noise (30 studies: 0.097 vs 0.067, true 0.073; coverage
     0.97 vs 0.90) and narrower without (0.065 vs 0.077, true 0.047)."""
-    from analysis.scaling_fits import isoflop_profiles
-
     sizes = np.geomspace(1e6, 1e8, 9)
     N, C = (x.ravel() for x in np.meshgrid(sizes, np.geomspace(1e15, 1e17, 4)))
     trunk = np.tile(np.arange(len(sizes)), 4)
@@ -401,8 +395,6 @@ def test_isoflop_interval_resamples_trunks_jointly_over_budgets():
 def test_isoflop_profiles_of_three_sizes_get_no_zero_width_interval():
     # three sizes per budget, one trunk each: every parabola passes through its points, flipping residuals
     # changes nothing, so the joint bootstrap has no spread; that is reported, not an interval [a, a]
-    from analysis.scaling_fits import isoflop_profiles
-
     N, C = (x.ravel() for x in np.meshgrid([1e6, 1e7, 1e8], [1e15, 1e16, 1e17]))
     L = 3.0 - 0.1 * np.log(C / 1e16) + 0.02 * (np.log(N) - np.log(1e7) - 0.5 * np.log(C / 1e16)) ** 2
     pl = isoflop_profiles(N, C, L, n_boot=50, seed=0, clusters=np.tile(np.arange(3), 3)).power_law

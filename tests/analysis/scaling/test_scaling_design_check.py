@@ -1,4 +1,4 @@
-"""analysis.scaling_check on synthetic grids: each problem named with a change that would fix it."""
+"""analysis.scaling.design.check on synthetic grids: each problem named with a change that would fix it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from analysis.scaling_check import CPU_LAW, MARGIN, check_grid
+from analysis.scaling.design.check import CPU_LAW, MARGIN, check_grid
 
 UNIGRAM = 6.3
 

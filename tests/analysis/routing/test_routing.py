@@ -9,19 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.routing import (
-    analyse,
-    capture_topk,
-    coactivation,
-    held_out_maxvio,
-    load_matrix,
-    main,
-    maxvio_of_choices,
-    moe_routers,
-    saturation,
-    specialisation,
-    training_series,
-)
+from analysis.routing.capture import capture_topk, moe_routers
+from analysis.routing.checkpoint import held_out_maxvio
+from analysis.routing.cli import main
+from analysis.routing.report import analyse
+from analysis.routing.series import load_matrix, training_series
+from analysis.routing.stats import coactivation, maxvio_of_choices, saturation, specialisation
 from analysis.runs import open_run
 
 # ------------------------------------------------------------------ statistics

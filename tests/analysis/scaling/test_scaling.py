@@ -8,26 +8,19 @@ import json
 import numpy as np
 import pytest
 
+import analysis.scaling.plots as plots
 from analysis.runs import RunError, expand_inputs, open_run
-from analysis.scaling import (
-    analyse,
-    average_seeds,
-    collect,
-    compute_optimal,
-    envelope,
-    envelope_exponent,
-    family_design_noise,
-    fit_isoflop_profile,
-    fit_log_log,
-    fit_loss_nd,
-    fit_power_law,
-    group_budgets,
-    isoflop_profiles,
-    main,
-    n_params,
-    pareto_frontier,
-    pooled_std,
-)
+from analysis.scaling.cli import main
+from analysis.scaling.fits.common import group_budgets
+from analysis.scaling.fits.envelope import envelope, envelope_exponent, pareto_frontier
+from analysis.scaling.fits.isoflop import fit_isoflop_profile, isoflop_profiles
+from analysis.scaling.fits.log_log import fit_log_log
+from analysis.scaling.fits.loss_nd import compute_optimal, fit_loss_nd
+from analysis.scaling.fits.noise import pooled_std
+from analysis.scaling.fits.power_law import fit_power_law
+from analysis.scaling.read import average_seeds, collect, n_params
+from analysis.scaling.report import analyse
+from analysis.scaling.study import family_design_noise
 
 C_GRID = np.logspace(12, 16, 8)
 
@@ -564,8 +557,6 @@ def test_cli_writes_isoflop_loss_nd_and_the_three_exponents(fake_sweep, tmp_path
 def test_fitted_curves_stay_inside_the_measured_range(fake_sweep, tmp_path, monkeypatch):
     # a fitted line (100, 80 or 60 points: L(C), the IsoFLOP parabolas and N*(C), L(N, D) per size) spans
     # at most the x range of the points drawn on its own axes: the figures never extrapolate
-    import analysis.scaling_plots as plots
-
     figures = {}
     monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.setdefault(path.name, fig) and path)
     analyse([str(fake_sweep)], tmp_path, n_boot=5)

@@ -1,4 +1,4 @@
-"""analysis.scaling_design: the predicted spread of the fitted exponents against independent simulations,
+"""analysis.scaling.design: the predicted spread of the fitted exponents against independent simulations,
 a well-spread grid against a poor one, the proposed grid's centring, the noise and cost conventions of
 WSD trunks, the compute multiplier, spec errors and the CLI.
 
@@ -14,21 +14,13 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from analysis.scaling import main
-from analysis.scaling_design import (
-    Law,
-    Noise,
-    Plan,
-    compute_multiplier,
-    draw_losses,
-    fit_study,
-    grid_facts,
-    load_spec,
-    propose_grid,
-    simulate,
-    spec_yaml,
-)
-from analysis.scaling_fits import design_noise, fit_loss_nd, isoflop_profiles
+from analysis.scaling.cli import main
+from analysis.scaling.design.propose import propose_grid, spec_yaml
+from analysis.scaling.design.simulate import draw_losses, fit_study, grid_facts, simulate
+from analysis.scaling.design.spec import Law, Noise, Plan, load_spec
+from analysis.scaling.fits.isoflop import isoflop_profiles
+from analysis.scaling.fits.loss_nd import compute_multiplier, fit_loss_nd
+from analysis.scaling.fits.noise import design_noise
 
 FAST = {"n_polish": 5}
 POOR = {"sizes": [1.0e5, 1.6e5, 2.5e5, 4.0e5], "flops": [4.0e11, 8.0e11, 1.6e12, 3.2e12, 6.4e12]}
@@ -189,7 +181,7 @@ def test_simulated_fits_bootstrap_whole_trunks_as_the_study_does():
 
 def test_the_analysis_measures_the_noise_model_the_designer_assumes():
     """Two seeds of a WSD grid drawn from the designer's noise model (sigma 0.02, trunk share 0.3): the analysis's
-    seed-pair measurement (analysis.scaling_fits.design_noise) gives back both numbers."""
+    seed-pair measurement (analysis.scaling.fits.noise.design_noise) gives back both numbers."""
     plan = Plan(N=np.repeat([1e4, 2e4, 4e4, 8e4], 4), D=np.tile([1e6, 2e6, 4e6, 8e6], 4), budget=[None] * 16,
                 decay_fraction=0.2)
     law, noise, rng = Law(), Noise(sigma=0.02, trunk_share=0.3), np.random.default_rng(4)
