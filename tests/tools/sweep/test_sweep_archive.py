@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from analysis.run_archive import ARCHIVE
 from analysis.runs import expand_inputs
-from analysis.scaling import collect
+from analysis.scaling.read import collect
 from archlab.config import load_recipe
 from tests.tools.sweep.helpers import TINY
 from tools.sweep.archive import _archivable
