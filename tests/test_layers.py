@@ -11,6 +11,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {"archlab": ("analysis", "tools"), "analysis": ("tools",)}
+# within archlab: the model and its components never import the cost model (it asks them for their facts), and
+# the data pipeline takes its errors from archlab.errors, not from the recipe validation
+FORBIDDEN_WITHIN = {"archlab/model": ("archlab.costs",), "archlab/nn": ("archlab.costs",),
+                    "archlab/data": ("archlab.config.validate",)}
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -31,6 +35,22 @@ def test_no_import_points_up(package):
         for path in sorted((ROOT / package).rglob("*.py"))
         for line, module in imported_modules(path)
         if module.split(".")[0] in FORBIDDEN[package]
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def imports_of(module: str, prefix: str) -> bool:
+    """Whether importing ``module`` is importing ``prefix`` (the package itself or a module under it)."""
+    return module == prefix or module.startswith(prefix + ".")
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN_WITHIN))
+def test_no_import_points_up_within_archlab(package):
+    upward = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line, module in imported_modules(path)
+        if any(imports_of(module, prefix) for prefix in FORBIDDEN_WITHIN[package])
     ]
     assert not upward, "\n".join(upward)
 

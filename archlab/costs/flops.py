@@ -21,8 +21,9 @@ can be checked against a measured count):
   the router projection (2*D*E), never the experts it was not sent to.
 - An encoder-decoder counts per text token of the window (the trainer's tokens): the encoder on its
   input ids, the decoder on its targets, cross-attention and the LM head on the targets, all divided
-  by the window length (``EncoderDecoder.forward_flops``). Each model type composes its own count
-  (``forward_flops`` of its class, ``archlab.model``).
+  by the window length (:func:`encoder_decoder_flops`). The model type's class states its structure
+  (``stacks``, ``causal``); the cost model composes the count (:data:`COMPOSE`, one composition per
+  number of stacks) from the components' own counts.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from dataclasses import asdict, dataclass
 from omegaconf import DictConfig
 
 from archlab.config.schema import ModelConfig, TrainConfig
+from archlab.nn.attention import attention_class
+from archlab.nn.attention.cross import CrossAttention
 from archlab.nn.ffn import ffn_class
 
 BACKWARD_TO_FORWARD = 2.0  # backward = grad wrt input + grad wrt weight, each one forward matmul
@@ -113,9 +116,51 @@ def forward_flops(model_cfg, seq_len: int, objective: str | None = None) -> Flop
     cfg = model_config(model_cfg)
     if seq_len <= 0:
         raise ValueError(f"seq_len={seq_len}: must be a positive number of tokens")
-    # the model type composes its stacks; the objective's head (the LM head, and what only the objective runs,
-    # e.g. MTP modules) is counted per token the head sees
-    return model_class(cfg).forward_flops(model_cfg, seq_len, head(cfg, seq_len))
+    # the model type's stacks, composed here; the objective's head (the LM head, and what only the objective
+    # runs, e.g. MTP modules) is counted per token the head sees
+    model = model_class(cfg)
+    return COMPOSE[model.stacks](model_cfg, cfg, seq_len, head(cfg, seq_len), model.causal)
+
+
+ATTENTION_KEYS = ("qkv_proj", "out_proj", "attn_scores", "attn_values")
+
+
+def stack_flops(model_cfg, cfg: ModelConfig, seq_len: int, head: dict, causal: bool) -> FlopsBreakdown:
+    """One stack of ``n_layers`` blocks (a decoder or an encoder) at context ``seq_len``, per token; ``head``:
+    the objective's head FLOPs per token. Every attention variant, FFN and MoE layer counts its own."""
+    L = cfg.n_layers
+    attention = attention_class(cfg)
+    per_layer = [attention.forward_flops(cfg, seq_len, layer=i) for i in range(L)]  # the variant's own count
+    attn = {k: sum(f[k] for f in per_layer) for k in ATTENTION_KEYS}
+    n_moe = sum(cfg.is_moe_layer(i) for i in range(L))
+    experts, router = moe_layer_flops(cfg) if n_moe else (0.0, 0.0)
+    return FlopsBreakdown(**attn, mlp=(L - n_moe) * ffn_flops(cfg, cfg.ffn_hidden), experts=n_moe * experts,
+                          router=n_moe * router, **head, seq_len=seq_len, causal=causal)
+
+
+def encoder_decoder_flops(model_cfg, cfg: ModelConfig, seq_len: int, head: dict, causal: bool) -> FlopsBreakdown:
+    """Forward FLOPs per text token of a window of S = ``seq_len`` ids: the encoder runs on its M input
+    ids (full M x M square), the decoder on its T targets (self-attention over T, cross-attention over M,
+    the LM head), and the memory's K/V projection once per encoder token; each summed over its tokens and
+    divided by S (``head``: the objective's head FLOPs per decoder token). Per target token: multiply by
+    S / T (:func:`sequence_lengths`). Reported with ``causal`` False whatever ``causal`` says: the encoder's
+    square is all useful, and the decoder's self-attention (T of the M + T tokens) is reported whole too."""
+    M, T = sequence_lengths(model_cfg, seq_len)
+    L, attention = cfg.n_layers, attention_class(cfg)
+    enc = [attention.forward_flops(cfg, M, layer=i) for i in range(L)]
+    dec = [attention.forward_flops(cfg, T, layer=i) for i in range(L)]
+    attn = {k: (M * sum(f[k] for f in enc) + T * sum(f[k] for f in dec)) / seq_len for k in ATTENTION_KEYS}
+    cross = CrossAttention.forward_flops(cfg, M)
+    per_decoder_token = cross["q_proj"] + cross["out_proj"] + cross["scores"] + cross["values"]
+    return FlopsBreakdown(
+        **attn, mlp=L * (M + T) * ffn_flops(cfg, cfg.ffn_hidden) / seq_len, experts=0.0, router=0.0,
+        lm_head=T * head["lm_head"] / seq_len,
+        cross_attention=L * (T * per_decoder_token + M * cross["kv_proj"]) / seq_len,
+        seq_len=seq_len, causal=False)
+
+
+# a model type's ``stacks`` -> how its forward FLOPs compose: one stack, or an encoder and a cross-attending decoder
+COMPOSE = {1: stack_flops, 2: encoder_decoder_flops}
 
 
 def sequence_lengths(model_cfg, seq_len: int) -> tuple[int, int]:

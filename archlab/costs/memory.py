@@ -406,9 +406,10 @@ def activation_memory(model_cfg, batch: int, seq_len: int, dtype: str = "bf16", 
     _check_choice("loss", loss, LOSSES)
     mode = checkpoint_mode(checkpointing)
     act = DTYPE_BYTES[dtype]
-    from archlab.model import model_class  # the model type composes its stacks
+    from archlab.model import model_class
 
-    return model_class(cfg).activations(model_cfg, batch, seq_len, act, device, mode, loss, objective)
+    compose = COMPOSE[model_class(cfg).stacks]  # the model type's stacks, composed here
+    return compose(model_cfg, batch, seq_len, act, device, mode, loss, objective)
 
 
 def stack_activations(model_cfg, batch: int, seq_len: int, act: int, device: str, mode: str, loss: str,
@@ -477,6 +478,10 @@ cross-attention's included."""
                      + [{**_selective_layer_bytes(dec, i), "cross_attention": cross} for i in range(cfg.n_layers)])
     peak = max(sum(f.values()) - sum(k.values()) for f, k in zip(layers, kept))
     return ActivationMemory(layers=kept, model=model, checkpointing=mode, recompute_peak=peak)
+
+
+# a model type's ``stacks`` -> how its activations compose: one stack, or an encoder and a cross-attending decoder
+COMPOSE = {1: stack_activations, 2: encoder_decoder_activations}
 
 
 def training_memory(model_cfg, batch: int, seq_len: int, precision: str = "bf16", zero_stage: int = 0,

@@ -7,9 +7,10 @@ import argparse
 import sys
 import time
 
-from archlab.config import RecipeError, load_recipe
+from archlab.config import load_recipe
 from archlab.data.batches import unigram_entropy
 from archlab.data.prepare import prepare_data
+from archlab.errors import RecipeError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from archlab.config.validate import RecipeError
+from archlab.errors import RecipeError
 
 
 class DataError(RecipeError):

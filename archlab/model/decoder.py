@@ -9,8 +9,9 @@ attention layers are built with: each attention variant says whether it can run 
 mask), ``options`` (the ``model`` keys only it reads: ``archlab.config.options`` refuses them on another
 type), ``validate`` (its rules on the ``model`` node), ``num_params`` and the HF families that express it
 (``hf_export``), ``block_class`` (its layer) and ``stacks`` (stacks of blocks, each with its own position
-encoding); ``build_parts`` builds the parts only it has. Its costs as the cost model composes them:
-``forward_flops`` (per token), ``kv_cache_bytes`` (per sequence) and ``activations`` (a training micro-step).
+encoding); ``build_parts`` builds the parts only it has; ``kv_cache_bytes``: its inference cache per sequence.
+The cost model (``archlab.costs``) composes its FLOPs and activations from these facts (``stacks``, ``causal``)
+and the components' own counts; the model never imports the cost model.
 """
 
 from __future__ import annotations
@@ -209,24 +210,6 @@ class Decoder(Exportable, nn.Module):
         return n
 
     @classmethod
-    def forward_flops(cls, model_cfg, seq_len: int, head: dict):
-        """Forward matmul FLOPs per token of one stack of ``n_layers`` blocks at context ``seq_len``, by
-        component (``archlab.costs.flops.FlopsBreakdown``); ``head``: the objective's head FLOPs per token.
-        Every attention variant, FFN and MoE layer counts its own."""
-        from archlab.config.load import model_config
-        from archlab.costs.flops import FlopsBreakdown, ffn_flops, moe_layer_flops
-
-        cfg = model_config(model_cfg)
-        L = cfg.n_layers
-        attention = attention_class(cfg)
-        per_layer = [attention.forward_flops(cfg, seq_len, layer=i) for i in range(L)]  # the variant's own count
-        attn = {k: sum(f[k] for f in per_layer) for k in ("qkv_proj", "out_proj", "attn_scores", "attn_values")}
-        n_moe = sum(cfg.is_moe_layer(i) for i in range(L))
-        experts, router = moe_layer_flops(cfg) if n_moe else (0.0, 0.0)
-        return FlopsBreakdown(**attn, mlp=(L - n_moe) * ffn_flops(cfg, cfg.ffn_hidden), experts=n_moe * experts,
-                              router=n_moe * router, **head, seq_len=seq_len, causal=cls.causal)
-
-    @classmethod
     def kv_cache_bytes(cls, cfg: ModelConfig, context: int, dtype_bytes: int,
                        memory_len: Optional[int] = None) -> float:
         """Inference cache of one sequence at ``context`` positions, summed over the layers as each attention
@@ -236,15 +219,6 @@ class Decoder(Exportable, nn.Module):
         attention = attention_class(cfg)
         return float(sum(attention.kv_cache_bytes(cfg, context, layer=i, dtype_bytes=dtype_bytes)
                          for i in range(cfg.n_layers)))
-
-    @classmethod
-    def activations(cls, model_cfg, batch: int, seq_len: int, act: int, device: str, mode: str, loss: str,
-                    objective: str):
-        """What one training micro-step keeps for backward (``archlab.costs.memory.ActivationMemory``): one
-        stack's layers and the model level."""
-        from archlab.costs.memory import stack_activations
-
-        return stack_activations(model_cfg, batch, seq_len, act, device, mode, loss, objective)
 
     @staticmethod
     def num_mtp_params(cfg: ModelConfig) -> int:

@@ -127,32 +127,6 @@ class EncoderDecoder(Decoder):
         return n + (0 if cfg.tie_embeddings else cfg.vocab_size * d)
 
     @classmethod
-    def forward_flops(cls, model_cfg, seq_len: int, head: dict):
-        """Forward FLOPs per text token of a window of S = ``seq_len`` ids: the encoder runs on its M input
-        ids (full M x M square), the decoder on its T targets (self-attention over T, cross-attention over M,
-        the LM head), and the memory's K/V projection once per encoder token; each summed over its tokens and
-        divided by S (``head``: the objective's head FLOPs per decoder token). Per target token: multiply by
-        S / T (``archlab.costs.flops.sequence_lengths``). ``causal`` is False: the encoder's square is all
-        useful, and the decoder's self-attention (T of the M + T tokens) is reported whole too."""
-        from archlab.config.load import model_config
-        from archlab.costs.flops import FlopsBreakdown, ffn_flops, sequence_lengths
-
-        cfg = model_config(model_cfg)
-        M, T = sequence_lengths(model_cfg, seq_len)
-        L, attention = cfg.n_layers, attention_class(cfg)
-        keys = ("qkv_proj", "out_proj", "attn_scores", "attn_values")
-        enc = [attention.forward_flops(cfg, M, layer=i) for i in range(L)]
-        dec = [attention.forward_flops(cfg, T, layer=i) for i in range(L)]
-        attn = {k: (M * sum(f[k] for f in enc) + T * sum(f[k] for f in dec)) / seq_len for k in keys}
-        cross = CrossAttention.forward_flops(cfg, M)
-        per_decoder_token = cross["q_proj"] + cross["out_proj"] + cross["scores"] + cross["values"]
-        return FlopsBreakdown(
-            **attn, mlp=L * (M + T) * ffn_flops(cfg, cfg.ffn_hidden) / seq_len, experts=0.0, router=0.0,
-            lm_head=T * head["lm_head"] / seq_len,
-            cross_attention=L * (T * per_decoder_token + M * cross["kv_proj"]) / seq_len,
-            seq_len=seq_len, causal=False)
-
-    @classmethod
     def kv_cache_bytes(cls, cfg: ModelConfig, context: int, dtype_bytes: int,
                        memory_len: Optional[int] = None) -> float:
         """The decoder's self-attention cache of ``context`` generated positions, plus each decoder layer's
@@ -161,15 +135,6 @@ class EncoderDecoder(Decoder):
         memory = context if memory_len is None else memory_len
         return (super().kv_cache_bytes(cfg, context, dtype_bytes)
                 + cfg.n_layers * CrossAttention.kv_cache_bytes(cfg, memory, dtype_bytes=dtype_bytes))
-
-    @classmethod
-    def activations(cls, model_cfg, batch: int, seq_len: int, act: int, device: str, mode: str, loss: str,
-                    objective: str):
-        """The encoder's layers on its M input ids, the decoder's (with cross-attention) on its T targets
-        and the memory (``archlab.costs.memory.encoder_decoder_activations``)."""
-        from archlab.costs.memory import encoder_decoder_activations
-
-        return encoder_decoder_activations(model_cfg, batch, seq_len, act, device, mode, loss, objective)
 
     def build_parts(self, cfg: ModelConfig) -> None:
         self.encoder_positions = build_positions(cfg, causal=False)
