@@ -177,13 +177,22 @@ def _wall_time(ctx: Context) -> str:
             "invocation that wrote this report (measurements cached in the runs folder are reused, not timed again).")
 
 
+def _seeds(spec) -> str:
+    """The seeds as the spec gives them: a list, or a sequential design's first look and its cap."""
+    if spec.sequential is None:
+        return str(spec.seeds)
+    d = spec.sequential
+    return (f"{spec.seeds} first, then {d.step} more a look for the comparisons still open, up to {d.max} "
+            "(sequential; each comparison's seeds are in the verdicts table)")
+
+
 def _setup(ctx: Context) -> str:
     spec = ctx.spec
     kind, value = spec.budget.kind, spec.budget.value
     lines = [f"- Budget per run: {value:.3g} {'training FLOPs' if kind == 'flops' else 'tokens'}"
              + (" (equal training FLOPs: tokens = budget / the arm's FLOPs per token)" if kind == "flops" else "")
              + "; arms with their own budget say so below.",
-             f"- Seeds: {spec.seeds} (`train.seed`: initial weights and data order; the corpus split is fixed)."
+             f"- Seeds: {_seeds(spec)} (`train.seed`: initial weights and data order; the corpus split is fixed)."
              + (" Quick mode: tiny models, a few steps: the numbers only show that the pipeline works."
                 if spec.quick else ""),
              *([f"- Quick defaults (keys the spec's `quick:` does not set): {'; '.join(spec.quick_defaults)}."]
