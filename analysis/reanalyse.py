@@ -121,13 +121,13 @@ def lr_checks(ctx) -> dict:
     out = {}
     for arm, t in (ctx.record.get("tuning") or {}).items():
         fit = tuning_report.refit(t, noise)
-        trained = t.get("grid_lr", t["lr"])  # the seeded runs' lr: the grid's best run when trained
+        trained = t["lr"]  # the seeded runs' lr: the grid's best run in older records, the fitted choice in newer
         cost = lr_choice.regret(fit, trained) if fit else None
         out[arm] = {"trained_lr": trained, "fitted_lr": fit["lr"] if fit else None,
                     "kind": fit["kind"] if fit else "grid", "flat_low": fit.get("flat_low") if fit else None,
                     "flat_high": fit.get("flat_high") if fit else None, "regret": cost, "noise_sd": noise,
                     "within_noise": None if cost is None or not noise else cost <= noise,
-                    "ratio": (fit["lr"] / trained) if fit else None}
+                    "ratio": (fit["lr"] / trained) if fit else None, "fitted_record": "choice" in t}
     return out
 
 
@@ -144,10 +144,13 @@ def lr_table(checks: dict, ctx, comparisons: list[dict]) -> str:
                      "-" if c["ratio"] is None else f"{c['ratio']:.2f}", flat, cost])
     sd = next((c["noise_sd"] for c in checks.values() if c["noise_sd"]), None)
     md = ((f"Seed noise: {sd:.4f} nats (pooled sd of the seeded runs within arms). " if sd else "")
-          + "The seeded runs trained at each grid's best run; 'cost' is the fitted loss at that lr above the "
+          + ("The seeded runs trained at each arm's fitted choice" if all(c.get("fitted_record") for c in
+             checks.values()) else "The seeded runs trained at each grid's best run")
+          + "; 'cost' is the fitted loss at that lr above the "
           "fitted minimum (nats, on the grid's parabola; the parabola spans up to 16x in lr, so a skewed valley "
           "biases it). A cost is a bias of the arm's loss, not noise.\n\n"
-          + table(["arm", "trained at (the grid's best run)", "fitted choice", "fitted / trained",
+          + table(["arm", "trained at" + ("" if all(c.get("fitted_record") for c in checks.values())
+                           else " (the grid's best run)"), "fitted choice", "fitted / trained",
                    "lrs within seed noise of the fitted minimum", "cost of the trained lr (nats)"], rows))
     bias = []
     for r in comparisons:

@@ -37,6 +37,20 @@ def test_reanalyse_a_committed_report(tmp_path):
     assert text.count(reanalyse.POINTER) == 1 and text.startswith("# title\n") and text.endswith("body\n")
 
 
+
+def test_a_report_whose_seeded_runs_trained_at_the_fitted_lr_is_checked_at_that_lr(tmp_path):
+    """attention-kv's record trains each arm at its fitted choice (``lr``), not the grid's best run (``grid_lr``)."""
+    shutil.copy(REPORT.parent / "attention-kv/report.json", tmp_path / "report.json")
+    (tmp_path / "report.md").write_text("# title\n")
+    rep = json.loads((tmp_path / "report.json").read_text())
+    data = reanalyse.reanalyse(tmp_path / "report.json")
+    checks = data["lr"]
+    assert any(t["grid_lr"] != t["lr"] for t in rep["tuning"].values())
+    for arm, t in rep["tuning"].items():
+        assert checks[arm]["trained_lr"] == t["lr"]
+        assert checks[arm]["regret"] == pytest.approx(0.0, abs=1e-6)  # trained at the fitted minimum
+    assert "trained at each arm's fitted choice" in (tmp_path / "reanalysis/verdicts.md").read_text()
+
 def test_a_missing_report_is_named():
     with pytest.raises(SystemExit, match="no such report.json"):
         reanalyse.main(["docs/experiments/nowhere/report.json"])
