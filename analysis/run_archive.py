@@ -21,23 +21,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
+from archlab.io import parse_jsonl
 from archlab.train.run_folder import ENV, METRICS, RECIPE, ROUTING, RUN_MARKER, SUMMARY
 
 ARCHIVE = "runs.tar.xz"
 KEPT_FILES = (RUN_MARKER, RECIPE, SUMMARY, ENV, METRICS, ROUTING)  # a run's records; no checkpoints, no tokenizer
-
-
-def jsonl_rows(text: str) -> list[dict]:
-    """Rows of JSON-lines text, as ``archlab.io.read_jsonl`` reads a file: a torn line is skipped."""
-    rows = []
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
 
 
 def _rows_with_lines(text: str) -> list[tuple[str, dict]]:
@@ -89,7 +77,7 @@ def slim_run(run_dir: Path) -> dict[str, str]:
     if METRICS in files:
         files[METRICS] = slim_metrics(files[METRICS])
     if ROUTING in files:
-        evals = [int(r["step"]) for r in jsonl_rows(files.get(METRICS, ""))
+        evals = [int(r["step"]) for r in parse_jsonl(files.get(METRICS, ""))
                  if r.get("kind") == "val" and isinstance(r.get("step"), (int, float))]
         files[ROUTING] = slim_routing(files[ROUTING], evals)
     return files

@@ -29,10 +29,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from analysis.plotting import pyplot, save_figure  # noqa: F401  (re-exported for scaling, routing)
 from analysis.plotting import style_axes as _style_axes
-from analysis.run_archive import archived_run, is_archive, jsonl_rows, read_archive
+from analysis.run_archive import archived_run, is_archive, read_archive
+from archlab.io import (
+    parse_jsonl,
+    write_text_atomic,  # noqa: F401  (re-exported for scaling, routing)
+)
 from archlab.io import read_jsonl as _read_jsonl
 from archlab.io import write_json_atomic as _write_json_atomic
-from archlab.io import write_text_atomic  # noqa: F401  (re-exported for scaling, routing)
 from archlab.train.run_folder import METRICS, RECIPE, ROUTING, RUN_MARKER, SUMMARY  # noqa: F401  (the run's files)
 
 SWEEP_MANIFEST = "manifest.json"
@@ -98,7 +101,7 @@ class Run:
     def _rows(self, name: str) -> list[dict]:
         if self.archived is None:
             return read_jsonl(self.path / name)
-        return _null_loss_as_nan(jsonl_rows(self.archived.get(name, "")))
+        return _null_loss_as_nan(parse_jsonl(self.archived.get(name, "")))
 
     @cached_property
     def metrics(self) -> list[dict]:

@@ -29,13 +29,10 @@ def write_json_atomic(path: Path, obj: Any, sort_keys: bool = True,
     return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=sort_keys, default=default) + "\n")
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSON-lines file; a torn line (a process killed mid-write) is skipped."""
-    path = Path(path)
-    if not path.is_file():
-        return []
+def parse_jsonl(text: str) -> list[dict]:
+    """Rows of JSON-lines text; a torn line (a process killed mid-write) is skipped."""
     rows = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             row = json.loads(line)
         except ValueError:
@@ -43,3 +40,9 @@ def read_jsonl(path: Path) -> list[dict]:
         if isinstance(row, dict):
             rows.append(row)
     return rows
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSON-lines file (:func:`parse_jsonl`); none when the file is missing."""
+    path = Path(path)
+    return parse_jsonl(path.read_text()) if path.is_file() else []
