@@ -1,9 +1,10 @@
 """The import graph points one way. Every import is walked, those written inside functions included:
 
-- archlab's layers (lowest first): errors / registry / io -> nn -> config.schema -> model, objectives, optim,
-  data, parallel -> costs -> config (keys, options, validate, load) -> export, train -> the package's API; then
-  analysis (reading, fitting and reporting runs), then tools (launching them). A module imports only from its
-  own layer or below;
+- archlab's layers (lowest first): errors / registry / io / options (the variant-options machinery) / version /
+  checkpoints (the checkpoint folder's files) -> the components: nn, optim, trackers -> config.schema (types) ->
+  model, objectives, data, parallel -> costs -> config (keys, options, validate, load) -> export, train -> the
+  package's API and command lines; then analysis (reading, fitting and reporting runs), then tools (launching
+  them). A module imports only from its own layer or below;
 - no circle among modules, in any layer;
 - imports under ``if TYPE_CHECKING:`` name types for annotations and run nothing: they are not arrows;
 - an import of the project's own code inside a function is there only because the module it imports needs an
@@ -22,15 +23,16 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("archlab", "analysis", "tools")
 # (prefix, layer): the longest matching prefix decides; lower layers never import higher ones
 LAYERS = (
-    ("archlab.errors", 0), ("archlab.registry", 0), ("archlab.io", 0), ("archlab.quiet", 0),
-    ("archlab.nn", 1), ("archlab.optim", 1),
+    ("archlab.errors", 0), ("archlab.registry", 0), ("archlab.io", 0), ("archlab.quiet", 0), ("archlab.options", 0),
+    ("archlab.version", 0), ("archlab.checkpoints", 0),
+    ("archlab.nn", 1), ("archlab.optim", 1), ("archlab.trackers", 1),
     ("archlab.config.schema", 2),
     ("archlab.model", 3), ("archlab.objectives", 3), ("archlab.data", 3),
     ("archlab.parallel", 3),
     ("archlab.costs", 4),
     ("archlab.config", 5),
     ("archlab.export", 6), ("archlab.train", 6),
-    ("archlab", 7),
+    ("archlab", 7), ("archlab.data.__main__", 7), ("archlab.train.__main__", 7),
     ("analysis", 8),
     ("tools", 9),
 )

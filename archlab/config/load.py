@@ -10,7 +10,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from archlab.config.keys import key_groups, nearest_keys, schema_keys
 from archlab.config.options import check_moe_switch
-from archlab.config.schema import ModelConfig, Recipe
+from archlab.config.schema import ModelConfig, Recipe, model_config  # noqa: F401  (model_config: re-exported)
 from archlab.config.validate import RecipeError, validate
 
 
@@ -139,14 +139,3 @@ def load_recipe(path: Union[str, Path, None] = None, overrides: Iterable[str] = 
     validate(cfg)
     OmegaConf.set_readonly(cfg, False)
     return cfg
-
-
-def model_config(cfg) -> ModelConfig:
-    """The typed ``ModelConfig`` object (with its derived properties) of a recipe or model node."""
-    if isinstance(cfg, ModelConfig):
-        return cfg
-    node = cfg.model if "model" in cfg and "d_model" not in cfg else cfg
-    if isinstance(node, DictConfig):
-        obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), node))
-        return obj
-    raise TypeError(f"expected a recipe DictConfig or ModelConfig, got {type(cfg).__name__}")

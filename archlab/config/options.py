@@ -32,125 +32,28 @@ than what values it would take.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, is_dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-from omegaconf import ListConfig
+from omegaconf import DictConfig
 
-from archlab.config.schema import (
-    AttentionConfig,
-    BlockConfig,
-    DataConfig,
-    FFNConfig,
-    ModelConfig,
-    MoEConfig,
-    NormConfig,
-    PositionConfig,
-    RopeScalingConfig,
-    RouterConfig,
-    TrainConfig,
-)
+from archlab.config.schema import DataConfig, TrainConfig
+from archlab.data.sources import SOURCES
 from archlab.errors import fail
-from archlab.nn.attention import ATTENTIONS
-from archlab.nn.ffn import FFNS
-from archlab.nn.moe.router import ROUTERS
-from archlab.nn.mup import PARAMETRIZATION_OPTIONS
-from archlab.nn.norms import NORMS
-from archlab.nn.positions import POSITIONS, ROPE_SCALINGS
+from archlab.model.options import MODEL_CHOICES, MODEL_CONDITIONS, check_model_options
 from archlab.objectives import OBJECTIVES
 from archlab.optim import OPTIMIZERS, SCHEDULES
-from archlab.registry import Registry
+from archlab.options import Choice, Condition, check, leaf_keys, plain, registry_options
 
 __all__ = ["CHOICES", "CONDITIONS", "Choice", "Condition", "MOE_SWITCH", "SCHEDULE_OPTIONS", "check_data_options",
-           "check_model_options", "check_moe_switch", "check_train_options"]
-
-def registry_options(registry: Registry) -> dict[str, frozenset[str]]:
-    """Variant name -> the keys it reads, from each entry's ``options``."""
-    out = {}
-    for name in registry.names():
-        entry = registry.get(name)
-        if not hasattr(entry, "options"):
-            raise TypeError(f"{registry.kind} type {name!r} ({entry!r}) states no options: give it an `options` "
-                            "attribute, the keys of its config node it reads")
-        out[name] = frozenset(entry.options)
-    return out
-
+           "check_model_options", "check_moe_switch", "check_train_options", "leaf_keys"]
 
 # The train keys each schedule reads besides the shared ones (lr, warmup_steps, max_steps): its class's
 # ``options`` (archlab.optim.schedules). constant: lr after the warmup, nothing else.
 SCHEDULE_OPTIONS: dict[str, frozenset[str]] = registry_options(SCHEDULES)
 
-
-def _data_sources() -> dict[str, frozenset[str]]:
-    from archlab.data.sources import SOURCES  # archlab.data imports the config package: resolved here
-
-    return registry_options(SOURCES)
-
-
-def _model_types() -> dict[str, frozenset[str]]:
-    from archlab.model.build import MODELS  # archlab.model imports the config package: resolved here
-
-    return registry_options(MODELS)
-
-
-def _block_types() -> dict[str, frozenset[str]]:
-    from archlab.model.decoder import BLOCKS  # archlab.model imports the config package: resolved here
-
-    return registry_options(BLOCKS)
-
-
-@dataclass(frozen=True)
-class Choice:
-    """A key whose value selects which keys of a node take effect."""
-
-    node: str  # the node holding the variants' keys, relative to the section ("attention"; "" = the section)
-    selector: str  # the key naming the variant, relative to the section
-    label: str  # how the message names the selector ("attention.type" for the issue's example)
-    subject: str  # "this recipe's {subject} is {variant}"
-    schema: type  # the node's dataclass: its keys and their defaults
-    variants: Callable[[], dict[str, frozenset[str]]]  # variant name -> the keys of the node it reads
-
-    def governed(self) -> Iterator[tuple[str, list[str]]]:
-        """(key relative to the node, the variants that read it) for every key some variant reads."""
-        variants = self.variants()
-        for key in leaf_keys(self.schema()):
-            users = sorted(v for v, reads in variants.items() if _covers(reads, key))
-            if users:
-                yield key, users
-
-
-@dataclass(frozen=True)
-class Condition:
-    """A key the selected variant reads only when ``holds(section, model)``."""
-
-    key: str  # relative to the section
-    schema: type  # the dataclass holding the key's default (``leaf`` within it)
-    leaf: str
-    when: str  # the setting it needs, as the message says it
-    holds: Callable[[Any, Any], bool]  # (section node, model node) -> the key is read
-    has: Callable[[Any, Any], str]  # what this recipe has instead
-
-
 CHOICES: dict[str, list[Choice]] = {
-    "model": [
-        # the model type first: a key of another type is refused before its components are asked
-        Choice("", "type", "model.type", "model type", ModelConfig, _model_types),
-        Choice("attention", "attention.type", "attention.type", "attention", AttentionConfig,
-               lambda: registry_options(ATTENTIONS)),
-        Choice("norm", "norm.type", "norm.type", "norm", NormConfig, lambda: registry_options(NORMS)),
-        # position first: on a position without RoPE every rope_scaling key is foreign
-        Choice("position", "position.type", "position.type", "position", PositionConfig,
-               lambda: registry_options(POSITIONS)),
-        Choice("position.rope_scaling", "position.rope_scaling.type", "position.rope_scaling.type", "rope scaling",
-               RopeScalingConfig, lambda: registry_options(ROPE_SCALINGS)),
-        Choice("ffn", "ffn.type", "ffn.type", "ffn", FFNConfig, lambda: registry_options(FFNS)),
-        Choice("block", "block.type", "block.type", "block", BlockConfig, _block_types),
-        Choice("moe.router", "moe.router.type", "moe.router.type", "router", RouterConfig,
-               lambda: registry_options(ROUTERS)),
-        Choice("", "parametrization", "parametrization", "parametrization", ModelConfig,
-               lambda: dict(PARAMETRIZATION_OPTIONS)),
-    ],
-    "data": [Choice("", "source", "data.source", "data source", DataConfig, _data_sources)],
+    "model": MODEL_CHOICES,
+    "data": [Choice("", "source", "data.source", "data source", DataConfig, lambda: registry_options(SOURCES))],
     "train": [Choice("", "schedule", "train.schedule", "schedule", TrainConfig, lambda: registry_options(SCHEDULES)),
               Choice("", "optimizer", "train.optimizer", "optimizer", TrainConfig,
                      lambda: registry_options(OPTIMIZERS)),
@@ -159,17 +62,7 @@ CHOICES: dict[str, list[Choice]] = {
 }
 
 CONDITIONS: dict[str, list[Condition]] = {
-    "model": [
-        Condition("ffn.multiple_of", FFNConfig, "multiple_of", "ffn.hidden is null (it rounds the default width)",
-                  lambda m, _: m.ffn.hidden is None, lambda m, _: f"ffn.hidden={m.ffn.hidden}"),
-        Condition("moe.shared_hidden", MoEConfig, "shared_hidden", "moe.n_shared_experts > 0",
-                  lambda m, _: m.moe is None or m.moe.n_shared_experts > 0,
-                  lambda m, _: f"moe.n_shared_experts={m.moe.n_shared_experts}"),
-        Condition("moe.min_capacity", MoEConfig, "min_capacity",
-                  "moe.capacity_factor is set (dropless routing has no capacity)",
-                  lambda m, _: m.moe is None or m.moe.capacity_factor is not None,
-                  lambda m, _: "moe.capacity_factor=None (dropless)"),
-    ],
+    "model": MODEL_CONDITIONS,
     "data": [
         Condition("eot_id", DataConfig, "eot_id",
                   "data.source is tokens or data.tokenizer is a tokenizer file (bpe and byte fix their end-of-text id)",
@@ -193,77 +86,14 @@ CONDITIONS: dict[str, list[Condition]] = {
 }
 
 
-def leaf_keys(obj: Any, prefix: str = "") -> Iterator[str]:
-    """Dotted paths of the non-dataclass fields of a dataclass instance, nested ones included."""
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        if is_dataclass(value):
-            yield from leaf_keys(value, f"{prefix}{f.name}.")
-        else:
-            yield f"{prefix}{f.name}"
-
-
-def _covers(reads: frozenset[str], key: str) -> bool:
-    return any(key == r or key.startswith(r + ".") for r in reads)
-
-
-def _get(node: Any, path: str) -> Any:
-    for part in filter(None, path.split(".")):
-        if node is None:
-            return None
-        node = getattr(node, part)
-    return node
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, (ListConfig, list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _join(*parts: str) -> str:
-    return ".".join(p for p in parts if p)
-
-
-def _check(section: Any, model: Any, prefix: str, name: str) -> None:
-    for c in CHOICES[name]:
-        node = _get(section, c.node)
-        if node is None:  # a dense model has no moe node: none of its keys is set
-            continue
-        selected = _get(section, c.selector)
-        variants = c.variants()
-        if selected not in variants:  # an unknown type name: its own rule says so
-            continue
-        default = c.schema()
-        for key, users in c.governed():
-            if selected in users:
-                continue
-            value = _plain(_get(node, key))
-            if value != _plain(_get(default, key)):
-                fail(_join(prefix, c.node, key), value,
-                     f"only used by {c.label} {', '.join(users)}; this recipe's {c.subject} is {selected}")
-    for k in CONDITIONS[name]:
-        owner = _get(section, k.key.rpartition(".")[0])
-        if owner is None or k.holds(section, model):
-            continue
-        value = _plain(_get(section, k.key))
-        if value != _plain(_get(k.schema(), k.leaf)):
-            fail(_join(prefix, k.key), value, f"only used when {k.when}; this recipe has {k.has(section, model)}")
-
-
-def check_model_options(m, prefix: str = "model") -> None:
-    """Refuse a key of the ``model`` node ``m`` that the selected variants do not read."""
-    _check(m, m, prefix, "model")
-
-
 def check_data_options(d) -> None:
     """Refuse a ``data`` key that the selected source does not read."""
-    _check(d, None, "data", "data")
+    check(d, None, "data", CHOICES["data"], CONDITIONS["data"])
 
 
 def check_train_options(t, model) -> None:
     """Refuse a ``train`` key that the selected schedule, optimizer, objective (or the model) does not use."""
-    _check(t, model, "train", "train")
+    check(t, model, "train", CHOICES["train"], CONDITIONS["train"])
 
 
 # the key that makes a model an MoE (relative to model.moe); every other moe key only tunes one
@@ -272,13 +102,11 @@ MOE_SWITCH = "num_experts"
 
 def _written_leaves(node: Any, prefix: str) -> Iterator[tuple[str, Any]]:
     """(dotted key, value) of every leaf a raw (schema-less) recipe node writes."""
-    from omegaconf import DictConfig
-
     if isinstance(node, (DictConfig, dict)):
         for k in node:
             yield from _written_leaves(node[k], f"{prefix}.{k}")
     else:
-        yield prefix, _plain(node)
+        yield prefix, plain(node)
 
 
 def check_moe_switch(written_model: Any, prefix: str = "model") -> None:
@@ -286,8 +114,6 @@ def check_moe_switch(written_model: Any, prefix: str = "model") -> None:
     ``model`` node as the recipe file (its ``base:`` chain merged) and the overrides write it, before
     the schema's defaults are merged in (there every moe node has a num_experts). A moe node that
     writes keys but not ``num_experts`` is refused by its first key, the others named after it."""
-    from omegaconf import DictConfig
-
     if not isinstance(written_model, (DictConfig, dict)) or written_model.get("moe") is None:
         return
     moe = written_model["moe"]
@@ -295,7 +121,7 @@ def check_moe_switch(written_model: Any, prefix: str = "model") -> None:
         return
     switch = f"{prefix}.moe.{MOE_SWITCH}"
     leaves = list(_written_leaves(moe, f"{prefix}.moe"))
-    key, value = leaves[0] if leaves else (f"{prefix}.moe", _plain(moe))
+    key, value = leaves[0] if leaves else (f"{prefix}.moe", plain(moe))
     also = f" (also set: {', '.join(k for k, _ in leaves[1:])})" if len(leaves) > 1 else ""
     fail(key, value, f"only used by an MoE model{also}; this recipe's model is dense ({switch} is not set): "
                      f"set {switch} to replace its FFNs by routed experts, or leave the moe keys out")

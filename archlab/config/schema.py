@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
+from omegaconf import DictConfig, OmegaConf
+
 from archlab.nn.attention import AttentionConfig, attention_class
 from archlab.nn.ffn import FFNConfig, ffn_class
 from archlab.nn.moe.balance import BalanceConfig
@@ -205,7 +207,7 @@ class TrainConfig:
     run_name: Optional[str] = None  # default: recipe name + timestamp
     on_nonfinite: str = "stop"  # stop (keep last good checkpoint) | skip (drop the batch)
     peak_flops: Optional[float] = None  # for MFU; None = a per-device default stated in the log
-    # experiment trackers, through accelerate (archlab/train/trackers.py): tensorboard | wandb | mlflow. Each gets
+    # experiment trackers, through accelerate (archlab/trackers.py): tensorboard | wandb | mlflow. Each gets
     # every metrics row and the resolved recipe as hyperparameters; run name = the run folder's. metrics.jsonl stays
     # the record. A tracker whose package is missing stops the run at start, naming the pip install line
     trackers: List[str] = field(default_factory=list)
@@ -230,3 +232,14 @@ class Recipe:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     extra: Any = None  # free-form notes for tools; never read by the library
+
+
+def model_config(cfg) -> ModelConfig:
+    """The typed ``ModelConfig`` object (with its derived properties) of a recipe or model node."""
+    if isinstance(cfg, ModelConfig):
+        return cfg
+    node = cfg.model if "model" in cfg and "d_model" not in cfg else cfg
+    if isinstance(node, DictConfig):
+        obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), node))
+        return obj
+    raise TypeError(f"expected a recipe DictConfig or ModelConfig, got {type(cfg).__name__}")

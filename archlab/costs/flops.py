@@ -32,10 +32,14 @@ from dataclasses import asdict, dataclass
 
 from omegaconf import DictConfig
 
-from archlab.config.schema import ModelConfig, TrainConfig
+from archlab.config.schema import ModelConfig, TrainConfig, model_config
+from archlab.model import model_class
 from archlab.nn.attention import attention_class
 from archlab.nn.attention.cross import CrossAttention
 from archlab.nn.ffn import ffn_class
+from archlab.nn.moe.layer import MoELayer
+from archlab.objectives import objective_class, objective_name
+from archlab.objectives.span_corruption import span_counts
 
 BACKWARD_TO_FORWARD = 2.0  # backward = grad wrt input + grad wrt weight, each one forward matmul
 
@@ -95,8 +99,6 @@ def ffn_flops(cfg: ModelConfig, hidden: int) -> float:
 
 def moe_layer_flops(cfg: ModelConfig) -> tuple[float, float]:
     """(experts, router) FLOPs per token of one MoE layer (the layer says: ``MoELayer.forward_flops``)."""
-    from archlab.nn.moe.layer import MoELayer
-
     return MoELayer.forward_flops(cfg)
 
 
@@ -107,10 +109,6 @@ def forward_flops(model_cfg, seq_len: int, objective: str | None = None) -> Flop
     training objective whose head and loss count (``archlab.objectives``; default: a recipe's
     ``train.objective``, else ``mtp`` for a model with MTP modules, else ``causal_lm``).
     """
-    from archlab.config.load import model_config
-    from archlab.model import model_class
-    from archlab.objectives import objective_class, objective_name
-
     name = objective_name(model_cfg, objective)
     head = objective_class(name).forward_flops
     cfg = model_config(model_cfg)
@@ -166,8 +164,6 @@ COMPOSE = {1: stack_flops, 2: encoder_decoder_flops}
 def sequence_lengths(model_cfg, seq_len: int) -> tuple[int, int]:
     """An encoder-decoder's (encoder input M, decoder targets T) for a text window of ``seq_len`` ids: span
     corruption's (a recipe's ``train.span_*`` settings, else T5's defaults)."""
-    from archlab.objectives.span_corruption import span_counts
-
     train = model_cfg.train if isinstance(model_cfg, DictConfig) and "train" in model_cfg else None
     density = float(train.span_noise_density) if train is not None else TrainConfig.span_noise_density
     mean = float(train.span_mean_length) if train is not None else TrainConfig.span_mean_length

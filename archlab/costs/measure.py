@@ -35,6 +35,10 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_flop_formula
 
+from archlab.config.schema import TrainConfig
+from archlab.model import checkpointing
+from archlab.objectives import objective_class, objective_name
+
 LOSSES = ("fused", "logits")
 
 
@@ -74,8 +78,6 @@ def training_loss(model: nn.Module, x_BW: Tensor, loss: str = "fused") -> Tensor
     (``Trainer._forward_loss``: the fused LM head, no logits).
     ``loss="logits"``: the reference cross-entropy on the (B, S, V) logits (causal LM; masked LM with the
     same masks)."""
-    from archlab.objectives import objective_class, objective_name
-
     if loss not in LOSSES:
         raise ValueError(f"loss={loss!r}: must be one of {', '.join(LOSSES)}")
     objective = objective_class(objective_name(model.cfg))(_MeasureRecipe(model.cfg))
@@ -88,8 +90,6 @@ class _MeasureRecipe:
 
     def __init__(self, model_cfg):
         from omegaconf import OmegaConf
-
-        from archlab.config.schema import TrainConfig
 
         self.model, self.train = model_cfg, OmegaConf.structured(TrainConfig)
 
@@ -197,8 +197,6 @@ def _attribute_to_modules(model: nn.Module) -> Iterator[Callable[[], str]]:
 def _selective_caches() -> Iterator[list[dict]]:
     """While active, collects the cache of every selective checkpoint region opened
     (``archlab.model.checkpointing.selective_contexts``): the op outputs it keeps for backward."""
-    from archlab.model import checkpointing
-
     caches: list[dict] = []
     original = checkpointing.selective_contexts
 

@@ -3,74 +3,10 @@
 Shape legend: B batch, S sequence, N = B*S tokens, D model dim, H query heads, G key/value heads,
 Dh head dim, F ffn hidden dim, E routed experts, K experts per token, V vocabulary, L layers.
 
-Model states (REFERENCES.md, "Transformer Math 101"): weights and gradients (4 + 4 bytes per
-parameter in fp32; 2 + 2 in bf16 mixed precision, which adds a 4-byte fp32 master copy) and the
-optimizer's state, which the optimizer class states per parameter of each role
-(``state_bytes_per_param``, ``archlab.optim``; roles from a meta-device build of the model when
-they differ): AdamW keeps m and v, 8 bytes, so 16 bytes per parameter either way (fp32 = 4 + 4 + 8;
-bf16 = 2 + 2 + 12); Muon keeps one momentum buffer (4 bytes) for the blocks' matrices and AdamW's 8
-for the rest. ZeRO stage 1 shards the optimizer states (master copy included) over the
-data-parallel ranks, stage 2 also the gradients, stage 3 also the weights. Routed experts are
-first split over the ``ep`` expert-parallel ranks (E/ep experts each), and their states shard over
-the expert-data-parallel group of ``dp/ep`` ranks.
-
-Activations: the bytes autograd keeps between forward and backward. Each component states its
-own (``saved_bytes`` of the norm, attention variant, FFN, position encoding, router and balancing
-term classes in ``archlab.nn``; a component without a memory model raises); this module adds them
-up by layer and adds the model-level parts. They are derived tensor by tensor from archlab's own
-modules (what each op saves; views of one storage count once; a branch of the
-graph whose output dies in the forward, e.g. a top-k only its indices are taken from, frees what
-it saved and counts nothing):
-
-- norm: LayerNorm keeps its input + mean, rstd per token; RMSNorm keeps an fp32 copy of its
-  input, rstd and the normalised x*rstd on CPU (composite), input + rstd on CUDA (fused);
-- attention: the input of the fused QKV projection and what SDPA keeps. The fused kernels
-  (CPU flash; CUDA flash / memory-efficient) keep q, k, v (after RoPE; G key/value heads, read
-  through SDPA's ``enable_gqa`` without copies), the output and the log-sum-exp (fp32, one per
-  head and token); CUDA also keeps an additive mask (ALiBi: one (H, S, S) tensor per layer).
-  CPU runs the math kernel, in fp32, for a mask (ALiBi) or attention dropout: copies of q, k, v,
-  the (B, H, S, S) probabilities (+ mask and dropped probabilities with dropout) and a copy of
-  the output for the projection. A sliding window past its length runs blocks of W queries
-  against 2W keys with a band mask (``archlab.nn.attention.sliding``): CPU flash, or math with
-  dropout; on CUDA memory-efficient attention (H == G) or the math kernel (GQA/MQA), derived
-  from the kernels' saved tensors, not measured on a GPU;
-- FFN: the up-projection input and the hidden activations: GELU keeps 2F per token (its input
-  and output), ReLU F (its output serves both), SwiGLU 4F ([gate; up], silu(gate), product);
-- MoE: the router's fp32 input copy, scores, chosen ids and gates (+ what the balancing terms
-  keep; group-limited routing keeps nothing), the tokens' rows in expert-major order, the
-  experts' hidden activations and outputs per routed slot, the shared experts. This is the
-  packed (grouped GEMM) layout, N*K rows; the padded (E, C) grid the experts may choose on CPU
-  keeps E*C rows (C = the largest expert load);
-- dropout (p > 0): one mask per dropout, in the activation dtype on CPU, bool on CUDA;
-- model level: the token window (int64; the trainer reads (B, S+1) ids, the inputs and targets
-  are views of it and the embedding keeps the whole window; masked LM: the (B, S) masked inputs),
-  learned position ids, RoPE cos/sin tables (fp32, shared by all layers), the final norm (an
-  encoder's embedding norm), and the LM head + loss (an encoder's head transform) by ``loss``:
-  ``fused`` (default: what the trainer runs, ``archlab.nn.loss.linear_cross_entropy``) keeps the
-  gradients wrt its input h (N x D) and the head's weight (V x D), computed in the forward, and
-  the count of counted tokens; ``logits`` (the reference ``archlab.nn.loss.lm_loss`` on the
-  model's (B, S, V) logits) keeps the head's input h, the N x V fp32 log-softmax (the logits are
-  upcast), a copy of the targets and the loss's total weight.
-
-Dtypes: ``bf16`` describes a model held in bf16 (DeepSpeed's bf16 mode, the 2 + 2 + 12 split
-above); torch.autocast over fp32 weights (accelerate's native mixed precision) keeps more: a bf16
-copy of every weight, fp32 norm outputs and residual stream, bf16 copies of the linear inputs
-(measured 1.35-1.5x the ``bf16`` estimate for the tiny recipes at batch 2 x 64 on CPU); it is
-not modelled here.
-
-Activation checkpointing (``checkpointing``, the trainer's ``train.activation_checkpointing``;
-``archlab.model.checkpointing`` implements it):
-
-- ``full``: a block keeps only its input (N x D); RoPE tables then live only inside the
-  recomputed blocks (nothing saves them);
-- ``selective``: a block keeps its input and the outputs of its matmuls and attention kernels:
-  the fused QKV projection, SDPA's output and log-sum-exp (the CPU math kernel: its two bmm
-  outputs, the (B*H, S, S) scores and the weighted values, fp32), the output projection, the FFN's
-  up and down projections; MoE: the router's gate logits (fp32), the experts' up and down
-  grouped GEMMs over their slots, the shared experts' projections.
-
-Either way backward recomputes one block at a time, which then holds its full activations again:
-``recompute_peak`` = the largest layer's activations beyond what it kept.
+Each component states the bytes it keeps for backward (``saved_bytes`` in ``archlab.nn``); this module adds
+them up by layer, adds the model-level parts (token window, positions, final norm, head and loss), the model
+states (weights, gradients and the optimizer's state per role, sharded by ZeRO stage and expert parallelism)
+and what activation checkpointing keeps. What each term counts and why: docs/methods/memory.md.
 """
 
 from __future__ import annotations
@@ -79,12 +15,20 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
+from archlab.config.schema import model_config
+from archlab.costs.flops import sequence_lengths
 from archlab.costs.params import param_counts
+from archlab.model import build_model, model_class
 from archlab.nn.attention import attention_class
+from archlab.nn.attention.cross import CrossAttention
 from archlab.nn.component import ID_BYTES, STATS_BYTES, ActShape
 from archlab.nn.ffn import ffn_class
+from archlab.nn.moe.balance import enabled_term_classes
+from archlab.nn.moe.router import router_class
 from archlab.nn.norms import norm_class
 from archlab.nn.positions import position_class
+from archlab.objectives import objective_class, objective_name
+from archlab.optim import OPTIMIZERS, ROLES, param_roles
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 # bytes per parameter: (weights, gradients, fp32 master copy); the optimizer's state comes from its class
@@ -140,9 +84,6 @@ def optimizer_state_bytes(model_cfg, optimizer: str = "adamw") -> tuple[float, f
     copy) for the whole model, from what ``optimizer``'s class keeps per parameter of each role. Roles
     are counted on a meta-device build when the class tells them apart; the routed experts are
     hidden matrices."""
-    from archlab.config.load import model_config
-    from archlab.optim import OPTIMIZERS, ROLES, param_roles
-
     cfg = model_config(model_cfg)
     _check_choice("optimizer", optimizer, OPTIMIZERS.names())
     opt = OPTIMIZERS.get(optimizer)
@@ -151,8 +92,6 @@ def optimizer_state_bytes(model_cfg, optimizer: str = "adamw") -> tuple[float, f
     expert = per_role["hidden"] * counts.routed_experts
     if len(set(per_role.values())) == 1:
         return per_role["hidden"] * (counts.dense + counts.mtp), expert
-    from archlab.model import build_model
-
     model = build_model(cfg, device="meta")
     total = sum(p.numel() * per_role[role] for _, p, role in param_roles(model))
     return total - expert, expert
@@ -167,8 +106,6 @@ def model_state_memory(model_cfg, precision: str = "bf16", zero_stage: int = 0, 
     zero_stage: 0 (none) .. 3; dp: data-parallel ranks; ep: expert-parallel ranks (default the
     recipe's ``moe.ep_size``; must divide dp and the number of experts).
     """
-    from archlab.config.load import model_config
-
     optimizer = _optimizer_name(model_cfg, optimizer)
     cfg = model_config(model_cfg)
     _check_choice("precision", precision, list(PRECISIONS))
@@ -210,9 +147,6 @@ def kv_cache_bytes(model_cfg, batch: int, context: int, dtype: str = "bf16", mem
     layer's cross-attention keys/values of the ``memory_len`` (default ``context``) encoder positions,
     computed once per sequence (``CrossAttention.kv_cache_bytes``). The model type's class composes it
     (``kv_cache_bytes``, ``archlab.model``)."""
-    from archlab.config.load import model_config
-    from archlab.model import model_class
-
     cfg = model_config(model_cfg)
     _check_choice("dtype", dtype, list(DTYPE_BYTES))
     _check_positive(batch=batch, context=context)
@@ -235,9 +169,6 @@ def _ffn_bytes(s: ActShape, hidden: int, n_tokens: float) -> float:
 def _router_bytes(s: _Shape) -> float:
     """The router (fp32 math) and the enabled balancing terms: the bytes each of their classes says
     it keeps (``Router.saved_bytes``, ``BalanceTerm.saved_bytes``; one without a model raises)."""
-    from archlab.nn.moe.balance import enabled_term_classes
-    from archlab.nn.moe.router import router_class
-
     terms = enabled_term_classes(s.cfg.moe.balance)
     router = router_class(s.cfg)
     return router.saved_bytes(s, probs_read=any(t.reads_probs for t in terms)) + sum(t.saved_bytes(s) for t in terms)
@@ -249,8 +180,6 @@ def _moe_bytes(s: _Shape) -> float:
     Dropless routing has N*K slots; with a capacity C the estimate uses min(N*K, E*C) (an upper
     bound: fewer slots are kept when the routing is unbalanced).
     """
-    from archlab.nn.moe.router import router_class
-
     cfg, n, a = s.cfg, s.n, s.act
     m = cfg.moe
     D, E = cfg.d_model, m.num_experts
@@ -279,8 +208,6 @@ def _moe_keeps_input(s: _Shape) -> bool:
 
 def _layer_bytes(s: _Shape, layer: int) -> dict[str, float]:
     """Bytes one layer keeps for backward, by component, without checkpointing."""
-    from archlab.model import model_class
-
     cfg, n = s.cfg, s.n
     block = model_class(cfg).layer_class(cfg)
     out = {"norms": float(block.norms_saved_bytes(s)),
@@ -305,8 +232,6 @@ def _selective_layer_bytes(s: _Shape, layer: int) -> dict[str, float]:
     out = {"checkpoint": float(n * D * a), "attention": float(attention)}
     ffn = ffn_class(cfg)
     if cfg.is_moe_layer(layer):
-        from archlab.nn.moe.router import router_class
-
         m = cfg.moe
         slots = router_class(cfg).kept_slots(cfg, n)
         shared = m.n_shared_experts * (m.shared_hidden if m.shared_hidden is not None else m.expert_hidden)
@@ -366,8 +291,6 @@ def layer_saved_bytes(s: _Shape, layer: int, checkpointing: str) -> float:
 def _model_bytes(s: _Shape, loss: str, checkpointing: str, objective: str) -> dict[str, float]:
     """The parts outside the blocks: token window, positions, final norm, and what the objective's
     LM head and loss keep (``archlab.objectives``: ``saved_bytes``)."""
-    from archlab.objectives import objective_class
-
     cfg, n = s.cfg, s.n
     D = cfg.d_model
     head = objective_class(objective)
@@ -381,7 +304,8 @@ def _model_bytes(s: _Shape, loss: str, checkpointing: str, objective: str) -> di
         "head": n * _norm_bytes(s, D) if cfg.norm.placement == "pre" else 0.0,  # the final norm
         # an encoder's norm on the summed embeddings (BERT): its input and statistics
         "embed_norm": n * _norm_bytes(s, D) if getattr(cfg, "embed_norm", False) else 0.0,
-        **head.saved_bytes(s, loss, checkpointing),  # loss (and e.g. the MTP modules)
+        # the loss (and e.g. the MTP modules)
+        **head.saved_bytes(s, loss, checkpointing, lambda layer: layer_saved_bytes(s, layer, checkpointing)),
     }
 
 
@@ -395,9 +319,6 @@ def activation_memory(model_cfg, batch: int, seq_len: int, dtype: str = "bf16", 
     cross-entropy) or ``logits`` (cross-entropy on materialised fp32 logits); objective: the training
     objective (default: a recipe's ``train.objective``, see ``archlab.costs.flops.forward_flops``).
     """
-    from archlab.config.load import model_config
-    from archlab.objectives import objective_name
-
     objective = objective_name(model_cfg, objective)
     cfg = model_config(model_cfg)
     _check_positive(batch=batch, seq_len=seq_len)
@@ -406,8 +327,6 @@ def activation_memory(model_cfg, batch: int, seq_len: int, dtype: str = "bf16", 
     _check_choice("loss", loss, LOSSES)
     mode = checkpoint_mode(checkpointing)
     act = DTYPE_BYTES[dtype]
-    from archlab.model import model_class
-
     compose = COMPOSE[model_class(cfg).stacks]  # the model type's stacks, composed here
     return compose(model_cfg, batch, seq_len, act, device, mode, loss, objective)
 
@@ -417,8 +336,6 @@ def stack_activations(model_cfg, batch: int, seq_len: int, act: int, device: str
     """One stack of blocks (a decoder or an encoder) on a window of ``seq_len`` ids: each layer's saved
     tensors as its components state them, the model level (embedding, positions, head and loss), and what
     checkpointing keeps."""
-    from archlab.config.load import model_config
-
     cfg = model_config(model_cfg)
     s = _Shape(cfg, batch, seq_len, act, act if device == "cpu" else 1, device)
     full = [_layer_bytes(s, i) for i in range(cfg.n_layers)]
@@ -443,11 +360,6 @@ def encoder_decoder_activations(model_cfg, batch: int, seq_len: int, act: int, d
     targets. ``full`` checkpointing: each block keeps its input (the memory is an input of every decoder
     block, the same tensor); ``selective``: each block keeps its input and its matmul and attention outputs, the
 cross-attention's included."""
-    from archlab.config.load import model_config
-    from archlab.costs.flops import sequence_lengths
-    from archlab.nn.attention.cross import CrossAttention
-    from archlab.objectives import objective_class
-
     cfg = model_config(model_cfg)
     M, T = sequence_lengths(model_cfg, seq_len)
     mask = act if device == "cpu" else 1
@@ -467,7 +379,8 @@ cross-attention's included."""
              "positions": float(positions.saved_bytes(enc, mode) + positions.saved_bytes(dec, mode)),
              "head": (enc.n + dec.n) * _norm_bytes(dec, D) if cfg.norm.placement == "pre" else 0.0,
              "memory": float(enc.n * D * act),
-             **objective_class(objective).saved_bytes(dec, loss, mode)}
+             **objective_class(objective).saved_bytes(dec, loss, mode,
+                                                      lambda layer: layer_saved_bytes(dec, layer, mode))}
     if mode == "none":
         return ActivationMemory(layers=tuple(layers), model=model)
     if mode == "full":

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from archlab.config.schema import ModelConfig
+from archlab.config.schema import ModelConfig, model_config
 from archlab.model.build import model_class
-from archlab.model.decoder import Decoder, _moe_layer_cls
+from archlab.model.decoder import Decoder
+from archlab.nn.moe.experts import expert_params
+from archlab.nn.moe.layer import MoELayer
 from archlab.nn.positions import position_class
 
 
@@ -78,8 +80,6 @@ def n_moe_layers(cfg: ModelConfig) -> int:
 
 def param_counts(model_cfg) -> ParamCounts:
     """Parameter counts of the model a recipe (or ``ModelConfig``) describes."""
-    from archlab.config.load import model_config
-
     cfg = model_config(model_cfg)
     total = model_class(cfg).num_params(cfg)
     embedding = cfg.vocab_size * cfg.d_model + model_class(cfg).stacks * position_class(cfg).num_params(cfg)
@@ -87,9 +87,7 @@ def param_counts(model_cfg) -> ParamCounts:
     routed = inactive = 0
     n_moe = n_moe_layers(cfg)
     if n_moe:
-        from archlab.nn.moe.experts import expert_params
-
-        moe = _moe_layer_cls()
+        moe = MoELayer
         routed = n_moe * cfg.moe.num_experts * expert_params(cfg.ffn.type, cfg.d_model, cfg.moe.expert_hidden)
         inactive = n_moe * (moe.num_params(cfg) - moe.active_params(cfg))
     return ParamCounts(total=total, embedding=embedding, lm_head=lm_head, routed_experts=routed,

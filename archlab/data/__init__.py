@@ -1,6 +1,7 @@
 """Data: corpus -> train/validation split -> tokenizer -> cached token ids -> sharded batches.
 
-    data = prepare_data(cfg)                    # cfg: a whole recipe (uses cfg.data, cfg.model.vocab_size)
+    data = prepare_data(cfg)                    # cfg: a whole recipe (uses cfg.data, cfg.model.vocab_size);
+                                                # archlab.objectives.token_data(cfg) leaves its objective's ids free
     data.tokenizer.encode("def f(): pass")      # -> list[int]
     batches = TokenBatches(data.train, seq_len, micro_batch_size, grad_accum, rank, world_size, seed)
     x_BS1 = batches.get(step, micro)            # (B, S+1): inputs x[:, :-1], targets x[:, 1:]

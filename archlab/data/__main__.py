@@ -9,8 +9,8 @@ import time
 
 from archlab.config import load_recipe
 from archlab.data.batches import unigram_entropy
-from archlab.data.prepare import prepare_data
 from archlab.errors import RecipeError
+from archlab.objectives import token_data
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_recipe(args.recipe, args.overrides)
         t0 = time.perf_counter()
-        data = prepare_data(cfg)
+        data = token_data(cfg)
         seconds = time.perf_counter() - t0
     except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)

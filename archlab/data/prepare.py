@@ -27,15 +27,15 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import tokenizers
 
 from archlab.data.batches import check_length
 from archlab.data.corpus import Corpus, DataError, split_corpus
+from archlab.data.prepared import DATA_FORMAT_VERSION, PreparedData
 from archlab.data.sources import build_corpus
 from archlab.data.tokenizer import (
     BYTE_VOCAB_SIZE,
@@ -45,24 +45,15 @@ from archlab.data.tokenizer import (
     is_tokenizer_file,
     load_tokenizer_file,
 )
+from archlab.data.tokens import prepare_tokens
 from archlab.io import write_json_atomic
 
 Progress = Optional[Callable[[str], None]]  # gets one line per stage of a cache build
 
-DATA_FORMAT_VERSION = 1  # bump when the cache layout or the split/encoding rules change
 ENCODE_CHUNK_CHARS = 4 * 2**20  # characters handed to encode_batch at once (bounds memory)
 SPLITS = ("train", "val")
 
 
-@dataclass
-class PreparedData:
-    """A tokenized corpus: the tokenizer and the two splits as 1-D memory-mapped id arrays."""
-
-    tokenizer: Tokenizer  # token shards without a tokenizer: archlab.data.tokens.NoTokenizer
-    train: np.ndarray  # (N_train,) uint16 or uint32 memmap (token shards: archlab.data.tokens.ShardedTokens)
-    val: np.ndarray  # (N_val,)
-    cache_path: Path
-    meta: dict[str, Any]
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -76,21 +67,8 @@ def _tokenizer_vocab(data_cfg, model_vocab_size: int) -> int:
     return BYTE_VOCAB_SIZE if data_cfg.tokenizer == "byte" else model_vocab_size
 
 
-def reserved_ids(cfg) -> int:
-    """Ids at the top of the model's vocabulary that the recipe's training objective uses itself (masked LM:
-    its mask id) and no tokenizer id may reach (``archlab.objectives``); 0 without a ``train`` node."""
-    train = cfg.get("train") if hasattr(cfg, "get") else getattr(cfg, "train", None)
-    if train is None:
-        return 0
-    from archlab.objectives import OBJECTIVES  # imports torch: resolved when data is prepared
-
-    name = str(getattr(train, "objective", None) or "causal_lm")
-    return OBJECTIVES.get(name).reserved_ids(cfg) if name in OBJECTIVES else 0
-
-
-def check_reserved_ids(cfg, tokenizer: Tokenizer) -> None:
-    """The tokenizer's ids stay below the ids the objective reserves at the top of the vocabulary."""
-    reserved = reserved_ids(cfg)
+def check_reserved_ids(cfg, tokenizer: Tokenizer, reserved: int) -> None:
+    """The tokenizer's ids stay below the ``reserved`` ids the objective keeps at the top of the vocabulary."""
     free = int(cfg.model.vocab_size) - reserved
     if reserved and tokenizer.vocab_size > free:
         raise DataError(f"model.vocab_size={int(cfg.model.vocab_size)}: train.objective={cfg.train.objective} "
@@ -255,14 +233,14 @@ def _file_tokenizer(data_cfg, model_vocab_size: int) -> Optional[Tokenizer]:
     return tokenizer
 
 
-def _prepare_text(cfg, progress: Progress = None) -> PreparedData:
+def _prepare_text(cfg, progress: Progress, reserved: int) -> PreparedData:
     """A text source: its cache folder for this recipe's key, built when missing or incomplete."""
     data_cfg = cfg.data
     file_tokenizer = _file_tokenizer(data_cfg, int(cfg.model.vocab_size))
     if file_tokenizer is not None:
         vocab_size = file_tokenizer.vocab_size
     else:  # a tokenizer trained here leaves the ids the objective reserves free (causal LM: none)
-        vocab_size = _tokenizer_vocab(data_cfg, int(cfg.model.vocab_size) - reserved_ids(cfg))
+        vocab_size = _tokenizer_vocab(data_cfg, int(cfg.model.vocab_size) - reserved)
     corpus = build_corpus(data_cfg)
     key = cache_key(corpus, data_cfg, vocab_size, file_tokenizer)
     folder = Path(os.path.expanduser(str(data_cfg.cache_dir))) / f"{corpus.family}-{key[:16]}"
@@ -279,21 +257,22 @@ def _prepare_text(cfg, progress: Progress = None) -> PreparedData:
     return data
 
 
-def prepare_data(cfg, progress: Progress = None) -> PreparedData:
+def prepare_data(cfg, progress: Progress = None, reserved: int = 0) -> PreparedData:
     """Tokenized train/validation data for a recipe (``cfg.data``, ``cfg.model.vocab_size``).
 
     A text source: reuses the cache folder for this recipe's key when it is complete; otherwise
     builds it. ``data.source: tokens``: memory maps of the shards (``archlab.data.tokens``).
     Raises :class:`DataError` (a ``RecipeError``) with a clear message on bad data. ``progress``
     (e.g. ``print``) gets one line per stage of a build (the corpus, the tokenizer, the encoding).
+    ``reserved``: ids at the top of the vocabulary the training objective uses itself (masked LM: its mask
+    id), which the tokenizer leaves free (``Objective.reserved_ids``; ``archlab.objectives.token_data`` passes
+    the recipe's objective's).
     """
     if cfg.data.source == "tokens":
-        from archlab.data.tokens import prepare_tokens  # imports this module: resolved here
-
         data = prepare_tokens(cfg)
     else:
-        data = _prepare_text(cfg, progress)
-    check_reserved_ids(cfg, data.tokenizer)
+        data = _prepare_text(cfg, progress, reserved)
+    check_reserved_ids(cfg, data.tokenizer, reserved)
     train_cfg = cfg.get("train") if hasattr(cfg, "get") else None
     if train_cfg is not None:
         check_length(data.train, int(train_cfg.seq_len), "training split")

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from archlab.config.schema import ModelConfig
+from archlab.model.build import model_class
 from archlab.model.decoder import Decoder, block_type
 from archlab.nn.attention import attention_class
 from archlab.nn.ffn import ffn_class
@@ -157,8 +158,6 @@ def _save_tokenizer(tokenizer_file: Path, folder: Path, eos_id: Optional[int]) -
 def component_reasons(cfg: ModelConfig, family: str) -> Optional[str]:
     """None when every component of ``cfg`` says the HF ``family`` expresses it (their
     ``hf_export``), else the first component's reason (``archlab.nn.component.Exportable``)."""
-    from archlab.model.build import model_class
-
     if cfg.scale_embeddings:  # a decoder-level fact every exported family shares
         return "scale_embeddings=true: this class does not multiply the token embedding by sqrt(d_model)"
     parts = [(f"model.type={cfg.type}", model_class(cfg)),

@@ -21,6 +21,7 @@ from torch import Tensor
 from archlab.config.schema import ModelConfig
 from archlab.export.hf import EXPORTERS, HFExporter, _expand_kv, component_reasons
 from archlab.nn.ffn import ffn_class
+from archlab.objectives.span_corruption import start_id
 
 
 @EXPORTERS.register("t5")
@@ -44,8 +45,6 @@ class T5Exporter(HFExporter):
 
     def hf_config(self, cfg: ModelConfig):
         from transformers import T5Config
-
-        from archlab.objectives.span_corruption import start_id
 
         return T5Config(
             vocab_size=cfg.vocab_size, d_model=cfg.d_model, d_kv=cfg.d_head, d_ff=cfg.ffn_hidden,

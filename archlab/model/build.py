@@ -8,11 +8,10 @@ from typing import Optional, Union
 import torch
 from omegaconf import DictConfig
 
-from archlab.config.load import model_config
-from archlab.config.schema import ModelConfig
-from archlab.config.validate import validate_model
+from archlab.config.schema import ModelConfig, model_config
 from archlab.model import encoder, encoder_decoder  # noqa: F401  (register model.type encoder, encoder_decoder)
 from archlab.model.decoder import MODELS, Decoder
+from archlab.model.validate import validate_model
 
 
 def model_class(cfg) -> type[Decoder]:

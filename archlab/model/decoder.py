@@ -29,6 +29,7 @@ from archlab.nn.attention import KVCache, LayerKVCache, attention_class, build_a
 from archlab.nn.component import ActShape, Exportable
 from archlab.nn.ffn import build_ffn, ffn_class
 from archlab.nn.loss import linear_cross_entropy
+from archlab.nn.moe.layer import MoELayer
 from archlab.nn.mtp import MTPModule
 from archlab.nn.mup import readout_mult, rescale_init
 from archlab.nn.norms import build_norm, norm_class, norm_params
@@ -47,12 +48,6 @@ class ModelOutput:
     loss: Optional[Tensor] = None  # mean next-token cross-entropy, when ``targets`` were given
     # (depth,): mean cross-entropy of each multi-token-prediction module, when ``targets`` reach that far
     mtp_losses: Optional[Tensor] = None
-
-
-def _moe_layer_cls():
-    from archlab.nn.moe.layer import MoELayer  # imported on demand: dense models never need it
-
-    return MoELayer
 
 
 class Block(Exportable, nn.Module):
@@ -84,7 +79,7 @@ class Block(Exportable, nn.Module):
     def build_ffn(self, cfg: ModelConfig, layer: int) -> None:
         """The feed-forward branch: routed experts on an MoE layer, else the dense FFN."""
         self.is_moe = cfg.is_moe_layer(layer)
-        self.ffn = _moe_layer_cls()(cfg) if self.is_moe else build_ffn(cfg, hidden=cfg.ffn_hidden)
+        self.ffn = MoELayer(cfg) if self.is_moe else build_ffn(cfg, hidden=cfg.ffn_hidden)
 
     @classmethod
     def validate(cls, m, prefix: str = "model") -> None:
@@ -98,7 +93,7 @@ class Block(Exportable, nn.Module):
     def num_params(cls, cfg: ModelConfig, layer: int) -> int:
         n = cls.n_norms(cfg) * norm_params(cfg, dim=cfg.d_model) + attention_class(cfg).num_params(cfg, layer=layer)
         if cfg.is_moe_layer(layer):
-            return n + _moe_layer_cls().num_params(cfg)
+            return n + MoELayer.num_params(cfg)
         return n + ffn_class(cfg).num_params(cfg, hidden=cfg.ffn_hidden)
 
     @staticmethod
@@ -188,7 +183,7 @@ class Decoder(Exportable, nn.Module):
     def build_parts(self, cfg: ModelConfig) -> None:
         """The parts only this model type has, before the weights are initialised."""
         if cfg.mtp_depth:  # multi-token prediction (archlab/nn/mtp.py): training only, dropped at export
-            self.mtp = nn.ModuleList(MTPModule(cfg) for _ in range(cfg.mtp_depth))
+            self.mtp = nn.ModuleList(MTPModule(cfg, block_type(cfg)) for _ in range(cfg.mtp_depth))
 
     @property
     def checkpointing(self) -> str:
@@ -223,7 +218,7 @@ class Decoder(Exportable, nn.Module):
     @staticmethod
     def num_mtp_params(cfg: ModelConfig) -> int:
         """Parameters of the multi-token-prediction modules: trained, never exported (not in :meth:`num_params`)."""
-        return cfg.mtp_depth * MTPModule.num_params(cfg)
+        return cfg.mtp_depth * MTPModule.num_params(cfg, block_type(cfg))
 
     @torch.no_grad()
     def init_weights(self) -> None:

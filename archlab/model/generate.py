@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from archlab.model.decoder import Decoder
+from archlab.objectives.span_corruption import start_id as default_start
 
 
 def filter_logits(logits_BV: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -94,8 +95,6 @@ def generate_seq2seq(
     cross-attention keys/values of the encoder's output, projected at the first step and reused
     (:class:`archlab.model.encoder_decoder.Seq2SeqCache`). temperature 0 is greedy decoding.
     """
-    from archlab.objectives.span_corruption import start_id as default_start
-
     was_training = model.training
     model.eval()
     cache = model.new_kv_cache(input_ids)

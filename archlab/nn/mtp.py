@@ -29,7 +29,10 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from torch import Tensor, nn
 
-from archlab.nn.component import ActShape
+from archlab.nn.attention import attention_class
+from archlab.nn.component import ID_BYTES, ActShape
+from archlab.nn.ffn import ffn_class
+from archlab.nn.moe.layer import MoELayer
 from archlab.nn.norms import build_norm, norm_class, norm_params
 
 if TYPE_CHECKING:
@@ -44,14 +47,13 @@ def mtp_layer(cfg: "ModelConfig") -> int:
 class MTPModule(nn.Module):
     """One depth of multi-token prediction: two norms, the (2D -> D) projection, one block, an output norm."""
 
-    def __init__(self, cfg: "ModelConfig"):
+    def __init__(self, cfg: "ModelConfig", block: type[nn.Module]):
+        """``block``: the main model's block class (``model.block.type``), built as its last layer."""
         super().__init__()
-        from archlab.model.decoder import block_type  # the decoder imports this module
-
         self.hidden_norm = build_norm(cfg, dim=cfg.d_model)
         self.embed_norm = build_norm(cfg, dim=cfg.d_model)
         self.proj = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=False)
-        self.block = block_type(cfg)(cfg, mtp_layer(cfg))  # the main model's block layout
+        self.block = block(cfg, mtp_layer(cfg))  # the main model's block layout
         self.out_norm = build_norm(cfg, dim=cfg.d_model)
 
     def forward(self, h_BSD: Tensor, emb_BSD: Tensor, ctx, run_block) -> tuple[Tensor, Optional[Tensor]]:
@@ -63,24 +65,17 @@ class MTPModule(nn.Module):
     # ------------------------------------------------------------------ facts
 
     @staticmethod
-    def num_params(cfg: "ModelConfig") -> int:
-        from archlab.model.decoder import block_type
-
+    def num_params(cfg: "ModelConfig", block: type[nn.Module]) -> int:
         D = cfg.d_model
-        return 3 * norm_params(cfg, dim=D) + 2 * D * D + block_type(cfg).num_params(cfg, mtp_layer(cfg))
+        return 3 * norm_params(cfg, dim=D) + 2 * D * D + block.num_params(cfg, mtp_layer(cfg))
 
     @staticmethod
     def forward_flops(cfg: "ModelConfig", seq_len: int) -> dict[str, float]:
         """Forward matmul FLOPs per token of one module, by part: the projection, the block's attention and
         FFN (or experts and router), and the shared LM head it calls (2 * D * V)."""
-        from archlab.nn.attention import attention_class
-        from archlab.nn.ffn import ffn_class
-
         D, layer = cfg.d_model, mtp_layer(cfg)
         attn = sum(attention_class(cfg).forward_flops(cfg, seq_len, layer=layer).values())
         if cfg.is_moe_layer(layer):
-            from archlab.nn.moe.layer import MoELayer
-
             ffn = sum(MoELayer.forward_flops(cfg))
         else:
             ffn = ffn_class(cfg).forward_flops(cfg, hidden=cfg.ffn_hidden)
@@ -94,8 +89,6 @@ class MTPModule(nn.Module):
         input and the head's weight, the token count). ``input_kept``: another norm reads the same hidden
         state (the main model's final norm under pre-LN, the previous module's output norm), and what a
         norm keeps of its input tensor as it is (``Norm.saved``) is counted there."""
-        from archlab.nn.component import ID_BYTES
-
         cfg, n, a = s.cfg, s.n, s.act
         D, V = cfg.d_model, cfg.vocab_size
         norm = norm_class(cfg)

@@ -52,6 +52,8 @@ from typing import TYPE_CHECKING, Iterator
 import torch
 from torch import nn
 
+from archlab.nn.moe.router import Router
+
 if TYPE_CHECKING:
     from archlab.config.schema import ModelConfig
 
@@ -87,8 +89,6 @@ def readout_mult(cfg: ModelConfig) -> float:
 def _block_matrices(model: nn.Module) -> Iterator[tuple[nn.Parameter, bool]]:
     """(parameter, is output-like) for every matrix (>= 2 dims) of the model's blocks, and of its
     multi-token-prediction modules (their 2D -> D projection and block), which train like blocks."""
-    from archlab.nn.moe.router import Router
-
     stacks = [model.blocks] + ([model.mtp] if isinstance(getattr(model, "mtp", None), nn.Module) else [])
     gates = {id(mod.gate.weight) for stack in stacks for mod in stack.modules() if isinstance(mod, Router)}
     for stack in stacks:

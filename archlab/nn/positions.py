@@ -309,12 +309,7 @@ class RotaryPositions(PositionEncoding):
 
     @classmethod
     def validate(cls, m, prefix: str = "model") -> None:
-        from archlab.nn.attention import attention_class  # attention imports positions: resolved here
-
-        rot = attention_class(m).rotary_dim(m)
-        if rot % 2:
-            fail(f"{prefix}.n_heads", m.n_heads,
-                 f"rope rotates pairs of channels: the rotated head dim = {rot} must be even")
+        # an odd rotated head dim is refused by the attention that owns it (mha: n_heads, mla: qk_rope_head_dim)
         if m.position.rope_base is None or m.position.rope_base <= 0:
             fail(f"{prefix}.position.rope_base", m.position.rope_base, "must be a positive number")
         ROPE_SCALINGS.get(m.position.rope_scaling.type).validate(m, prefix)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from archlab.data import prepare_data
 from archlab.objectives import causal_lm, classify, mlm, mtp, span_corruption  # noqa: F401  (registration)
 from archlab.objectives.base import OBJECTIVES, Loss, Objective, objective_class, objective_name
 
@@ -25,4 +26,11 @@ def objective_for(cfg: Any) -> Objective:
     return objective_class(objective_name(cfg))(cfg)
 
 
-__all__ = ["OBJECTIVES", "Loss", "Objective", "objective_class", "objective_for", "objective_name"]
+def token_data(cfg: Any, progress=None):
+    """A recipe's token data (``archlab.data.prepare_data``) with the ids its objective reserves at the top of
+    the vocabulary left free (masked LM: the mask id): what the trainer reads, for tools that read it too."""
+    reserved = objective_class(objective_name(cfg)).reserved_ids(cfg) if "train" in cfg else 0
+    return prepare_data(cfg, progress=progress, reserved=reserved)
+
+
+__all__ = ["OBJECTIVES", "Loss", "Objective", "objective_class", "objective_for", "objective_name", "token_data"]

@@ -44,6 +44,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from archlab.data import TokenBatches, eval_windows, prepare_data
+from archlab.model.build import build_model
+from archlab.nn.loss import IGNORE_INDEX, lm_loss
 from archlab.registry import Registry
 
 OBJECTIVES: Registry = Registry("objective")
@@ -103,28 +106,20 @@ class Objective:
     def prepare_data(self, cfg: Any, progress=None):
         """The run's data (``archlab.data.prepare_data``: the tokenizer and the token ids of both splits);
         ``progress``, if given, is told each stage of a cache being built."""
-        from archlab.data import prepare_data
-
-        return prepare_data(cfg, progress=progress)
+        return prepare_data(cfg, progress=progress, reserved=self.reserved_ids(cfg))
 
     def build_model(self, cfg: Any) -> nn.Module:
         """The model the trainer trains (``archlab.model.build_model``: the recipe's, freshly initialised)."""
-        from archlab.model.build import build_model
-
         return build_model(cfg)
 
     def train_batches(self, data: Any, rank: int, world_size: int):
         """Training windows: ``get(step, micro)`` -> (B, S + ahead) and ``global_batch_size``."""
-        from archlab.data import TokenBatches
-
         t = self.t
         return TokenBatches(data.train, t.seq_len, t.micro_batch_size, t.grad_accum, rank, world_size, t.seed,
                             ahead=self.window_ahead)
 
     def eval_batches(self, data: Any, seq_len: int, batch_size: int, n_batches: int, rank: int, world_size: int):
         """Validation windows (b, seq_len + 1) of this rank (``archlab.data.eval_windows``)."""
-        from archlab.data import eval_windows
-
         return eval_windows(data.val, seq_len, batch_size, n_batches, rank, world_size)
 
     def loss(self, model: nn.Module, x_BW: Tensor, *, step: int = 0, micro: int = 0) -> Loss:
@@ -140,8 +135,6 @@ class Objective:
     def eval_sums(self, model: nn.Module, x_BS1: Tensor, *, index: int = 0) -> tuple[Tensor, int]:
         """(summed next-token cross-entropy over the window, number of targets): the main model's
         validation loss, on its logits (the trainer's evaluation)."""
-        from archlab.nn.loss import lm_loss
-
         inputs, targets = self.split(x_BS1, 1)
         logits = model(inputs).logits
         return lm_loss(logits, targets, reduction="sum"), targets.numel()
@@ -158,16 +151,16 @@ class Objective:
         raise NotImplementedError
 
     @classmethod
-    def saved_bytes(cls, s: Any, loss: str, checkpointing: str) -> dict[str, float]:
-        """Bytes kept for backward by the LM head and the loss (and any module only this objective runs)."""
+    def saved_bytes(cls, s: Any, loss: str, checkpointing: str, block_bytes: Any = None) -> dict[str, float]:
+        """Bytes kept for backward by the LM head and the loss (and any module only this objective runs);
+        ``block_bytes(layer)``: what one block built as ``layer`` keeps in this checkpointing mode (the cost
+        model's per-layer formula, for a block outside the stack such as an MTP module's)."""
         raise NotImplementedError
 
 
 def scored_targets(logits_BSV: Tensor, targets_BS: Tensor) -> tuple[Tensor, Tensor, int]:
     """(summed cross-entropy, correct argmax predictions, counted targets) over the targets that are not -100:
     the validation sums of an objective scored on chosen positions (masked LM, span corruption)."""
-    from archlab.nn.loss import IGNORE_INDEX, lm_loss
-
     counted = targets_BS != IGNORE_INDEX
     correct = (logits_BSV.argmax(-1) == targets_BS)[counted].sum()
     return lm_loss(logits_BSV, targets_BS, reduction="sum"), correct, int(counted.sum())

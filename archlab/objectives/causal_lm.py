@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from archlab.errors import fail
 from archlab.nn.component import ID_BYTES, STATS_BYTES
+from archlab.nn.loss import lm_loss
 from archlab.objectives.base import OBJECTIVES, Loss, Objective
 
 
@@ -53,8 +54,6 @@ class CausalLM(Objective):
         return Loss(main=out.loss.float(), aux=out.aux_loss.float())
 
     def logits_loss(self, model: nn.Module, x_BW: Tensor, *, step: int = 0, micro: int = 0) -> Tensor:
-        from archlab.nn.loss import lm_loss
-
         inputs, targets = self.split(x_BW, 1)
         out = model(inputs)
         return lm_loss(out.logits, targets) + out.aux_loss.float()
@@ -64,5 +63,5 @@ class CausalLM(Objective):
         return {"lm_head": 2.0 * cfg.d_model * cfg.vocab_size}
 
     @classmethod
-    def saved_bytes(cls, s: Any, loss: str, checkpointing: str) -> dict[str, float]:
+    def saved_bytes(cls, s: Any, loss: str, checkpointing: str, block_bytes: Any = None) -> dict[str, float]:
         return {"loss": float(head_loss_bytes(s, loss))}

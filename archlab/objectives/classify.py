@@ -31,7 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from archlab.checkpoints import TOKENIZER, WEIGHTS, CheckpointError, resolve_checkpoint
+from archlab.config.schema import model_config
+from archlab.data import build_corpus, build_tokenizer
+from archlab.data.splice import N_CLASSES, read_split_documents, splice_task
+from archlab.data.tokenizer import Tokenizer
 from archlab.errors import fail
+from archlab.model.classifier import Classifier, load_pretrained, pooling_for
 from archlab.objectives.base import OBJECTIVES, Loss, Objective
 
 
@@ -39,8 +45,6 @@ def pretrained_checkpoint(t: Any) -> Optional[Path]:
     """The checkpoint folder ``train.init_from`` names (a run folder: its newest complete one), or None."""
     if t.init_from is None:
         return None
-    from archlab.train.checkpoint import CheckpointError, resolve_checkpoint  # archlab.train imports this package
-
     try:
         return resolve_checkpoint(str(t.init_from))
     except CheckpointError as e:
@@ -89,8 +93,6 @@ class Classify(Objective):
 
     @classmethod
     def validate(cls, cfg: Any) -> None:
-        from archlab.model.classifier import pooling_for  # archlab.model imports the config package, which this
-
         t, m = cfg.train, cfg.model
         pooling_for(m, t.classify_pooling)
         if getattr(m, "mtp_depth", 0):
@@ -118,11 +120,6 @@ class Classify(Objective):
     def prepare_data(self, cfg: Any, progress=None):
         """The labelled task (:func:`archlab.data.splice.splice_task`) under the pre-trained run's tokenizer
         (built in memory: ``progress`` has no cache stage to report)."""
-        from archlab.data import build_corpus, build_tokenizer
-        from archlab.data.splice import read_split_documents, splice_task
-        from archlab.data.tokenizer import Tokenizer
-        from archlab.train.run_folder import TOKENIZER
-
         d, t = cfg.data, cfg.train
         corpus = build_corpus(d)
         texts = read_split_documents(corpus, int(d.seed), float(d.val_fraction), d.max_bytes)
@@ -144,11 +141,6 @@ class Classify(Objective):
 
     def build_model(self, cfg: Any) -> nn.Module:
         """The classifier, its trunk loaded by name from ``train.init_from`` (a fresh head either way)."""
-        from archlab.config.load import model_config
-        from archlab.data.splice import N_CLASSES
-        from archlab.model.classifier import Classifier, load_pretrained
-        from archlab.train.checkpoint import WEIGHTS
-
         model = Classifier(model_config(cfg), N_CLASSES, cfg.train.classify_pooling)
         ckpt = pretrained_checkpoint(cfg.train)
         if ckpt is not None:
@@ -186,12 +178,10 @@ class Classify(Objective):
     @classmethod
     def forward_flops(cls, cfg: Any, seq_len: int) -> dict[str, float]:
         """The head: one D x C product per window, per input token (counted under ``lm_head``)."""
-        from archlab.data.splice import N_CLASSES
-
         return {"lm_head": 2.0 * cfg.d_model * N_CLASSES / seq_len}
 
     @classmethod
-    def saved_bytes(cls, s: Any, loss: str, checkpointing: str) -> dict[str, float]:
+    def saved_bytes(cls, s: Any, loss: str, checkpointing: str, block_bytes: Any = None) -> dict[str, float]:
         raise ValueError("train.objective=classify: the memory model of the classification head is not derived")
 
 

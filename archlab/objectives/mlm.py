@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from archlab.errors import fail
 from archlab.nn.heads import HeadTransform
-from archlab.nn.loss import IGNORE_INDEX
+from archlab.nn.loss import IGNORE_INDEX, lm_loss
 from archlab.objectives.base import OBJECTIVES, Loss, Objective, accuracy_row, scored_targets
 from archlab.objectives.causal_lm import head_loss_bytes
 
@@ -108,8 +108,6 @@ class MaskedLM(Objective):
         return Loss(main=out.loss.float(), aux=out.aux_loss.float())
 
     def logits_loss(self, model: nn.Module, x_BW: Tensor, *, step: int = 0, micro: int = 0) -> Tensor:
-        from archlab.nn.loss import lm_loss
-
         inputs, targets = self.select(x_BW, TRAIN_STREAM, step, micro)  # the same masks as :meth:`loss`
         out = model(inputs)
         return lm_loss(out.logits, targets) + out.aux_loss.float()
@@ -130,7 +128,7 @@ class MaskedLM(Objective):
         return {"lm_head": 2.0 * cfg.d_model * cfg.vocab_size, "head_transform": transform}
 
     @classmethod
-    def saved_bytes(cls, s: Any, loss: str, checkpointing: str) -> dict[str, float]:
+    def saved_bytes(cls, s: Any, loss: str, checkpointing: str, block_bytes: Any = None) -> dict[str, float]:
         if loss != "fused":
             raise ValueError(f"loss={loss!r}: masked-token prediction trains with the fused loss only")
         transform = HeadTransform.saved_bytes(s) if s.cfg.head_transform else 0.0

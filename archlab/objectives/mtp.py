@@ -56,11 +56,9 @@ class MultiTokenPrediction(Objective):
         return {"lm_head": 2.0 * cfg.d_model * cfg.vocab_size, "mtp": cfg.mtp_depth * per_module}
 
     @classmethod
-    def saved_bytes(cls, s: Any, loss: str, checkpointing: str) -> dict[str, float]:
-        from archlab.costs.memory import layer_saved_bytes
-
+    def saved_bytes(cls, s: Any, loss: str, checkpointing: str, block_bytes: Any = None) -> dict[str, float]:
         cfg = s.cfg
-        block = layer_saved_bytes(s, mtp_layer(cfg), checkpointing)
+        block = block_bytes(mtp_layer(cfg))  # the cost model's bytes of one block built as that layer
         # module 1 reads the last block's output, which the final norm keeps under pre-LN; module k > 1 reads
         # module k-1's block output, which its output norm keeps
         mtp = sum(MTPModule.saved_bytes(s, block, input_kept=k > 1 or cfg.norm.placement == "pre")

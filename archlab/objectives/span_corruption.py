@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from archlab.errors import fail
+from archlab.nn.loss import lm_loss
 from archlab.objectives.base import OBJECTIVES, Loss, Objective, accuracy_row, scored_targets
 from archlab.objectives.causal_lm import head_loss_bytes
 from archlab.objectives.mlm import EVAL_STREAM, TRAIN_STREAM, draw_generator
@@ -143,8 +144,6 @@ class SpanCorruption(Objective):
         return Loss(main=out.loss.float(), aux=out.aux_loss.float())
 
     def logits_loss(self, model: nn.Module, x_BW: Tensor, *, step: int = 0, micro: int = 0) -> Tensor:
-        from archlab.nn.loss import lm_loss
-
         encoder, decoder, targets = self.corrupt(x_BW, TRAIN_STREAM, step, micro)  # the same spans as :meth:`loss`
         out = model(encoder, decoder)
         return lm_loss(out.logits, targets) + out.aux_loss.float()
@@ -165,7 +164,7 @@ class SpanCorruption(Objective):
         return {"lm_head": 2.0 * cfg.d_model * cfg.vocab_size}
 
     @classmethod
-    def saved_bytes(cls, s: Any, loss: str, checkpointing: str) -> dict[str, float]:
+    def saved_bytes(cls, s: Any, loss: str, checkpointing: str, block_bytes: Any = None) -> dict[str, float]:
         """The fused head and loss over the decoder's tokens (``s``: the decoder's shape)."""
         if loss != "fused":
             raise ValueError(f"loss={loss!r}: span corruption trains with the fused loss only")

@@ -7,8 +7,8 @@
     opt = build_optimizer(model, cfg.train)       # the torch optimizer train.optimizer names
     set_lr(opt, lr_at(step, cfg.train))           # every step: the schedule's lr times each group's lr_scale
 
-This package sits outside ``archlab.train`` because the recipe schema composes the optimizers'
-config dataclasses (``MuonConfig``) and ``archlab.train`` imports the config package.
+This package sits with the components, below the recipe schema, which composes the optimizers' config
+dataclasses (``MuonConfig``).
 """
 
 from __future__ import annotations

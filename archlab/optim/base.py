@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from archlab.errors import fail
+from archlab.nn.moe.router import Router
 from archlab.nn.mup import hidden_matrices, width_mult
 from archlab.registry import Registry
 
@@ -65,8 +66,6 @@ def param_roles(model: nn.Module) -> list[tuple[str, nn.Parameter, str]]:
     in_blocks: set[int] = set()
     gates: set[int] = set()
     if isinstance(blocks, nn.Module):
-        from archlab.nn.moe.router import Router
-
         parts = ("mtp", "head_transform", "encoder_blocks")  # MTP modules, BERT's head, T5's encoder stack
         stacks = [blocks] + [getattr(body, p) for p in parts if isinstance(getattr(body, p, None), nn.Module)]
         in_blocks = {id(p) for stack in stacks for p in stack.parameters()}

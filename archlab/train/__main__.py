@@ -12,10 +12,15 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
+from archlab.config import RecipeError, load_recipe
+from archlab.config.keys import keys_help
+from archlab.config.load import warmup_note
+from archlab.train import CheckpointError, NonFiniteError, train
+from archlab.train.console import closing_lines
+from archlab.train.dist import shutdown_distributed
+
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from archlab.config.keys import keys_help
-
     parser = argparse.ArgumentParser(prog="python -m archlab.train", description="Train a recipe.",
                                      epilog=keys_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", help="recipe YAML file, e.g. recipes/llama/tiny.yaml")
@@ -25,8 +30,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.print_config:
         return _print_config(args.recipe, args.overrides)
-
-    from archlab.train.dist import shutdown_distributed
 
     status = 1  # an unexpected exception: Python prints it and exits 1
     try:
@@ -46,9 +49,6 @@ def _origin(recipe: str, overrides: Sequence[str]) -> str:
 def _print_config(recipe: str, overrides: Sequence[str]) -> int:
     from omegaconf import OmegaConf
 
-    from archlab.config import RecipeError, load_recipe
-    from archlab.config.load import warmup_note
-
     try:
         cfg = load_recipe(recipe, overrides)
     except RecipeError as e:
@@ -62,10 +62,6 @@ def _print_config(recipe: str, overrides: Sequence[str]) -> int:
 
 
 def _train(recipe: str, overrides: Sequence[str]) -> int:
-    from archlab.config import RecipeError, load_recipe
-    from archlab.train import CheckpointError, NonFiniteError, train
-    from archlab.train.console import closing_lines
-
     try:
         cfg = load_recipe(recipe, overrides)
         summary = train(cfg, _origin(recipe, overrides))

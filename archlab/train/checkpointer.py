@@ -7,9 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-import archlab
+from archlab.io import write_json_atomic
 from archlab.train import checkpoint as ckpt
 from archlab.train.dist import barrier
+from archlab.version import __version__
 
 
 def save_checkpoint(trainer, elapsed: float) -> Path:
@@ -23,11 +24,11 @@ def save_checkpoint(trainer, elapsed: float) -> Path:
     weights = trainer.backend.save(tmp, trainer.model)  # its optimizer files; the full weights for rank 0
     if info.is_main:
         ckpt.save_model_weights(weights, tmp / ckpt.WEIGHTS)
-        ckpt.write_json_atomic(tmp / ckpt.STATE, {
+        write_json_atomic(tmp / ckpt.STATE, {
             "step": step, "tokens": trainer.tokens, "elapsed_s": elapsed, "world_size": info.world_size,
             "global_batch": t.micro_batch_size * t.grad_accum * info.world_size,
             **trainer.backend.checkpoint_fields(),  # deepspeed, zero_stage, ep_size
-            "archlab_version": archlab.__version__,
+            "archlab_version": __version__,
             "branch": trainer.branch})
         ckpt.save_recipe(trainer.cfg, tmp / ckpt.RECIPE)
     barrier()

@@ -7,7 +7,9 @@ import math
 from typing import Any, Optional
 
 from archlab.config.load import warmup_note
+from archlab.config.schema import model_config
 from archlab.costs import param_counts
+from archlab.train.parallel import resolve_precision
 
 
 def _si(x: float, unit: str = "") -> str:
@@ -27,11 +29,8 @@ def duration(seconds: float) -> str:
 
 def start_block(trainer, origin: Optional[str] = None) -> list[str]:
     """The lines printed once before the first step: what runs, how big, how fast it can go, where it writes."""
-    import archlab
-    from archlab.train.parallel import resolve_precision
-
     cfg, t, info = trainer.cfg, trainer.cfg.train, trainer.info
-    counts = param_counts(archlab.model_config(cfg))
+    counts = param_counts(model_config(cfg))
     params = f"parameters {counts.total:,} total, {counts.active:,} active, {counts.embedding:,} embedding"
     if counts.lm_head:
         params += f" (+ {counts.lm_head:,} untied LM head)"

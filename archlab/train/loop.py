@@ -26,14 +26,15 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-import archlab
+from archlab import trackers
+from archlab.config.schema import model_config
 from archlab.costs import training_flops_per_token
 from archlab.costs.peak import peak_flops
 from archlab.data import unigram_entropy
 from archlab.model.checkpointing import allow_compiled_recomputation
 from archlab.objectives import Loss, Objective, objective_for
 from archlab.train import checkpoint as ckpt
-from archlab.train import console, record, trackers
+from archlab.train import console, record
 from archlab.train.backends import Backend, select_backend
 from archlab.train.callbacks import Callback, choose
 from archlab.train.callbacks.branch import starts_branch
@@ -49,7 +50,7 @@ from archlab.train.run_folder import MetricsLog
 
 def flops_per_token(cfg: DictConfig) -> tuple[float, str]:
     """Training matmul FLOPs per token, and where the figure comes from."""
-    flops = training_flops_per_token(archlab.model_config(cfg), cfg.train.seq_len, str(cfg.train.objective))
+    flops = training_flops_per_token(model_config(cfg), cfg.train.seq_len, str(cfg.train.objective))
     return float(flops), "archlab.costs.training_flops_per_token"
 
 

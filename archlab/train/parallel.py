@@ -19,6 +19,7 @@ from accelerate.utils import DistributedType, ProjectConfiguration, parse_flag_f
 from torch import nn
 
 from archlab.config.validate import RecipeError
+from archlab.trackers import check_accepted
 
 
 def resolve_precision(precision: str) -> str:
@@ -45,7 +46,7 @@ def _multi_process_without_gpu() -> bool:
 
 def make_accelerator(train_cfg, trackers: Sequence[str] = ()) -> Accelerator:
     """An Accelerator for the launcher's setup with the recipe's precision and accumulation, and
-    ``trackers`` (``log_with``; :mod:`archlab.train.trackers` points them at the run folder once
+    ``trackers`` (``log_with``; :mod:`archlab.trackers` points them at the run folder once
     it is known: accelerate wants a logging folder now, the output folder stands in)."""
     logging = {}
     if trackers:
@@ -59,8 +60,6 @@ def make_accelerator(train_cfg, trackers: Sequence[str] = ()) -> Accelerator:
         **logging,
     )
     if trackers:
-        from archlab.train.trackers import check_accepted
-
         check_accepted(accelerator, trackers)
     return accelerator
 

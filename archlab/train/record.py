@@ -11,8 +11,9 @@ from typing import Any, Optional
 
 import torch
 
-import archlab
 from archlab.config.validate import RecipeError
+from archlab.io import write_json_atomic
+from archlab.model import num_params
 from archlab.train import checkpoint as ckpt
 from archlab.train.dist import broadcast_object
 from archlab.train.parallel import resolve_precision
@@ -83,7 +84,7 @@ def start_run_folder(trainer, resume_from: Optional[Path], resumes_here: bool) -
         **trainer.backend.describe(),  # backend, deepspeed_config
         "mixed_precision": resolve_precision(cfg.train.precision),
         "torch_threads": torch.get_num_threads(),
-        "n_params": archlab.num_params(cfg),
+        "n_params": num_params(cfg),
         "flops_per_token": trainer.flops_per_token,
         "flops_per_token_source": trainer.flops_source,
         "peak_flops": trainer.peak_flops,
@@ -135,12 +136,12 @@ def summarize(trainer, status: str, message: str, elapsed: float) -> dict[str, A
         "mean_mfu": (sum(r["mfu"] for r in train) / len(train)) if train else None,
         "flops_per_token": trainer.flops_per_token,
         "training_flops": trainer.flops_per_token * trainer.tokens,
-        "n_params": archlab.num_params(trainer.cfg),
+        "n_params": num_params(trainer.cfg),
         # every resume that changed train settings (train.resume_allow_changes), oldest first
         "resume_changes": read_jsonl(run / RESUME_CHANGES) if (run / RESUME_CHANGES).is_file() else [],
     })
     try:
-        ckpt.write_json_atomic(run / SUMMARY, summary)
+        write_json_atomic(run / SUMMARY, summary)
         if train:
             plot_losses(run, trainer.cfg.name)
     finally:

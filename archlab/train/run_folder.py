@@ -29,19 +29,21 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from archlab.checkpoints import TOKENIZER  # noqa: F401  (a run folder file, named with the checkpoints)
+from archlab.config.schema import TrainConfig
 from archlab.config.validate import RecipeError
 from archlab.io import read_jsonl, write_json_atomic, write_text_atomic  # noqa: F401  (read_jsonl re-exported)
 from archlab.optim import schedule_class
 from archlab.train import checkpoint as ckpt
 from archlab.train.checkpoint import RECIPE, RUN_MARKER  # noqa: F401  (the run's names, all here)
 from archlab.train.optim import lr_at
+from archlab.version import __version__
 
 # the files of a run folder, named once (analysis/ and tools/ import them from here)
 METRICS = "metrics.jsonl"
 ROUTING = "routing.jsonl"
 SUMMARY = "summary.json"
 ENV = "env.json"
-TOKENIZER = "tokenizer.json"
 LOSS_PLOT = "loss.png"
 RESUME_CHANGES = "resume_changes.jsonl"
 
@@ -108,9 +110,7 @@ def library_versions() -> dict[str, Optional[str]]:
 
 
 def write_env(run_dir: Path, env: dict[str, Any]) -> None:
-    import archlab
-
-    full = {"archlab_version": archlab.__version__, "git_commit": git_commit(), "python": platform.python_version(),
+    full = {"archlab_version": __version__, "git_commit": git_commit(), "python": platform.python_version(),
             "platform": platform.platform(), "versions": library_versions(), **env}
     write_json_atomic(run_dir / ENV, full)
 
@@ -354,8 +354,6 @@ def resume_changes(cfg: DictConfig, ckpt_dir: Path, world_size: int = 1) -> list
     ``[{"key": "train.max_steps", "checkpoint": 200, "run": 80}, ...]``, every key of the schema except
     :data:`RESUME_FREE`, compared with the checkpoint's recipe.yaml (a key that recipe lacks, written by an
     older archlab, counts at its schema default), and the global batch compared with state.json's."""
-    from archlab.config.schema import TrainConfig
-
     defaults = _train_leaves(OmegaConf.to_container(OmegaConf.structured(TrainConfig)))
     saved_node = OmegaConf.load(ckpt_dir / ckpt.RECIPE).get("train")
     saved = _train_leaves(OmegaConf.to_container(saved_node, resolve=True) if saved_node is not None else {})

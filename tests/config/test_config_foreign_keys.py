@@ -16,9 +16,10 @@ import torch
 
 import archlab
 from archlab import RecipeError
-from archlab.config.options import CHOICES, CONDITIONS, _get, leaf_keys
+from archlab.config.options import CHOICES, CONDITIONS, leaf_keys
 from archlab.config.schema import TrainConfig
 from archlab.model import model_class
+from archlab.options import _get
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA = ROOT / "recipes/llama/tiny.yaml"

@@ -16,7 +16,8 @@ import pytest
 import archlab
 from archlab.config import RecipeError
 from archlab.data import DataError, ShardedTokens, TokenBatches, eval_windows, prepare_data, unigram_entropy
-from archlab.data.tokens import LLMC_HEADER_BYTES, NoTokenizer, count_ids, open_shard
+from archlab.data.shards import LLMC_HEADER_BYTES, open_shard
+from archlab.data.tokens import NoTokenizer, count_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA = ROOT / "recipes/llama/tiny.yaml"

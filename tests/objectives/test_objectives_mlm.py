@@ -174,7 +174,7 @@ def test_mlm_probability_is_refused_where_nothing_reads_it():
 def test_the_tokenizer_leaves_the_mask_id_free(tmp_path):
     """The BPE of an MLM recipe has vocab_size - 1 ids (the mask id never occurs in the data); a causal
     recipe's BPE keeps all vocab_size ids (its cache and numbers unchanged)."""
-    from archlab.data import prepare_data
+    from archlab.objectives import token_data as prepare_data
 
     common = [f"data.cache_dir={tmp_path}", "data.max_bytes=60000", "train.seq_len=32"]
     mlm = prepare_data(bert(*common))

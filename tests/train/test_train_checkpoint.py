@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import archlab
+from archlab.io import write_json_atomic
 from archlab.train import checkpoint as ckpt
 from archlab.train.checkpoint import CheckpointError
 
@@ -14,7 +15,7 @@ from archlab.train.checkpoint import CheckpointError
 def _save(run, step, model, keep_last=3, cfg=None):
     tmp = ckpt.begin(run, step)
     ckpt.save_model_weights(model, tmp / ckpt.WEIGHTS)
-    ckpt.write_json_atomic(tmp / ckpt.STATE, {"step": step, "tokens": step * 10})
+    write_json_atomic(tmp / ckpt.STATE, {"step": step, "tokens": step * 10})
     if cfg is not None:
         ckpt.save_recipe(cfg, tmp / ckpt.RECIPE)
     return ckpt.finish(run, step, keep_last)

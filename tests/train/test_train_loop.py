@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from archlab import checkpoints
 from archlab.config import RecipeError
 from archlab.train import NonFiniteError, Trainer, train
 from archlab.train import checkpoint as ckpt
@@ -183,8 +184,9 @@ def test_crafted_pickle_in_checkpoint_is_refused(tiny_cfg, tmp_path):
 
     torch.save({"state": Evil(), "param_groups": []}, c / ckpt.OPTIMIZER)
     # the attacker also rewrites the manifest, so only the safe loader stands in the way
-    files = {n: {"bytes": (c / n).stat().st_size, "sha256": ckpt._sha256(c / n)} for n in ckpt._files_under(c)}
-    ckpt.write_json_atomic(c / ckpt.MANIFEST, {"step": 4, "files": files})
+    files = {n: {"bytes": (c / n).stat().st_size, "sha256": checkpoints._sha256(c / n)}
+             for n in checkpoints._files_under(c)}
+    checkpoints.write_json_atomic(c / ckpt.MANIFEST, {"step": 4, "files": files})
     with pytest.raises(ckpt.CheckpointError, match="optimizer.pt"):
         train(tiny_cfg("train.max_steps=6", "train.resume=auto", "train.resume_allow_changes=true"))
     assert not marker.exists()

@@ -74,6 +74,10 @@ class CausalSelfAttention(Attention):
             fail(f"{prefix}.n_kv_heads", kv, "must be a positive number (1 = MQA, n_heads = MHA)")
         if m.n_heads % kv:
             fail(f"{prefix}.n_kv_heads", kv, f"n_heads ({m.n_heads}) must be divisible by n_kv_heads")
+        rot = cls.rotary_dim(m)
+        if position_class(m).rotates_qk and rot % 2:  # RoPE's rule on this attention's head dim
+            fail(f"{prefix}.n_heads", m.n_heads,
+                 f"rope rotates pairs of channels: the rotated head dim = {rot} must be even")
 
     @classmethod
     def num_params(cls, cfg: "ModelConfig", *, layer: int) -> int:

@@ -20,51 +20,7 @@ z_loss              z_loss_coeff            ST-MoE router z-loss
 expert_bias         bias_update_rate        aux-loss-free selection bias (no loss; a step update)
 ==================  ======================  ===========================================================
 
-Switch normalisation used by archlab (Megatron-Core's, not HF Mixtral's):
-
-    f_i = c_i / (K * N)                   share of the N*K routed slots that chose expert i
-    P_i = mean over tokens of p_i         mean router probability of expert i
-    L_aux = coeff * E * sum_i f_i * P_i
-
-so sum_i f_i = 1 and a perfectly balanced router gives L_aux = coeff for every K. HF Mixtral's
-``load_balancing_loss_func`` omits the division by K (its value is K times larger). The counts
-``c_i`` are the router's choices before capacity dropping; f is not differentiated.
-
-Sequence-wise loss (DeepSeek-V3): the same quantity per sequence, averaged over the B sequences.
-Router z-loss (ST-MoE): coeff * mean over tokens of logsumexp(logits)^2.
-Aux-loss-free balancing (Wang et al. 2024): after each optimizer step, b_i += u * sign(mean(c) - c_i)
-with the step's counts summed over ranks; the router adds b to the scores only to choose experts.
-
-Global-batch auxiliary loss (Qiu et al. 2025, "Demons in the detail", arXiv 2501.11873;
-Megatron-Core ``moe_router_load_balancing_type: global_aux_loss``). On rank r, in the m-th
-micro-batch of an optimizer step:
-
-    C_i = sum over micro-batches m' <= m and over ranks of c_i     (all-reduced in the forward)
-    T   = sum over the same micro-batches and ranks of the tokens
-    f_i = C_i / (K * T)
-    L   = coeff * E * sum_i f_i * P_i(m, r)         P over the rank's own N tokens of micro-batch m
-
-The running sums are Megatron's (``global_tokens_per_expert`` / ``ga_steps``; with equal
-micro-batches C / m is its averaged count) and start from zero at :func:`start_step`, which the
-trainer calls before the first micro-batch of every optimizer step. What this makes exact:
-
-- The data-parallel ranks of one micro-batch: the gradient averaged over R ranks (what
-  data-parallel training applies) is coeff * E * sum_i f_i * grad P_i over all R*N tokens, the
-  gradient of the Switch loss of the whole global batch; for a single micro-batch per step it
-  equals the gradient of one process routing all R*N tokens at once.
-- 1 process x 2 micro-batches against 2 processes x 1 (the same tokens): the step's final counts
-  C are equal, so are the fractions f of the last micro-batch and that micro-batch's loss and
-  gradient. The first micro-batch differs: its backward runs before the second micro-batch's
-  forward, so it can only use the counts seen so far (its own, f of micro-batch 1) where a rank of
-  the 2-process run already has both. No definition can give both runs the same gradient without
-  keeping every micro-batch's graph until the step's last forward (or using the counts of an
-  earlier step); archlab follows Megatron-Core. ``tests/parallel/test_parallel_balance.py`` checks
-  each of these equalities.
-
-Outside training (``model.eval()``) the term uses the forward's own counts, without all-reduce
-(an evaluation may run on one rank), which equals ``aux_loss``. When activation checkpointing
-runs a block's forward again in backward, the term reuses the fractions of the first forward
-(the counts are neither summed nor all-reduced twice).
+The normalisation of each term and what the global-batch loss makes exact: docs/methods/balancing.md.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from archlab.errors import fail
 from archlab.nn.moe.experts import Dispatch
+from archlab.nn.moe.layer import MoEConfig
 from archlab.nn.moe.router import FP32_BYTES, Router, Routing, _register
 
 if TYPE_CHECKING:
@@ -93,8 +94,6 @@ class ExpertChoiceRouter(Router):
 
     @classmethod
     def validate(cls, m, prefix: str = "model") -> None:
-        from archlab.nn.moe.layer import MoEConfig
-
         e, key = m.moe, f"{prefix}.moe"
         if e.capacity_factor is None or not 0 < e.capacity_factor <= e.num_experts:
             fail(f"{key}.capacity_factor", e.capacity_factor, f"expert_choice needs the mean experts per token, in "

@@ -25,6 +25,12 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from archlab.parallel.expert import (
+    ExpertParallelClipping,
+    attach_to_deepspeed_engine,
+    consolidated_state_dict,
+    enable_expert_parallel,
+)
 from archlab.train import checkpoint as ckpt
 from archlab.train.backends.base import Launch, WeightsToSave
 from archlab.train.backends.zero import DeepSpeedBackend
@@ -66,13 +72,9 @@ class ExpertBackend(DeepSpeedBackend):
                                        "processes; resume with the same number of processes)")
 
     def shard(self, model: nn.Module) -> None:
-        from archlab.parallel.expert import enable_expert_parallel
-
         enable_expert_parallel(model, self.launch.ep_size)
 
     def after_engine(self, model: nn.Module, restore_from: Optional[Path]) -> None:
-        from archlab.parallel.expert import attach_to_deepspeed_engine
-
         attach_to_deepspeed_engine(self.engine, model)  # expert gradients reduced over their group
 
     @abstractmethod
@@ -80,8 +82,6 @@ class ExpertBackend(DeepSpeedBackend):
         """What holds this rank's optimizer state (saved as ``optimizer_rank<r>.pt``)."""
 
     def save(self, folder: Path, model: nn.Module) -> WeightsToSave:
-        from archlab.parallel.expert import consolidated_state_dict
-
         weights = consolidated_state_dict(model)  # each rank holds its experts: gathered (collective)
         torch.save(self.rank_optimizer().state_dict(), folder / ckpt.rank_optimizer_name(self.info.rank))
         return weights
@@ -107,8 +107,6 @@ class ExpertZero0Backend(ExpertBackend):
         conf["gradient_clipping"] = 0.0  # clipped by ExpertParallelClipping (true global norm)
 
     def after_engine(self, model: nn.Module, restore_from: Optional[Path]) -> None:
-        from archlab.parallel.expert import ExpertParallelClipping
-
         super().after_engine(model, restore_from)
         self.clipping = ExpertParallelClipping(self.optimizer, self.cfg.train.grad_clip)
 

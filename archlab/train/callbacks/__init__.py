@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from archlab.nn.moe import moe_layers
+from archlab.trackers import requested as trackers_requested
 from archlab.train.callbacks.base import Callback, Trainer
 from archlab.train.callbacks.branch import Branch
 from archlab.train.callbacks.metrics import MetricsLogger
@@ -19,7 +20,6 @@ from archlab.train.callbacks.nonfinite import NonFinitePolicy
 from archlab.train.callbacks.router_trace import RouterTracing
 from archlab.train.callbacks.trackers import Trackers
 from archlab.train.router_trace import tracer_for
-from archlab.train.trackers import requested as trackers_requested
 
 
 def choose(trainer: Trainer) -> list[Callback]:

@@ -1,4 +1,4 @@
-"""Experiment trackers (``train.trackers``: TensorBoard, wandb, MLflow; :mod:`archlab.train.trackers`):
+"""Experiment trackers (``train.trackers``: TensorBoard, wandb, MLflow; :mod:`archlab.trackers`):
 each gets a copy of every metrics row, the recipe as hyperparameters, and the run folder's name.
 metrics.jsonl stays the run's record. Chosen on the main process when the recipe names a tracker.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from archlab.train import trackers
+from archlab import trackers
 from archlab.train.callbacks.base import Callback, Trainer
 
 

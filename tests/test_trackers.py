@@ -16,9 +16,10 @@ import pytest
 from accelerate.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker
 
 import archlab
+from archlab import trackers
 from archlab.config import RecipeError
-from archlab.train import Trainer, trackers, train
-from archlab.train.trackers import TRACKERS, Tracker, recipe_hparams, row_values
+from archlab.trackers import TRACKERS, Tracker, recipe_hparams, row_values
+from archlab.train import Trainer, train
 
 
 class MemoryTracker(GeneralTracker):
