@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 import torch
 
 from tools.explore.load import load
+from tools.explore.server import Explorer, bind, make_server
 
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--no-first-run"]
@@ -38,8 +39,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--repeats", type=int, default=10)
     args = p.parse_args(argv)
     from playwright.sync_api import sync_playwright
-
-    from tools.explore.server import Explorer, bind, make_server
 
     torch.set_num_threads(1)
     ex = load(args.recipe)

@@ -11,11 +11,11 @@ one MoE layer on B x S tokens of width D: archlab, HF's block with its default (
 experts) and with its ``grouped_mm`` experts implementation (the default inside HF models), and
 DeepSpeed; all paths with SwiGLU experts of the same shape and
 dropless routing (DeepSpeed with ``drop_tokens=False``, which pads every expert to the largest
-expert's load), so the useful FLOPs are the same. The step case is ``tools.bench``'s training
-step (forward, loss, backward, AdamW) on the Mixtral-tiny recipe and its HF export: archlab with
-a logits cross-entropy against HF with its own ``labels`` loss, both with their balancing loss;
-archlab with its fused LM-head loss is timed too (``tools.bench``'s mixtral-small case is the
-same comparison at d=256).
+expert's load), so the useful FLOPs are the same. The step case is the training step of
+``tools.bench_harness`` (forward, loss, backward, AdamW) on the Mixtral-tiny recipe and its HF
+export: archlab with a logits cross-entropy against HF with its own ``labels`` loss, both with
+their balancing loss; archlab with its fused LM-head loss is timed too (``tools.bench_dense``'s
+mixtral-small case is the same comparison at d=256).
 
 Timings are interleaved round by round with alternating order (the machine is shared and noisy);
 the reported ratio is the median over rounds of (other path's time / archlab's time), so > 1
@@ -51,6 +51,7 @@ from archlab.costs.flops import moe_layer_flops, training_flops_per_token
 from archlab.nn.ffn import SwiGLU
 from archlab.nn.moe import MoELayer, routing_stats
 from archlab.nn.moe.router import uniform_routing
+from tools.bench_harness import ARCHLAB, LOGITS, Case, Runner, build_runners, gemm_flops_per_s
 
 
 @dataclass(frozen=True)
@@ -162,11 +163,9 @@ def build_layer_paths(case: LayerCase, batch: int, seq_len: int, d_model: int,
 
 
 def build_step_paths(batch: int, seq_len: int, routing: str = "learned") -> tuple[list[Timed], float]:
-    """tools.bench's runners on Mixtral-tiny: archlab with a logits cross-entropy first, then HF
+    """The harness's runners on Mixtral-tiny: archlab with a logits cross-entropy first, then HF
     with its own ``labels`` loss and archlab with its fused LM-head loss (+ the first under forced
     uniform routing with ``routing="uniform"``)."""
-    from tools.bench import ARCHLAB, LOGITS, Case, Runner, build_runners
-
     runners = {r.label: r for r in build_runners(Case("mixtral-tiny", "recipes/mixtral/tiny.yaml", (), batch, seq_len))}
     ours = runners.pop(LOGITS)
     fused = runners.pop(ARCHLAB)
@@ -185,8 +184,6 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[di
     ``routing="uniform"``, one per case for learned against uniform routing (``kind: routing``).
     ``args`` needs moe_cases, rounds, steps, batch, seq_len, d_model, threads, routing (missing
     ones take the defaults)."""
-    from tools.bench import gemm_flops_per_s
-
     defaults = vars(parse_args([]))
     opt = argparse.Namespace(**{**defaults, **{k: v for k, v in vars(args).items() if v is not None}})
     cases = [c for c in (opt.moe_cases or ALL_CASES)]

@@ -27,19 +27,19 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+import torch
+
+import archlab
+from archlab.io import read_jsonl
+from archlab.train import Trainer
+from archlab.train.callbacks import MetricsLogger, RouterTracing
+from archlab.train.router_trace import INDEX, STEPS, TRACE_DIR
+
 
 def measure(recipe: str, overrides: Sequence[str] = (), pairs: int = 20, warmup: int = 2,
             out_dir: Optional[str] = None) -> dict:
     """Time ``pairs`` traced/untraced step pairs of ``recipe`` (+ ``overrides``) in one process;
     returns the per-step times, the median ratio, the ratio of sums and the trace's own seconds."""
-    import torch
-
-    import archlab
-    from archlab.io import read_jsonl
-    from archlab.train import Trainer
-    from archlab.train.callbacks import MetricsLogger, RouterTracing
-    from archlab.train.router_trace import INDEX, STEPS, TRACE_DIR
-
     out_dir = out_dir or tempfile.mkdtemp(prefix="bench-router-trace-")
     steps = 2 * (pairs + warmup)
     cfg = archlab.load_recipe(recipe, [*overrides, f"train.max_steps={steps + 1}", "train.router_trace_every=1",
@@ -113,8 +113,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.pairs < 1 or args.warmup < 0:
         print("error: --pairs must be >= 1 and --warmup >= 0", file=sys.stderr)
         return 2
-    import torch
-
     torch.set_num_threads(max(1, args.threads))
     r = measure(args.recipe, args.set, args.pairs, args.warmup, args.out_dir)
     print(json.dumps(r, indent=2) if args.json else report(r))

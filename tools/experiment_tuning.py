@@ -44,13 +44,15 @@ bracketed, and what tuning cost (runs and the sum of their wall times, against t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Optional, Sequence
 
 from analysis import lr_choice
 from analysis.experiment_spec import Spec, Tune
-from archlab.config import RecipeError
+from analysis.runs import LEARN_MARGIN, open_run
+from archlab.config import RecipeError, load_recipe
 from tools import sweep
 
 KEYS = ("lr", "budget_fraction", "seed", "max_extend", "shared", "mup")
@@ -134,8 +136,6 @@ def final_loss(run_dir: str) -> Optional[float]:
         return math.inf
     if state != "finished":
         return None
-    from analysis.runs import open_run
-
     loss = open_run(run_dir).final_val_loss
     return float(loss) if loss is not None and math.isfinite(loss) else math.inf
 
@@ -143,8 +143,6 @@ def final_loss(run_dir: str) -> Optional[float]:
 def did_not_learn(run_dir: str) -> bool:
     """A finished run whose final validation loss is within ``LEARN_MARGIN`` of its training split's
     unigram entropy: it learned token frequencies and nothing more (``analysis.experiments``)."""
-    from analysis.runs import LEARN_MARGIN, open_run
-
     run = open_run(run_dir)
     loss, unigram = run.final_val_loss, (run.summary or {}).get("unigram_entropy_train")
     if loss is None or unigram is None or not math.isfinite(loss):
@@ -192,10 +190,6 @@ def run(spec: Spec, arms, *, jobs: int = 1, threads: Optional[int] = None, log=p
 def mup_base_arm(arms):
     """The arm at the muP base width (every arm must train under muP with one base width); when no
     arm is that wide, the first arm narrowed to it."""
-    import dataclasses
-
-    from archlab.config import load_recipe
-
     widths, base = set(), None
     for a in arms:
         m = load_recipe(a.recipe, a.overrides).model

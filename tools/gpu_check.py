@@ -53,6 +53,12 @@ from typing import Callable, Mapping, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+import archlab
+from archlab.config import RecipeError
+from archlab.costs import activation_memory, param_counts, training_flops_per_token, training_memory
+from archlab.costs.measure import training_loss
+from archlab.costs.peak import PEAK_FLOPS
+from archlab.nn.loss import lm_loss
 from archlab.objectives.causal_lm import CausalLM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,8 +87,6 @@ def lookup_peak_flops(device_name: str, override: Optional[float] = None,
     """(peak bf16 FLOP/s, where it comes from): ``override`` (the CLI), else ``$ARCHLAB_PEAK_FLOPS``,
     else the trainer's per-device table (first key contained in the device name). None for a
     device the table does not know: MFU is then not reported."""
-    from archlab.costs.peak import PEAK_FLOPS
-
     env = os.environ if env is None else env
     if override is not None:
         return _positive_flops(override, "--peak-flops"), "--peak-flops"
@@ -211,15 +215,11 @@ class MasterWeightsAdamW:
 
 def fused_loss(model: nn.Module, ids_BS1: Tensor) -> Tensor:
     """The trainer's loss: fused LM head + cross-entropy, plus the MoE balancing terms."""
-    from archlab.costs.measure import training_loss
-
     return training_loss(model, ids_BS1)
 
 
 def logits_loss(model: nn.Module, ids_BS1: Tensor) -> Tensor:
     """The reference cross-entropy over fp32 (B, S, V) logits (``archlab.nn.loss.lm_loss``)."""
-    from archlab.nn.loss import lm_loss
-
     inputs_BS, targets_BS = CausalLM.split(ids_BS1, 1)
     out = model(inputs_BS)
     return lm_loss(out.logits, targets_BS) + out.aux_loss.float()
@@ -246,8 +246,6 @@ class Case:
 
 
 def build_case(recipe: str, batch: Optional[int], seq_len: Optional[int], device: torch.device) -> Case:
-    import archlab
-
     path = Path(recipe) if Path(recipe).is_absolute() else ROOT / recipe
     cfg = archlab.load_recipe(path)
     b, s = DEFAULT_SHAPES.get(cfg.name, (cfg.train.micro_batch_size, cfg.train.seq_len))
@@ -304,9 +302,6 @@ def profiled_ops(case: Case) -> dict[str, int]:
 def check_case(recipe: str, args: argparse.Namespace, device: torch.device, peak: Optional[float]) -> tuple[dict, list]:
     """Everything the table says about one recipe, and its notes."""
     from torch.nn.attention import SDPBackend
-
-    import archlab
-    from archlab.costs import activation_memory, param_counts, training_flops_per_token, training_memory
 
     case = build_case(recipe, args.batch, args.seq_len, device)
     b, s = case.ids_BS1.shape[0], case.ids_BS1.shape[1] - 1
@@ -422,8 +417,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "(torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     try:
-        from archlab.config import RecipeError
-
         for recipe in args.recipes:
             if not (Path(recipe) if Path(recipe).is_absolute() else ROOT / recipe).is_file():
                 raise ValueError(f"recipe {recipe!r} not found")

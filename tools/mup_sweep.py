@@ -32,8 +32,10 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from analysis.plotting import COLORS, pyplot, save_figure, style_axes
 from archlab.config import RecipeError, load_recipe
 from archlab.io import write_json_atomic
+from archlab.train import NonFiniteError, train
 from archlab.train.run_folder import SUMMARY
 
 PARAMETRIZATIONS = ("standard", "mup")
@@ -88,8 +90,6 @@ def plan(recipe: str, widths: Sequence[int], lrs: Sequence[float], steps: int, b
 
 def run_point(recipe: str, point: dict, out: Path) -> dict:
     """Train one point (or read its finished summary) -> the point with status and losses."""
-    from archlab.train import NonFiniteError, train
-
     summary_file = out / point["name"] / SUMMARY
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
     if summary is None or summary.get("status") not in FINISHED:
@@ -128,8 +128,6 @@ def plot(results: list[dict], base_width: int, path: Path) -> Path:
     """Final validation (solid) and train (dashed) loss against lr; one curve per width, one panel
     per parametrisation, the best lr of each width starred."""
     from matplotlib.ticker import NullFormatter
-
-    from analysis.plotting import COLORS, pyplot, save_figure, style_axes
 
     plt = pyplot()
     shown = [p for p in PARAMETRIZATIONS if any(r["parametrization"] == p for r in results)]

@@ -28,10 +28,14 @@ import time
 import torch
 from torch import nn
 
+import archlab
+from archlab.data import TokenBatches, eval_windows, prepare_data
+from archlab.nn.loss import lm_loss
+from archlab.train.optim import lr_at, param_groups
+from tools.nanogpt import from_archlab
+
 
 def _groups(model: nn.Module, table: nn.Parameter | None, args, weight_decay: float) -> list[dict]:
-    from archlab.train.optim import param_groups
-
     if args.optim == "nanogpt":  # karpathy/nanoGPT model.py configure_optimizers
         params = [p for p in model.parameters() if p.requires_grad]
         decay = [p for p in params if p.dim() >= 2]
@@ -101,11 +105,6 @@ def main(argv=None) -> None:
     ap.add_argument("--save", default=None, help="torch.save the final table, initial table and token embedding here")
     args = ap.parse_args(argv)
 
-    import archlab
-    from archlab.data import TokenBatches, eval_windows, prepare_data
-    from archlab.nn.loss import lm_loss
-    from archlab.train.optim import lr_at
-
     cfg = archlab.load_recipe(args.recipe, args.overrides)
     t = cfg.train
     if args.steps is not None:
@@ -122,8 +121,6 @@ def main(argv=None) -> None:
     net = model
     tok = model.embed.weight
     if args.peer == "nanogpt":
-        from tools.nanogpt import from_archlab
-
         net = from_archlab(model)
         table, tok = net.transformer.wpe.weight, net.transformer.wte.weight
     groups = _groups(net, table, args, t.weight_decay)

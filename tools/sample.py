@@ -23,7 +23,10 @@ import torch
 
 import archlab
 from archlab.config import RecipeError
+from archlab.data import Tokenizer
+from archlab.data.tokenizer import BYTE_VOCAB_SIZE, byte_tokenizer
 from archlab.nn.positions import position_class
+from archlab.train import checkpoint
 
 
 class TextCodec(Protocol):
@@ -40,8 +43,6 @@ class ByteCodec:
     recipe's); ``decode`` shows them as ``<|id|>`` where the tokenizer would drop them."""
 
     def __init__(self):
-        from archlab.data.tokenizer import BYTE_VOCAB_SIZE, byte_tokenizer
-
         self._tokenizer = byte_tokenizer([], BYTE_VOCAB_SIZE)
         self.eos_id = self._tokenizer.eos_id
 
@@ -83,12 +84,7 @@ def load_model(args: argparse.Namespace):
         raise ValueError("overrides apply to --recipe only; a checkpoint's architecture is fixed")
     if not args.checkpoint.exists():
         raise ValueError(f"checkpoint not found: {args.checkpoint}")
-    try:
-        from archlab.train.checkpoint import load_model as load_checkpoint  # the trainer's format
-    except ImportError as e:
-        raise ValueError(f"cannot read checkpoints: archlab.train.checkpoint is unavailable ({e})") from None
-
-    model, cfg = load_checkpoint(args.checkpoint)
+    model, cfg = checkpoint.load_model(args.checkpoint)  # the trainer's format
     return model, cfg, given if given is not None else find_tokenizer_file(args.checkpoint)
 
 
@@ -106,8 +102,6 @@ def load_codec(tokenizer_file: Optional[Path], eos_id: Optional[int] = None) -> 
     or the byte codec without a file."""
     if tokenizer_file is None:
         return ByteCodec()
-    from archlab.data import Tokenizer
-
     return Tokenizer.load(tokenizer_file, eos_id, require_eos=False)
 
 

@@ -29,6 +29,7 @@ from analysis.scaling.design.check import CPU_LAW, MARGIN, MAX_A_WIDTH, GridChec
 from analysis.scaling.design.spec import Noise, _keys, _law, _number
 from archlab.config import RecipeError, load_recipe, model_config
 from archlab.costs import param_counts
+from archlab.data import prepare_data, unigram_entropy
 
 CHECK_KEYS = ("law", "noise", "unigram", "margin", "max_a_width", "sims", "seed", "flops_per_s")
 SEED_KEY = "train.seed"
@@ -58,8 +59,6 @@ def check_options(value) -> dict:
 
 def _unigram(cfg, cache: dict, log) -> tuple[Optional[float], str]:
     """The unigram entropy of a recipe's training split (nats/token) and where it came from."""
-    from archlab.data import prepare_data, unigram_entropy  # the data build: only when a check needs it
-
     key = (str(cfg.data), int(cfg.model.vocab_size))
     if key not in cache:
         log("design check: reading the training data for its unigram entropy (built once, reused by the runs)")

@@ -6,6 +6,7 @@ import json
 import math
 
 from archlab.config import load_recipe
+from tools import mup_sweep
 from tools.mup_sweep import PLOT, RESULTS, main, width_overrides
 
 
@@ -31,7 +32,7 @@ def test_quick_sweep_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
     def no_training(cfg):
         raise AssertionError("a finished point was trained again")
 
-    monkeypatch.setattr("archlab.train.train", no_training)
+    monkeypatch.setattr(mup_sweep, "train", no_training)
     assert main(args) == 0
     assert json.loads((out / RESULTS).read_text())["points"] == points
     # muP alone (tuning its base lr): the same finished mup points, read, and a one-panel plot

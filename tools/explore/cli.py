@@ -10,7 +10,9 @@ from typing import Optional, Sequence
 
 import torch
 
+from tools.explore.export import export
 from tools.explore.load import Explorable, ExploreError, load
+from tools.explore.server import Explorer, serve
 
 DEFAULT_PORT = 8765
 
@@ -57,13 +59,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         torch.set_num_threads(args.threads)
         runs = load_runs(args)
         if args.export is not None:
-            from tools.explore.export import export
-
             export(runs, args.prompt, args.export)
             print(f"wrote {args.export}")
             return 0
-        from tools.explore.server import Explorer, serve
-
         serve(Explorer(runs), args.host, args.port)
         return 0
     except ExploreError as e:

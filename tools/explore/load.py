@@ -14,6 +14,7 @@ import torch
 import archlab
 from archlab.config import RecipeError
 from archlab.nn.positions import position_class
+from archlab.train.checkpoint import CheckpointError, load_model
 from tools.sample import TextCodec, find_tokenizer_file, load_codec, recipe_eot_id
 
 
@@ -76,8 +77,6 @@ def load(path: Path, overrides: Sequence[str] = (), tokenizer: Optional[Path] = 
     if _is_hf_export(path):
         raise ExploreError(f"{path}: a Hugging Face export; archlab writes these but does not read them back: "
                            "open the run folder it was exported from (python -m tools.explore runs/<run>)")
-    from archlab.train.checkpoint import CheckpointError, load_model
-
     try:
         model, cfg = load_model(path)
     except CheckpointError as e:

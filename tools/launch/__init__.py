@@ -15,12 +15,10 @@ import contextlib
 import contextvars
 from typing import Iterator, Optional
 
+from tools.launch.errors import LaunchError
 from tools.launch.local import LocalLauncher
-
-
-class LaunchError(ValueError):
-    """A launcher that cannot start (submitit missing, no SLURM client) or a bad ``--slurm-*`` option."""
-
+from tools.launch.slurm import SlurmLauncher, SlurmOptions
+from tools.launch.slurm import recorded_state as slurm_state
 
 _current: contextvars.ContextVar = contextvars.ContextVar("archlab_launcher", default=None)
 
@@ -68,8 +66,6 @@ def from_args(args, cluster: str = "slurm"):
         if given:
             raise LaunchError(f"{', '.join(given)}: SLURM options need --launcher slurm")
         return LocalLauncher()
-    from tools.launch.slurm import SlurmLauncher, SlurmOptions
-
     extra = {}
     for item in args.slurm_set or []:
         key, sep, value = item.partition("=")
@@ -95,6 +91,4 @@ def recorded_state(job: Optional[dict]) -> Optional[str]:
     """The scheduler's state of a job a manifest records, None for a local run."""
     if not job or job.get("launcher") != "slurm":
         return None
-    from tools.launch.slurm import recorded_state as slurm_state
-
     return slurm_state(job)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from tools.launch.errors import LaunchError
 from tools.launch.local import poll_with_peak_rss, start_process
 
 INSTALL = "pip install -e '.[slurm]'"
@@ -44,8 +45,6 @@ def _submitit():
     try:
         import submitit
     except ImportError:
-        from tools.launch import LaunchError
-
         raise LaunchError(f"--launcher slurm needs submitit, which is not installed: {INSTALL}") from None
     return submitit
 
@@ -64,8 +63,6 @@ class SlurmOptions:
 
     def check(self) -> None:
         """Refuse (LaunchError) a value SLURM would refuse later, or a parameter submitit does not know."""
-        from tools.launch import LaunchError
-
         for flag, value in (("--slurm-time", self.time_min), ("--slurm-cpus", self.cpus), ("--slurm-mem", self.mem_gb),
                             ("--slurm-timeouts", self.timeouts)):
             if value is not None and not value > 0:
@@ -248,8 +245,6 @@ class SlurmLauncher:
     name = "slurm"
 
     def __init__(self, options: Optional[SlurmOptions] = None, cluster: str = "slurm"):
-        from tools.launch import LaunchError
-
         self.submitit = _submitit()
         self.options = options or SlurmOptions()
         self.options.check()
