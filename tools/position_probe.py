@@ -29,8 +29,9 @@ import torch
 from torch import nn
 
 import archlab
-from archlab.data import TokenBatches, eval_windows, prepare_data
+from archlab.data import TokenBatches, eval_windows
 from archlab.nn.loss import lm_loss
+from archlab.objectives import token_data
 from archlab.train.optim import lr_at, param_groups
 from tools.nanogpt import from_archlab
 
@@ -109,7 +110,7 @@ def main(argv=None) -> None:
     t = cfg.train
     if args.steps is not None:
         t.max_steps = args.steps
-    data = prepare_data(cfg)
+    data = token_data(cfg)
     torch.manual_seed(t.seed)  # as the trainer: the initial weights
     model = archlab.build_model(cfg)
     table = model.positions.table.weight if hasattr(model.positions, "table") else None

@@ -29,7 +29,8 @@ from analysis.scaling.design.check import CPU_LAW, MARGIN, MAX_A_WIDTH, GridChec
 from analysis.scaling.design.spec import Noise, _keys, _law, _number
 from archlab.config import RecipeError, load_recipe, model_config
 from archlab.costs import param_counts
-from archlab.data import prepare_data, unigram_entropy
+from archlab.data import unigram_entropy
+from archlab.objectives import token_data
 
 CHECK_KEYS = ("law", "noise", "unigram", "margin", "max_a_width", "sims", "seed", "flops_per_s")
 SEED_KEY = "train.seed"
@@ -63,7 +64,7 @@ def _unigram(cfg, cache: dict, log) -> tuple[Optional[float], str]:
     if key not in cache:
         log("design check: reading the training data for its unigram entropy (built once, reused by the runs)")
         try:
-            cache[key] = (float(unigram_entropy(prepare_data(cfg).train)), "measured on the training split")
+            cache[key] = (float(unigram_entropy(token_data(cfg).train)), "measured on the training split")
         except RecipeError as e:
             cache[key] = (None, f"the training data could not be read ({e})")
     return cache[key]
