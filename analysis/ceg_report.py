@@ -8,6 +8,12 @@ import math
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
+from analysis import fair, sequential, verdicts
+from analysis.experiments import Section, figure_md, table
+from analysis.plotting import COLORS, plain_log_axis, pyplot, save_figure, style_axes, wrap_label
+
 
 def curves(ctx, arm: str) -> dict[int, list[tuple[float, float]]]:
     """{seed: [(training FLOPs, final val loss)]} of the arm's finished cooldown branches."""
@@ -21,8 +27,6 @@ def curves(ctx, arm: str) -> dict[int, list[tuple[float, float]]]:
 def compare(ctx) -> dict:
     """Per non-reference arm: the family's verdicts (``analysis.verdicts``: one paired inference per comparison,
     Holm over the family) and every arm's paired CEG against the reference."""
-    from analysis import fair, sequential, verdicts
-
     spec = ctx.spec
     ref = ctx.group(ctx.reference)
     ref_curves = curves(ctx, ctx.reference) if spec.ceg else {}
@@ -128,9 +132,6 @@ def _p(v: Optional[float]) -> str:
 
 def section(ctx):
     """The verdict table (one paired inference per comparison, Holm) and the reference's compute curve."""
-    from analysis import verdicts
-    from analysis.experiments import Section, figure_md, table
-
     comp = ctx.comparison
     m = comp["margin"]
     rows_in = [c["verdict"] for c in comp["arms"].values() if c.get("verdict")]
@@ -217,11 +218,6 @@ def plot(ctx, fit: dict, path: Path):
     """Left: the reference's curve with each arm's loss at its compute (dotted: across to the reference
     compute with that loss, the CEG). Right: each arm's CEG with its interval (its verdict's level) on a log axis (a
     forest), which stays readable when many arms share one compute."""
-    import numpy as np
-
-    from analysis import fair
-    from analysis.plotting import COLORS, plain_log_axis, pyplot, save_figure, style_axes, wrap_label
-
     groups = [(i, g) for i, g in enumerate(ctx.arm_groups())
               if _compute(g) is not None and g.loss.get("mean") is not None]
     many = len(groups) > FEW_ARMS

@@ -31,6 +31,7 @@ from analysis.experiments import (
 from analysis.measurements import MEASUREMENTS
 from analysis.plotting import COLORS, pyplot, save_figure, style_axes, wrap_label
 from analysis.runs import write_json_atomic, write_text_atomic
+from archlab.config import load_recipe
 
 
 def loss_note(g: Group, ctx: Optional["Context"] = None) -> str:
@@ -59,15 +60,11 @@ def tuned_lr(ctx: Context, arm: str) -> str:
         t = tuning[source]
         where = "bracketed" if t["bracketed"] else "edge: limit hit"
         return f"{t['lr']:g} ({where}{'' if source == arm else f', of {source}'})"
-    from archlab.config import load_recipe
-
     a = ctx.arms[arm]
     return f"{float(load_recipe(a['recipe'], a['overrides']).train.lr):g} (untuned)"
 
 
 def main_table(ctx: Context, cell: str = "") -> str:
-    from analysis.ceg_report import fmt_ceg
-
     comp = ctx.comparison.get("arms", {}) if not cell else {}
     header = ["arm", "lr", "final val loss (nats/token), mean [95% CI]", f"vs `{ctx.reference}` (paired)",
               f"CEG vs `{ctx.reference}` (paired; interval at the verdict's level when it is the verdict's, else 95%)",
@@ -81,7 +78,7 @@ def main_table(ctx: Context, cell: str = "") -> str:
         cal = ctx.comparison.get("calibration") if g.arm == ctx.reference and not cell else None
         ceg = (f"curve calibration {cal['ceg']:.2f}x" + ("" if cal.get("low") is None else
                                                           f" [{cal['low']:.2f}, {cal['high']:.2f}]")
-               if cal and cal.get("ceg") else fmt_ceg(c.get("ceg")))
+               if cal and cal.get("ceg") else ceg_report.fmt_ceg(c.get("ceg")))
         loss = fmt_ci(g.loss) + (f" ({g.metric})" if g.metric != "loss" else "")  # another objective's loss
         rows.append([f"{g.label} (`{g.arm}`)", tuned_lr(ctx, g.arm), loss,
                      fmt_ci(g.vs_reference, signed=True) if g.vs_reference

@@ -33,6 +33,10 @@ from typing import Optional, Sequence
 
 from analysis.experiment_spec import Spec
 from analysis.runs import LEARN_MARGIN, RunError, open_run  # noqa: F401  (LEARN_MARGIN: re-exported)
+from archlab.config import load_recipe, model_config
+from archlab.costs import kv_cache_bytes, param_counts, training_flops_per_token, training_memory
+from archlab.io import read_jsonl
+from archlab.train.run_folder import METRICS
 
 LEVEL = 0.95
 
@@ -111,9 +115,6 @@ def run_row(run: dict, manifest: dict) -> dict:
 def run_tokens_per_s(run_dir) -> Optional[float]:
     """Median training throughput of a run over its logged windows (metrics.jsonl ``kind: train``
     rows; the first window, with the start-up, is left out when there are others)."""
-    from archlab.io import read_jsonl
-    from archlab.train.run_folder import METRICS
-
     speeds = [r["tokens_per_s"] for r in read_jsonl(Path(run_dir) / METRICS)
               if r.get("kind") == "train" and _finite(r.get("tokens_per_s"))]
     if len(speeds) > 2:
@@ -127,9 +128,6 @@ def run_tokens_per_s(run_dir) -> Optional[float]:
 
 def arm_costs(arm: dict) -> dict:
     """Cost-model numbers of an arm from its recipe: parameters, FLOPs per token, KV-cache bytes."""
-    from archlab.config import load_recipe, model_config
-    from archlab.costs import kv_cache_bytes, param_counts, training_flops_per_token, training_memory
-
     cfg = load_recipe(arm["recipe"], arm["overrides"])
     pc = param_counts(cfg).as_dict()
     # one rank's training step as these runs take it: fp32 on the CPU, the recipe's micro batch, AdamW states

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from analysis import ceg_report, experiment_report, lr_choice, tuning_report
 from analysis.experiment_spec import Spec
 from analysis.experiments import context_from_rows, table
 from archlab.io import write_json_atomic, write_text_atomic
@@ -30,8 +31,6 @@ POINTER = "<!-- reanalysis -->"
 
 def reanalyse(report_json: Path) -> dict:
     """Decide the report's comparisons again; write reanalysis/verdicts.{md,json}; return the json's data."""
-    from analysis import ceg_report, experiment_report
-
     report_json = Path(report_json)
     rep = json.loads(report_json.read_text())
     spec = Spec.from_dict(rep["spec"])
@@ -115,8 +114,6 @@ def changes_table(rows: list[dict], ctx) -> str:
 
 def lr_checks(ctx) -> dict:
     """Per tuned arm: the lr its seeded runs trained at, the fitted choice and its range within seed noise."""
-    from analysis import lr_choice, tuning_report
-
     noise = tuning_report.seed_sd(ctx)
     out = {}
     for arm, t in (ctx.record.get("tuning") or {}).items():

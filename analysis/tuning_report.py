@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Optional
 
 from analysis import lr_choice
+from analysis.experiments import Section, figure_md, table
+from analysis.plotting import COLORS, pyplot, save_figure, style_axes, wrap_label
 
 
 def section(ctx):
     """The tuning table (per arm: grid, chosen lr, bracketed, cost) and the loss-vs-lr plot."""
-    from analysis.experiments import Section, figure_md, table
-
     tuning = ctx.record.get("tuning") or {}
     tune = ctx.spec.tune
     if tune is not None and not tune.searched:
@@ -94,8 +94,6 @@ def _flat_text(fit: Optional[dict]) -> str:
 
 def plot(ctx, tuning: dict, path: Path):
     from matplotlib.ticker import NullFormatter
-
-    from analysis.plotting import COLORS, pyplot, save_figure, style_axes, wrap_label
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))

@@ -11,6 +11,7 @@ from typing import Optional
 
 import numpy as np
 
+from analysis.ceg_report import fmt_ceg
 from analysis.experiments import Context, Group, Section, errbar, figure_md, fmt_ci, fmt_count, table
 from analysis.measurements.base import Measurement, register
 from analysis.plotting import COLORS, pyplot, save_figure, style_axes
@@ -140,8 +141,6 @@ def plot_waterfall(ctx: Context, steps: list[Group], path) -> Optional[object]:
 
 def _draw_step_effects(ctx: Context, ax, bars: list[dict], labels: list[str], arms: list[str]) -> None:
     """Forest plot of the steps' paired changes (rows top to bottom in ladder order)."""
-    from analysis.ceg_report import fmt_ceg
-
     rows = [b for b in bars if b["kind"] == "step"]
     if not rows:
         ax.set_axis_off()
