@@ -44,10 +44,10 @@ def compare(ctx) -> dict:
         # the family: every arm against the reference, its `compare:` arm (verdicts: pairs) or the arm it extends
         # (verdicts: parent); a side arm (a control, e.g. a time-matched copy) only against its `compare:` arm
         arm = ctx.arms[g.arm]
-        if mode == "pairs" or arm.get("side"):
-            other_name = arm.get("compare")
+        if mode == "pairs" or arm.side:
+            other_name = arm.compare
         else:
-            other_name = arm.get("parent") if mode == "parent" else ctx.reference
+            other_name = arm.parent if mode == "parent" else ctx.reference
         other = ctx.group(other_name) if other_name else None
         if other is None or g.arm == other_name or other.metric != g.metric:
             continue  # (losses of different objectives are not compared)
@@ -164,7 +164,7 @@ def section(ctx):
         need = str(r["seeds_needed"]) if r.get("seeds_needed") else ("" if r["class"] != "unresolved" else "> 1000")
         eq = ("-" if r.get("equivalence_low") is None else
               _scaled(r, r["equivalence_low"]) + " .. " + _scaled(r, r["equivalence_high"]))
-        rows.append([f"{ctx.arms[arm]['label']} (`{arm}`)", f"`{r['against']}`", r["scale"]
+        rows.append([f"{ctx.arms[arm].label} (`{arm}`)", f"`{r['against']}`", r["scale"]
                      + (f" ({r['why_nats']})" if r["why_nats"] else ""), str(len(r["seeds"])),
                      verdicts.fmt_interval(r), _p(r.get("p_difference")), _p(r.get("p_difference_holm")), eq,
                      _p(r.get("p_tost")), _p(r.get("p_tost_holm")), f"**{r['class']}**", need]

@@ -101,7 +101,7 @@ def changes_table(rows: list[dict], ctx) -> str:
         unit = "x" if r["scale"] == "ln CEG" else "nats"
         new = _iv(r["estimate"], r["low"], r["high"], unit) + ("" if unit == "x" else " nats")
         level = "-" if r["level"] is None else f"{100 * r['level']:.1f}%"
-        body.append([f"{ctx.arms[r['arm']]['label']} (`{r['arm']}`)", f"`{r['old_against'] or '-'}`",
+        body.append([f"{ctx.arms[r['arm']].label} (`{r['arm']}`)", f"`{r['old_against'] or '-'}`",
                      r["old_class"] or "-", _iv(r["old_ceg"], r["old_low"], r["old_high"]), f"`{r['against']}`",
                      f"**{r['class']}**", new, level, "yes" if r["changed"] else "no"])
     return ("The earlier verdicts came from a paired t-test on the losses while the CEG beside them came from an "
@@ -137,7 +137,7 @@ def lr_table(checks: dict, ctx, comparisons: list[dict]) -> str:
         flat = "-" if c["flat_low"] is None else f"{c['flat_low']:.2g} .. {c['flat_high']:.2g}"
         fitted = "-" if c["fitted_lr"] is None else f"{c['fitted_lr']:.2g} ({c['kind']})"
         cost = "-" if c["regret"] is None else f"{c['regret']:.4f}" + ("" if c["within_noise"] else " (> seed sd)")
-        rows.append([f"{ctx.arms[arm]['label']} (`{arm}`)", f"{c['trained_lr']:g}", fitted,
+        rows.append([f"{ctx.arms[arm].label} (`{arm}`)", f"{c['trained_lr']:g}", fitted,
                      "-" if c["ratio"] is None else f"{c['ratio']:.2f}", flat, cost])
     sd = next((c["noise_sd"] for c in checks.values() if c["noise_sd"]), None)
     md = ((f"Seed noise: {sd:.4f} nats (pooled sd of the seeded runs within arms). " if sd else "")
@@ -169,7 +169,9 @@ def _tuned_source(ctx, arm: Optional[str]) -> Optional[str]:
     if arm is None:
         return None
     tuning = ctx.record.get("tuning") or {}
-    return arm if arm in tuning else ctx.arms.get(arm, {}).get("parent")
+    if arm in tuning:
+        return arm
+    return ctx.arms[arm].parent if arm in ctx.arms else None
 
 
 def point_to(report_md: Path) -> None:

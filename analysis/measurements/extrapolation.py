@@ -46,6 +46,7 @@ from analysis.measurements.base import (
     check_ints,
     check_names,
     measurement_folder,
+    record_arms,
     register,
 )
 from analysis.plotting import COLORS, pyplot, save_figure, style_axes
@@ -205,9 +206,10 @@ def _finished(run: dict) -> bool:
 def extrapolation_jobs(record: dict) -> list[dict]:
     """(arm, variant, overrides) of every evaluation: each listed arm as trained, then the variants."""
     m = Spec.from_dict(record["spec"]).wanted["extrapolation"] or {}
-    arm_names = [a["name"] for a in record["arms"]]
+    labels = {a.name: a.label for a in record_arms(record)}
+    arm_names = list(labels)
     listed = m.get("arms") or arm_names
-    jobs = [{"arm": a, "variant": a, "label": next(x["label"] for x in record["arms"] if x["name"] == a),
+    jobs = [{"arm": a, "variant": a, "label": labels[a],
              "overrides": []} for a in listed]
     for name, v in (m.get("variants") or {}).items():
         if v.get("arm") not in arm_names:

@@ -37,6 +37,7 @@ from analysis.measurements.base import (
     check_ints,
     check_names,
     measurement_folder,
+    record_arms,
     register,
 )
 from analysis.plotting import COLORS, pyplot, save_figure, style_axes
@@ -99,7 +100,7 @@ class InitGradNorms(Measurement):
 
     def run(self, record: dict, log=print) -> list[dict]:
         m = self.settings(record)
-        arms = {a["name"]: a for a in record["arms"]}
+        arms = {a.name: a for a in record_arms(record)}
         listed = m.get("arms") or list(arms)
         depths = [int(d) for d in m.get("depths", [2, 4, 8])]
         batches = int(m.get("batches", 2))
@@ -112,12 +113,12 @@ class InitGradNorms(Measurement):
             arm = arms[name]
             for depth in depths:
                 for seed in seeds:
-                    overrides = [*arm["overrides"], f"model.n_layers={depth}"]
-                    settings = {"recipe": arm["recipe"], "overrides": overrides, "seed": seed, "batches": batches}
+                    overrides = [*arm.overrides, f"model.n_layers={depth}"]
+                    settings = {"recipe": arm.recipe, "overrides": overrides, "seed": seed, "batches": batches}
                     path = folder / f"{name}-d{depth}-seed{seed}.json"
                     if not path.is_file():
                         log(f"init_grad_norms: {name}, {depth} layers, seed {seed}")
-                    result = cached(path, settings, lambda: init_grad_norms(arm["recipe"], overrides, seed, batches))
+                    result = cached(path, settings, lambda: init_grad_norms(arm.recipe, overrides, seed, batches))
                     out.append({"arm": name, "depth": depth, "seed": seed, "result": result})
         return out
 
@@ -133,7 +134,7 @@ class InitGradNorms(Measurement):
             ratio = t_interval(list(per_layer[:, -1] / per_layer[:, 0]))
             data.append({"arm": arm, "depth": depth, "per_layer_mean": mean.tolist(), "per_layer": per_layer.tolist(),
                          "last_over_first": ratio, "loss": t_interval([x["loss"] for x in res])})
-            rows.append([ctx.arms[arm]["label"], depth, ", ".join(f"{v:.3g}" for v in mean), fmt_ci(ratio, 2),
+            rows.append([ctx.arms[arm].label, depth, ", ".join(f"{v:.3g}" for v in mean), fmt_ci(ratio, 2),
                          f"{mean.sum():.3g}"])
         md = ("Gradient norm of each block's parameters at initialisation (mean over "
               f"{len(ctx.measures['init_grad_norms'] and {r['seed'] for r in results})} seeds, "
@@ -161,7 +162,7 @@ def plot_grad_norms(ctx: Context, data: list[dict], path):
         per = np.array(d["per_layer"])
         x = np.arange(1, d["depth"] + 1)
         ax.plot(x, per.mean(axis=0), marker=markers[depths.index(d["depth"]) % len(markers)], color=color,
-                label=f"{ctx.arms[d['arm']]['label']}, {d['depth']} layers")
+                label=f"{ctx.arms[d['arm']].label}, {d['depth']} layers")
         if len(per) > 1:
             ax.fill_between(x, per.min(axis=0), per.max(axis=0), color=color, alpha=0.12)
     ax.set_yscale("log")

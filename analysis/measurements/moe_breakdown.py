@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from analysis.experiments import Context, Section, figure_md, table
-from analysis.measurements.base import Measurement, cached, check_int, measurement_folder, register
+from analysis.measurements.base import Measurement, cached, check_int, measurement_folder, record_arms, register
 from analysis.plotting import COLORS, pyplot, save_figure
 from archlab.data import prepare_data
 from archlab.nn.moe.experts import dispatch, from_rows, to_rows
@@ -221,7 +221,7 @@ class MoEBreakdown(Measurement):
         m = self.settings(record)
         rounds, repeats, windows = int(m.get("rounds", 5)), int(m.get("repeats", 10)), m.get("windows")
         first: dict[str, str] = {}  # arm -> run folder of its first seed (side arms train a model already timed)
-        side = {a["name"] for a in record["arms"] if a.get("side")}
+        side = {a.name for a in record_arms(record) if a.side}
         for run in sorted(record["runs"], key=lambda r: r["seed"]):
             if run["arm"] not in side and run["arm"] not in first and run.get("role", "seeded") == "seeded":
                 first[run["arm"]] = run["run_dir"]
@@ -251,7 +251,7 @@ class MoEBreakdown(Measurement):
                     d["step_minus_reference_ms"] = step - ref_row["step_ms"]
                     vs = (f"{d['step_minus_reference_ms']:+.1f} ms step, of which {d['ffn_minus_reference_ms']:+.1f} "
                           "in the FFN layers")
-            rows.append([f"{ctx.arms[d['arm']]['label']} (`{d['arm']}`)", *cells, f"{ffn:.1f}",
+            rows.append([f"{ctx.arms[d['arm']].label} (`{d['arm']}`)", *cells, f"{ffn:.1f}",
                          f"{d['whole_ms']:.1f}" if d["whole_ms"] is not None else "-",
                          f"{step:.1f}" if step is not None else "-", vs or ("reference" if d is ref_row else "-")])
         any_t = next(iter(timed.values()), {})
@@ -298,7 +298,7 @@ def plot_breakdown(ctx: Context, data: list[dict], path):
         return None
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(11, 0.8 * len(data) + 2.4))
-    labels = [ctx.arms[d["arm"]]["label"] for d in data]
+    labels = [ctx.arms[d["arm"]].label for d in data]
     for j, (part, label) in enumerate(PARTS):
         vals = [max(d["parts"].get(part, 0.0), 0.0) for d in data]
         if not any(vals):

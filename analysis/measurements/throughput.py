@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 
 from analysis.experiments import Context, Section, fmt_count, table
-from analysis.measurements.base import Measurement, cached, check_int, measurement_folder, register
+from analysis.measurements.base import Measurement, cached, check_int, measurement_folder, record_arms, register
 from archlab.config import load_recipe
 from archlab.train.loop import Trainer
 
@@ -101,11 +101,11 @@ class Throughput(Measurement):
         threads = record.get("threads")
         models: dict[str, tuple[str, list]] = {}  # first arm of each distinct model -> (recipe, overrides)
         same_as: dict[str, str] = {}
-        for a in record["arms"]:
-            first = next((n for n, spec in models.items() if spec == (a["recipe"], a["overrides"])), None)
+        for a in record_arms(record):
+            first = next((n for n, spec in models.items() if spec == (a.recipe, a.overrides)), None)
             if first is None:
-                models[a["name"]] = (a["recipe"], a["overrides"])
-            same_as[a["name"]] = first or a["name"]
+                models[a.name] = (a.recipe, a.overrides)
+            same_as[a.name] = first or a.name
         settings = {"steps": steps, "rounds": rounds, "threads": threads,
                     "arms": {n: list(spec) for n, spec in models.items()}}
         path = measurement_folder(record) / "throughput.json"
@@ -122,9 +122,9 @@ class Throughput(Measurement):
             rounds = b["rounds"]
             rel = b["tokens_per_s"] / ref if ref else None
             data.append({"arm": name, **b, "relative_to_reference": rel})
-            rows.append([f"{ctx.arms[name]['label']} (`{name}`)", fmt_count(b["tokens_per_s"]),
+            rows.append([f"{ctx.arms[name].label} (`{name}`)", fmt_count(b["tokens_per_s"]),
                          f"{fmt_count(min(rounds))} - {fmt_count(max(rounds))}", f"{rel:.2f}" if rel else "-",
-                         fmt_count(ctx.arms[name]["costs"]["flops_per_token"])])
+                         fmt_count(ctx.costs[name]["flops_per_token"])])
         first = next(iter(bench.values()), {})
         md = (f"Every arm's training step timed side by side in this process: {len(first.get('rounds', []))} rounds, "
               f"each timing {first.get('steps', 0)} steps of every arm in turn, {first.get('threads')} torch "
