@@ -8,6 +8,12 @@ import math
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
+from analysis import fair, sequential, verdicts
+from analysis.experiments import Section, figure_md, table
+from analysis.plotting import COLORS, plain_log_axis, pyplot, save_figure, style_axes, wrap_label
+
 
 def curves(ctx, arm: str) -> dict[int, list[tuple[float, float]]]:
     """{seed: [(training FLOPs, final val loss)]} of the arm's finished cooldown branches."""
@@ -21,8 +27,6 @@ def curves(ctx, arm: str) -> dict[int, list[tuple[float, float]]]:
 def compare(ctx) -> dict:
     """Per non-reference arm: the family's verdicts (``analysis.verdicts``: one paired inference per comparison,
     Holm over the family) and every arm's paired CEG against the reference."""
-    from analysis import fair, sequential, verdicts
-
     spec = ctx.spec
     ref = ctx.group(ctx.reference)
     ref_curves = curves(ctx, ctx.reference) if spec.ceg else {}
@@ -40,10 +44,10 @@ def compare(ctx) -> dict:
         # the family: every arm against the reference, its `compare:` arm (verdicts: pairs) or the arm it extends
         # (verdicts: parent); a side arm (a control, e.g. a time-matched copy) only against its `compare:` arm
         arm = ctx.arms[g.arm]
-        if mode == "pairs" or arm.get("side"):
-            other_name = arm.get("compare")
+        if mode == "pairs" or arm.side:
+            other_name = arm.compare
         else:
-            other_name = arm.get("parent") if mode == "parent" else ctx.reference
+            other_name = arm.parent if mode == "parent" else ctx.reference
         other = ctx.group(other_name) if other_name else None
         if other is None or g.arm == other_name or other.metric != g.metric:
             continue  # (losses of different objectives are not compared)
@@ -128,9 +132,6 @@ def _p(v: Optional[float]) -> str:
 
 def section(ctx):
     """The verdict table (one paired inference per comparison, Holm) and the reference's compute curve."""
-    from analysis import verdicts
-    from analysis.experiments import Section, figure_md, table
-
     comp = ctx.comparison
     m = comp["margin"]
     rows_in = [c["verdict"] for c in comp["arms"].values() if c.get("verdict")]
@@ -163,7 +164,7 @@ def section(ctx):
         need = str(r["seeds_needed"]) if r.get("seeds_needed") else ("" if r["class"] != "unresolved" else "> 1000")
         eq = ("-" if r.get("equivalence_low") is None else
               _scaled(r, r["equivalence_low"]) + " .. " + _scaled(r, r["equivalence_high"]))
-        rows.append([f"{ctx.arms[arm]['label']} (`{arm}`)", f"`{r['against']}`", r["scale"]
+        rows.append([f"{ctx.arms[arm].label} (`{arm}`)", f"`{r['against']}`", r["scale"]
                      + (f" ({r['why_nats']})" if r["why_nats"] else ""), str(len(r["seeds"])),
                      verdicts.fmt_interval(r), _p(r.get("p_difference")), _p(r.get("p_difference_holm")), eq,
                      _p(r.get("p_tost")), _p(r.get("p_tost_holm")), f"**{r['class']}**", need]
@@ -217,11 +218,6 @@ def plot(ctx, fit: dict, path: Path):
     """Left: the reference's curve with each arm's loss at its compute (dotted: across to the reference
     compute with that loss, the CEG). Right: each arm's CEG with its interval (its verdict's level) on a log axis (a
     forest), which stays readable when many arms share one compute."""
-    import numpy as np
-
-    from analysis import fair
-    from analysis.plotting import COLORS, plain_log_axis, pyplot, save_figure, style_axes, wrap_label
-
     groups = [(i, g) for i, g in enumerate(ctx.arm_groups())
               if _compute(g) is not None and g.loss.get("mean") is not None]
     many = len(groups) > FEW_ARMS

@@ -31,13 +31,14 @@ from analysis.experiments import (
 from analysis.measurements import MEASUREMENTS
 from analysis.plotting import COLORS, pyplot, save_figure, style_axes, wrap_label
 from analysis.runs import write_json_atomic, write_text_atomic
+from archlab.config import load_recipe
 
 
 def loss_note(g: Group, ctx: Optional["Context"] = None) -> str:
     m = g.measured()
     notes = []
     if g.vs_compare is not None and ctx is not None:
-        notes.append(f"vs `{ctx.arms[g.arm]['compare']}` (paired): {fmt_ci(g.vs_compare, signed=True)}")
+        notes.append(f"vs `{ctx.arms[g.arm].compare}` (paired): {fmt_ci(g.vs_compare, signed=True)}")
     if m["did_not_learn"]:
         notes.append(f"{m['did_not_learn']} of {len(g.runs)} did not learn (loss ~ unigram entropy)")
     bad = [r for r in g.runs.values() if r["status"] != "finished"]
@@ -54,20 +55,16 @@ def loss_note(g: Group, ctx: Optional["Context"] = None) -> str:
 def tuned_lr(ctx: Context, arm: str) -> str:
     """'3e-3 (bracketed)', '1e-2 (edge: limit hit)', or the lr the arm trained at when untuned."""
     tuning = ctx.record.get("tuning") or {}
-    source = arm if arm in tuning else ctx.arms[arm].get("parent")
+    source = arm if arm in tuning else ctx.arms[arm].parent
     if source in tuning:
         t = tuning[source]
         where = "bracketed" if t["bracketed"] else "edge: limit hit"
         return f"{t['lr']:g} ({where}{'' if source == arm else f', of {source}'})"
-    from archlab.config import load_recipe
-
     a = ctx.arms[arm]
-    return f"{float(load_recipe(a['recipe'], a['overrides']).train.lr):g} (untuned)"
+    return f"{float(load_recipe(a.recipe, a.overrides).train.lr):g} (untuned)"
 
 
 def main_table(ctx: Context, cell: str = "") -> str:
-    from analysis.ceg_report import fmt_ceg
-
     comp = ctx.comparison.get("arms", {}) if not cell else {}
     header = ["arm", "lr", "final val loss (nats/token), mean [95% CI]", f"vs `{ctx.reference}` (paired)",
               f"CEG vs `{ctx.reference}` (paired; interval at the verdict's level when it is the verdict's, else 95%)",
@@ -75,13 +72,13 @@ def main_table(ctx: Context, cell: str = "") -> str:
               *COST_HEADER, "notes"]
     rows = []
     for g in ctx.arm_groups(cell):
-        parent = ctx.arms[g.arm]["parent"]
+        parent = ctx.arms[g.arm].parent
         vs_parent = f"{fmt_ci(g.vs_parent, signed=True)} vs {parent}" if g.vs_parent else "-"
         c = comp.get(g.arm, {})
         cal = ctx.comparison.get("calibration") if g.arm == ctx.reference and not cell else None
         ceg = (f"curve calibration {cal['ceg']:.2f}x" + ("" if cal.get("low") is None else
                                                           f" [{cal['low']:.2f}, {cal['high']:.2f}]")
-               if cal and cal.get("ceg") else fmt_ceg(c.get("ceg")))
+               if cal and cal.get("ceg") else ceg_report.fmt_ceg(c.get("ceg")))
         loss = fmt_ci(g.loss) + (f" ({g.metric})" if g.metric != "loss" else "")  # another objective's loss
         rows.append([f"{g.label} (`{g.arm}`)", tuned_lr(ctx, g.arm), loss,
                      fmt_ci(g.vs_reference, signed=True) if g.vs_reference
@@ -97,11 +94,11 @@ def paired_rows(ctx: Context, cell: str = "") -> list[tuple[Group, str, dict]]:
     mode = ctx.spec.verdicts
     out = []
     for g in ctx.arm_groups(cell):
-        other = ctx.arms[g.arm].get("compare")
-        if other and g.vs_compare:
-            out.append((g, other, g.vs_compare))
-        elif mode == "parent" and g.vs_parent and not ctx.arms[g.arm].get("side"):
-            out.append((g, ctx.arms[g.arm]["parent"], g.vs_parent))
+        arm = ctx.arms[g.arm]
+        if arm.compare and g.vs_compare:
+            out.append((g, arm.compare, g.vs_compare))
+        elif mode == "parent" and g.vs_parent and not arm.side:
+            out.append((g, arm.parent, g.vs_parent))
         elif mode == "reference" and g.vs_reference:
             out.append((g, ctx.reference, g.vs_reference))
     return out
@@ -203,11 +200,11 @@ def _setup(ctx: Context) -> str:
         lines.append("- Grid (every arm, every seed): " + "; ".join(f"`{k}` in {v}" for k, v in spec.grid.items()))
     rows = []
     for a in ctx.arms.values():
-        b = a["budget"]
-        budget_text = (f"time of `{b['match_time_of']}` at the speed of `{b['speed_of']}`" if "match_time_of" in b
-                       else f"{next(iter(b.values())):.3g} {next(iter(b))}")
-        rows.append([f"`{a['name']}`", a["label"], f"`{a['parent']}`" if a["parent"] else f"`{a['recipe']}`",
-                     " ".join(f"`{o}`" for o in a["own"]) or "-", budget_text, a.get("note") or ""])
+        b = a.budget
+        budget_text = (f"time of `{b.match_time_of}` at the speed of `{b.speed_of}`" if b.timed
+                       else f"{b.value:.3g} {b.kind}")
+        rows.append([f"`{a.name}`", a.label, f"`{a.parent}`" if a.parent else f"`{a.recipe}`",
+                     " ".join(f"`{o}`" for o in a.own) or "-", budget_text, a.note])
     return "\n".join(lines) + "\n\n" + table(["arm", "label", "recipe or parent", "its overrides", "budget", "note"],
                                             rows)
 
@@ -315,7 +312,8 @@ def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
         sections_json[m.name] = section.data
     md += ["## Runs left out of the analysis", "", excluded_table(ctx), ""]
     md += ["## Every run", "", runs_table(ctx), ""]
-    data = {"experiment": spec.name, "command": command, "spec": record["spec"], "arms": list(ctx.arms.values()),
+    arms = [{**a.to_dict(), "costs": ctx.costs[name]} for name, a in ctx.arms.items()]
+    data = {"experiment": spec.name, "command": command, "spec": record["spec"], "arms": arms,
             "runs": [{**r, "run_dir": _relative(r["run_dir"])} for r in ctx.rows],
             "groups": [_json_group(g) for g in ctx.groups.values()], "sections": sections_json,
             "tuning": record.get("tuning"), "tune_wall_s": record.get("tune_wall_s"), "comparison": ctx.comparison,

@@ -170,6 +170,14 @@ class Arm:
                 "own": list(self.own), "parent": self.parent, "budget": self.budget.to_dict(), "side": self.side,
                 "note": self.note, "compare": self.compare}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Arm":
+        """The arm of a record or a committed report.json (written by :meth:`to_dict`; other keys, e.g. the
+        report's ``costs``, are not the arm's and are left out)."""
+        return cls(name=d["name"], label=d["label"], recipe=d["recipe"], overrides=list(d["overrides"]),
+                   own=list(d["own"]), parent=d.get("parent"), budget=Budget.from_dict(d["budget"]),
+                   side=bool(d.get("side", False)), note=d.get("note") or "", compare=d.get("compare"))
+
 
 @dataclass(frozen=True)
 class Spec:

@@ -31,8 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from analysis.experiment_spec import Spec
+from analysis.experiment_spec import Arm, Spec
 from analysis.runs import LEARN_MARGIN, RunError, open_run  # noqa: F401  (LEARN_MARGIN: re-exported)
+from archlab.config import load_recipe, model_config
+from archlab.costs import kv_cache_bytes, param_counts, training_flops_per_token, training_memory
+from archlab.io import read_jsonl
+from archlab.train.run_folder import METRICS
 
 LEVEL = 0.95
 
@@ -111,9 +115,6 @@ def run_row(run: dict, manifest: dict) -> dict:
 def run_tokens_per_s(run_dir) -> Optional[float]:
     """Median training throughput of a run over its logged windows (metrics.jsonl ``kind: train``
     rows; the first window, with the start-up, is left out when there are others)."""
-    from archlab.io import read_jsonl
-    from archlab.train.run_folder import METRICS
-
     speeds = [r["tokens_per_s"] for r in read_jsonl(Path(run_dir) / METRICS)
               if r.get("kind") == "train" and _finite(r.get("tokens_per_s"))]
     if len(speeds) > 2:
@@ -125,12 +126,9 @@ def run_tokens_per_s(run_dir) -> Optional[float]:
     return speeds[mid] if len(speeds) % 2 else (speeds[mid - 1] + speeds[mid]) / 2
 
 
-def arm_costs(arm: dict) -> dict:
+def arm_costs(arm: Arm) -> dict:
     """Cost-model numbers of an arm from its recipe: parameters, FLOPs per token, KV-cache bytes."""
-    from archlab.config import load_recipe, model_config
-    from archlab.costs import kv_cache_bytes, param_counts, training_flops_per_token, training_memory
-
-    cfg = load_recipe(arm["recipe"], arm["overrides"])
+    cfg = load_recipe(arm.recipe, arm.overrides)
     pc = param_counts(cfg).as_dict()
     # one rank's training step as these runs take it: fp32 on the CPU, the recipe's micro batch, AdamW states
     memory = training_memory(cfg, int(cfg.train.micro_batch_size), int(cfg.train.seq_len), precision="fp32",
@@ -191,13 +189,14 @@ class Context:
     measurement results; sections add their figures under ``out``."""
 
     record: dict
-    arms: dict  # name -> arm dict (analysis.experiment_spec.Arm.to_dict(), as the record keeps it) + "costs"
+    arms: dict[str, Arm]  # name -> the arm, in the record's order
     rows: list
     groups: dict  # (arm, cell tag) -> Group
     measures: dict
     out: Path
     curve_rows: list = field(default_factory=list)  # the compute curve's trunks and branches (role ceg-*)
     comparison: dict = field(default_factory=dict)  # analysis.ceg_report.compare (set by the report): verdicts, CEG
+    costs: dict = field(default_factory=dict)  # arm name -> its cost-model numbers (arm_costs)
 
     @property
     def spec(self) -> Spec:
@@ -227,13 +226,14 @@ def context_from_rows(record: dict, rows: list[dict], curve_rows: list[dict], me
     """The context from run rows already read (:func:`run_row`; a committed report.json's ``runs`` and
     ``curve_runs``): groups per arm and cell with their intervals and paired differences. ``costs``: each
     arm's cost-model numbers when known (else computed from its recipe)."""
-    arms = {a["name"]: {**a, "costs": (costs or {}).get(a["name"]) or arm_costs(a)} for a in record["arms"]}
+    arms = {a.name: a for a in map(Arm.from_dict, record["arms"])}
+    costs = {name: (costs or {}).get(name) or arm_costs(a) for name, a in arms.items()}
     groups: dict = {}
     for row in rows:
         key = (row["arm"], cell_tag(row["cell"]))
         if key not in groups:
-            groups[key] = Group(arm=row["arm"], label=arms[row["arm"]]["label"], cell=row["cell"], runs={},
-                                costs=arms[row["arm"]]["costs"])
+            groups[key] = Group(arm=row["arm"], label=arms[row["arm"]].label, cell=row["cell"], runs={},
+                                costs=costs[row["arm"]])
         groups[key].runs[row["seed"]] = row
     bench = measures.get("throughput") or {}
     for (arm, _), g in groups.items():
@@ -248,14 +248,14 @@ def context_from_rows(record: dict, rows: list[dict], curve_rows: list[dict], me
         ref = groups.get((reference, tag))
         if ref is not None and arm != ref.arm and ref.metric == g.metric:
             g.vs_reference = paired_difference(g.losses(), ref.losses())
-        parent = groups.get((arms[arm]["parent"], tag)) if arms[arm]["parent"] else None
+        parent = groups.get((arms[arm].parent, tag)) if arms[arm].parent else None
         if parent is not None and parent.metric == g.metric:
             g.vs_parent = paired_difference(g.losses(), parent.losses())
-        other = groups.get((arms[arm].get("compare"), tag)) if arms[arm].get("compare") else None
+        other = groups.get((arms[arm].compare, tag)) if arms[arm].compare else None
         if other is not None and other.metric == g.metric:
             g.vs_compare = paired_difference(g.losses(), other.losses())
     return Context(record=record, arms=arms, rows=rows, groups=groups, measures=measures, out=out,
-                   curve_rows=curve_rows)
+                   curve_rows=curve_rows, costs=costs)
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from analysis import ceg_report, experiment_report, lr_choice, tuning_report
 from analysis.experiment_spec import Spec
 from analysis.experiments import context_from_rows, table
 from archlab.io import write_json_atomic, write_text_atomic
@@ -30,8 +31,6 @@ POINTER = "<!-- reanalysis -->"
 
 def reanalyse(report_json: Path) -> dict:
     """Decide the report's comparisons again; write reanalysis/verdicts.{md,json}; return the json's data."""
-    from analysis import ceg_report, experiment_report
-
     report_json = Path(report_json)
     rep = json.loads(report_json.read_text())
     spec = Spec.from_dict(rep["spec"])
@@ -102,7 +101,7 @@ def changes_table(rows: list[dict], ctx) -> str:
         unit = "x" if r["scale"] == "ln CEG" else "nats"
         new = _iv(r["estimate"], r["low"], r["high"], unit) + ("" if unit == "x" else " nats")
         level = "-" if r["level"] is None else f"{100 * r['level']:.1f}%"
-        body.append([f"{ctx.arms[r['arm']]['label']} (`{r['arm']}`)", f"`{r['old_against'] or '-'}`",
+        body.append([f"{ctx.arms[r['arm']].label} (`{r['arm']}`)", f"`{r['old_against'] or '-'}`",
                      r["old_class"] or "-", _iv(r["old_ceg"], r["old_low"], r["old_high"]), f"`{r['against']}`",
                      f"**{r['class']}**", new, level, "yes" if r["changed"] else "no"])
     return ("The earlier verdicts came from a paired t-test on the losses while the CEG beside them came from an "
@@ -115,8 +114,6 @@ def changes_table(rows: list[dict], ctx) -> str:
 
 def lr_checks(ctx) -> dict:
     """Per tuned arm: the lr its seeded runs trained at, the fitted choice and its range within seed noise."""
-    from analysis import lr_choice, tuning_report
-
     noise = tuning_report.seed_sd(ctx)
     out = {}
     for arm, t in (ctx.record.get("tuning") or {}).items():
@@ -140,7 +137,7 @@ def lr_table(checks: dict, ctx, comparisons: list[dict]) -> str:
         flat = "-" if c["flat_low"] is None else f"{c['flat_low']:.2g} .. {c['flat_high']:.2g}"
         fitted = "-" if c["fitted_lr"] is None else f"{c['fitted_lr']:.2g} ({c['kind']})"
         cost = "-" if c["regret"] is None else f"{c['regret']:.4f}" + ("" if c["within_noise"] else " (> seed sd)")
-        rows.append([f"{ctx.arms[arm]['label']} (`{arm}`)", f"{c['trained_lr']:g}", fitted,
+        rows.append([f"{ctx.arms[arm].label} (`{arm}`)", f"{c['trained_lr']:g}", fitted,
                      "-" if c["ratio"] is None else f"{c['ratio']:.2f}", flat, cost])
     sd = next((c["noise_sd"] for c in checks.values() if c["noise_sd"]), None)
     md = ((f"Seed noise: {sd:.4f} nats (pooled sd of the seeded runs within arms). " if sd else "")
@@ -172,7 +169,9 @@ def _tuned_source(ctx, arm: Optional[str]) -> Optional[str]:
     if arm is None:
         return None
     tuning = ctx.record.get("tuning") or {}
-    return arm if arm in tuning else ctx.arms.get(arm, {}).get("parent")
+    if arm in tuning:
+        return arm
+    return ctx.arms[arm].parent if arm in ctx.arms else None
 
 
 def point_to(report_md: Path) -> None:

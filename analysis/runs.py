@@ -30,12 +30,15 @@ from omegaconf import DictConfig, OmegaConf
 from analysis.plotting import pyplot, save_figure  # noqa: F401  (re-exported for scaling, routing)
 from analysis.plotting import style_axes as _style_axes
 from analysis.run_archive import archived_run, is_archive, read_archive
+from archlab.config import model_config
+from archlab.costs import param_counts, training_flops_per_token
 from archlab.io import (
     parse_jsonl,
     write_text_atomic,  # noqa: F401  (re-exported for scaling, routing)
 )
 from archlab.io import read_jsonl as _read_jsonl
 from archlab.io import write_json_atomic as _write_json_atomic
+from archlab.objectives import objective_class, objective_name
 from archlab.train.run_folder import METRICS, RECIPE, ROUTING, RUN_MARKER, SUMMARY  # noqa: F401  (the run's files)
 
 SWEEP_MANIFEST = "manifest.json"
@@ -115,8 +118,6 @@ class Run:
     def loss_key(self) -> str:
         """The validation rows' loss of this run's objective (causal LM and MTP: ``loss``; masked LM:
         ``mlm_loss``; span corruption: ``span_loss``): losses under different keys are never compared."""
-        from archlab.objectives import objective_class, objective_name
-
         return objective_class(objective_name(self.recipe)).eval_loss_key
 
     @property
@@ -138,17 +139,12 @@ class Run:
     @cached_property
     def flops_per_token(self) -> float:
         """Training FLOPs per token from the run's recipe (archlab's cost model)."""
-        from archlab.config import model_config
-        from archlab.costs import training_flops_per_token
-
         return float(training_flops_per_token(model_config(self.recipe), self.seq_len))
 
     @cached_property
     def params(self) -> dict:
         """Parameter counts from the recipe (archlab's cost model): total, embedding,
         non_embedding, active (per token: MoE counts only the K routed experts), ..."""
-        from archlab.costs import param_counts
-
         return param_counts(self.recipe).as_dict()
 
     @property

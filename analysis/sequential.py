@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from analysis import verdicts
+from analysis import ceg_coverage, fair, verdicts
 from archlab.errors import RecipeError
 
 KEYS = ("min", "max", "step", "spending")
@@ -168,8 +168,6 @@ def simulate(design: Design, law, g: float, n_sims: int, regime: str = "independ
     """Share of simulated studies (one comparison, true CEG ``g``) ending better / worse / equivalent /
     unresolved, with the mean seeds used; the curve from ``curve_seeds`` reference trunks as the ceg stage
     trains them (``analysis.ceg_coverage.simulate``)."""
-    from analysis import ceg_coverage, fair
-
     rng = np.random.default_rng(seed)
     ln_margin = (math.log(0.9), math.log(1.1))
     counts = {"better": 0, "worse": 0, "equivalent": 0, "unresolved": 0}
@@ -191,8 +189,6 @@ def simulate(design: Design, law, g: float, n_sims: int, regime: str = "independ
 
 
 def main(argv=None) -> None:
-    from analysis import ceg_coverage
-
     p = argparse.ArgumentParser(description="Error rates and seeds used of the sequential design (module "
                                 "docstring), by simulation with a known CEG: a markdown table.")
     p.add_argument("--sims", type=int, default=1000, help="simulated studies per cell (default 1000)")

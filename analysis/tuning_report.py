@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Optional
 
 from analysis import lr_choice
+from analysis.experiments import Section, figure_md, table
+from analysis.plotting import COLORS, pyplot, save_figure, style_axes, wrap_label
 
 
 def section(ctx):
     """The tuning table (per arm: grid, chosen lr, bracketed, cost) and the loss-vs-lr plot."""
-    from analysis.experiments import Section, figure_md, table
-
     tuning = ctx.record.get("tuning") or {}
     tune = ctx.spec.tune
     if tune is not None and not tune.searched:
@@ -34,7 +34,7 @@ def section(ctx):
         if t.get("transferred_from"):
             where += f"; muP transfer from `{t['transferred_from']}`"
         fit = refit(t, noise)
-        rows.append([f"{ctx.arms[arm]['label']} (`{arm}`)", ", ".join(f"{lr:g}" for lr in t["lrs"]), losses,
+        rows.append([f"{ctx.arms[arm].label} (`{arm}`)", ", ".join(f"{lr:g}" for lr in t["lrs"]), losses,
                      f"{t.get('grid_lr', t['lr']):g}", f"**{t['lr']:g}**", _flat_text(fit), where, len(t["runs"]),
                      f"{sum(walls.get(r, 0.0) for r in t['runs']) / 60:.1f}"])
     seeded = sum(r["elapsed_s"] for r in ctx.rows if r["elapsed_s"])
@@ -95,8 +95,6 @@ def _flat_text(fit: Optional[dict]) -> str:
 def plot(ctx, tuning: dict, path: Path):
     from matplotlib.ticker import NullFormatter
 
-    from analysis.plotting import COLORS, pyplot, save_figure, style_axes, wrap_label
-
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     finite, chosen, tried = [], [], set()
@@ -108,7 +106,7 @@ def plot(ctx, tuning: dict, path: Path):
         tried |= set(t["lrs"])
         color = COLORS[i % len(COLORS)]
         ax.plot(*zip(*pts), "o-", color=color,
-                label=wrap_label(f"{ctx.arms[arm]['label']} (chosen {t['lr']:g})", 50))
+                label=wrap_label(f"{ctx.arms[arm].label} (chosen {t['lr']:g})", 50))
         if t["loss"] is not None:
             chosen.append(t["loss"])
             best = t.get("grid_lr", t["lr"])  # the grid's best run; the chosen lr may lie between grid points

@@ -9,6 +9,9 @@ report has. One module per measurement, named as in the spec; each owns
 - its section of the report (``section``; ``analysis.experiment_report`` writes them in the spec's
   order, the ones marked ``last`` (``throughput``) after the others).
 
+What a measurement computes (a model evaluated again, a step timed) lives in its module too, beside the
+settings and the section that read it: one measurement, one module.
+
 Each module registers its measurement in :data:`MEASUREMENTS` (``@register``, ``base.py``) when
 it is imported below; to add a measurement, write its module and import it here.
 

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from analysis.experiment_spec import Spec
+from analysis.experiment_spec import Arm, Spec
 from archlab.errors import RecipeError
 from archlab.io import write_json_atomic
 
@@ -119,6 +119,11 @@ def cached(path: Path, settings: dict, compute: Callable[[], Any]) -> Any:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {"settings": settings, "result": result}, sort_keys=False)
     return result
+
+
+def record_arms(record: dict) -> list[Arm]:
+    """The record's arms (``experiment.json`` keeps them as ``Arm.to_dict()``), in its order."""
+    return [Arm.from_dict(a) for a in record["arms"]]
 
 
 def measurement_folder(record: dict) -> Path:

@@ -64,7 +64,7 @@ def plot_kv(ctx: Context, data: list[dict], path):
     xlabel = "KV cache per token of context (bytes, bf16, log scale)"
     style_axes(ax, "Final validation loss (95% CI over seeds)", xlabel, "final validation loss (nats/token)",
                legend=False, grid="both")
-    style_axes(ax_d, f"Paired difference to {ctx.arms[ctx.reference]['label']} (95% CI)", xlabel,
+    style_axes(ax_d, f"Paired difference to {ctx.arms[ctx.reference].label} (95% CI)", xlabel,
                "loss minus the reference's (nats/token, same seeds)", legend=False, grid="both")
     # one legend for both panels (the colours are the arms'), below them: inside, it covered error bars
     handles, labels = ax.get_legend_handles_labels()

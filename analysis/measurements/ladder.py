@@ -11,6 +11,7 @@ from typing import Optional
 
 import numpy as np
 
+from analysis.ceg_report import fmt_ceg
 from analysis.experiments import Context, Group, Section, errbar, figure_md, fmt_ci, fmt_count, table
 from analysis.measurements.base import Measurement, register
 from analysis.plotting import COLORS, pyplot, save_figure, style_axes
@@ -24,10 +25,10 @@ class Ladder(Measurement):
     title = "Ladder: one change at a time"
 
     def section(self, ctx: Context) -> Section:
-        steps = [g for g in ctx.arm_groups() if not ctx.arms[g.arm]["side"]]
+        steps = [g for g in ctx.arm_groups() if not ctx.arms[g.arm].side]
         rows, data = [], []
         for g in steps:
-            parent = ctx.group(ctx.arms[g.arm]["parent"]) if ctx.arms[g.arm]["parent"] else None
+            parent = ctx.group(ctx.arms[g.arm].parent) if ctx.arms[g.arm].parent else None
             entry = {"arm": g.arm, "parent": parent.arm if parent else None, "loss": g.loss, "step": g.vs_parent,
                      "vs_reference": g.vs_reference}
             if parent is None:
@@ -38,7 +39,7 @@ class Ladder(Measurement):
                                                                   "kv_bytes_per_token")}
                 speed, pspeed = g.speed(), parent.speed()
                 entry["cost_change"]["tokens_per_s_ratio"] = speed / pspeed if speed and pspeed else None
-                rows.append([g.label, " ".join(f"`{o}`" for o in ctx.arms[g.arm]["own"]), fmt_ci(g.loss),
+                rows.append([g.label, " ".join(f"`{o}`" for o in ctx.arms[g.arm].own), fmt_ci(g.loss),
                              fmt_ci(g.vs_parent, signed=True), fmt_ci(g.vs_reference, signed=True),
                              _delta(c["params_total"], pc["params_total"], True) + " / "
                              + _delta(c["params_active"], pc["params_active"], True),
@@ -76,7 +77,7 @@ def _waterfall_bars(ctx: Context, steps: list[Group]) -> list[dict]:
         elif i == 0 or d is None or d.get("mean") is None:
             bars.append({"i": i, "kind": "start", "start": mean, "end": mean, "low": mean, "high": mean})
         else:
-            start = ctx.group(ctx.arms[g.arm]["parent"]).loss["mean"]
+            start = ctx.group(ctx.arms[g.arm].parent).loss["mean"]
             end = start + d["mean"]
             err = errbar(d)
             bars.append({"i": i, "kind": "step", "start": start, "end": end, "err": err, "delta": d["mean"],
@@ -140,8 +141,6 @@ def plot_waterfall(ctx: Context, steps: list[Group], path) -> Optional[object]:
 
 def _draw_step_effects(ctx: Context, ax, bars: list[dict], labels: list[str], arms: list[str]) -> None:
     """Forest plot of the steps' paired changes (rows top to bottom in ladder order)."""
-    from analysis.ceg_report import fmt_ceg
-
     rows = [b for b in bars if b["kind"] == "step"]
     if not rows:
         ax.set_axis_off()

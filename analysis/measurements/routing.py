@@ -77,9 +77,9 @@ class Routing(Measurement):
             data.append({"arm": g.arm, "label": g.label, "family": g.costs["family"], "loss": g.loss,
                          "maxvio_global": glob, "maxvio_batch": batch, "maxvio_end_global": end_glob,
                          "maxvio_end_batch": end_batch, "vs_reference": g.vs_reference,
-                         "parent": ctx.arms[g.arm]["parent"], "vs_parent": g.vs_parent,
+                         "parent": ctx.arms[g.arm].parent, "vs_parent": g.vs_parent,
                          "per_seed": {str(s): v for s, v in per_seed.items()}})
-            balance = ctx.arms[g.arm]["own"]
+            balance = ctx.arms[g.arm].own
             rows.append([f"{g.label} (`{g.arm}`)", g.costs["family"], " ".join(f"`{o}`" for o in balance) or "-",
                          fmt_ci(g.loss), fmt_ci(g.vs_reference, signed=True) if g.vs_reference else "reference",
                          fmt_ci(glob, 3), fmt_ci(batch, 3), fmt_ci(end_glob, 3), fmt_ci(end_batch, 3),

@@ -38,7 +38,7 @@ class Stability(Measurement):
         if not keys:
             return Section("Stability", "(the spec has no grid)")
         row_key, col_key = keys[0], (keys[1] if len(keys) > 1 else None)
-        arms = [a for a in ctx.arms]
+        arms = list(ctx.arms)
         data, md = [], []
         for arm in arms:
             header = [f"{row_key.split('.')[-1]} \\ {col_key.split('.')[-1]}" if col_key else row_key.split(".")[-1]]
@@ -63,7 +63,7 @@ class Stability(Measurement):
                         text += (" " if text else "") + "**" + counts + "**"
                     cells.append(text or "-")
                 rows.append(cells)
-            md += [f"**{ctx.arms[arm]['label']}** (`{arm}`): final validation loss, mean over seeds (each seed's "
+            md += [f"**{ctx.arms[arm].label}** (`{arm}`): final validation loss, mean over seeds (each seed's "
                    "in parentheses); runs that diverged or did not learn are counted in bold.", "",
                    table(header, rows), ""]
         figures: list[str] = []
@@ -125,7 +125,7 @@ def plot_stability(ctx: Context, arms: list[str], row_key: str, col_key: Optiona
         image = ax.imshow(M, cmap="viridis", vmin=vmin, vmax=unigram, aspect="auto")
         ax.set_xticks(range(len(cols)), cols)
         ax.set_yticks(range(len(rows)), rows)
-        style_axes(ax, wrap_label(ctx.arms[arm]["label"], 34), col_key or "", row_key if k == 0 else "", legend=False)
+        style_axes(ax, wrap_label(ctx.arms[arm].label, 34), col_key or "", row_key if k == 0 else "", legend=False)
         ax.grid(False)
     if image is not None:
         cbar = fig.colorbar(image, ax=axes[0].tolist(), shrink=0.9)

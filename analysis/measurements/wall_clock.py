@@ -34,19 +34,19 @@ class WallClock(Measurement):
     title = "Equal FLOPs against equal wall-clock time"
 
     def section(self, ctx: Context) -> Section:
-        timed = [a for a in ctx.arms.values() if "match_time_of" in a["budget"]]
+        timed = [a for a in ctx.arms.values() if a.budget.timed]
         rows, data = [], []
         for a in timed:
-            target, speed_arm = a["budget"]["match_time_of"], a["budget"]["speed_of"]
-            g, tg, sg = ctx.group(a["name"]), ctx.group(target), ctx.group(speed_arm)
+            target, speed_arm = a.budget.match_time_of, a.budget.speed_of
+            g, tg, sg = ctx.group(a.name), ctx.group(target), ctx.group(speed_arm)
             if g is None or tg is None or sg is None:
                 continue
-            budget = (ctx.record.get("timed_budgets") or {}).get(a["name"], {})
+            budget = (ctx.record.get("timed_budgets") or {}).get(a.name, {})
             eq_flops = paired_difference(tg.losses(), sg.losses())
             eq_time = paired_difference(tg.losses(), g.losses())
             secs = {"target": _training_seconds(tg), "speed": _training_seconds(sg), "timed": _training_seconds(g)}
             ratio = tg.speed() / sg.speed() if tg.speed() and sg.speed() else None
-            data.append({"arm": a["name"], "target": target, "speed_arm": speed_arm, "budget": budget,
+            data.append({"arm": a.name, "target": target, "speed_arm": speed_arm, "budget": budget,
                          "equal_flops": eq_flops, "equal_time": eq_time, "training_seconds": secs,
                          "speed_ratio": ratio})
             rows.append([f"{tg.label} vs {sg.label}", "equal training FLOPs", fmt_ci(tg.loss), fmt_ci(sg.loss),
@@ -66,8 +66,8 @@ class WallClock(Measurement):
               + table(["comparison", "view", "first arm loss", "second arm loss", "first - second (paired)",
                        "tokens (first / second)", "training s (first / second)"], rows))
         if data and data[0]["speed_ratio"]:
-            md += "\n\n" + "; ".join(f"{ctx.arms[d['target']]['label']} trains at {d['speed_ratio']:.2f}x the tokens/s "
-                                     f"of {ctx.arms[d['speed_arm']]['label']}" for d in data) + "."
+            md += "\n\n" + "; ".join(f"{ctx.arms[d['target']].label} trains at {d['speed_ratio']:.2f}x the tokens/s "
+                                     f"of {ctx.arms[d['speed_arm']].label}" for d in data) + "."
         figures: list[str] = []
         md += figure_md(figures, plot_curves(ctx, ctx.out / "loss_vs_time_and_flops.png"),
                         "validation loss against time and FLOPs")
@@ -126,7 +126,7 @@ def plot_curves(ctx: Context, path):
         t = n / g.bench_tokens_per_s if bench else np.mean([c[0][:k] for c in curves], axis=0)
         f = np.mean([c[2][:k] for c in curves], axis=0) / 1e12
         v = np.array([c[3][:k] for c in curves], dtype=float)
-        color, style = COLORS[i % len(COLORS)], "--" if "match_time_of" in ctx.arms[g.arm]["budget"] else "-"
+        color, style = COLORS[i % len(COLORS)], "--" if ctx.arms[g.arm].budget.timed else "-"
         label = f"{g.label} ({len(curves)} seed{'s' if len(curves) > 1 else ''})"
         for ax, x in ((ax_t, t), (ax_f, f)):
             ax.plot(x, v.mean(axis=0), style, color=color, lw=1.5, label=label)

@@ -9,12 +9,17 @@ from types import SimpleNamespace as Namespace
 import pytest
 
 from analysis import ceg_report, verdicts
-from analysis.experiment_spec import Ceg, Margin
+from analysis.experiment_spec import Arm, Ceg, Margin
 
 
 def _spec(verdicts: str = "reference", ceg=None):
     """The spec fields compare reads: an equivalence margin of 0.02 nats, the verdicts' family, the curve."""
     return Namespace(margin=Margin("nats", 0.02), verdicts=verdicts, ceg=ceg, sequential=None)
+
+
+def _arms(**fields) -> dict:
+    """{name: Arm} with the fields compare reads (``parent``, ``compare``, ``side``), the rest left empty."""
+    return {name: Arm(name=name, label=name, recipe="", overrides=[], own=[], **f) for name, f in fields.items()}
 
 
 class _Group:
@@ -33,7 +38,7 @@ def test_pairs_verdicts_test_each_arm_against_its_compare_arm():
     losses = {"adamw": {0: 4.00, 1: 4.02, 2: 3.98, 3: 4.01}, "muon": {0: 3.90, 1: 3.921, 2: 3.879, 3: 3.911},
               "ds": {0: 4.30, 1: 4.32, 2: 4.28, 3: 4.31}, "ds-mtp": {0: 4.301, 1: 4.319, 2: 4.2805, 3: 4.3101}}
     groups = {a: _Group(a, v) for a, v in losses.items()}
-    arms = {"adamw": {}, "muon": {"compare": "adamw"}, "ds": {}, "ds-mtp": {"compare": "ds"}}
+    arms = _arms(adamw={}, muon={"compare": "adamw"}, ds={}, **{"ds-mtp": {"compare": "ds"}})
     for mode, expected in [("pairs", {"muon": ("adamw", "better"), "ds-mtp": ("ds", "equivalent")}),
                            ("reference", {"muon": ("adamw", "better"), "ds": ("adamw", "worse"),
                                           "ds-mtp": ("adamw", "worse")})]:
@@ -50,7 +55,7 @@ def test_verdicts_leave_out_arms_of_another_objective():
 
     groups = {"gpt": _Group("gpt", {0: 4.0, 1: 4.1, 2: 4.05}), "gpt-8": _Group("gpt-8", {0: 3.9, 1: 3.95, 2: 3.92}),
               "bert": _Group("bert", {0: 5.0, 1: 5.1, 2: 5.05}, metric="mlm_loss")}
-    ctx = SimpleNamespace(spec=_spec(), reference="gpt", arms={a: {} for a in groups},
+    ctx = SimpleNamespace(spec=_spec(), reference="gpt", arms=_arms(**{a: {} for a in groups}),
                           group=groups.get, arm_groups=lambda: list(groups.values()), curve_rows=[])
     out = ceg_report.compare(ctx)
     assert set(out["arms"]) == {"gpt-8"} and out["arms"]["gpt-8"]["class"].startswith("better")
@@ -64,7 +69,7 @@ def test_side_arms_are_tested_only_against_their_compare_arm():
     groups = {"dense": _Group("dense", {0: 4.0, 1: 4.1, 2: 4.05}), "moe": _Group("moe", {0: 3.9, 1: 3.95, 2: 3.92}),
               "dense-time": _Group("dense-time", {0: 4.1, 1: 4.2, 2: 4.15}),
               "deep": _Group("deep", {0: 3.7, 1: 3.75, 2: 3.72})}
-    arms = {"dense": {}, "moe": {}, "dense-time": {"side": True}, "deep": {"side": True, "compare": "moe"}}
+    arms = _arms(dense={}, moe={}, deep={"side": True, "compare": "moe"}, **{"dense-time": {"side": True}})
     ctx = SimpleNamespace(spec=_spec(), reference="dense", arms=arms, group=groups.get,
                           arm_groups=lambda: list(groups.values()), curve_rows=[])
     out = ceg_report.compare(ctx)
@@ -79,7 +84,7 @@ def test_parent_verdicts_test_each_step_of_a_ladder_against_the_step_before():
     groups = {"a": _Group("a", {0: 4.30, 1: 4.32, 2: 4.28, 3: 4.31}),
               "b": _Group("b", {0: 4.00, 1: 4.02, 2: 3.98, 3: 4.01}),
               "c": _Group("c", {0: 4.001, 1: 4.019, 2: 3.9805, 3: 4.0101})}
-    arms = {"a": {"parent": None}, "b": {"parent": "a"}, "c": {"parent": "b"}}
+    arms = _arms(a={"parent": None}, b={"parent": "a"}, c={"parent": "b"})
     ctx = SimpleNamespace(spec=_spec(verdicts="parent"), reference="a", arms=arms,
                           group=groups.get, arm_groups=lambda: list(groups.values()), curve_rows=[])
     out = ceg_report.compare(ctx)
@@ -102,7 +107,7 @@ def test_parent_verdicts_give_each_step_its_ceg_against_its_parent():
     groups = {a: _Group(a, {s: loss(k * 1e12) + luck[s] for s in luck}) for a, k in (("a", 1), ("b", 2), ("c", 3))}
     for g in groups.values():
         g.runs = {s: {"status": "finished", "training_flops": 1e12} for s in luck}
-    arms = {"a": {"parent": None}, "b": {"parent": "a"}, "c": {"parent": "b"}}
+    arms = _arms(a={"parent": None}, b={"parent": "a"}, c={"parent": "b"})
     ctx = SimpleNamespace(spec=_spec(verdicts="parent", ceg=Ceg(fractions=[1], seeds=[0])),
                           reference="a", arms=arms, group=groups.get, arm_groups=lambda: list(groups.values()),
                           curve_rows=rows)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import archlab
-from analysis.cloze import cloze_items, cloze_log_probs
+from analysis.measurements.cloze import cloze_items, cloze_log_probs
 
 TEXT = 290  # text ids of the models below (the ids above: mask, start, sentinels)
 

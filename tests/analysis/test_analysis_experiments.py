@@ -10,8 +10,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from analysis.experiments import cell_tag, fmt_ci, paired_difference, t_interval
-from analysis.extrapolation import eval_overrides
-from analysis.init_gradients import init_grad_norms
+from analysis.measurements.extrapolation import eval_overrides
+from analysis.measurements.init_grad_norms import init_grad_norms
 from analysis.measurements.routing import maxvio
 from archlab.config import load_recipe
 

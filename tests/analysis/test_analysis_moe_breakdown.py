@@ -4,7 +4,7 @@ parameters of its phase, and a trained run is timed layer by layer."""
 import pytest
 import torch
 
-from analysis import moe_breakdown
+from analysis.measurements import moe_breakdown
 from archlab.config import load_recipe
 from archlab.model import build_model
 from archlab.nn.moe.layer import MoELayer

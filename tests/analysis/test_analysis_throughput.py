@@ -2,7 +2,7 @@
 
 import torch
 
-from analysis import throughput
+from analysis.measurements import throughput
 
 TINY = ["model.vocab_size=384", "data.max_bytes=150000", "model.d_model=32", "model.n_layers=2",
         "train.seq_len=32", "train.micro_batch_size=4", "train.warmup_steps=0"]

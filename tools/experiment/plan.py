@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from analysis.experiment_spec import Arm, Spec
-from analysis.throughput import benchmark
+from analysis.measurements.throughput import benchmark
 from archlab.config import load_recipe, model_config
 from archlab.costs import kv_cache_bytes, param_counts, training_flops_per_token
 from tools import experiment_ceg, experiment_seeds, experiment_tuning, sweep
