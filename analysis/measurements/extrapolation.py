@@ -51,10 +51,11 @@ from analysis.measurements.base import (
 )
 from analysis.plotting import COLORS, pyplot, save_figure, style_axes
 from archlab.config import load_recipe
-from archlab.data import eval_windows, prepare_data
+from archlab.data import eval_windows
 from archlab.errors import RecipeError
 from archlab.model.build import build_model
 from archlab.nn.positions import position_class
+from archlab.objectives import token_data
 from archlab.objectives.causal_lm import CausalLM
 from archlab.train.checkpoint import load_weights_into, resolve_checkpoint
 
@@ -91,7 +92,7 @@ def evaluate_lengths(run_dir: str | Path, multipliers: Sequence[int], tokens: in
     ckpt = resolve_checkpoint(run_dir)
     base = load_recipe(ckpt / "recipe.yaml")
     L = int(base.train.seq_len)
-    data = prepare_data(base)
+    data = token_data(base)
     width = bin_width or max(1, L // 8)
     out = {"train_len": L, "overrides": list(overrides), "checkpoint": str(ckpt), "lengths": []}
     for m in multipliers:

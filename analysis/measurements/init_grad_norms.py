@@ -42,8 +42,9 @@ from analysis.measurements.base import (
 )
 from analysis.plotting import COLORS, pyplot, save_figure, style_axes
 from archlab.config import load_recipe
-from archlab.data import TokenBatches, prepare_data
+from archlab.data import TokenBatches
 from archlab.model.build import build_model
+from archlab.objectives import token_data
 from archlab.objectives.causal_lm import CausalLM
 
 
@@ -61,7 +62,7 @@ def init_grad_norms(recipe: str, overrides: Sequence[str], seed: int, batches: i
     "embedding": gradient norm of the token embedding, "n_layers", "seed", "batches"}."""
     cfg = load_recipe(recipe, [*overrides, f"train.seed={seed}"])
     t = cfg.train
-    data = prepare_data(cfg)
+    data = token_data(cfg)
     torch.manual_seed(seed)  # as the trainer: the same initial weights as the run of this seed
     model = build_model(cfg)
     model.train()

@@ -42,7 +42,8 @@ from analysis import fair
 from analysis.experiments import Context, Section, table
 from analysis.measurements.base import Measurement, cached, measurement_folder, register
 from analysis.runs import open_run
-from archlab.data import eval_windows, prepare_data
+from archlab.data import eval_windows
+from archlab.objectives import token_data
 from archlab.objectives.causal_lm import CausalLM
 from archlab.train.checkpoint import load_model
 
@@ -55,7 +56,7 @@ def window_losses(run_dir: str | Path) -> np.ndarray:
     weights; fp32 on CPU)."""
     model, cfg = load_model(run_dir)
     t = cfg.train
-    data = prepare_data(cfg)
+    data = token_data(cfg)
     S = int(t.seq_len)
     out = []
     for x_BS1 in eval_windows(data.val, S, int(t.micro_batch_size), int(t.eval_batches)):

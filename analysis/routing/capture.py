@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from analysis.runs import Run, RunError
-from archlab.data import Tokenizer, prepare_data
+from archlab.data import Tokenizer
+from archlab.objectives import token_data
 
 
 def moe_routers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -72,7 +73,7 @@ def held_out_tokens(run: Run, text_paths: Sequence[str], max_tokens: int) -> tup
                 break
         return np.asarray(ids[:max_tokens], dtype=np.int64), f"{len(files)} --text file(s)"
 
-    data = prepare_data(run.recipe)
+    data = token_data(run.recipe)
     return np.asarray(data.val[:max_tokens], dtype=np.int64), "the run's validation split"
 
 

@@ -11,7 +11,8 @@ import numpy as np
 from analysis.routing.capture import capture_topk, checkpoint_step, held_out_tokens, to_windows
 from analysis.routing.stats import coactivation, maxvio_of_choices, saturation, specialisation, top_tokens
 from analysis.runs import Run, RunError
-from archlab.data import Tokenizer, prepare_data
+from archlab.data import Tokenizer
+from archlab.objectives import token_data
 from archlab.train.checkpoint import CheckpointError, load_model, resolve_checkpoint
 
 
@@ -22,7 +23,7 @@ def held_out_maxvio(run_dir, max_tokens: int = 32768) -> dict:
     model, cfg = load_model(run_dir)
     t = cfg.train
     S = int(t.seq_len)
-    ids = np.asarray(prepare_data(cfg).val[:max_tokens], dtype=np.int64)
+    ids = np.asarray(token_data(cfg).val[:max_tokens], dtype=np.int64)
     topk = capture_topk(model, to_windows(ids, S))
     E = int(cfg.model.moe.num_experts)
     batch_tokens = int(t.micro_batch_size) * int(t.grad_accum) * S

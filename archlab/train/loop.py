@@ -204,7 +204,7 @@ class Trainer:
         return r
 
     def optimizer_step(self, read_stats: bool = False) -> dict[str, Any]:
-        """One optimizer step (as ``analysis.throughput`` times it): this step's lr, forward and backward
+        """One optimizer step (as ``analysis.measurements.throughput`` times it): this step's lr, forward and backward
         over the micro batches (:meth:`train_step`), then, when loss and gradient norm are finite, the
         clipped update, the step and token counts and the callbacks' ``after_update`` (MoE: the
         aux-loss-free bias; the routing statistics when ``read_stats``). A non-finite step leaves the

@@ -1,4 +1,4 @@
-"""analysis.moe_breakdown: the phases are the layer's forward in pieces, each timed call trains the
+"""analysis.measurements.moe_breakdown: the phases are the layer's forward in pieces, each timed call trains the
 parameters of its phase, and a trained run is timed layer by layer."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""analysis.throughput: the interleaved benchmark runs the trainer's step, MoE bookkeeping included."""
+"""analysis.measurements.throughput: the interleaved benchmark runs the trainer's step, MoE bookkeeping included."""
 
 import torch
 

@@ -48,7 +48,7 @@ def match_time_budgets(spec: Spec, arms: Sequence[Arm], runs: list[dict],
     """Token budgets of the time-matched arms: the mean training time of ``match_time_of``'s runs
     (tokens / tokens per second) times the tokens per second of ``speed_of``, rounded to 3
     significant digits (so reruns find the same point names). Tokens per second: from ``bench``
-    (the interleaved benchmark, ``analysis.throughput``: both arms under the same load) when given,
+    (the interleaved benchmark, ``analysis.measurements.throughput``: both arms under the same load) when given,
     else the mean over an arm's runs of each run's median over its logged windows
     (``analysis.experiments.run_tokens_per_s``)."""
     def mean_of(arm: str, fn) -> float:
