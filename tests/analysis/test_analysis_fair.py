@@ -1,6 +1,5 @@
 """analysis.fair against known answers: the compute-equivalent gain on synthetic power-law curves, bounds
-outside the measured range, the local fit, Holm by hand, the seeds
-TOST needs and the bootstrap helpers of the validation sampling error."""
+outside the measured range, the loss margin of a CEG margin, and the names others read as ``fair.<name>``."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis import fair
+from analysis import compute_curve, fair, paired_tests, val_bootstrap
 
 E, A_C0, ALPHA, C0 = 3.0, 1.0, 0.3, 1e12  # L(C) = 3 + (C / 1e12)^-0.3: 4.52 at 0.25e12, 3.66 at 4e12
 COMPUTES = [0.25e12, 0.5e12, 1e12, 2e12, 4e12]
@@ -36,20 +35,6 @@ def arm_losses(k: float, noise: float = 0.0, seeds: int = 3, rng=None) -> dict:
 # --------------------------------------------------------------------------------------------
 # compute-equivalent gain
 # --------------------------------------------------------------------------------------------
-
-
-def test_power_law_fit_recovers_parameters_without_noise():
-    fit = fair.fit_compute_curve([p for pts in ref_curves().values() for p in pts])
-    assert fit["kind"] == "power_law" and fit["reason"] == ""
-    assert fit["E"] == pytest.approx(E, rel=1e-6) and fit["alpha"] == pytest.approx(ALPHA, rel=1e-6)
-    assert fit["A_c0"] == pytest.approx(A_C0, rel=1e-6)
-    assert fit["c0"] == pytest.approx(1e12, rel=1e-12)  # geometric mean of 0.25 .. 4 (x 1e12)
-    assert fit["A"] == pytest.approx(A_C0 * 1e12 ** ALPHA, rel=1e-5)  # L = E + A C^-alpha
-    assert (fit["c_min"], fit["c_max"]) == (0.25e12, 4e12)
-    assert fit["l_min"] == pytest.approx(loss(4e12), abs=1e-9)
-    assert fit["l_max"] == pytest.approx(loss(0.25e12), abs=1e-9)
-    assert fit["rms"] < 1e-9
-    assert fair.compute_for_loss(fit, loss(1.7e12)) == pytest.approx(1.7e12, rel=1e-7)
 
 
 @pytest.mark.parametrize("k", [0.8, 1.0, 1.3])
@@ -151,47 +136,6 @@ def test_one_reference_seed_is_noted():
     assert res["n_ref_seeds"] == 1 and "one reference seed" in res["note"]
 
 
-def test_compute_for_loss_does_not_extrapolate():
-    fit = fair.fit_compute_curve([(c, loss(c)) for c in COMPUTES])
-    assert fair.compute_for_loss(fit, loss(4e12)) == pytest.approx(4e12, rel=1e-7)
-    assert fair.compute_for_loss(fit, loss(0.25e12)) == pytest.approx(0.25e12, rel=1e-7)
-    assert fair.compute_for_loss(fit, loss(4.4e12)) is None
-    assert fair.compute_for_loss(fit, loss(0.2e12)) is None
-    assert fair.compute_for_loss(fit, 2.9) is None  # below E
-
-
-@pytest.mark.parametrize("computes", [[1e12, 4e12], [0.5e12, 1e12, 4e12]])
-def test_local_fit_with_two_or_three_points_inverts_a_log_log_line(computes):
-    line = [(c, 5.0 * (c / 1e12) ** -0.1) for c in computes]  # ln L linear in ln C
-    fit = fair.fit_compute_curve(line)
-    assert fit["kind"] == "local" and "distinct computes" in fit["reason"]
-    assert fit["E"] is None and fit["rms"] < 1e-12
-    for c in (1e12, 1.7e12, 2.9e12, 4e12):
-        assert fair.compute_for_loss(fit, 5.0 * (c / 1e12) ** -0.1) == pytest.approx(c, rel=1e-9)
-        assert fair.loss_at(fit, c) == pytest.approx(5.0 * (c / 1e12) ** -0.1, rel=1e-12)
-    assert fair.compute_for_loss(fit, 5.0 * 5.0 ** -0.1) is None  # beyond c_max
-
-
-def test_local_fit_averages_seeds_and_pools_violators():
-    # 3 distinct computes (local); seed means 5.0, 4.0 and 4.2: the violators 4.0 < 4.2 pool to 4.1
-    pts = [(1e12, 4.9), (1e12, 5.1), (2e12, 4.0), (4e12, 4.2)]
-    fit = fair.fit_compute_curve(pts)
-    assert fit["kind"] == "local"
-    assert fit["knots"]["loss"] == pytest.approx([5.0, 4.1, 4.1])
-    assert (fit["l_max"], fit["l_min"]) == pytest.approx((5.0, 4.1))
-    assert fair.compute_for_loss(fit, 4.1) == pytest.approx(math.sqrt(2e12 * 4e12))  # flat: its middle
-    assert fit["rms"] == pytest.approx(math.sqrt((0.1**2 * 4) / 4))  # 0.1 off each point
-
-
-def test_ill_conditioned_power_law_falls_back_to_local():
-    flat = fair.fit_compute_curve([(c, 4.0) for c in COMPUTES])
-    assert flat["kind"] == "local" and "ill-conditioned" in flat["reason"]
-    kinked = fair.fit_compute_curve(list(zip(COMPUTES, [5.0, 4.5, 4.4, 4.0, 3.0])))
-    assert kinked["kind"] == "local" and "misses the points" in kinked["reason"]
-    with pytest.raises(ValueError, match="distinct"):
-        fair.fit_compute_curve([(1e12, 4.0), (1e12, 4.1)])
-
-
 def test_loss_margin_from_ceg():
     fit = fair.fit_compute_curve([(c, loss(c)) for c in COMPUTES])
     lo, hi = fair.loss_margin_from_ceg(fit, C_ARM, (0.9, 1.1))
@@ -201,94 +145,11 @@ def test_loss_margin_from_ceg():
     assert fair.compute_for_loss(fit, loss(C_ARM) + lo) / C_ARM == pytest.approx(1.1, rel=1e-7)
 
 
-# --------------------------------------------------------------------------------------------
-# paired tests, Holm, classes
-# --------------------------------------------------------------------------------------------
-
-
-def test_holm_by_hand():
-    # sorted: 0.005 <= 0.05/4 = 0.0125 reject; 0.01 <= 0.05/3 = 0.0167 reject; 0.03 > 0.05/2 = 0.025 stop,
-    # so 0.04 is not rejected although 0.04 <= 0.05/1. Adjusted: 4*0.005 = 0.02; max(0.02, 3*0.01) = 0.03;
-    # max(0.03, 2*0.03) = 0.06; max(0.06, 1*0.04) = 0.06.
-    res = fair.holm([0.01, 0.04, 0.03, 0.005], alpha=0.05)
-    assert [r["reject"] for r in res] == [True, False, False, True]
-    assert [r["p_adj"] for r in res] == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert [r["rank"] for r in res] == [2, 4, 3, 1]
-    assert [r["threshold"] for r in res] == pytest.approx([0.05 / 3, 0.05, 0.025, 0.0125])
-
-
-def test_holm_skips_none():
-    res = fair.holm([0.01, None, 0.04, 0.03, 0.005], alpha=0.05)
-    assert [r["reject"] for r in res] == [True, False, False, False, True]
-    assert res[1] == {"p": None, "p_adj": None, "reject": False, "rank": None, "threshold": None}
-    assert [r["p_adj"] for r in res if r["p"] is not None] == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert fair.holm([None, None]) == [{"p": None, "p_adj": None, "reject": False, "rank": None,
-                                        "threshold": None}] * 2
-    assert fair.holm([0.9, 0.8])[0]["p_adj"] == 1.0  # min(1, 2 * 0.8) then max with it
-
-
-def test_seeds_needed_by_hand():
-    sd, margin = 0.01, (-0.01, 0.01)
-    n = fair.seeds_needed(sd, margin)
-
-    def power(n):  # mean 0: P(-0.01 + c se < mean_hat < 0.01 - c se) = 2 Phi(0.01 / se - c) - 1
-        se, c = sd / math.sqrt(n), stats.t.ppf(0.95, n - 1)
-        return 2 * stats.norm.cdf(0.01 / se - c) - 1
-    assert power(n) >= 0.8 > power(n - 1)
-    assert n == 10  # normal quantiles alone: (1.645 + 1.2816)^2 = 8.56 -> 9, t adds one
-    assert fair.tost_power(n, sd, margin) == pytest.approx(power(n))
-    # large n: the normal formula n = ((z_0.95 + z_0.9) sd / delta)^2 = 856.4
-    assert abs(fair.seeds_needed(1.0, (-0.1, 0.1)) - 857) <= 2
-    # off-centre: power(n) = Phi((0.1 - c se - 0.05) / se) - Phi((-0.1 + c se - 0.05) / se), the nearer end
-    # dominating: with normal quantiles n ~ ((z_0.95 + z_0.8) sd / (delta - |mean|))^2 = 6.18 * 4 = 24.7
-    def off_centre(n):
-        se, c = 0.1 / math.sqrt(n), stats.t.ppf(0.95, n - 1)
-        return stats.norm.cdf((0.05 - c * se) / se) - stats.norm.cdf((-0.15 + c * se) / se)
-    n = fair.seeds_needed(0.1, (-0.1, 0.1), mean=0.05)
-    assert off_centre(n) >= 0.8 > off_centre(n - 1)
-    assert abs(n - (1.6449 + 0.8416) ** 2 * 4) <= 3
-    assert fair.seeds_needed(0.01, margin, mean=0.01) is None  # on the margin: never equivalent
-    assert fair.seeds_needed(0.0, margin) == 2
-
-
-def test_seeds_needed_gives_the_power_in_simulation():
-    sd, margin = 1.0, (-1.0, 1.0)
-    n = fair.seeds_needed(sd, margin)
-    x = np.random.default_rng(0).normal(0.0, sd, (20000, n))
-    m, se = x.mean(axis=1), x.std(axis=1, ddof=1) / math.sqrt(n)
-    c = stats.t.ppf(0.95, n - 1)
-    rejected = (m - c * se > margin[0]) & (m + c * se < margin[1])
-    assert rejected.mean() == pytest.approx(0.8, abs=0.06)
-
-
-# --------------------------------------------------------------------------------------------
-# validation sampling error
-# --------------------------------------------------------------------------------------------
-
-
-def test_bootstrap_of_a_constant_has_zero_width():
-    res = fair.bootstrap_mean_interval([3.2] * 50)
-    assert res["mean"] == pytest.approx(3.2) and res["half_width"] == pytest.approx(0.0, abs=1e-12)
-    assert res["low"] == pytest.approx(3.2) and res["high"] == pytest.approx(3.2) and res["n"] == 50
-    assert fair.bootstrap_mean_interval([])["mean"] is None
-
-
-def test_bootstrap_matches_the_normal_approximation():
-    x = np.random.default_rng(0).normal(4.0, 1.0, 400)
-    res = fair.bootstrap_mean_interval(x, n_boot=4000)
-    expect = 1.96 * x.std(ddof=1) / math.sqrt(400)  # 0.098
-    assert res["half_width"] == pytest.approx(expect, rel=0.1)
-    assert res["se"] == pytest.approx(x.std(ddof=1) / 20, rel=0.1)
-    assert res["low"] < x.mean() < res["high"]
-
-
-def test_paired_bootstrap_removes_the_shared_variance():
-    rng = np.random.default_rng(1)
-    b = rng.normal(4.0, 1.0, 400)  # window-to-window spread both models share
-    res = fair.paired_bootstrap_difference(b + 0.05 + rng.normal(0, 0.1, 400), b, n_boot=4000)
-    assert res["mean"] == pytest.approx(0.05, abs=0.02)
-    assert res["half_width"] == pytest.approx(1.96 * 0.1 / 20, rel=0.15)  # 0.0098, not the unpaired ~0.14
-    shifted = fair.paired_bootstrap_difference(b + 0.05, b)
-    assert shifted["mean"] == pytest.approx(0.05) and shifted["half_width"] == pytest.approx(0.0, abs=1e-12)
-    with pytest.raises(ValueError, match="same windows"):
-        fair.paired_bootstrap_difference([1.0, 2.0], [1.0])
+def test_names_read_as_fair_are_those_of_their_modules():
+    """analysis.verdicts, ceg_report, sequential, ceg_coverage and measurements.val_sampling read these from fair."""
+    assert fair.fit_compute_curve is compute_curve.fit_compute_curve and fair.loss_at is compute_curve.loss_at
+    assert fair.compute_for_loss is compute_curve.compute_for_loss
+    assert (fair.holm, fair.seeds_needed, fair._ratio) == (paired_tests.holm, paired_tests.seeds_needed,
+                                                           paired_tests._ratio)
+    assert fair.bootstrap_mean_interval is val_bootstrap.bootstrap_mean_interval
+    assert fair.paired_bootstrap_difference is val_bootstrap.paired_bootstrap_difference

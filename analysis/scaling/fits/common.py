@@ -1,5 +1,5 @@
-"""What every scaling fit shares: named statuses and flags, bound checks, percentile intervals, the
-robust (Huber) loss and strict-JSON output.
+"""What every scaling fit shares: named statuses and flags, bound checks, percentile intervals and strict-JSON
+output (the robust (Huber) loss is ``analysis.curve_fit.huber``, shared with the compute curve).
 
 A result carries a ``status`` ("ok" or a named degeneracy) and, when computed but not to be read as sound,
 named ``flags``; tables and fits.json show :func:`reported_status`. Why, and what each flag means:
@@ -111,12 +111,6 @@ def json_safe(obj):
     if isinstance(obj, np.ndarray):
         return json_safe(obj.tolist())
     return obj
-
-
-def huber(r: np.ndarray, delta: float) -> np.ndarray:
-    """Huber loss of each residual: r^2 / 2 within delta, linear beyond."""
-    a = np.abs(r)
-    return np.where(a <= delta, 0.5 * r * r, delta * (a - 0.5 * delta))
 
 
 def _finite_positive(*arrays: np.ndarray) -> np.ndarray:

@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 import numpy as np
 from scipy.optimize import minimize, nnls
 
+from analysis.curve_fit import huber
 from analysis.scaling.fits.common import (
     COLLINEAR,
     DEGENERATE,
@@ -34,7 +35,6 @@ from analysis.scaling.fits.common import (
     bound_flags,
     bound_thresholds,
     group_budgets,
-    huber,
     json_safe,
     n_opt_flags,
     reported_status,

@@ -1,5 +1,6 @@
-"""L(C) = E + A C^-alpha of one family: a Huber fit on log L from a profile start, with 95% bootstrap
-intervals over points (or over residuals when there are few points).
+"""L(C) = E + A C^-alpha of one family: a Huber fit on log L from a profile start (the shared L(C) fitter,
+``analysis.curve_fit``, on the log scale), with 95% bootstrap intervals over points (or over residuals when there
+are few points).
 
 The fit and its intervals: docs/methods/scaling.md.
 """
@@ -11,9 +12,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional, Sequence
 
 import numpy as np
-from scipy.optimize import least_squares, nnls
 
-from analysis.scaling.fits.common import NEGLIGIBLE, _log_ci, bound_flags, bound_thresholds, huber, reported_status
+from analysis.curve_fit import fit_lc, geometric_mean, profile_start, residuals
+from analysis.scaling.fits.common import NEGLIGIBLE, _log_ci, bound_flags, bound_thresholds, reported_status
 
 MIN_POINTS = 4  # 3 parameters (E, A, alpha) + at least one degree of freedom
 PAIRS_MIN_POINTS = 6  # below this, bootstrap the residuals instead of the points (see _bootstrap)
@@ -66,46 +67,6 @@ class PowerLawFit:
         return self.E + self.A_ref * x ** (-self.alpha)
 
 
-def _residuals(theta: np.ndarray, x: np.ndarray, log_L: np.ndarray) -> np.ndarray:
-    log_E, log_A, alpha = theta
-    return np.log(np.exp(log_E) + np.exp(log_A) * x ** (-alpha)) - log_L
-
-
-def _jacobian(theta: np.ndarray, x: np.ndarray, log_L: np.ndarray) -> np.ndarray:
-    log_E, log_A, alpha = theta
-    E, power = np.exp(log_E), np.exp(log_A) * x ** (-alpha)
-    m = E + power
-    return np.stack([E / m, power / m, -power * np.log(x) / m], axis=1)  # (n, 3)
-
-
-def _huber(r: np.ndarray, delta: float) -> float:
-    """The summed Huber loss of the residuals (:func:`analysis.scaling.fits.common.huber`)."""
-    return float(huber(r, delta).sum())
-
-
-ALPHA_GRID = np.geomspace(1e-3, 5.0, 240)
-
-
-def _profile_start(x: np.ndarray, L: np.ndarray, huber_delta: float) -> tuple[float, float, float]:
-    """A global starting point: for each alpha of a grid, (E, A_ref) >= 0 by iteratively
-    reweighted non-negative least squares on relative residuals (~ log residuals, Huber
-    weights); keep the alpha with the lowest Huber loss on log L. For fixed alpha the model is
-    linear in (E, A_ref), so this explores the flat E-A valley that trips local optimisers."""
-    best, best_obj = None, math.inf
-    log_L = np.log(L)
-    for alpha in ALPHA_GRID:
-        M = np.stack([np.ones_like(x), x ** (-alpha)], axis=1) / L[:, None]  # rows: (1, u) / L
-        w = np.ones_like(L)
-        for _ in range(3):
-            (E, A), _ = nnls(M * np.sqrt(w)[:, None], np.sqrt(w))
-            r = np.log(np.maximum(E + A * x ** (-alpha), 1e-12)) - log_L
-            w = np.where(np.abs(r) <= huber_delta, 1.0, huber_delta / np.maximum(np.abs(r), 1e-300))
-        obj = _huber(r, huber_delta)
-        if obj < best_obj:
-            best, best_obj = (math.log(max(E, 1e-6)), math.log(max(A, 1e-12)), float(alpha)), obj
-    return best
-
-
 E_MIN = 1e-6  # lower bound of E in the L(C) fit
 LOG_A_REF_BOUND = 30.0  # |ln A_ref| bound
 ALPHA_MAX = 5.0  # upper bound of alpha (lower: 0)
@@ -132,24 +93,12 @@ def lc_bound_flags(fit: PowerLawFit, L: np.ndarray) -> list[str]:
 
 def _fit_once(x: np.ndarray, L: np.ndarray, huber_delta: float, extra_inits: Sequence[tuple] = (),
               max_nfev: int = 200) -> Optional[np.ndarray]:
-    """Best (log E, log A_ref, alpha): the profile start and any extra starts, each polished by
-    bounded least squares with a Huber loss on log L. None if every start fails."""
-    log_L = np.log(L)
-    lo, hi = _lc_bounds(L)
-    start = np.asarray(_profile_start(x, L, huber_delta))
-    best, best_cost = start, _huber(_residuals(start, x, log_L), huber_delta)
-    for theta0 in [start, *extra_inits]:
-        theta0 = np.clip(np.asarray(theta0, dtype=float), np.add(lo, 1e-9), np.subtract(hi, 1e-9))
-        try:
-            res = least_squares(_residuals, theta0, jac=_jacobian, args=(x, log_L), loss="huber",
-                                f_scale=huber_delta, bounds=(lo, hi), method="trf", max_nfev=max_nfev)
-        except (ValueError, FloatingPointError):
-            continue
-        cost = _huber(_residuals(res.x, x, log_L), huber_delta)
-        # status 0 = evaluation budget spent: along the flat E-A valley that is still a usable fit
-        if res.status >= 0 and np.isfinite(cost) and cost < best_cost:
-            best, best_cost = res.x, cost
-    return best if np.all(np.isfinite(best)) else None
+    """Best (log E, log A_ref, alpha) by the shared L(C) fitter: the profile start and any extra starts (1e-9
+    inside the bounds), each polished by bounded least squares with a Huber loss on log L, the profile start kept
+    unless one beats it. None if every start fails."""
+    start = np.asarray(profile_start(x, L, huber_delta))
+    return fit_lc(x, L, [start, *extra_inits], on="log", bounds=_lc_bounds(L), huber_delta=huber_delta, keep=start,
+                  margin=1e-9, method="trf", max_nfev=max_nfev)
 
 
 def _init_grid(L: np.ndarray) -> list[tuple]:
@@ -183,13 +132,13 @@ def fit_power_law(C: Sequence[float], L: Sequence[float], *, n_boot: int = 200, 
     if n_distinct < MIN_POINTS:
         return PowerLawFit(n_points=n, status="under-determined",
                            message=f"{n_distinct} distinct compute values; 3 parameters need >= {MIN_POINTS}")
-    c_ref = float(np.exp(np.mean(np.log(C))))
+    c_ref = geometric_mean(C)
     x = C / c_ref
     theta = _fit_once(x, L, huber_delta, _init_grid(L)[::3], max_nfev=500)
     if theta is None:
         return PowerLawFit(n_points=n, status="failed", message="least squares did not converge from any start")
     fit = _to_fit(theta, n, c_ref)
-    fit.rms_log_residual = float(np.sqrt(np.mean(_residuals(theta, x, np.log(L)) ** 2)))
+    fit.rms_log_residual = float(np.sqrt(np.mean(residuals(theta, x, L, "log") ** 2)))
     _bootstrap(fit, theta, x, L, n_boot, huber_delta, seed)
     fit.flags = lc_bound_flags(fit, L)
     return fit
