@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis import fair, verdicts
+from analysis import compute_curve, fair, verdicts
 
 FRACTIONS = (0.25, 0.5, 1.0, 2.0)
 BUDGET = 4.2e12
@@ -73,7 +73,7 @@ def simulate(rng: np.random.Generator, law: Law, n_seeds: int, regime: str, g: f
 
 def paired_interval(curves: dict, ref: dict, arm: dict, level: float = 0.95) -> tuple[float, float, float]:
     """(ln CEG, low, high) of the paired inference (``analysis.verdicts``) of one comparison."""
-    fit = fair.fit_compute_curve([p for pts in curves.values() for p in pts])
+    fit = compute_curve.fit_compute_curve([p for pts in curves.values() for p in pts])
     comp = {s: BUDGET for s in arm}
     scale, x, why = verdicts.seed_values(fit, arm, ref, comp, comp)
     if scale != verdicts.LN_CEG:

@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from analysis import fair, sequential, verdicts
+from analysis import compute_curve, sequential, verdicts
 from analysis.experiments import Section, figure_md, table
 from analysis.plotting import COLORS, plain_log_axis, pyplot, save_figure, style_axes, wrap_label
 
@@ -33,7 +33,7 @@ def compare(ctx) -> dict:
     fit, curve_note = None, ""
     if ref_curves:
         try:
-            fit = fair.fit_compute_curve([p for pts in ref_curves.values() for p in pts])
+            fit = compute_curve.fit_compute_curve([p for pts in ref_curves.values() for p in pts])
         except ValueError as e:  # fewer than 2 distinct computes learned: no curve, no CEG
             curve_note = f"no compute curve: {e}"
     budget_c = _compute(ref) if ref is not None else None
@@ -228,7 +228,7 @@ def plot(ctx, fit: dict, path: Path):
         ax.plot(*zip(*pts), "o", color=COLORS[0], alpha=0.6, label=f"{ctx.reference}: cooldown branches"
                 if i == 0 else None)
     cs = np.geomspace(fit["c_min"], fit["c_max"], 100)
-    ax.plot(cs, [fair.loss_at(fit, c) for c in cs], "-", color=COLORS[0], label="fitted L(C)")
+    ax.plot(cs, [compute_curve.loss_at(fit, c) for c in cs], "-", color=COLORS[0], label="fitted L(C)")
     rows = []
     for k, (i, g) in enumerate(groups):
         c = _compute(g)
@@ -239,7 +239,7 @@ def plot(ctx, fit: dict, path: Path):
             else wrap_label(f"{g.label} (seeded runs)", 45)
         ax.errorbar([c], [g.loss["mean"]], yerr=err, fmt="D", color=color, capsize=3, alpha=0.8 if many else 1,
                     label=label)
-        c_ref = fair.compute_for_loss(fit, g.loss["mean"])
+        c_ref = compute_curve.compute_for_loss(fit, g.loss["mean"])
         if c_ref is not None and g.arm != ctx.reference:  # the CEG: the compute the reference needs for this loss
             ax.plot([c, c_ref], [g.loss["mean"]] * 2, ":", color=color, lw=1.2)
         rows.append((g, color, (ctx.comparison.get("arms", {}).get(g.arm) or {}).get("ceg")

@@ -62,12 +62,8 @@ from analysis.compute_curve import (
     loss_at,
     power_law_start,
 )
-from analysis.paired_tests import _ratio, holm, seeds_needed
-from analysis.val_bootstrap import bootstrap_mean_interval, paired_bootstrap_difference
 
-__all__ = ["LEVEL", "ABOVE", "BELOW", "loss_margin_from_ceg", "ceg_replicates", "boot_tail", "compute_equivalent_gain",
-           "fit_compute_curve", "loss_at", "compute_for_loss", "_ratio", "holm", "seeds_needed",
-           "bootstrap_mean_interval", "paired_bootstrap_difference"]
+__all__ = ["LEVEL", "ABOVE", "BELOW", "loss_margin_from_ceg", "ceg_replicates", "boot_tail", "compute_equivalent_gain"]
 
 LEVEL = 0.95
 

@@ -24,7 +24,7 @@ from scipy import stats
 ALPHA = 0.05
 
 
-def _ratio(num: float, se: float) -> float:
+def ratio(num: float, se: float) -> float:
     """num / se with se = 0 read as a certainty: +-inf, or 0 when num is 0 too."""
     if se > 0:
         return num / se

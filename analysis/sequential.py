@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from analysis import ceg_coverage, fair, verdicts
+from analysis import ceg_coverage, compute_curve, verdicts
 from archlab.errors import RecipeError
 
 KEYS = ("min", "max", "step", "spending")
@@ -175,7 +175,7 @@ def simulate(design: Design, law, g: float, n_sims: int, regime: str = "independ
     for _ in range(n_sims):
         curves, ref, arm = ceg_coverage.simulate(rng, law, design.max, regime, g)
         curves = {s: curves[s] for s in range(curve_seeds)}
-        fit = fair.fit_compute_curve([p for pts in curves.values() for p in pts])
+        fit = compute_curve.fit_compute_curve([p for pts in curves.values() for p in pts])
         comp = {s: ceg_coverage.BUDGET for s in range(design.max)}
         margin = {verdicts.LN_CEG: ln_margin, verdicts.NATS: (-0.02, 0.02), "from": "CEG in [0.9, 1.1]"}
         c = {"arm": "arm", "against": "ref", "arm_losses": arm, "other_losses": ref, "arm_compute": comp,

@@ -1,7 +1,7 @@
 """One inference per comparison: the verdict, the CEG and the interval printed beside them come from the same
 per-seed paired values, at the level the verdict is read at.
 
-Per common seed s, with the reference's compute curve C_ref(L) (``analysis.fair.fit_compute_curve``):
+Per common seed s, with the reference's compute curve C_ref(L) (``analysis.compute_curve.fit_compute_curve``):
 
     x_s = ln[C_ref(L_arm,s) / C_arm,s] - ln[C_ref(L_other,s) / C_other,s]     (scale "ln CEG")
 
@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from analysis import fair
+from analysis import compute_curve, fair, paired_tests
 
 ALPHA = 0.05
 POWER = 0.8
@@ -41,7 +41,7 @@ def seed_values(fit: Optional[dict], arm: dict[int, float], other: dict[int, flo
         return NATS, nats, "no compute curve"
     out = {}
     for s in seeds:
-        ca, co = fair.compute_for_loss(fit, arm[s]), fair.compute_for_loss(fit, other[s])
+        ca, co = compute_curve.compute_for_loss(fit, arm[s]), compute_curve.compute_for_loss(fit, other[s])
         if ca is None or co is None:
             return NATS, nats, f"seed {s}'s loss lies outside the curve's measured range"
         out[s] = math.log(ca / arm_compute[s]) - math.log(co / other_compute[s])
@@ -62,7 +62,8 @@ def curve_variance(ref_curves: dict[int, list[tuple[float, float]]], arm: dict[i
         return 0.0, m
     thetas = []
     for left in ref_curves:
-        refit = fair.fit_compute_curve([p for s, pts in ref_curves.items() if s != left for p in pts], start=fit)
+        rest = [p for s, pts in ref_curves.items() if s != left for p in pts]
+        refit = compute_curve.fit_compute_curve(rest, start=fit)
         scale, x, _ = seed_values(refit, arm, other, arm_compute, other_compute)
         if scale != LN_CEG or not x:
             return 0.0, m
@@ -95,9 +96,9 @@ def paired_inference(values: Sequence[float], margin: tuple[float, float], curve
     else:
         df = float(n - 1)
     mean = res["mean"]
-    t = fair._ratio(mean, se)
-    p_lo = float(stats.t.sf(fair._ratio(mean - lo, se), df))
-    p_hi = float(stats.t.cdf(fair._ratio(mean - hi, se), df))
+    t = paired_tests.ratio(mean, se)
+    p_lo = float(stats.t.sf(paired_tests.ratio(mean - lo, se), df))
+    p_hi = float(stats.t.cdf(paired_tests.ratio(mean - hi, se), df))
     res.update(sd=sd, se=se, se_seeds=math.sqrt(a), df=df, t=t,
                p_difference=float(min(1.0, 2 * stats.t.sf(abs(t), df))), p_tost=max(p_lo, p_hi))
     return res
@@ -117,8 +118,8 @@ def interval(res: dict, alpha: float, two_sided: bool = True) -> tuple[Optional[
 def decide(results: list[dict], alpha: float = ALPHA) -> list[dict]:
     """Holm over the family (difference and TOST separately), the verdict, and the intervals at the Holm level
     of each comparison. Each result needs ``scale`` (ln CEG: higher is better; nats: lower is better)."""
-    diff = fair.holm([r.get("p_difference") for r in results], alpha)
-    equiv = fair.holm([r.get("p_tost") for r in results], alpha)
+    diff = paired_tests.holm([r.get("p_difference") for r in results], alpha)
+    equiv = paired_tests.holm([r.get("p_tost") for r in results], alpha)
     out = []
     for r, d, e in zip(results, diff, equiv):
         r = dict(r)
@@ -157,7 +158,7 @@ def seeds_to_resolve(mean: float, sd: float, margin: tuple[float, float], alpha_
 
     cands = []
     if alpha_e is not None and margin[0] < mean < margin[1]:
-        n = fair.seeds_needed(sd, margin, mean=mean, alpha=alpha_e, power=power, n_max=n_max)
+        n = paired_tests.seeds_needed(sd, margin, mean=mean, alpha=alpha_e, power=power, n_max=n_max)
         if n is not None:
             cands.append(n)
     if alpha_d is not None and mean != 0 and sd > 0:
@@ -174,7 +175,7 @@ def calibration(fit: dict, ref: dict[int, float], ref_compute: dict[int, float])
     seeds. The paired CEG divides this offset out; it shows how well the curve passes through the budget."""
     vals = []
     for s, v in sorted(ref.items()):
-        c = fair.compute_for_loss(fit, v) if _finite(v) else None
+        c = compute_curve.compute_for_loss(fit, v) if _finite(v) else None
         if c is not None:
             vals.append(math.log(c / ref_compute[s]))
     r = paired_inference(vals, (-1.0, 1.0))
@@ -199,8 +200,8 @@ def margins(fit: Optional[dict], budget_c: Optional[float], margin_spec: dict) -
     m = float(margin_spec["nats"])
     out = {LN_CEG: None, NATS: (-m, m), "from": f"+-{m:g} nats"}
     if fit is not None and budget_c:
-        lb = fair.loss_at(fit, budget_c)
-        c_worse, c_better = fair.compute_for_loss(fit, lb + m), fair.compute_for_loss(fit, lb - m)
+        lb = compute_curve.loss_at(fit, budget_c)
+        c_worse, c_better = compute_curve.compute_for_loss(fit, lb + m), compute_curve.compute_for_loss(fit, lb - m)
         if c_worse is not None and c_better is not None:
             out[LN_CEG] = (math.log(c_worse / budget_c), math.log(c_better / budget_c))
             out["from"] += (f" at the budget; as CEG [{c_worse / budget_c:.3f}, {c_better / budget_c:.3f}] on "

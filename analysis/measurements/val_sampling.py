@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from analysis import fair
+from analysis import val_bootstrap
 from analysis.experiments import Context, Section, table
 from analysis.measurements.base import Measurement, cached, measurement_folder, register
 from analysis.runs import open_run
@@ -109,14 +109,14 @@ class ValSampling(Measurement):
         ref = ctx.group(ctx.reference)
         rows, data = [], {}
         for g in ctx.arm_groups():
-            own = [fair.bootstrap_mean_interval(windows[r["point"]])["half_width"]
+            own = [val_bootstrap.bootstrap_mean_interval(windows[r["point"]])["half_width"]
                    for r in g.runs.values() if r["point"] in windows]
             paired = []
             if ref is not None and g.arm != ctx.reference:
                 for s, r in g.runs.items():
                     rr = ref.runs.get(s)
                     if rr and r["point"] in windows and rr["point"] in windows:
-                        paired.append(fair.paired_bootstrap_difference(windows[r["point"]],
+                        paired.append(val_bootstrap.paired_bootstrap_difference(windows[r["point"]],
                                                                        windows[rr["point"]])["half_width"])
             seed_half, pair_half = _half(g.loss), _half(g.vs_reference)
             v_own = sum(own) / len(own) if own else None

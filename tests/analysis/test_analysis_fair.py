@@ -1,5 +1,5 @@
 """analysis.fair against known answers: the compute-equivalent gain on synthetic power-law curves, bounds
-outside the measured range, the loss margin of a CEG margin, and the names others read as ``fair.<name>``."""
+outside the measured range, the loss margin of a CEG margin."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis import compute_curve, fair, paired_tests, val_bootstrap
+from analysis import compute_curve, fair
 
 E, A_C0, ALPHA, C0 = 3.0, 1.0, 0.3, 1e12  # L(C) = 3 + (C / 1e12)^-0.3: 4.52 at 0.25e12, 3.66 at 4e12
 COMPUTES = [0.25e12, 0.5e12, 1e12, 2e12, 4e12]
@@ -137,19 +137,9 @@ def test_one_reference_seed_is_noted():
 
 
 def test_loss_margin_from_ceg():
-    fit = fair.fit_compute_curve([(c, loss(c)) for c in COMPUTES])
+    fit = compute_curve.fit_compute_curve([(c, loss(c)) for c in COMPUTES])
     lo, hi = fair.loss_margin_from_ceg(fit, C_ARM, (0.9, 1.1))
     assert lo == pytest.approx(loss(1.1e12) - loss(1e12), abs=1e-9)
     assert hi == pytest.approx(loss(0.9e12) - loss(1e12), abs=1e-9)
     assert lo < 0 < hi and abs(lo) < hi  # convex curve: a step up in compute gains less than a step down costs
-    assert fair.compute_for_loss(fit, loss(C_ARM) + lo) / C_ARM == pytest.approx(1.1, rel=1e-7)
-
-
-def test_names_read_as_fair_are_those_of_their_modules():
-    """analysis.verdicts, ceg_report, sequential, ceg_coverage and measurements.val_sampling read these from fair."""
-    assert fair.fit_compute_curve is compute_curve.fit_compute_curve and fair.loss_at is compute_curve.loss_at
-    assert fair.compute_for_loss is compute_curve.compute_for_loss
-    assert (fair.holm, fair.seeds_needed, fair._ratio) == (paired_tests.holm, paired_tests.seeds_needed,
-                                                           paired_tests._ratio)
-    assert fair.bootstrap_mean_interval is val_bootstrap.bootstrap_mean_interval
-    assert fair.paired_bootstrap_difference is val_bootstrap.paired_bootstrap_difference
+    assert compute_curve.compute_for_loss(fit, loss(C_ARM) + lo) / C_ARM == pytest.approx(1.1, rel=1e-7)

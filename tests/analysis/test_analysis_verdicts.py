@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis import ceg_coverage, fair, verdicts
+from analysis import ceg_coverage, compute_curve, verdicts
 
 E, A_C0, ALPHA, C0 = 3.0, 1.0, 0.3, 1e12  # L(C) = 3 + (C / 1e12)^-0.3
 COMPUTES = [0.25e12, 0.5e12, 1e12, 2e12, 4e12]
@@ -28,7 +28,7 @@ def ref_curves(seeds: int = 3, noise: float = 0.0, rng=None) -> dict:
 
 
 def fit_of(curves: dict) -> dict:
-    return fair.fit_compute_curve([p for pts in curves.values() for p in pts])
+    return compute_curve.fit_compute_curve([p for pts in curves.values() for p in pts])
 
 
 def sf_t2(t: float) -> float:
