@@ -36,7 +36,7 @@ from typing import Optional, Sequence
 from omegaconf import OmegaConf
 
 import archlab
-from analysis.plotting import pyplot, save_figure, stacked_bars, style_axes, unit_scale
+from analysis.plotting import COLORS, pyplot, save_figure, stacked_bars, style_axes, unit_scale
 from archlab.config import RecipeError
 from archlab.costs import activation_memory, kv_cache_bytes, param_counts, training_flops, training_memory
 from archlab.costs.flops import forward_flops
@@ -269,8 +269,6 @@ def _many(rows: list[dict], labels: list[str], panels: list[tuple], title: str, 
     the totals (a log scale, so that recipes 1000x apart are all readable), or "share", data {component: % per
     recipe} stacked to 100%."""
     from matplotlib.ticker import LogLocator
-
-    from analysis.plotting import COLORS
 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 1.5, 0.3 * len(rows) + 1.8), sharey=True,

@@ -89,20 +89,23 @@ def own(name: str, modules) -> str | None:
 
 
 @lru_cache(maxsize=1)
-def graph() -> tuple[dict, dict]:
-    """module -> {imported module: (line, inside a function)}, and module -> top-level third-party imports."""
+def graph() -> tuple[dict, dict, list]:
+    """module -> {imported module: (line, inside a function)} (a module-level import wins), module -> its top-level
+    third-party imports, and every (module, line, imported module) written inside a function."""
     modules = module_files()
-    edges, third = {}, {}
+    edges, third, late_imports = {}, {}, []
     for name, path in modules.items():
         edges[name], third[name] = {}, set()
-        for line, imported, late in imports(path, name, modules):
+        for line, imported, late in sorted(imports(path, name, modules), key=lambda x: x[2]):
             target = own(imported, modules)
             if target is None:
                 if not late:
                     third[name].add(imported.split(".")[0])
             elif target != name:
                 edges[name].setdefault(target, (line, late))
-    return edges, third
+                if late:
+                    late_imports.append((name, line, target))
+    return edges, third, late_imports
 
 
 def circles(edges: dict) -> list[list[str]]:
@@ -138,14 +141,14 @@ def circles(edges: dict) -> list[list[str]]:
 
 
 def test_no_import_points_up_a_layer():
-    edges, _ = graph()
+    edges, _, _ = graph()
     upward = [f"{a} (layer {layer(a)}) imports {b} (layer {layer(b)}) at line {line}"
               for a in sorted(edges) for b, (line, _) in sorted(edges[a].items()) if layer(b) > layer(a)]
     assert not upward, "\n".join(upward)
 
 
 def test_no_import_circle():
-    edges, _ = graph()
+    edges, _, _ = graph()
     found = circles(edges)
     lines = []
     for component in found:
@@ -167,10 +170,9 @@ def needs_optional(module: str, edges: dict, third: dict, seen=None) -> bool:
 
 
 def test_imports_inside_functions_only_for_optional_dependencies():
-    edges, third = graph()
+    edges, third, late_imports = graph()
     late = [f"{a}:{line} imports {b} inside a function; import it at the top of the module"
-            for a in sorted(edges) for b, (line, inside) in sorted(edges[a].items())
-            if inside and not needs_optional(b, edges, third)]
+            for a, line, b in sorted(late_imports) if not needs_optional(b, edges, third)]
     assert not late, "\n".join(late)
 
 
