@@ -38,9 +38,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("inputs", nargs="+", help="run folders, globs (quote them), sweep folders or folders of runs")
     ap.add_argument("--out", type=Path, help="folder for the plots, fits.json and fits.md (default: print only)")
-    ap.add_argument("--n-kind", choices=list(N_KINDS), default="non_embedding",
+    ap.add_argument("--n-kind", choices=list(N_KINDS), default="total",
                     help="what N counts: " + "; ".join(f"{k} = {v}" for k, v in N_KINDS.items())
-                    + " (default non_embedding)")
+                    + " (default total: Chinchilla's and Pearce & Song's convention)")
     ap.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the intervals (default 200)")
     ap.add_argument("--huber-delta", type=float, default=1e-3,
                     help="Huber loss threshold on log L residuals (default 1e-3, as Chinchilla)")

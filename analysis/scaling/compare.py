@@ -11,7 +11,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from analysis.scaling.fits.common import OK, _interval, json_safe
-from analysis.scaling.fits.loss_nd import compute_multiplier, sample_fits
+from analysis.scaling.fits.allocation import measured_multiplier
+from analysis.scaling.fits.loss_nd import sample_fits
 from analysis.scaling.fits.power_law import PowerLawFit
 from analysis.scaling.read import N_KINDS, Point, n_params
 from analysis.scaling.study import FamilyStudy
@@ -118,8 +119,8 @@ def family_pairs(families: Sequence[str], pairs: Optional[Sequence[str]] = None,
 @dataclass
 class MultiplierCurve:
     """m(C) = C' / C, C' the compute at which ``reference`` reaches, compute-optimally, the loss that
-    ``family`` reaches compute-optimally at C (:func:`analysis.scaling.fits.loss_nd.compute_multiplier` on
-    the two approach-3 fits, C = k N D with each family's measured k, so C is training FLOPs). m > 1:
+    ``family`` reaches compute-optimally at C (:func:`analysis.scaling.fits.allocation.measured_multiplier` on
+    the two approach-3 fits, C = F(N) D with each family's sizes' own training FLOPs per token). m > 1:
     ``family`` is m times more compute-efficient than the reference at C. Only over the C range
     both families measured. Band: 95% over the two families' bootstrap fits, draw i with draw i."""
 
@@ -146,7 +147,7 @@ def multiplier_curve(ref: FamilyStudy, other: FamilyStudy, n_grid: int = 25) -> 
     out = MultiplierCurve(reference=ref.family, family=other.family, n_kind=ref.n_kind, status=OK,
                           k_reference=ref.k, k_family=other.k)
     for st in (ref, other):
-        if st.nd.status != OK or not st.k:
+        if st.nd.status != OK or not st.fpt:
             out.status, out.message = st.nd.status if st.nd.status != OK else "no-k", \
                 f"{st.family}: no L(N, D) fit ({st.nd.message or 'no parameter count'})"
             return out
@@ -157,8 +158,8 @@ def multiplier_curve(ref: FamilyStudy, other: FamilyStudy, n_grid: int = 25) -> 
         return out
     grid = np.geomspace(lo, hi, n_grid)
     out.C = grid.tolist()
-    out.multiplier = [compute_multiplier(ref.nd, other.nd, c, ref.k, other.k) for c in grid]
-    draws = [[compute_multiplier(r, o, c, ref.k, other.k) for c in grid]
+    out.multiplier = [measured_multiplier(ref.nd, other.nd, c, ref.fpt, other.fpt) for c in grid]
+    draws = [[measured_multiplier(r, o, c, ref.fpt, other.fpt) for c in grid]
              for r, o in zip(sample_fits(ref.nd), sample_fits(other.nd))]
     out.n_boot = len(draws)
     if draws:

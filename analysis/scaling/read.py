@@ -21,11 +21,11 @@ from analysis.runs import LEARN_MARGIN, SWEEP_MANIFEST
 from archlab.train.checkpoint import CKPT_DIR
 
 N_KINDS = {  # --n-kind -> what N counts, as named in every table and figure (docs/methods/scaling.md)
-    "non_embedding": "non-embedding parameters, LM head excluded",  # Kaplan's N, tied or untied alike (default)
+    "non_embedding": "non-embedding parameters, LM head excluded",  # Kaplan's N, tied or untied alike
     "with_head": "non-embedding parameters + LM head",  # the head's D x V matmul counted, tied or untied alike
     "untied_head": "non-embedding parameters, untied LM head only",  # archlab.costs' non_embedding: tied != untied
     "active": "active non-embedding parameters, LM head excluded",  # one token's: MoE's K routed + shared experts
-    "total": "total parameters",  # embeddings and an untied head included
+    "total": "total parameters",  # embeddings and an untied head included (default: Chinchilla, Pearce & Song 2024)
 }
 N_COUNTS = {"non_embedding": "non_embedding_no_head", "with_head": "non_embedding_with_head",
             "untied_head": "non_embedding", "active": "active_no_head", "total": "total"}  # archlab.costs.param_counts

@@ -55,7 +55,7 @@ OUTPUTS = ("loss_vs_flops.png", "loss_vs_tokens.png", "dense_vs_moe.png", "isofl
 
 
 def analyse(inputs: Sequence[str], out: Optional[Path], n_boot: int = 200, huber_delta: float = 1e-3,
-            seed: int = 0, *, n_kind: str = "non_embedding", budget_tolerance: float = 0.1,
+            seed: int = 0, *, n_kind: str = "total", budget_tolerance: float = 0.1,
             ref_flops: Optional[float] = None, holdout: Optional[str] = "size", pairs: Optional[Sequence[str]] = None,
             reference: Optional[str] = None, n_polish: Optional[int] = 20,
             predictions: Optional[Sequence[str]] = None, keep_unlearned: bool = False, log=print) -> dict:

@@ -9,6 +9,7 @@ from typing import Optional
 
 import numpy as np
 
+from analysis.scaling.fits.allocation import FlopsPerToken, measured_optimum
 from analysis.scaling.fits.common import OK, difference_interval, json_safe, reported_status
 from analysis.scaling.fits.envelope import EnvelopeExponent, envelope_exponent
 from analysis.scaling.fits.holdout import HoldoutPrediction, holdout_prediction
@@ -36,7 +37,7 @@ class FamilyStudy:
     k_range: Optional[list]
     C_ref: Optional[float]  # reference compute of the optimum (FLOPs)
     nd: NDFit
-    optimum: ComputeOptimal  # C = k N D, k measured
+    optimum: ComputeOptimal  # C = F(N) D, each size's own measured training FLOPs per token (fits.allocation)
     optimum_6nd: ComputeOptimal  # C = 6 N D
     iso: IsoFLOPResult
     env: EnvelopeExponent
@@ -47,6 +48,7 @@ class FamilyStudy:
     # `cooldown.compute: 6nd` with this N, ~k for measured FLOPs); approach 3's N_opt(C) is drawn in it beside
     # approach 2's minima
     k_budget: Optional[float] = None
+    fpt: Optional[FlopsPerToken] = None  # the family's training FLOPs per token F(N) through its sizes
 
     def to_json(self) -> dict:
         out = {k: getattr(self, k) for k in ("family", "n_kind", "runs", "N", "D", "C", "L", "L_err", "n_seeds", "k",
@@ -54,7 +56,8 @@ class FamilyStudy:
         out.update(loss_nd=self.nd.to_json(), compute_optimal=self.optimum.to_json(),
                    compute_optimal_6nd=self.optimum_6nd.to_json(), isoflop=self.iso.to_json(),
                    envelope=self.env.to_json(), noise=self.noise.to_json(), agreement=self.agreement(),
-                   holdout=self.holdout.to_json() if self.holdout else None)
+                   holdout=self.holdout.to_json() if self.holdout else None,
+                   flops_per_token=self.fpt.to_json() if self.fpt else None)
         return json_safe(out)
 
     def agreement(self, seed: int = 0) -> dict:
@@ -102,7 +105,7 @@ class FamilyStudy:
         }
 
 
-def study_family(points: list[Point], curves: list, noise: NoiseFloor, *, n_kind: str = "non_embedding",
+def study_family(points: list[Point], curves: list, noise: NoiseFloor, *, n_kind: str = "total",
                  n_boot: int = 200, huber_delta: float = 1e-3, seed: int = 0, budget_tolerance: float = 0.1,
                  ref_flops: Optional[float] = None, holdout: Optional[str] = None,
                  n_polish: Optional[int] = 20) -> FamilyStudy:
@@ -122,7 +125,8 @@ def study_family(points: list[Point], curves: list, noise: NoiseFloor, *, n_kind
     clusters = cluster_labels(ps)
     nd = fit_loss_nd(N, D, L, huber_delta=huber_delta, n_boot=n_boot, seed=seed, C=C, budget_tolerance=budget_tolerance,
                      budget_tags=tags, clusters=clusters, n_polish=n_polish)
-    opt = compute_optimal(nd, C_ref, k) if k else ComputeOptimal(status=nd.status, message="no parameter count")
+    fpt = FlopsPerToken.measured(N, [p.flops_per_token for p in ps]) if k else None
+    opt = measured_optimum(nd, C_ref, fpt) if fpt else ComputeOptimal(status=nd.status, message="no parameter count")
     sem = [noise.std / math.sqrt(p.n_seeds) for p in ps] if noise.status == OK else None
     iso = isoflop_profiles(N, C, L, tolerance=budget_tolerance, tags=tags,
                            L_err=[p.loss_std for p in ps], point_sem=sem, n_boot=n_boot, seed=seed, clusters=clusters)
@@ -134,6 +138,7 @@ def study_family(points: list[Point], curves: list, noise: NoiseFloor, *, n_kind
                        k_range=[float(ks.min()), float(ks.max())] if len(ks) else None, C_ref=C_ref, nd=nd,
                        optimum=opt, optimum_6nd=compute_optimal(nd, C_ref, 6.0) if C_ref else opt, iso=iso,
                        env=env, noise=noise, clusters=clusters, k_budget=float(np.median(kb)) if kb else None,
+                       fpt=fpt,
                        holdout=None if holdout is None else holdout_prediction(
                            N, D, L, by=holdout, C=C, budget_tags=tags, budget_tolerance=budget_tolerance,
                            clusters=clusters, huber_delta=huber_delta, n_boot=n_boot, seed=seed, n_polish=n_polish))
@@ -170,7 +175,8 @@ def n_sensitivity_studies(points: list[Point], studies: dict[str, FamilyStudy], 
 
 
 def n_sensitivity(sens: dict[str, dict[str, FamilyStudy]]) -> dict:
-    """family -> N kind -> alpha, beta, a (approach 3) and a (approach 2), each with its interval."""
+    """family -> N kind -> alpha, beta, a (approach 3: the form's, and the allocation's at measured FLOPs) and
+    a (approach 2), each with its interval."""
     out = {}
     for fam, by_kind in sens.items():
         out[fam] = {}
@@ -182,6 +188,8 @@ def n_sensitivity(sens: dict[str, dict[str, FamilyStudy]]) -> dict:
                 "approach_2_flags": list(st.iso.flags) if pl and pl.status == OK else [],
                 "alpha": f.alpha, "alpha_ci": f.ci.get("alpha"), "beta": f.beta,
                 "beta_ci": f.ci.get("beta"), "a_approach_3": f.a_opt, "a_approach_3_ci": f.ci.get("a_opt"),
+                "a_measured": st.optimum.a if st.optimum.status == OK else None,
+                "a_measured_ci": st.optimum.ci.get("a") if st.optimum.status == OK else None,
                 "a_approach_2": pl.slope if pl and pl.status == OK else None,
                 "a_approach_2_ci": pl.ci.get("slope") if pl and pl.status == OK else None})
     return out

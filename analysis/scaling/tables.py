@@ -57,7 +57,7 @@ def fits_table(fits: dict[str, PowerLawFit]) -> str:
     return "\n".join(lines)
 
 
-def points_table(points: list[Point], n_kind: str = "non_embedding") -> str:
+def points_table(points: list[Point], n_kind: str = "total") -> str:
     lines = [f"| run | family | N: {N_KINDS[n_kind]} | params (total / active) | tokens | training FLOPs "
              "| final val loss | seeds |", "|---|---|---|---|---|---|---|---|"]
     for p in sorted(points, key=lambda p: (p.family, p.flops)):
@@ -88,24 +88,26 @@ def nd_table(studies: dict[str, FamilyStudy]) -> str:
 
 
 def optimum_table(studies: dict[str, FamilyStudy]) -> str:
-    """Compute-optimal N, D and D/N at the reference compute, for the measured k and for k = 6."""
-    lines = ["| family | C = k N D with k | C_ref (FLOPs) | N_opt | D_opt (tokens) | D_opt / N_opt | L_opt (nats) "
-             "| G | status |", "|---|---|---|---|---|---|---|---|---|"]
+    """Compute-optimal N, D, D/N and the local exponents at the reference compute: C = F(N) D with each size's
+    own measured training FLOPs per token (fits.allocation), and C = 6 N D (Chinchilla's closed form) beside it."""
+    lines = ["| family | C counted as | C_ref (FLOPs) | N_opt | D_opt (tokens) | D_opt / N_opt | L_opt (nats) "
+             "| a = d ln N_opt / d ln C | FLOPs/token/N at N_opt | status |", "|---|---|---|---|---|---|---|---|---|---|"]
     for fam, st in studies.items():
-        for opt, how in ((st.optimum, "measured"), (st.optimum_6nd, "Chinchilla")):
-            if opt.k is None:
-                lines.append(f"| {fam} | - | - | - | - | - | - | - | {_status(opt)} |")
+        for opt, how in ((st.optimum, "measured"), (st.optimum_6nd, "6nd")):
+            kdesc = (f"F(N) D, each size's measured F (F/N {st.k_range[0]:.3g}-{st.k_range[1]:.3g} over sizes)"
+                     if how == "measured" and st.k_range else "6 N D (Chinchilla)")
+            if opt.C is None:
+                lines.append(f"| {fam} | - | - | - | - | - | - | - | - | {_status(opt)} |")
                 continue
-            kdesc = (f"{opt.k:.3g} ({how}: median over runs, range {st.k_range[0]:.3g}-{st.k_range[1]:.3g})"
-                     if how == "measured" and st.k_range else f"{opt.k:.3g} ({how})")
             if opt.status != OK:
-                lines.append(f"| {fam} | {kdesc} | {opt.C:.3g} | - | - | - | - | - | {opt.status} |")
+                lines.append(f"| {fam} | {kdesc} | {opt.C:.3g} | - | - | - | - | - | - | {opt.status} |")
                 continue
             ci = opt.ci
             lines.append(f"| {fam} | {kdesc} | {opt.C:.3g} | {_v(opt.N_opt, ci.get('N_opt'), '.3g')} | "
                          f"{_v(opt.D_opt, ci.get('D_opt'), '.3g')} | "
                          f"{_v(opt.tokens_per_param, ci.get('tokens_per_param'), '.3g')} | "
-                         f"{_v(opt.L_opt, ci.get('L_opt'))} | {_v(opt.G, ci.get('G'), '.3g')} | {_status(opt)} |")
+                         f"{_v(opt.L_opt, ci.get('L_opt'))} | {_v(opt.a, ci.get('a'), '.2f')} | "
+                         f"{_v(opt.k, ci.get('k'), '.3g')} | {_status(opt)} |")
     return "\n".join(lines)
 
 
@@ -153,14 +155,15 @@ def exponent_table(studies: dict[str, FamilyStudy]) -> str:
 
 def n_sensitivity_table(sens: dict[str, dict[str, FamilyStudy]], n_kind: str) -> str:
     """The fitted exponents under each definition of N, side by side (the default first, marked)."""
-    lines = ["| family | N | N range | alpha | beta | a (approach 3) | a (approach 2) | status |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| family | N | N range | alpha | beta | a (approach 3) | a at C_ref, C = measured FLOPs (approach 3) "
+             "| a (approach 2) | status |", "|---|---|---|---|---|---|---|---|---|"]
     for fam, by_kind in n_sensitivity(sens).items():
         for kind, r in sorted(by_kind.items(), key=lambda kv: kv[0] != n_kind):
             name = N_KINDS[kind] + (" (used)" if kind == n_kind else "")
             rng = f"{r['N_range'][0]:.3g}-{r['N_range'][1]:.3g}" if r["N_range"] else "-"
             lines.append(f"| {fam} | {name} | {rng} | {_v(r['alpha'], r['alpha_ci'])} | "
                          f"{_v(r['beta'], r['beta_ci'])} | {_v(r['a_approach_3'], r['a_approach_3_ci'])} | "
+                         f"{_v(r['a_measured'], r['a_measured_ci'])} | "
                          f"{_v(r['a_approach_2'], r['a_approach_2_ci'])} | {r['status']}"
                          + "".join(f"; approach 2: {g}" for g in r["approach_2_flags"]) + " |")
     return "\n".join(lines)
