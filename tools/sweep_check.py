@@ -2,15 +2,15 @@
 
 A sweep's scaling points are its full runs and cooldown branches (stable trunks are not points); each
 ladder x grid cell other than ``train.seed`` is one family, its ``train.seed`` values its seeds. N is
-``analysis.scaling``'s (non-embedding parameters without the LM head, every expert of an MoE), D the
-planned tokens, and a point's FLOPs budget (``flops:``, ``cooldown.flops`` or ``cooldown.budgets``) puts it
-on that budget's IsoFLOP line. The unigram entropy is measured on the training data (built or found in
+``analysis.scaling``'s (total parameters, every expert of an MoE), D the planned tokens, C = F(N) D with each
+size's training FLOPs per token F from archlab's cost model, and a point's FLOPs budget (``flops:``,
+``cooldown.flops`` or ``cooldown.budgets``) puts it on that budget's IsoFLOP line. The unigram entropy is measured on the training data (built or found in
 its cache, as the runs will) unless the spec's ``check.unigram`` states it.
 
 Spec keys (all optional)::
 
     check:
-      law: {E: 2.357, A: 26.42, alpha: 0.346, B: 6860, beta: 0.634}  # the planning law (default: the CPU study's)
+      law: {E: 2.472, A: 1780, alpha: 0.656, B: 6873, beta: 0.636}  # the planning law in total N (default: the CPU study's)
       noise: {sigma: 0.012, trunk_share: 0.5}   # seed noise of ln L per run, as analysis.scaling design's
       unigram: 6.3          # nats/token; default: measured on the training split
       margin: 0.2           # a point predicted within this of the unigram entropy is near it
@@ -27,6 +27,7 @@ from typing import Optional
 
 from analysis.scaling.design.check import CPU_LAW, MARGIN, MAX_A_WIDTH, GridCheck, check_grid, check_text
 from analysis.scaling.design.spec import Noise, _keys, _law, _number
+from analysis.scaling.fits.allocation import FlopsPerToken
 from archlab.config import RecipeError, load_recipe, model_config
 from archlab.costs import param_counts
 from archlab.data import unigram_entropy
@@ -84,11 +85,12 @@ def design_checks(spec: dict, points: list, log=print) -> tuple[list[GridCheck],
     counts_cache: dict[tuple, float] = {}
     for (ladder, role, cell), members in families.items():
         rows: dict[tuple, list] = {}  # (N, D, budget) -> the points (one per seed)
+        fpt_of: dict[float, float] = {}  # N -> the size's training FLOPs per token
         for p in members:
             key = (p.recipe, tuple(p.overrides))
             if key not in counts_cache:
-                counts_cache[key] = float(param_counts(model_config(load_recipe(p.recipe, p.overrides)))
-                                          .non_embedding_no_head)
+                counts_cache[key] = float(param_counts(model_config(load_recipe(p.recipe, p.overrides))).total)
+            fpt_of[counts_cache[key]] = float(p.flops_per_token)
             tag = float(p.budget) if p.budget_kind == "flops" else None
             rows.setdefault((counts_cache[key], float(p.planned_tokens), tag), []).append(p)
         unigram, source = opts["unigram"], "stated in check.unigram"
@@ -102,7 +104,7 @@ def design_checks(spec: dict, points: list, log=print) -> tuple[list[GridCheck],
             name, [ps[0].name for ps in rows.values()], [k[0] for k in rows], [k[1] for k in rows],
             [k[2] for k in rows], seeds=max(len(ps) for ps in rows.values()), decay_fraction=decay, law=opts["law"],
             noise=opts["noise"], unigram=unigram, margin=opts["margin"], max_a_width=opts["max_a_width"],
-            sims=opts["sims"], seed=opts["seed"]))
+            sims=opts["sims"], seed=opts["seed"], fpt=FlopsPerToken.measured(list(fpt_of), list(fpt_of.values()))))
         if unigram is None:
             checks[-1].notes.append(f"unigram entropy unknown: {source}; near-unigram points not checked")
     flops = sum(_own_flops(p) for p in points)

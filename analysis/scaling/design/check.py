@@ -17,11 +17,14 @@ from analysis.runs import LEARN_MARGIN
 from analysis.scaling.design.result import Design
 from analysis.scaling.design.simulate import simulate
 from analysis.scaling.design.spec import DesignSpec, Law, Noise, Plan
+from analysis.scaling.fits.allocation import FlopsPerToken
 from analysis.scaling.fits.common import OK
 from analysis.scaling.fits.isoflop import group_budgets
 
-# approach 3 fitted to the LLaMA CPU study's seed-0 points (docs/scaling/design/llama-found.yaml)
-CPU_LAW = Law(E=2.357, A=26.42, alpha=0.346, B=6860.0, beta=0.634)
+# approach 3 fitted to the LLaMA CPU study's 53 points (both seeds) with N = total parameters, the study's
+# convention (docs/scaling.md); in non-embedding N it read 2.357 + 26.42 / N^0.346 + 6860 / D^0.634
+# (docs/scaling/design/llama-found.yaml)
+CPU_LAW = Law(E=2.472, A=1780.0, alpha=0.656, B=6873.0, beta=0.636)
 MARGIN = 2 * LEARN_MARGIN  # nats above which a point's predicted loss counts as near the unigram entropy
 MAX_A_WIDTH = 0.5  # an interval of a wider than this says little more than "somewhere in 0.25-0.75"
 MIN_SIZES = 3  # sizes an IsoFLOP parabola needs
@@ -82,11 +85,11 @@ def _near_unigram(names, N, D, law: Law, unigram: float, margin: float) -> tuple
         f"Give them more tokens ({'; '.join(advice)}) or drop them"))
 
 
-def _budget_problems(N, tags, law: Law) -> list[Problem]:
+def _budget_problems(N, tags, law: Law, fpt: Optional[FlopsPerToken] = None) -> list[Problem]:
     out = []
     for b in sorted({t for t in tags if t is not None}):
         sizes = sorted(set(N[[t == b for t in tags]].tolist()))
-        n_opt = float(law.n_opt(b)[0])
+        n_opt = float(law.n_opt(b, fpt)[0])
         where = f"sizes around the predicted optimum N_opt = {_g(n_opt)}"
         if len(sizes) < MIN_SIZES:
             out.append(Problem("too few sizes", f"FLOPs budget {_g(b)} has {len(sizes)} usable size(s) "
@@ -101,11 +104,11 @@ def _budget_problems(N, tags, law: Law) -> list[Problem]:
     return out
 
 
-def _token_groups_problem(N, D, tags) -> Optional[Problem]:
+def _token_groups_problem(N, D, tags, fpt: Optional[FlopsPerToken] = None) -> Optional[Problem]:
     free = np.array([t is None for t in tags])
     if not free.any() or any(t is not None for t in tags):
         return None  # FLOPs budgets exist: approach 2 reads them
-    C = 6.0 * N[free] * D[free]
+    C = (6.0 * N[free] if fpt is None else fpt(N[free])) * D[free]
     groups = group_budgets(C, tolerance=BUDGET_TOLERANCE)
     best = max(len(set(N[free][g].tolist())) for g in groups)
     if best >= MIN_SIZES:
@@ -121,9 +124,11 @@ def _token_groups_problem(N, D, tags) -> Optional[Problem]:
 def check_grid(name: str, names: Sequence[str], N: Sequence[float], D: Sequence[float],
                tags: Sequence[Optional[float]], *, seeds: int = 1, decay_fraction: Optional[float] = None,
                law: Law = CPU_LAW, noise: Noise = Noise(), unigram: Optional[float] = None, margin: float = MARGIN,
-               max_a_width: float = MAX_A_WIDTH, sims: int = 40, seed: int = 0, n_polish: int = 10) -> GridCheck:
+               max_a_width: float = MAX_A_WIDTH, sims: int = 40, seed: int = 0, n_polish: int = 10,
+               fpt: Optional[FlopsPerToken] = None) -> GridCheck:
     """Check one family's planned points (``names[i]``: N[i] parameters, D[i] tokens, FLOPs budget ``tags[i]``
-    or None; ``seeds`` runs per point; WSD branches of one trunk per size with ``decay_fraction``)."""
+    or None; ``seeds`` runs per point; WSD branches of one trunk per size with ``decay_fraction``; ``fpt``: each
+    size's training FLOPs per token, so that C = F(N) D; None: C = 6 N D)."""
     N, D = np.asarray(N, dtype=float), np.asarray(D, dtype=float)
     tags = list(tags)
     out = GridCheck(name=name, n_points=len(N))
@@ -134,8 +139,8 @@ def check_grid(name: str, names: Sequence[str], N: Sequence[float], D: Sequence[
         if problem:
             out.problems.append(problem)
     N_u, D_u, tags_u = N[usable], D[usable], [t for t, u in zip(tags, usable) if u]
-    out.problems += _budget_problems(N_u, tags_u, law)
-    token_problem = _token_groups_problem(N_u, D_u, tags_u)
+    out.problems += _budget_problems(N_u, tags_u, law, fpt)
+    token_problem = _token_groups_problem(N_u, D_u, tags_u, fpt)
     if token_problem:
         out.problems.append(token_problem)
     if len(np.unique(N_u)) < 2 or len(np.unique(D_u)) < 2 or len(N_u) < 6:
@@ -144,7 +149,7 @@ def check_grid(name: str, names: Sequence[str], N: Sequence[float], D: Sequence[
             "approach 3 (L(N, D), 5 parameters) needs >= 6 points over >= 2 sizes and >= 2 token counts; "
             "add sizes and budgets")))
         return out
-    plan = Plan(N=N_u, D=D_u, budget=tags_u, seeds=seeds, decay_fraction=decay_fraction)
+    plan = Plan(N=N_u, D=D_u, budget=tags_u, seeds=seeds, decay_fraction=decay_fraction, fpt=fpt)
     spec = DesignSpec(plan=plan, families={name: law}, noise=noise, sims=sims, seed=seed, n_polish=n_polish)
     out.design = simulate(spec)
     spreads = out.design.spreads[name]
@@ -175,7 +180,7 @@ def check_text(checks: Sequence[GridCheck], law: Law, unigram: Optional[float], 
     the unigram entropy came from."""
     src = source if unigram is not None else "not known: near-unigram points not checked"
     lines = [f"design check (analysis.scaling.design.check): planning law L = {law.E:g} + {law.A:g} / N^{law.alpha:g} "
-             f"+ {law.B:g} / D^{law.beta:g} (N non-embedding parameters without the LM head, D tokens; set "
+             f"+ {law.B:g} / D^{law.beta:g} (N total parameters, D tokens, C measured training FLOPs; set "
              f"check.law for another setting); unigram entropy {'-' if unigram is None else f'{unigram:.3f}'} ({src})"]
     for c in checks:
         lines += c.lines()

@@ -95,7 +95,7 @@ def grid_facts(plan: Plan, law: Law, flops_per_s: Optional[float] = None, data_t
     tags = sorted({b for b in plan.budget if b is not None})
     for b in tags:
         sel = np.array([t == b for t in plan.budget])
-        n_opt = float(law.n_opt(b)[0])
+        n_opt = float(law.n_opt(b, plan.fpt)[0])
         N = plan.N[sel]
         budgets.append({"flops": b, "n_sizes": int(sel.sum()), "N_min": float(N.min()), "N_max": float(N.max()),
                         "N_opt": n_opt, "bracketed": bool(N.min() <= n_opt <= N.max())})

@@ -12,11 +12,12 @@ from typing import Optional, Sequence, Union
 import numpy as np
 from omegaconf import OmegaConf
 
+from analysis.scaling.fits.allocation import FlopsPerToken, allocation
 from analysis.scaling.fits.common import OK
 from analysis.scaling.fits.loss_nd import NDFit, compute_optimal
 
 SPEC_KEYS = ("description", "sizes", "tokens", "flops", "budgets", "seeds", "cooldown", "law", "noise", "sims",
-             "seed", "fit", "throughput", "families", "ref_flops", "data")
+             "seed", "fit", "throughput", "families", "ref_flops", "data", "flops_per_token")
 LAW_KEYS = ("E", "A", "alpha", "B", "beta")
 NOISE_KEYS = ("sigma", "trunk_share")
 FIT_KEYS = ("n_polish", "huber_delta", "budget_tolerance", "bootstrap")
@@ -52,8 +53,11 @@ class Law:
         return NDFit(n_points=0, status=OK, E=self.E, A=self.A, alpha=self.alpha, B=self.B, beta=self.beta,
                      a_opt=self.a, b_opt=1.0 - self.a)
 
-    def n_opt(self, C) -> np.ndarray:
-        """Compute-optimal N at C = 6 N D FLOPs."""
+    def n_opt(self, C, fpt: Optional[FlopsPerToken] = None) -> np.ndarray:
+        """Compute-optimal N at C FLOPs: C = 6 N D, or C = F(N) D with ``fpt`` (each size's FLOPs per token)."""
+        if fpt is not None:
+            return np.array([float(allocation(self.E, self.A, self.alpha, self.B, self.beta, float(c), fpt)["N_opt"][0])
+                             for c in np.atleast_1d(C)])
         return np.array([compute_optimal(self.as_fit(), float(c), 6.0).N_opt for c in np.atleast_1d(C)])
 
     def with_compute_multiplier(self, k: float) -> "Law":
@@ -75,11 +79,12 @@ class Noise:
 class Plan:
     """The planned grid: one entry per point (size, budget), P points."""
 
-    N: np.ndarray  # (P,) non-embedding parameters
+    N: np.ndarray  # (P,) parameters, as analysis.scaling counts N (total by default)
     D: np.ndarray  # (P,) training tokens
     budget: list  # (P,) the FLOPs budget of the point (IsoFLOP tag) or None for a token budget
     seeds: int = 1
     decay_fraction: Optional[float] = None  # None: independent runs; else WSD trunks with branches
+    fpt: Optional[FlopsPerToken] = None  # each size's training FLOPs per token; None: 6 N (C = 6 N D)
     trunk: np.ndarray = field(init=False)  # (P,) index of the point's trunk (its size) in 0..T-1
 
     def __post_init__(self):
@@ -87,8 +92,13 @@ class Plan:
         self.trunk = np.unique(self.N, return_inverse=True)[1].ravel()
 
     @property
+    def F(self) -> np.ndarray:
+        """(P,) training FLOPs per token of each point's size."""
+        return 6.0 * self.N if self.fpt is None else self.fpt(self.N)
+
+    @property
     def C(self) -> np.ndarray:
-        return 6.0 * self.N * self.D
+        return self.F * self.D
 
     @property
     def n_runs(self) -> int:
@@ -99,11 +109,11 @@ class Plan:
     def train_flops(self) -> float:
         """Training FLOPs of the whole sweep (the trunk convention: docs/methods/scaling-design.md)."""
         if self.decay_fraction is None:
-            return float(self.seeds * np.sum(6.0 * self.N * self.D))
+            return float(self.seeds * np.sum(self.C))
         f, total = self.decay_fraction, 0.0
         for t in range(int(self.trunk.max()) + 1):
-            D, N = self.D[self.trunk == t], self.N[self.trunk == t][0]
-            total += 6.0 * N * ((1.0 - f) * D.max() + f * D.sum())
+            D, F = self.D[self.trunk == t], self.F[self.trunk == t][0]
+            total += F * ((1.0 - f) * D.max() + f * D.sum())
         return float(self.seeds * total)
 
 
@@ -186,15 +196,34 @@ def _positive_list(value, key: str, what: str) -> list:
     return sorted(out)
 
 
-def _budget_points(kind: str, budget: float, sizes: Sequence[float]) -> list[tuple[float, float, Optional[float]]]:
-    """(N, D, FLOPs tag) of one budget's points: a FLOPs budget C gives D = C / (6 N)."""
+def _budget_points(kind: str, budget: float, sizes: Sequence[float],
+                   fpt: Optional[FlopsPerToken] = None) -> list[tuple[float, float, Optional[float]]]:
+    """(N, D, FLOPs tag) of one budget's points: a FLOPs budget C gives D = C / F(N), F the size's training
+    FLOPs per token (``fpt``; 6 N without it)."""
     if kind == "flops":
-        return [(N, budget / (6.0 * N), budget) for N in sizes]
+        return [(N, budget / (6.0 * N if fpt is None else float(fpt(N))), budget) for N in sizes]
     return [(N, budget, None) for N in sizes]
 
 
-def _plan(spec: dict) -> list[tuple[float, float, Optional[float]]]:
-    grid_hint = ("give sizes: [N...] (non-embedding parameters) with tokens: [D...] or flops: [C...], or "
+def flops_per_token_of(value) -> Optional[FlopsPerToken]:
+    """The spec's ``flops_per_token: [[N, F], ...]`` (each size's training FLOPs per token, e.g. from archlab's
+    cost model: ``archlab.costs.training_flops_per_token``) as F(N); None when absent (C = 6 N D)."""
+    if value is None:
+        return None
+    hint = "expected a list of [N, F] pairs: N parameters, F training FLOPs per token of that size"
+    if not isinstance(value, (list, tuple)) or not value:
+        raise _err("flops_per_token", value, hint)
+    pairs = []
+    for i, pair in enumerate(value):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise _err(f"flops_per_token[{i}]", pair, hint)
+        pairs.append((_positive(pair[0], f"flops_per_token[{i}][0]", "parameters"),
+                      _positive(pair[1], f"flops_per_token[{i}][1]", "training FLOPs per token")))
+    return FlopsPerToken.measured([n for n, _ in pairs], [f for _, f in pairs])
+
+
+def _plan(spec: dict, fpt: Optional[FlopsPerToken] = None) -> list[tuple[float, float, Optional[float]]]:
+    grid_hint = ("give sizes: [N...] (parameters) with tokens: [D...] or flops: [C...], or "
                  "budgets: [{flops: C, sizes: [N...]}, ...]")
     if "budgets" in spec:
         clash = [k for k in ("sizes", "tokens", "flops") if k in spec]
@@ -210,22 +239,22 @@ def _plan(spec: dict) -> list[tuple[float, float, Optional[float]]]:
             if ("flops" in b) == ("tokens" in b):
                 raise _err(where, b, "give exactly one of flops: C or tokens: D, and sizes: [N...]")
             if "sizes" not in b:
-                raise _err(where, b, "sizes is missing: add sizes: [N...] (non-embedding parameters)")
+                raise _err(where, b, "sizes is missing: add sizes: [N...] (parameters)")
             kind = "flops" if "flops" in b else "tokens"
             value = _positive(b[kind], f"{where}.{kind}", "training FLOPs" if kind == "flops" else "tokens")
-            points += _budget_points(kind, value, _positive_list(b["sizes"], f"{where}.sizes", "parameters"))
+            points += _budget_points(kind, value, _positive_list(b["sizes"], f"{where}.sizes", "parameters"), fpt)
         if len(set((N, D) for N, D, _ in points)) != len(points):
             raise _err("budgets", budgets, "two budgets give the same (N, D) point")
         return points
     if "sizes" not in spec:
         raise ValueError(f"design spec: sizes is missing: {grid_hint}")
-    sizes = _positive_list(spec["sizes"], "sizes", "non-embedding parameters")
+    sizes = _positive_list(spec["sizes"], "sizes", "parameters")
     if ("flops" in spec) == ("tokens" in spec):
-        raise ValueError(f"design spec: give exactly one of tokens: [D...] or flops: [C...] (C = 6 N D) with sizes:; "
+        raise ValueError(f"design spec: give exactly one of tokens: [D...] or flops: [C...] (C = 6 N D, or F(N) D with flops_per_token:) with sizes:; "
                          f"{grid_hint}")
     kind = "flops" if "flops" in spec else "tokens"
     budgets = _positive_list(spec[kind], kind, "training FLOPs" if kind == "flops" else "tokens")
-    return [p for b in budgets for p in _budget_points(kind, b, sizes)]
+    return [p for b in budgets for p in _budget_points(kind, b, sizes, fpt)]
 
 
 def _law(d, base: Law, key: str) -> Law:
@@ -247,7 +276,8 @@ def load_spec(source: Union[str, Path, dict]) -> DesignSpec:
     if not isinstance(spec, dict):
         raise ValueError(f"design spec: expected a mapping of keys ({', '.join(SPEC_KEYS)}), got {type(spec).__name__}")
     _keys(spec, "", SPEC_KEYS)
-    points = _plan(spec)
+    fpt = flops_per_token_of(spec.get("flops_per_token"))
+    points = _plan(spec, fpt)
     seeds = _number(spec, "seeds", 1, lo=1, lo_open=False, integer=True)
     cooldown = spec.get("cooldown")
     decay = None
@@ -257,7 +287,7 @@ def load_spec(source: Union[str, Path, dict]) -> DesignSpec:
         decay = _number(_keys(cooldown, "cooldown", COOLDOWN_KEYS), "decay_fraction", 0.2, hi=1.0, hi_open=True,
                         where="cooldown.")
     plan = Plan(N=[p[0] for p in points], D=[p[1] for p in points], budget=[p[2] for p in points], seeds=seeds,
-                decay_fraction=decay)
+                decay_fraction=decay, fpt=fpt)
     law = _law(spec.get("law"), Law(), "law")
     noise_d = _keys(spec.get("noise") or {}, "noise", NOISE_KEYS)
     noise = Noise(sigma=_number(noise_d, "sigma", 0.012, lo=0.0, lo_open=False, where="noise."),
@@ -290,11 +320,11 @@ def load_spec(source: Union[str, Path, dict]) -> DesignSpec:
             if any(key in d for key in (*GRID_KEYS, "seeds")):  # the family's own grid (and/or seeds)
                 own = {key: d[key] for key in GRID_KEYS if key in d}
                 try:
-                    f_points = _plan(own) if own else points
+                    f_points = _plan(own, fpt) if own else points
                 except ValueError as e:
                     raise ValueError(f"families.{name}: {e}") from None
                 plans[str(name)] = Plan(N=[p[0] for p in f_points], D=[p[1] for p in f_points],
-                                        budget=[p[2] for p in f_points], decay_fraction=decay,
+                                        budget=[p[2] for p in f_points], decay_fraction=decay, fpt=fpt,
                                         seeds=_number(d, "seeds", seeds, lo=1, lo_open=False, integer=True,
                                                       where=f"families.{name}."))
     return DesignSpec(
