@@ -83,14 +83,19 @@ def design_checks(spec: dict, points: list, log=print) -> tuple[list[GridCheck],
         families.setdefault((p.ladder, "cooldown" if p.role == "cooldown" else "full", cell), []).append(p)
     checks, data_cache, unigrams = [], {}, []
     counts_cache: dict[tuple, float] = {}
+    six_nd: dict[tuple, float] = {}
     for (ladder, role, cell), members in families.items():
         rows: dict[tuple, list] = {}  # (N, D, budget) -> the points (one per seed)
         fpt_of: dict[float, float] = {}  # N -> the size's training FLOPs per token
         for p in members:
             key = (p.recipe, tuple(p.overrides))
             if key not in counts_cache:
-                counts_cache[key] = float(param_counts(model_config(load_recipe(p.recipe, p.overrides))).total)
-            fpt_of[counts_cache[key]] = float(p.flops_per_token)
+                counts = param_counts(model_config(load_recipe(p.recipe, p.overrides)))
+                counts_cache[key] = float(counts.total)
+                # what the point's FLOPs budget counts per token: measured, or 6 N (cooldown.compute: 6nd)
+                six_nd[key] = 6.0 * counts.active_no_head
+            six = bool(p.cooldown) and p.cooldown.get("compute") == "6nd"
+            fpt_of[counts_cache[key]] = six_nd[key] if six else float(p.flops_per_token)
             tag = float(p.budget) if p.budget_kind == "flops" else None
             rows.setdefault((counts_cache[key], float(p.planned_tokens), tag), []).append(p)
         unigram, source = opts["unigram"], "stated in check.unigram"

@@ -9,11 +9,12 @@ import pytest
 from tools.sweep import cli
 from tools.sweep.cli import main
 
-# the CPU study's setting: N from 1.6k (d_model 8) to 37k (d_model 40) non-embedding parameters at 2 layers
+# the CPU study's setting: N from 34k (d_model 8) to 355k (d_model 64) total parameters at 2 layers; budgets in
+# measured training FLOPs (the sweep's default), the planning law the CPU study's in total N
 SETTING = ["model.vocab_size=2048", "model.n_layers=2", "model.ffn.multiple_of=8"]
 WIDTHS = {f"w{d}": [f"model.d_model={d}"] for d in (8, 16, 24, 32, 40, 64)}
-GOOD_SIZES = {k: WIDTHS[k] for k in ("w8", "w16", "w24", "w32", "w40")}
-FAST = {"unigram": 6.3, "sims": 8}  # the unigram entropy stated (no data build), few simulated studies
+GOOD_SIZES = dict(WIDTHS)
+FAST = {"unigram": 6.2, "sims": 8}  # the unigram entropy stated (no data build), few simulated studies
 
 
 def _spec(tmp_path, name="spec.yaml", **extra) -> str:
@@ -24,9 +25,9 @@ def _spec(tmp_path, name="spec.yaml", **extra) -> str:
     return str(path)
 
 
-GOOD = {"compute": "6nd", "budgets": [{"flops": 3e10, "sizes": ["w8", "w16", "w24"]},
-                                      {"flops": 1e11, "sizes": ["w8", "w16", "w24", "w32"]},
-                                      {"flops": 3e11, "sizes": ["w16", "w24", "w32", "w40"]}]}
+GOOD = {"budgets": [{"flops": 3e11, "sizes": ["w8", "w16", "w24"]},
+                    {"flops": 1e12, "sizes": ["w8", "w16", "w24", "w32", "w40"]},
+                    {"flops": 3e12, "sizes": ["w16", "w24", "w32", "w40", "w64"]}]}
 
 
 @pytest.fixture
@@ -51,14 +52,14 @@ def test_the_first_users_sweep_is_refused_naming_each_problem(tmp_path, capsys, 
 
 
 def test_isoflop_budgets_with_too_few_or_unbracketing_sizes_are_named(tmp_path, capsys, trained):
-    bad = {"compute": "6nd", "budgets": [{"flops": 1e11, "sizes": ["w16", "w24"]},  # 2 sizes
-                                         {"flops": 3e11, "sizes": ["w32", "w40", "w64"]},  # N_opt 1.5e4 below them
-                                         {"flops": 1e12, "sizes": ["w24", "w32", "w40", "w64"]}]}
+    bad = {"budgets": [{"flops": 3e11, "sizes": ["w16", "w24"]},  # 2 sizes
+                       {"flops": 1e12, "sizes": ["w32", "w40", "w64"]},  # N_opt 1.39e5 below them
+                       {"flops": 3e12, "sizes": ["w24", "w32", "w40", "w64"]}]}
     path = _spec(tmp_path, sizes={k: WIDTHS[k] for k in ("w16", "w24", "w32", "w40", "w64")}, cooldown=bad)
     assert main(["--spec", path, "--check"]) == 2
     out = capsys.readouterr().out
-    assert "too few sizes: FLOPs budget 1e+11 has 2 usable size(s)" in out
-    assert "not bracketed: FLOPs budget 3e+11: the predicted optimum N_opt = 1.55e+04 lies below its sizes" in out
+    assert "too few sizes: FLOPs budget 3e+11 has 2 usable size(s)" in out
+    assert "not bracketed: FLOPs budget 1e+12: the predicted optimum N_opt = 1.39e+05 lies below its sizes" in out
     assert not trained
 
 
@@ -73,8 +74,8 @@ def test_a_good_sweep_passes_and_trains(tmp_path, capsys, trained):
     path = _spec(tmp_path, sizes=GOOD_SIZES, cooldown=GOOD)
     assert main(["--spec", path, "--check"]) == 0
     out = capsys.readouterr().out
-    assert "llama: 11 scaling points, no problem found" in out
-    assert "expected 95% interval width of a: approach 3 a" in out and "planned: 16 runs" in out
+    assert "llama: 13 scaling points, no problem found" in out
+    assert "expected 95% interval width of a: approach 3 a" in out and "planned: 19 runs" in out
     assert not trained  # --check trains nothing
     assert main(["--spec", path]) == 0 and len(trained) == 1
 
