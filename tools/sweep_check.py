@@ -4,13 +4,13 @@ A sweep's scaling points are its full runs and cooldown branches (stable trunks 
 ladder x grid cell other than ``train.seed`` is one family, its ``train.seed`` values its seeds. N is
 ``analysis.scaling``'s (total parameters, every expert of an MoE), D the planned tokens, C = F(N) D with each
 size's training FLOPs per token F from archlab's cost model, and a point's FLOPs budget (``flops:``,
-``cooldown.flops`` or ``cooldown.budgets``) puts it on that budget's IsoFLOP line. The unigram entropy is measured on the training data (built or found in
-its cache, as the runs will) unless the spec's ``check.unigram`` states it.
+``cooldown.flops`` or ``cooldown.budgets``) puts it on that budget's IsoFLOP line. The unigram entropy is measured
+on the training data (built or found in its cache, as the runs will) unless the spec's ``check.unigram`` states it.
 
 Spec keys (all optional)::
 
     check:
-      law: {E: 2.472, A: 1780, alpha: 0.656, B: 6873, beta: 0.636}  # the planning law in total N (default: the CPU study's)
+      law: {E: 2.472, A: 1780, alpha: 0.656, B: 6873, beta: 0.636}  # planning law in total N (default: the CPU study's)
       noise: {sigma: 0.012, trunk_share: 0.5}   # seed noise of ln L per run, as analysis.scaling design's
       unigram: 6.3          # nats/token; default: measured on the training split
       margin: 0.2           # a point predicted within this of the unigram entropy is near it

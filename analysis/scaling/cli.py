@@ -1,7 +1,7 @@
 """Scaling laws from run folders: L(C) per family, the parametric L(N, D), IsoFLOP profiles,
 the compute-optimal allocation and three estimates of its exponent, with seed noise.
 
-    python -m analysis.scaling runs/sweep-demo --out docs/scaling [--n-kind non_embedding|total|active]
+    python -m analysis.scaling runs/sweep-demo --out docs/scaling [--n-kind total|non_embedding|with_head|active]
     python -m analysis.scaling design SPEC [--propose C_MIN C_MAX]   # before training: analysis.scaling.design
 
 Outputs (``--out DIR``): loss_vs_flops.png, loss_vs_tokens.png, dense_vs_moe.png, isoflop.png

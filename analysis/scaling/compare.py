@@ -10,8 +10,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from analysis.scaling.fits.common import OK, _interval, json_safe
 from analysis.scaling.fits.allocation import measured_multiplier
+from analysis.scaling.fits.common import OK, _interval, json_safe
 from analysis.scaling.fits.loss_nd import sample_fits
 from analysis.scaling.fits.power_law import PowerLawFit
 from analysis.scaling.read import N_KINDS, Point, n_params

@@ -126,7 +126,10 @@ def study_family(points: list[Point], curves: list, noise: NoiseFloor, *, n_kind
     nd = fit_loss_nd(N, D, L, huber_delta=huber_delta, n_boot=n_boot, seed=seed, C=C, budget_tolerance=budget_tolerance,
                      budget_tags=tags, clusters=clusters, n_polish=n_polish)
     fpt = FlopsPerToken.measured(N, [p.flops_per_token for p in ps]) if k else None
-    opt = measured_optimum(nd, C_ref, fpt) if fpt else ComputeOptimal(status=nd.status, message="no parameter count")
+    # a over the compute range the family measured
+    c_range = (float(C.min()), float(C.max())) if len(C) and C.max() > C.min() else None
+    opt = measured_optimum(nd, C_ref, fpt, C_range=c_range) if fpt else \
+        ComputeOptimal(status=nd.status, message="no parameter count")
     sem = [noise.std / math.sqrt(p.n_seeds) for p in ps] if noise.status == OK else None
     iso = isoflop_profiles(N, C, L, tolerance=budget_tolerance, tags=tags,
                            L_err=[p.loss_std for p in ps], point_sem=sem, n_boot=n_boot, seed=seed, clusters=clusters)

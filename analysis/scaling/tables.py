@@ -88,10 +88,12 @@ def nd_table(studies: dict[str, FamilyStudy]) -> str:
 
 
 def optimum_table(studies: dict[str, FamilyStudy]) -> str:
-    """Compute-optimal N, D, D/N and the local exponents at the reference compute: C = F(N) D with each size's
-    own measured training FLOPs per token (fits.allocation), and C = 6 N D (Chinchilla's closed form) beside it."""
+    """Compute-optimal N, D, D/N at the reference compute and a: C = F(N) D with each size's own measured training
+    FLOPs per token (fits.allocation; a over the family's measured compute range), and C = 6 N D (Chinchilla's
+    closed form, where a = beta / (alpha + beta)) beside it."""
     lines = ["| family | C counted as | C_ref (FLOPs) | N_opt | D_opt (tokens) | D_opt / N_opt | L_opt (nats) "
-             "| a = d ln N_opt / d ln C | FLOPs/token/N at N_opt | status |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| a: slope of ln N_opt in ln C | FLOPs/token/N at N_opt | status |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for fam, st in studies.items():
         for opt, how in ((st.optimum, "measured"), (st.optimum_6nd, "6nd")):
             kdesc = (f"F(N) D, each size's measured F (F/N {st.k_range[0]:.3g}-{st.k_range[1]:.3g} over sizes)"
@@ -155,7 +157,8 @@ def exponent_table(studies: dict[str, FamilyStudy]) -> str:
 
 def n_sensitivity_table(sens: dict[str, dict[str, FamilyStudy]], n_kind: str) -> str:
     """The fitted exponents under each definition of N, side by side (the default first, marked)."""
-    lines = ["| family | N | N range | alpha | beta | a (approach 3) | a at C_ref, C = measured FLOPs (approach 3) "
+    lines = ["| family | N | N range | alpha | beta | a (approach 3) "
+             "| a at measured FLOPs over the study's C (approach 3) "
              "| a (approach 2) | status |", "|---|---|---|---|---|---|---|---|---|"]
     for fam, by_kind in n_sensitivity(sens).items():
         for kind, r in sorted(by_kind.items(), key=lambda kv: kv[0] != n_kind):

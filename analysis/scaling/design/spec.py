@@ -250,7 +250,8 @@ def _plan(spec: dict, fpt: Optional[FlopsPerToken] = None) -> list[tuple[float, 
         raise ValueError(f"design spec: sizes is missing: {grid_hint}")
     sizes = _positive_list(spec["sizes"], "sizes", "parameters")
     if ("flops" in spec) == ("tokens" in spec):
-        raise ValueError(f"design spec: give exactly one of tokens: [D...] or flops: [C...] (C = 6 N D, or F(N) D with flops_per_token:) with sizes:; "
+        raise ValueError("design spec: give exactly one of tokens: [D...] or flops: [C...] (C = 6 N D, or F(N) D with "
+                         f"flops_per_token:) with sizes:; "
                          f"{grid_hint}")
     kind = "flops" if "flops" in spec else "tokens"
     budgets = _positive_list(spec[kind], kind, "training FLOPs" if kind == "flops" else "tokens")

@@ -4,8 +4,9 @@ Chinchilla's closed form (:func:`analysis.scaling.fits.loss_nd.compute_optimal`)
 k. archlab's cost model counts what a size really spends: attention and the LM head make FLOPs per token
 per parameter fall with width (84 to 10 for non-embedding N at d_model 8 to 168; 3.9 to 4.8 for total N).
 Here C = F(N) D, F interpolated in log-log through a family's measured sizes (and extended along its
-end segments), and N_opt(C) = argmin_N L(N, C / F(N)) is found numerically; a is its local slope
-d ln N_opt / d ln C. With F = k N everything reduces to the closed form (tested).
+end segments), and N_opt(C) = argmin_N L(N, C / F(N)) is found numerically; a is the slope of ln N_opt
+against ln C over a stated compute range (the study's: F is piecewise, so a local slope would jump at
+its knots), or its local slope without one. With F = k N everything reduces to the closed form (tested).
 """
 
 from __future__ import annotations
@@ -82,17 +83,21 @@ def _n_opt(E, A, alpha, B, beta, C, fpt: FlopsPerToken) -> np.ndarray:
     return x[i] + np.clip(shift, -1, 1) * (x[1] - x[0])
 
 
-def allocation(E, A, alpha, B, beta, C: float, fpt: FlopsPerToken) -> dict:
-    """N_opt, D_opt, D/N, L_opt at C = F(N) D and the local exponents a = d ln N_opt / d ln C and
-    b = d ln D_opt / d ln C, for one law or arrays of laws."""
+def allocation(E, A, alpha, B, beta, C: float, fpt: FlopsPerToken,
+               C_range: Optional[tuple] = None) -> dict:
+    """N_opt, D_opt, D/N, L_opt at C = F(N) D and the exponents a (of N_opt) and b (of D_opt) in C: their
+    log-log slopes over ``C_range`` (lo, hi), or at C (over C e^-0.5 .. C e^0.5) without one; for one law or
+    arrays of laws."""
     E, A, alpha, B, beta = (np.atleast_1d(np.asarray(v, dtype=float)) for v in (E, A, alpha, B, beta))
     x = _n_opt(E, A, alpha, B, beta, C, fpt)
-    x_lo = _n_opt(E, A, alpha, B, beta, C * math.exp(-SLOPE_STEP), fpt)
-    x_hi = _n_opt(E, A, alpha, B, beta, C * math.exp(SLOPE_STEP), fpt)
+    c_lo, c_hi = (C * math.exp(-SLOPE_STEP), C * math.exp(SLOPE_STEP)) if C_range is None else C_range
+    span = math.log(c_hi / c_lo)
+    x_lo = _n_opt(E, A, alpha, B, beta, c_lo, fpt)
+    x_hi = _n_opt(E, A, alpha, B, beta, c_hi, fpt)
     N = np.exp(x)
     D = C / fpt(N)
-    a = (x_hi - x_lo) / (2 * SLOPE_STEP)
-    b = ((fpt.log_of(x_lo) - fpt.log_of(x_hi)) + 2 * SLOPE_STEP) / (2 * SLOPE_STEP)
+    a = (x_hi - x_lo) / span
+    b = ((fpt.log_of(x_lo) - fpt.log_of(x_hi)) + span) / span
     with np.errstate(over="ignore", invalid="ignore"):
         L = E + A * N ** (-alpha) + B * D ** (-beta)
     return {"a": a, "b": b, "N_opt": N, "D_opt": D, "tokens_per_param": D / N, "L_opt": L, "k": fpt(N) / N}
@@ -133,21 +138,24 @@ def measured_multiplier(ref: NDFit, other: NDFit, C: float, fpt_ref: FlopsPerTok
     return compute_to_reach(ref, L_other, fpt_ref, C) / C
 
 
-def measured_optimum(fit: NDFit, C: float, fpt: FlopsPerToken, k_note: Optional[str] = None) -> ComputeOptimal:
-    """:class:`ComputeOptimal` at C = F(N) D (``k``: F / N at the optimum;
-    ``G`` has no closed form here and stays empty), intervals over the fit's bootstrap draws."""
+def measured_optimum(fit: NDFit, C: float, fpt: FlopsPerToken, k_note: Optional[str] = None,
+                     C_range: Optional[tuple] = None) -> ComputeOptimal:
+    """:class:`ComputeOptimal` at C = F(N) D (``k``: F / N at the optimum; a and b over ``C_range``, see
+    :func:`allocation`; ``G`` has no closed form here and stays empty), intervals over the fit's bootstrap
+    draws."""
     if fit.status != OK:
         return ComputeOptimal(status=fit.status, message=f"no L(N, D) fit: {fit.message}", C=C)
     if not (fit.alpha > 0 and fit.beta > 0):
         return ComputeOptimal(status=DEGENERATE, C=C,
                               message=f"alpha = {fit.alpha:.3g}, beta = {fit.beta:.3g}: no interior optimum")
-    point = {key: float(v[0]) for key, v in allocation(fit.E, fit.A, fit.alpha, fit.B, fit.beta, C, fpt).items()}
+    point = {key: float(v[0]) for key, v in allocation(fit.E, fit.A, fit.alpha, fit.B, fit.beta, C, fpt,
+                                                       C_range).items()}
     out = ComputeOptimal(status=OK, C=float(C), **point)
     out.flags = n_opt_flags(out.N_opt, fit.N_range) + [f"L(N, D): {f}" for f in fit.flags]
     if fit.samples is not None:
         E, A, alpha, B, beta = fit.samples.T
         good = (alpha > 0) & (beta > 0)
-        per = allocation(E[good], A[good], alpha[good], B[good], beta[good], C, fpt)
+        per = allocation(E[good], A[good], alpha[good], B[good], beta[good], C, fpt, C_range)
         out.ci = {key: _interval(v) for key, v in per.items()}
         if (~good).any():
             out.message = f"{int((~good).sum())} bootstrap fits with a zero exponent left out"

@@ -66,3 +66,13 @@ def test_refusals_name_the_problem():
     assert measured_optimum(bad, 1e12, FlopsPerToken.proportional(6.0)).status == "degenerate-exponents"
     assert math.isnan(measured_multiplier(bad, _fit(), 1e12, FlopsPerToken.proportional(6.0),
                                           FlopsPerToken.proportional(6.0)))
+
+
+def test_the_exponent_over_a_compute_range_is_the_chord_of_ln_n_opt():
+    """With C_range the exponent is the slope of ln N_opt between its ends: for F = k N the closed form's a."""
+    fpt = FlopsPerToken.measured([1e3, 1e5, 1e7], [4e3, 8e5, 5e7])
+    r = allocation(*[np.array([v]) for v in LAW.values()], 1e12, fpt, (1e11, 1e13))
+    ends = [allocation(*[np.array([v]) for v in LAW.values()], c, fpt)["N_opt"][0] for c in (1e11, 1e13)]
+    assert r["a"][0] == pytest.approx(math.log(ends[1] / ends[0]) / math.log(100.0), rel=1e-6)
+    closed = allocation(*[np.array([v]) for v in LAW.values()], 1e12, FlopsPerToken.proportional(6.0), (1e10, 1e14))
+    assert closed["a"][0] == pytest.approx(LAW["beta"] / (LAW["alpha"] + LAW["beta"]), rel=1e-3)

@@ -23,7 +23,8 @@ def test_the_advised_token_count_brings_a_point_just_below_the_margin():
     advised = float(re.search(r"N = 6.22e\+03: D >= ([0-9.e+]+) tokens", near.message).group(1))
     assert CPU_LAW.loss(6224.0, advised) == pytest.approx(UNIGRAM - MARGIN, abs=0.01)
     assert CPU_LAW.loss(6224.0, 2.0e5) > UNIGRAM - MARGIN > CPU_LAW.loss(9.2e4, 2.0e5)
-    tiny = check_grid("x", ["t"], [10.0], [1e9], [None], unigram=UNIGRAM, law=CPU_LAW)  # E + A / N^alpha alone is too high
+    # E + A / N^alpha alone is too high
+    tiny = check_grid("x", ["t"], [10.0], [1e9], [None], unigram=UNIGRAM, law=CPU_LAW)
     assert "no D is enough, grow the model" in tiny.problems[0].message
 
 
@@ -35,7 +36,8 @@ def test_budget_and_token_group_problems():
     assert kinds[:2] == ["too few sizes", "not bracketed"] and "too few points" in kinds
     # token budgets: sizes x tokens give each point its own compute, no group of 3 within 10%
     NN, DD = np.meshgrid([6224.0, 23200.0, 92480.0], [1e6, 4e6])
-    c = check_grid("x", [str(i) for i in range(6)], NN.ravel(), DD.ravel(), [None] * 6, unigram=UNIGRAM, sims=4, law=CPU_LAW)
+    c = check_grid("x", [str(i) for i in range(6)], NN.ravel(), DD.ravel(), [None] * 6, unigram=UNIGRAM, sims=4,
+                   law=CPU_LAW)
     assert "no IsoFLOP group" in [p.kind for p in c.problems]
 
 
@@ -44,7 +46,8 @@ def test_a_good_grid_passes_and_states_the_expected_width():
     N = [float(n) for b in sizes for n in sizes[b]]
     tags = [b for b in sizes for _ in sizes[b]]
     D = [t / (6 * n) for n, t in zip(N, tags)]
-    c = check_grid("x", [str(i) for i in range(len(N))], N, D, tags, decay_fraction=0.2, unigram=UNIGRAM, sims=12, law=CPU_LAW)
+    c = check_grid("x", [str(i) for i in range(len(N))], N, D, tags, decay_fraction=0.2, unigram=UNIGRAM, sims=12,
+                   law=CPU_LAW)
     assert c.problems == [] and c.design is not None
     width, ok, n = c.widths["approach 3 a"]
     assert ok == n == 12 and 0 < width < 0.5

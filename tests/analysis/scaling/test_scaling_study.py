@@ -337,7 +337,6 @@ def test_the_designers_prediction_is_set_beside_the_obtained_intervals(study, tm
     assert [rows[q]["verdict"] for q in ("approach 3 alpha", "approach 3 beta", "approach 3 a")] == \
         ["as predicted", "wider than predicted", "narrower than predicted"]
     m = rows["compute multiplier of llama vs dense at C = 1e+13"]
-    c = next(c for c in curves if c.family == "llama" and c.n_kind == "non_embedding")
     assert m["value"] == pytest.approx(_true_multiplier(res, "dense", "llama", 2.0, 1e13), rel=0.1)
     assert m["ci"][0] < m["value"] < m["ci"][1]
     assert m["width"] == pytest.approx(m["ci"][1] / m["ci"][0]) and m["verdict"] == "as predicted"
