@@ -118,6 +118,36 @@ class Margin:
         return cls(kind, value)
 
 
+@dataclass(frozen=True)
+class Finetune:
+    """The fine-tuning stage (``tools.experiment_finetune``): every arm's pre-trained run of each seed fine-tuned
+    (``train.init_from``) with ``set`` (e.g. ``train.objective=classify``) for ``budget``, at the lr ``tune`` chooses
+    per arm on the fine-tuning validation loss."""
+
+    set: list[str]
+    budget: Budget
+    tune: Tune
+
+    def to_dict(self) -> dict:
+        return {"set": list(self.set), "budget": self.budget.to_dict(), "tune": self.tune.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Finetune":
+        return cls(list(d["set"]), Budget.from_dict(d["budget"]), Tune.from_dict(d["tune"]))
+
+
+def budget_tag(b: Budget) -> str:
+    """4096 tokens -> tok4096; 2.5e13 FLOPs -> flop2.5e13: the suffix of an arm's name per pre-training budget
+    (``budgets:``), the same text ``tools.sweep`` names a point's budget by."""
+    number = f"{float(b.value):.6g}".replace("e+0", "e").replace("e+", "e")
+    return f"{'tok' if b.kind == 'tokens' else 'flop'}{number}"
+
+
+def budget_arm(base: str, b: Budget) -> str:
+    """The name of arm ``base`` at pre-training budget ``b`` (``budgets:``): ``gpt-tok5e6``."""
+    return f"{base}-{budget_tag(b)}"
+
+
 DEFAULT_MARGIN = Margin("ceg", [0.9, 1.1])  # "no difference": equivalent within 10% of compute (TOST)
 
 
@@ -209,11 +239,33 @@ class Spec:
     quick_defaults: Optional[list[str]] = None
     only_arms: Optional[list[str]] = None
     extra_set: Optional[list[str]] = None
+    budgets: Optional[list[Budget]] = None  # `budgets:`: every arm once per budget, named budget_arm(arm, b)
+    finetune: Optional[Finetune] = None
 
     @property
     def wanted(self) -> dict:
         """The measurements the spec names, ``{}`` for none."""
         return self.measurements or {}
+
+    def budget_groups(self) -> list[tuple[str, Optional[Budget], dict[str, str]]]:
+        """[(tag, budget, {base arm name: arm name})] per pre-training budget, in the spec's order: one group of
+        every arm (tag "", budget None) without ``budgets:``."""
+        names = [a.name for a in self.arms]
+        if not self.budgets:
+            return [("", None, {n: n for n in names})]
+        out = []
+        for b in self.budgets:
+            suffix = "-" + budget_tag(b)
+            out.append((budget_tag(b), b, {n[:-len(suffix)]: n for n in names if n.endswith(suffix)}))
+        return out
+
+    def base_reference(self) -> str:
+        """The reference arm's name without its budget's suffix (``budgets:``), else the reference."""
+        for tag, _, arms in self.budget_groups():
+            for base, name in arms.items():
+                if name == self.reference:
+                    return base
+        return self.reference
 
     def to_dict(self) -> dict:
         """The spec as the record keeps it (JSON), read back by :meth:`from_dict`."""
@@ -225,7 +277,9 @@ class Spec:
                "ceg": self.ceg.to_dict() if self.ceg else None, "margin": self.margin.to_dict(),
                "measurements": self.measurements, "notes": self.notes, "quick": self.quick,
                "quick_defaults": self.quick_defaults, "only_arms": self.only_arms, "extra_set": self.extra_set,
-               "spec_path": self.spec_path, "sequential": as_dict(self.sequential) if self.sequential else None}
+               "spec_path": self.spec_path, "sequential": as_dict(self.sequential) if self.sequential else None,
+               "budgets": [b.to_dict() for b in self.budgets] if self.budgets else None,
+               "finetune": self.finetune.to_dict() if self.finetune else None}
         return {k: v for k, v in out.items() if v is not None}
 
     @classmethod
@@ -244,4 +298,6 @@ class Spec:
             grid=d.get("grid"), measurements=d.get("measurements"), title=d.get("title"),
             description=d.get("description"), claim=d.get("claim"), notes=d.get("notes"), report=d.get("report"),
             quick=bool(d.get("quick", False)), quick_defaults=d.get("quick_defaults"), only_arms=d.get("only_arms"),
-            extra_set=d.get("extra_set"))
+            extra_set=d.get("extra_set"),
+            budgets=[Budget.from_dict(b) for b in d["budgets"]] if d.get("budgets") else None,
+            finetune=Finetune.from_dict(d["finetune"]) if d.get("finetune") else None)

@@ -26,6 +26,8 @@ it is imported below; to add a measurement, write its module and import it here.
   against the dense FFN, beside the whole training step.
 - ``throughput``: every arm's training step timed side by side (interleaved rounds).
 - ``val_sampling``: the validation set's own sampling error (bootstrap over windows) beside the seed intervals.
+- ``finetune``: the fine-tuning stage's runs on the labelled task's test split, per pre-training budget, each arm
+  against the reference of its budget (paired by seed, Holm).
 - ``cloze``: one held-out id per window, each model type (decoder, encoder, encoder-decoder) through its own
   interface: the task arms of different objectives are compared on.
 """
@@ -33,6 +35,7 @@ it is imported below; to add a measurement, write its module and import it here.
 from analysis.measurements import (  # noqa: F401  (each registers its measurement)
     cloze,
     extrapolation,
+    finetune,
     init_grad_norms,
     kv_cache,
     ladder,

@@ -47,7 +47,8 @@ from analysis.experiments import (
 )
 from analysis.measurements.base import Measurement, cached, check_int, measurement_folder, register
 from analysis.plotting import COLORS, pyplot, save_figure, style_axes
-from archlab.data import eval_windows, prepare_data
+from archlab.data import eval_windows
+from archlab.objectives import token_data
 from archlab.objectives.mlm import mask_id
 from archlab.objectives.span_corruption import sentinel_ids, start_id
 from archlab.train.checkpoint import load_model
@@ -86,7 +87,7 @@ def cloze_log_probs(model, kind: str, x_NS: torch.Tensor, pos_N: torch.Tensor, t
 def cloze_scores(run_dir: str | Path, windows: int = 512, seed: int = 0, batch: int = 64) -> dict:
     """{accuracy, nll, items, model_type, text_ids, tokenizer} of the run's newest checkpoint."""
     model, cfg = load_model(run_dir)
-    data = prepare_data(cfg)
+    data = token_data(cfg)  # the tokenizer the run trained with (its objective's reserved ids left free)
     text_ids = int(data.tokenizer.vocab_size)
     x, pos = cloze_items(data.val, int(cfg.train.seq_len), windows, seed)
     if int(x.max()) >= text_ids:

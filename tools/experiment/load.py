@@ -9,16 +9,16 @@ from typing import Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from analysis.experiment_spec import ArmSpec, Budget, Spec
+from analysis.experiment_spec import ArmSpec, Budget, Spec, budget_arm, budget_tag
 from analysis.measurements import MEASUREMENTS
 from archlab.config import RecipeError
-from tools import experiment_ceg, experiment_seeds, experiment_tuning, sweep
+from tools import experiment_ceg, experiment_finetune, experiment_seeds, experiment_tuning, sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPEC_KEYS = ("name", "title", "description", "claim", "out", "report", "seeds", "budget", "set", "grid", "reference",
-             "arms", "measurements", "quick", "notes", "tune", "ceg", "margin", "verdicts")
+             "arms", "measurements", "quick", "notes", "tune", "ceg", "margin", "verdicts", "budgets", "finetune")
 ARM_KEYS = ("name", "label", "recipe", "extends", "set", "budget", "side", "note", "compare")
-QUICK_KEYS = ("arms", "seeds", "budget", "set", "grid", "measurements", "tune", "ceg")
+QUICK_KEYS = ("arms", "seeds", "budget", "budgets", "set", "grid", "measurements", "tune", "ceg", "finetune")
 WORDS = ("title", "description", "claim", "notes")  # spec fields that describe, never change, the runs
 DEFAULT_SEEDS = [0, 1, 2]
 # --quick: a model and corpus small enough that every experiment runs end to end in seconds
@@ -50,7 +50,7 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
     if quick:
         raw["set"] = list(raw.get("set") or []) + QUICK_SET + list(quick_part.get("set") or [])
         raw["seeds"] = quick_part.get("seeds", [0])
-        for key in ("budget", "grid", "tune", "ceg"):
+        for key in ("budget", "budgets", "grid", "tune", "ceg", "finetune"):
             if key in quick_part:
                 raw[key] = quick_part[key]
         raw["quick_defaults"] = quick_defaults(raw, quick_part, raw["seeds"])
@@ -62,6 +62,7 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
             raw["only_arms"] = list(quick_part["arms"])
     if extra_set:
         raw["set"] = list(raw.get("set") or []) + list(extra_set)
+    budgets = expand_budgets(raw, path)
     for key in ("name", "arms", "budget"):
         if not raw.get(key):
             raise RecipeError(f"{path}: '{key}:' is required (see python -m tools.experiment --help)")
@@ -93,6 +94,12 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
         raise RecipeError(f"verdicts={verdicts!r}: must be reference (every arm against the reference), "
                           "pairs (every arm that names a compare: arm against that arm) or parent (every arm against "
                           "the arm it extends)")
+    finetune = experiment_finetune.check(raw.get("finetune"), tune, seeds, _check_budget, f"{path}: finetune")
+    if finetune is not None:
+        if design is not None or grid:
+            raise RecipeError(f"{path}: finetune: fine-tunes each arm's run of each seed; give a list of seeds and "
+                              "no grid: (one pre-trained run per arm and seed)")
+        measurements = {**(measurements or {}), "finetune": (measurements or {}).get("finetune") or {}}
     out = raw.get("out") or f"runs/experiments/{raw['name']}"
     arms = _arm_specs(raw["arms"])
     return Spec(name=raw["name"], arms=arms, budget=budget, tune=tune,
@@ -102,7 +109,50 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
                 measurements=measurements, title=raw.get("title"), description=raw.get("description"),
                 claim=raw.get("claim"), notes=raw.get("notes"), report=raw.get("report"), quick=quick,
                 quick_defaults=raw.get("quick_defaults"), only_arms=raw.get("only_arms"),
-                extra_set=list(extra_set) if extra_set else None)
+                extra_set=list(extra_set) if extra_set else None, budgets=budgets, finetune=finetune)
+
+
+def expand_budgets(raw: dict, path) -> Optional[list[Budget]]:
+    """``budgets: [B1, B2, ...]``: every arm once per budget (in place, in the YAML's mapping): arm ``a`` becomes
+    ``a-<tag>`` (:func:`analysis.experiment_spec.budget_arm`) with that budget, its ``extends``, ``compare``, the
+    reference and ``quick.arms`` renamed to the same budget's arms; returns the budgets (None without the key).
+    Each (arm, budget) is an ordinary arm: tuned, trained and reported as any other."""
+    entries = raw.get("budgets")
+    if entries is None:
+        return None
+    where = f"{path}: budgets"
+    if not isinstance(entries, list) or not entries:
+        raise RecipeError(f"{where}={entries!r}: a list of budgets, e.g. [{{tokens: 5.0e6}}, {{tokens: 1.0e7}}]")
+    if raw.get("budget"):
+        raise RecipeError(f"{path}: give budget: (one) or budgets: (each arm at each), not both")
+    budgets = [_check_budget(b, f"{where}[{i}]") for i, b in enumerate(entries)]
+    tags = [budget_tag(b) for b in budgets]
+    if any(b.timed for b in budgets) or len(set(tags)) < len(tags):
+        raise RecipeError(f"{where}={entries!r}: distinct tokens or flops budgets (no match_time_of)")
+    arms = raw.get("arms") or []
+    if not all(isinstance(e, dict) and e.get("name") for e in arms):
+        return budgets  # _arm_specs names the bad entry
+    new = []
+    for b in budgets:
+        previous = None
+        for i, entry in enumerate(arms):
+            if entry.get("budget"):
+                raise RecipeError(f"{path}: arms[{i}].budget: with budgets: every arm trains at each budget")
+            e = {**entry, "name": budget_arm(str(entry["name"]), b), "budget": b.to_dict()}
+            parent = previous if entry.get("extends") == "previous" else entry.get("extends")
+            if parent:
+                e["extends"] = budget_arm(str(parent), b)
+            if entry.get("compare"):
+                e["compare"] = budget_arm(str(entry["compare"]), b)
+            if not entry.get("side"):
+                previous = entry["name"]
+            new.append(e)
+    raw["arms"] = new
+    raw["budget"] = budgets[0].to_dict()
+    raw["reference"] = budget_arm(str(raw.get("reference") or arms[0]["name"]), budgets[0])
+    if raw.get("only_arms"):
+        raw["only_arms"] = [budget_arm(str(a), b) for b in budgets for a in raw["only_arms"]]
+    return budgets
 
 
 def quick_defaults(raw: dict, quick_part: dict, seeds: Sequence[int]) -> list[str]:
@@ -110,7 +160,10 @@ def quick_defaults(raw: dict, quick_part: dict, seeds: Sequence[int]) -> list[st
     shrink by :data:`QUICK_BUDGET` and :data:`QUICK_TUNE` (in place, in the YAML's mapping before it is
     checked); returns what was applied, one line each."""
     applied = []
-    if "budget" not in quick_part:
+    if "budgets" in raw and "budgets" not in quick_part:
+        applied.append(f"budgets {raw['budgets']} -> [{QUICK_BUDGET}]")
+        raw["budgets"] = [dict(QUICK_BUDGET)]
+    elif "budget" not in quick_part and "budgets" not in quick_part:
         was = raw.get("budget")
         raw["budget"] = dict(QUICK_BUDGET)
         applied.append(f"budget {was} -> {QUICK_BUDGET}")
@@ -121,6 +174,14 @@ def quick_defaults(raw: dict, quick_part: dict, seeds: Sequence[int]) -> list[st
         applied.append(f"tune.lr {tune['lr']} -> {new['lr']}, max_extend {tune.get('max_extend', 'default')} -> "
                        f"{QUICK_TUNE['max_extend']}")
         raw["tune"] = new
+    ft = raw.get("finetune")
+    if "finetune" not in quick_part and isinstance(ft, dict):
+        new = {**ft, "budget": dict(QUICK_BUDGET)}
+        if isinstance(ft.get("tune"), dict) and isinstance(ft["tune"].get("lr"), list) and ft["tune"]["lr"]:
+            lrs = sorted(float(v) for v in ft["tune"]["lr"])
+            new["tune"] = {**ft["tune"], "lr": [lrs[0], lrs[-1]] if len(lrs) > 1 else lrs, **QUICK_TUNE}
+        applied.append(f"finetune.budget {ft.get('budget')} -> {QUICK_BUDGET}; finetune.tune -> {new.get('tune')}")
+        raw["finetune"] = new
     ceg = raw.get("ceg")
     if "ceg" not in quick_part and isinstance(ceg, dict) and "seeds" in ceg and list(ceg["seeds"]) != list(seeds):
         applied.append(f"ceg.seeds {ceg['seeds']} -> {list(seeds)}")

@@ -9,9 +9,9 @@ from analysis.experiment_spec import Arm, Spec
 from analysis.measurements.throughput import benchmark
 from archlab.config import load_recipe, model_config
 from archlab.costs import kv_cache_bytes, param_counts, training_flops_per_token
-from tools import experiment_ceg, experiment_seeds, experiment_tuning, sweep
+from tools import experiment_ceg, experiment_finetune, experiment_seeds, experiment_tuning, sweep
 from tools.experiment.arms import resolve_arms
-from tools.experiment.run import grid_of, planned_points, sweep_spec
+from tools.experiment.run import grid_of, planned_points, record_runs, sweep_spec
 
 
 def plan(spec: Spec, log=print, estimate: bool = True) -> dict:
@@ -51,6 +51,8 @@ def plan(spec: Spec, log=print, estimate: bool = True) -> dict:
     if spec.ceg:
         stages["compute curve"] = planned_points(experiment_ceg.sweep_spec(spec, ref, []))
     stages.update(experiment_seeds.plan(spec, fixed, sweep_spec, log=log))
+    seeded = {(r["arm"], int(r["seed"])): r["run_dir"] for r in record_runs(spec, stages["seeded runs"], "sweep")}
+    stages.update(experiment_finetune.plan(spec, fixed, seeded, log=log))
     out = {name: {"runs": len(pts), "flops": sum(_new_flops(p) for p in pts)} for name, pts in stages.items()}
     speed = _flops_per_s(ref) if estimate else None
     log("\n== cost" + (f" (estimated at {speed / 1e9:.2f} GFLOP/s of training, the reference arm's step timed here "

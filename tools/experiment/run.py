@@ -19,7 +19,7 @@ from analysis.experiments import run_tokens_per_s
 from analysis.measurements import MEASUREMENTS
 from archlab.config import RecipeError
 from archlab.io import write_json_atomic
-from tools import experiment_ceg, experiment_seeds, experiment_tuning, sweep
+from tools import experiment_ceg, experiment_finetune, experiment_seeds, experiment_tuning, sweep
 from tools.experiment.arms import resolve_arms
 from tools.experiment.load import WORDS
 
@@ -166,6 +166,9 @@ def run_experiment(spec: Spec, *, jobs: int = 1, threads: Optional[int] = None, 
                  "check_stopped": check_stopped,
                  "write_record": lambda rs: write_record(spec, arms, rs, {**extra, "threads": threads})}
         runs = experiment_seeds.run_looks(spec, fixed, runs, stage, jobs=jobs, threads=threads, log=log)
+    if spec.finetune:  # every arm's pre-trained runs fine-tuned (tools.experiment_finetune)
+        extra.update(experiment_finetune.run(spec, arms, runs, extra, jobs=jobs, threads=threads, log=log,
+                                             check_stopped=check_stopped))
     write_record(spec, arms, runs, {**extra, "timed_budgets": timed_budgets,
                                     "train_wall_s": round(time.time() - t0, 1), "command": command,
                                     "threads": threads})

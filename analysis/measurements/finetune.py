@@ -1,0 +1,206 @@
+"""``finetune: {margin}``: the fine-tuned runs of the spec's fine-tuning stage (``tools.experiment_finetune``)
+scored on the labelled task's test split, and compared per pre-training budget.
+
+Each fine-tuned run (record ``finetune_runs``) is loaded and scored on the test examples
+(``archlab.objectives.classify.score``: cross-entropy in nats and accuracy), with the task's chance and majority
+baselines; cached under ``<out>/measurements/finetune/``. The report, per pre-training budget (``budgets:``): each
+arm's test accuracy and loss (mean and 95% t-interval over seeds), and each arm against the reference arm of that
+budget, paired by seed (the fine-tuned runs of seed s start from the pre-trained runs of seed s). The verdict reads
+the test loss difference (nats, lower is better), one inference per comparison (``analysis.verdicts.family``
+without a compute curve: paired t and TOST within +-``margin`` nats, default 0.02), Holm over every comparison of
+the section (all budgets: one family); its interval is at the Holm level. The accuracy difference beside it is a
+plain 95% paired t-interval (descriptive). Then the trend: each arm's accuracy and loss difference across budgets.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from analysis import verdicts
+from analysis.experiment_spec import Spec
+from analysis.experiments import Context, Section, errbar, figure_md, fmt_ci, paired_difference, t_interval, table
+from analysis.measurements.base import Measurement, cached, measurement_folder, register
+from analysis.plotting import COLORS, pyplot, save_figure, style_axes
+from archlab.checkpoints import resolve_checkpoint
+from archlab.errors import RecipeError
+from archlab.model.classifier import pooling_for
+from archlab.objectives import objective_for
+from archlab.objectives.classify import score
+from archlab.train.checkpoint import load_recipe_of, load_weights_into
+
+DEFAULT_MARGIN = 0.02  # nats of the task's cross-entropy
+
+
+def budget_text(b: dict) -> str:
+    """{'tokens': 2.5e6} -> '2.5e+06 tokens'."""
+    kind, value = next(iter(b.items()))
+    return f"{float(value):.3g} {kind}"
+
+
+def test_scores(run_dir: str | Path) -> dict:
+    """{loss, accuracy, examples, baselines, pooling, model_type} of a fine-tuned run on the test split."""
+    ckpt = resolve_checkpoint(str(run_dir))
+    cfg = load_recipe_of(ckpt)
+    objective = objective_for(cfg)
+    data = objective.prepare_data(cfg)
+    model = objective.build_model(cfg)
+    load_weights_into(model, ckpt)
+    e = data.examples["test"]
+    return {**score(model, e.x, e.y), "baselines": data.meta["baselines"]["test"],
+            "pooling": pooling_for(cfg.model, cfg.train.classify_pooling), "model_type": str(cfg.model.type)}
+
+
+def budget_comparisons(spec: Spec, by_arm: dict[str, dict[int, dict]]) -> list[dict]:
+    """Per pre-training budget, each arm against that budget's reference arm: the inputs of
+    ``verdicts.family`` (per-seed test losses) with ``tag``, ``base`` and the per-seed accuracies."""
+    ref_base = spec.base_reference()
+    out = []
+    for tag, _, arms in spec.budget_groups():
+        ref = arms.get(ref_base)
+        if ref is None or ref not in by_arm:
+            continue
+        for base, name in arms.items():
+            if name == ref or name not in by_arm:
+                continue
+            mine, theirs = by_arm[name], by_arm[ref]
+            out.append({"arm": name, "against": ref, "tag": tag, "base": base,
+                        "arm_losses": {s: r["loss"] for s, r in mine.items()},
+                        "other_losses": {s: r["loss"] for s, r in theirs.items()},
+                        "arm_compute": {s: 1.0 for s in mine}, "other_compute": {s: 1.0 for s in theirs},
+                        "accuracy": paired_difference({s: r["accuracy"] for s, r in mine.items()},
+                                                      {s: r["accuracy"] for s, r in theirs.items()})})
+    return out
+
+
+def summarise(spec: Spec, results: list[dict], margin: float = DEFAULT_MARGIN) -> dict:
+    """{groups: [{tag, budget, reference, arms: [{arm, base, accuracy, loss, baselines, pooling, lr}]}],
+    verdicts: [the family, Holm over every budget's comparisons]} from the cached test scores."""
+    by_arm: dict[str, dict[int, dict]] = {}
+    for r in results:
+        by_arm.setdefault(r["arm"], {})[int(r["seed"])] = {**r["result"], "lr": r.get("lr")}
+    comps = budget_comparisons(spec, by_arm)
+    fam = verdicts.family(None, {}, comps, {verdicts.LN_CEG: None, verdicts.NATS: (-margin, margin),
+                                            "from": f"+-{margin:g} nats"}) if comps else []
+    for r, c in zip(fam, comps):
+        r.update(tag=c["tag"], base=c["base"], accuracy=c["accuracy"])
+    groups = []
+    ref_base = spec.base_reference()
+    for tag, budget, arms in spec.budget_groups():
+        rows = []
+        for base, name in arms.items():
+            res = by_arm.get(name)
+            if not res:
+                continue
+            first = next(iter(res.values()))
+            rows.append({"arm": name, "base": base, "seeds": sorted(res),
+                         "accuracy": t_interval([x["accuracy"] for x in res.values()]),
+                         "loss": t_interval([x["loss"] for x in res.values()]),
+                         "baselines": first["baselines"], "pooling": first["pooling"], "lr": first.get("lr"),
+                         "model_type": first["model_type"]})
+        if rows:
+            groups.append({"tag": tag, "budget": budget.to_dict() if budget else spec.budget.to_dict(),
+                           "reference": arms.get(ref_base), "arms": rows})
+    return {"groups": groups, "verdicts": fam, "margin": margin}
+
+
+@register
+class FinetuneMeasurement(Measurement):
+    """The fine-tuned runs on the labelled task's test split, per pre-training budget."""
+
+    name = "finetune"
+    title = "Fine-tuned on the labelled task: test accuracy and loss per pre-training budget"
+    keys = ("margin",)
+
+    def check(self, settings, where: str) -> dict:
+        s = super().check(settings, where)
+        m = s.get("margin")
+        if m is not None and not (isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0):
+            raise RecipeError(f"{where}.margin={m!r}: a positive number of nats")
+        return s
+
+    def run(self, record: dict, log=print) -> list[dict]:
+        folder = measurement_folder(record) / self.name
+        out = []
+        for run in record.get("finetune_runs") or []:
+            if not (Path(run["run_dir"]) / "summary.json").is_file():
+                continue
+            path = folder / f"{run['point']}.json"
+            if not path.is_file():
+                log(f"finetune: scoring {run['point']} on the test split")
+            result = cached(path, {"run_dir": run["run_dir"]}, lambda: test_scores(run["run_dir"]))
+            out.append({"arm": run["arm"], "seed": run["seed"], "point": run["point"], "lr": run.get("lr"),
+                        "result": result})
+        return out
+
+    def section(self, ctx: Context) -> Section:
+        spec = ctx.spec
+        margin = float(self.settings(ctx.record).get("margin", DEFAULT_MARGIN))
+        s = summarise(spec, ctx.measures.get(self.name) or [], margin)
+        label = {n: a.label for n, a in ctx.arms.items()}
+        by_arm = {(v["arm"]): v for v in s["verdicts"]}
+        md = (f"Each arm's pre-trained run of seed s fine-tuned (seed s, the arm's own fine-tuning lr, "
+              f"`{' '.join(spec.finetune.set) if spec.finetune else ''}`) and scored on the task's test examples. "
+              "Intervals: 95% t over seeds. Against the reference of the same budget, paired by seed: the verdict "
+              f"reads the test loss difference (nats, lower is better; TOST margin +-{margin:g} nats), Holm over "
+              f"all {len(s['verdicts'])} comparisons of this section, its interval at the Holm level; the accuracy "
+              "difference is a 95% paired t-interval (descriptive).\n\n")
+        for g in s["groups"]:
+            base = g["arms"][0]["baselines"]
+            md += (f"**Pre-training budget {budget_text(g['budget'])}** (chance {base['chance']:.3f}, majority "
+                   f"{base['majority']:.3f} on the test split)\n\n")
+            rows = []
+            for a in g["arms"]:
+                v = by_arm.get(a["arm"])
+                vs = ("reference" if a["arm"] == g["reference"] else "-" if v is None else
+                      f"{verdicts.fmt_interval(v)} / {fmt_ci(v['accuracy'], signed=True)}")
+                rows.append([f"{label.get(a['arm'], a['arm'])} (`{a['arm']}`)", a["pooling"],
+                             "-" if a["lr"] is None else f"{a['lr']:.3g}", fmt_ci(a["accuracy"]), fmt_ci(a["loss"]),
+                             vs, v["class"] if v else "-", len(a["seeds"])])
+            md += table(["arm", "pooling", "fine-tuning lr", "test accuracy [95% CI]", "test loss (nats) [95% CI]",
+                         f"vs `{g['reference']}`: loss (Holm level) / accuracy (paired)", "verdict (loss, Holm)",
+                         "seeds"], rows) + "\n\n"
+        if len(s["groups"]) > 1:
+            md += "**Across pre-training budgets** (accuracy mean; loss difference to the reference, nats)\n\n"
+            bases = list(dict.fromkeys(a["base"] for g in s["groups"] for a in g["arms"]))
+            rows = []
+            for b in bases:
+                cells = []
+                for g in s["groups"]:
+                    a = next((x for x in g["arms"] if x["base"] == b), None)
+                    v = next((x for x in s["verdicts"] if a and x["arm"] == a["arm"]), None)
+                    acc = "-" if a is None or a["accuracy"]["mean"] is None else f"{a['accuracy']['mean']:.3f}"
+                    cells.append(acc + ("" if v is None or v["mean"] is None else f"; {v['mean']:+.3f} ({v['class']})"))
+                rows.append([f"`{b}`", *cells])
+            md += table(["arm", *[budget_text(g["budget"]) for g in s["groups"]]], rows) + "\n\n"
+        figures: list[str] = []
+        md += figure_md(figures, plot_trend(s, ctx.out / "finetune.png"), "fine-tuned test accuracy per budget")
+        return Section(self.title, md, figures, s)
+
+
+def plot_trend(s: dict, path):
+    """Test accuracy (95% CI over seeds) against the pre-training budget, one line per arm."""
+    groups = s["groups"]
+    if not groups:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    xs = [float(next(iter(g["budget"].values()))) for g in groups]
+    bases = list(dict.fromkeys(a["base"] for g in groups for a in g["arms"]))
+    for i, b in enumerate(bases):
+        pts = [(x, a) for x, g in zip(xs, groups) for a in g["arms"] if a["base"] == b
+               and a["accuracy"]["mean"] is not None]
+        if not pts:
+            continue
+        err = [errbar(a["accuracy"]) or [[0.0], [0.0]] for _, a in pts]
+        ax.errorbar([x for x, _ in pts], [a["accuracy"]["mean"] for _, a in pts],
+                    yerr=[[e[0][0] for e in err], [e[1][0] for e in err]], fmt="o-", capsize=4,
+                    color=COLORS[i % len(COLORS)], label=b)
+    base = groups[0]["arms"][0]["baselines"]
+    ax.axhline(base["majority"], color="grey", ls="--", lw=1, label="majority")
+    if len(xs) > 1 and min(xs) > 0 and not math.isclose(min(xs), max(xs)):
+        ax.set_xscale("log")
+    style_axes(ax, "Fine-tuned test accuracy against pre-training budget", f"pre-training budget "
+               f"({next(iter(groups[0]['budget']))})", "test accuracy (95% CI over seeds)", legend=True)
+    fig.tight_layout()
+    return save_figure(fig, path)
