@@ -189,11 +189,10 @@ def multiplier_table(curves: list[MultiplierCurve]) -> str:
         lines.append(f"| {c.reference} | {c.family} | {N_KINDS[c.n_kind]} | {c.C[0]:.3g}-{c.C[-1]:.3g} | "
                      f"{at(c, 0)} | {at(c, mid)} (C = {c.C[mid]:.3g}) | {at(c, -1)} | {_status(c)} |")
     lines += ["", "m(C): the reference family needs m times the compute to reach, compute-optimally, the loss the "
-              "family reaches compute-optimally at C (from the two approach-3 fits, C = k N D with each family's "
-              "measured k; m > 1: the family is more compute-efficient). Band: 95% over paired bootstrap fits. The N "
-              "of a row "
-              "changes the fits (and k), not what C is: an MoE family is fitted with N = its active and with N = its "
-              "total parameters."]
+              "family reaches compute-optimally at C (from the two approach-3 fits, C = F(N) D with each size's own "
+              "measured training FLOPs per token; m > 1: the family is more compute-efficient). Band: 95% over paired "
+              "bootstrap fits. The N of a row changes the fits, not what C is: an MoE family is fitted with N = its "
+              "active and with N = its total parameters."]
     return "\n".join(lines)
 
 
