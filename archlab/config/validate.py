@@ -23,7 +23,6 @@ from archlab.optim import OPTIMIZERS, SCHEDULES
 from archlab.trackers import TRACKERS
 
 __all__ = ["RecipeError", "validate", "validate_data", "validate_model", "validate_train"]
-_fail = fail
 
 
 def validate_data(d, model, reserved: int = 0) -> None:
@@ -32,31 +31,31 @@ def validate_data(d, model, reserved: int = 0) -> None:
     _one_of("data.source", d.source, ["stdlib", "shakespeare", "text", "hf", "tokens"])
     check_data_options(d)  # a key of another source
     if d.source == "text" and not d.paths:
-        _fail("data.paths", list(d.paths), "data.source=text needs at least one file, folder or glob")
+        fail("data.paths", list(d.paths), "data.source=text needs at least one file, folder or glob")
     if d.source == "hf" and not d.hf_dataset:
-        _fail("data.hf_dataset", d.hf_dataset, "data.source=hf needs a dataset name")
+        fail("data.hf_dataset", d.hf_dataset, "data.source=hf needs a dataset name")
     if d.source == "tokens":
         if not d.train_shards:
-            _fail("data.train_shards", d.train_shards, "data.source=tokens needs a glob of token shards "
+            fail("data.train_shards", d.train_shards, "data.source=tokens needs a glob of token shards "
                   "(e.g. 'data/fineweb10B/fineweb_train_*.bin') or a folder holding train.bin and val.bin")
         _one_of("data.shard_format", d.shard_format, SHARD_FORMATS)
     # bpe | byte | a tokenizer file (its existence is checked when the data is read: recipes travel)
     if d.tokenizer not in ("bpe", "byte") and not str(d.tokenizer).endswith(".json"):
-        _fail("data.tokenizer", d.tokenizer,
+        fail("data.tokenizer", d.tokenizer,
               "must be bpe, byte or the path of a Hugging Face tokenizers file (*.json, e.g. gpt2's tokenizer.json)")
     also = f", + {reserved} id(s) the objective reserves" if reserved else ""
     if d.tokenizer == "byte" and model.vocab_size < 257 + reserved:
-        _fail("model.vocab_size", model.vocab_size,
+        fail("model.vocab_size", model.vocab_size,
               f"the byte tokenizer needs 256 byte ids + 1 end-of-text id{also} (>= {257 + reserved})")
     if d.tokenizer == "bpe" and d.source != "tokens" and model.vocab_size < 260 + reserved:
-        _fail("model.vocab_size", model.vocab_size,
+        fail("model.vocab_size", model.vocab_size,
               f"a byte-level BPE needs at least 256 byte ids + special tokens{also} (>= {260 + reserved})")
     if d.eot_id is not None and not 0 <= d.eot_id < model.vocab_size:
-        _fail("data.eot_id", d.eot_id, f"must lie in [0, model.vocab_size={model.vocab_size}) (or null)")
+        fail("data.eot_id", d.eot_id, f"must lie in [0, model.vocab_size={model.vocab_size}) (or null)")
     if not 0.0 < d.val_fraction < 0.5:
-        _fail("data.val_fraction", d.val_fraction, "must lie in (0, 0.5)")
+        fail("data.val_fraction", d.val_fraction, "must lie in (0, 0.5)")
     if d.max_bytes is not None and d.max_bytes <= 0:
-        _fail("data.max_bytes", d.max_bytes, "must be positive (or null for the whole corpus)")
+        fail("data.max_bytes", d.max_bytes, "must be positive (or null for the whole corpus)")
 
 
 def validate_train(t, model) -> None:
@@ -64,7 +63,7 @@ def validate_train(t, model) -> None:
               "log_every", "eval_every", "eval_batches", "ckpt_every", "keep_last")
     limit = position_class(model).max_length(model)
     if limit is not None and t.seq_len > limit:
-        _fail("train.seq_len", t.seq_len,
+        fail("train.seq_len", t.seq_len,
               f"{model.position.type} positions exist only up to {limit} (model.max_seq_len={model.max_seq_len}); "
               "raise model.max_seq_len or lower train.seq_len")
     _one_of("train.schedule", t.schedule, SCHEDULES.names())
@@ -72,30 +71,30 @@ def validate_train(t, model) -> None:
     _one_of("train.objective", t.objective, OBJECTIVES.names())
     check_train_options(t, model)  # a key of another schedule, optimizer or objective, or of an MoE model
     if not 0 <= t.warmup_steps <= t.max_steps:
-        _fail("train.warmup_steps", t.warmup_steps, f"must lie in [0, max_steps={t.max_steps}]")
+        fail("train.warmup_steps", t.warmup_steps, f"must lie in [0, max_steps={t.max_steps}]")
     SCHEDULES.get(t.schedule).validate(t)  # the schedule's own keys (min_lr_ratio, decay_*)
     OPTIMIZERS.get(t.optimizer).validate(t)  # weight_decay, betas, eps; the optimizer's own node
     OBJECTIVES.get(t.objective).validate(SimpleNamespace(model=model, train=t))  # e.g. mtp needs model.mtp_depth
     if any(not 1 <= s <= t.max_steps for s in t.ckpt_steps):
-        _fail("train.ckpt_steps", list(t.ckpt_steps), f"steps must lie in [1, max_steps={t.max_steps}]")
+        fail("train.ckpt_steps", list(t.ckpt_steps), f"steps must lie in [1, max_steps={t.max_steps}]")
     if t.branch_from is not None and t.resume not in ("none", "auto"):
-        _fail("train.resume", t.resume, f"contradicts train.branch_from={t.branch_from!r}: a branch starts from "
+        fail("train.resume", t.resume, f"contradicts train.branch_from={t.branch_from!r}: a branch starts from "
               "branch_from (resume=none) or continues its own run folder (resume=auto)")
     if t.branch_from is not None and not str(t.branch_from).strip():
-        _fail("train.branch_from", t.branch_from, "must be a checkpoint folder (or null)")
+        fail("train.branch_from", t.branch_from, "must be a checkpoint folder (or null)")
     if t.grad_clip < 0:
-        _fail("train.grad_clip", t.grad_clip, "must be >= 0 (0 = no clipping)")
+        fail("train.grad_clip", t.grad_clip, "must be >= 0 (0 = no clipping)")
     _one_of("train.precision", t.precision, ["auto", "fp32", "bf16"])
     _one_of("train.on_nonfinite", t.on_nonfinite, ["stop", "skip"])
     _one_of("train.activation_checkpointing", t.activation_checkpointing, ["none", "full", "selective"])
     if any(mult <= 0 for mult in t.eval_context_multipliers):
-        _fail("train.eval_context_multipliers", list(t.eval_context_multipliers), "must be positive integers")
+        fail("train.eval_context_multipliers", list(t.eval_context_multipliers), "must be positive integers")
     if t.peak_flops is not None and t.peak_flops <= 0:
-        _fail("train.peak_flops", t.peak_flops, "must be positive (or null for the device default)")
+        fail("train.peak_flops", t.peak_flops, "must be positive (or null for the device default)")
     if t.routing_every < 0:
-        _fail("train.routing_every", t.routing_every, "must be >= 0")
+        fail("train.routing_every", t.routing_every, "must be >= 0")
     if t.router_trace_every < 0:
-        _fail("train.router_trace_every", t.router_trace_every, "must be >= 0 (0 = off)")
+        fail("train.router_trace_every", t.router_trace_every, "must be >= 0 (0 = off)")
     validate_trackers(t)
 
 
@@ -107,9 +106,9 @@ def validate_trackers(t) -> None:
         for name in names:
             _one_of("train.trackers", name, list(TRACKERS))
         if len(set(names)) < len(names):
-            _fail("train.trackers", names, "names a tracker twice")
+            fail("train.trackers", names, "names a tracker twice")
     if not str(t.tracker_project).strip():
-        _fail("train.tracker_project", t.tracker_project, "must be a name (the wandb project, MLflow experiment)")
+        fail("train.tracker_project", t.tracker_project, "must be a name (the wandb project, MLflow experiment)")
 
 
 def validate(cfg) -> None:

@@ -18,8 +18,6 @@ from archlab.nn.mup import PARAMETRIZATIONS
 from archlab.nn.norms import NORMS, norm_class
 from archlab.nn.positions import POSITIONS, ROPE_SCALINGS, position_class
 
-_fail = fail
-
 
 def validate_model(m, prefix: str = "model") -> None:
     """Model rules. ``m`` is the ``model`` node of a recipe (DictConfig or ModelConfig): the
@@ -35,7 +33,7 @@ def validate_model(m, prefix: str = "model") -> None:
     _one_of(f"{prefix}.block.type", m.block.type, BLOCKS.names())
     _one_of(f"{prefix}.parametrization", m.parametrization, PARAMETRIZATIONS)
     if getattr(m, "mtp_depth", 0) < 0:
-        _fail(f"{prefix}.mtp_depth", m.mtp_depth, "must be >= 0 (0 = no multi-token-prediction modules)")
+        fail(f"{prefix}.mtp_depth", m.mtp_depth, "must be >= 0 (0 = no multi-token-prediction modules)")
     if m.moe is not None:
         _one_of(f"{prefix}.moe.router.type", m.moe.router.type, ROUTERS.names())
     check_model_options(m, prefix)  # a key that no chosen variant reads
@@ -64,20 +62,20 @@ def validate_parametrization(m, prefix: str = "model") -> None:
     """standard or mup; a muP base width, when given, is a positive d_model."""
     _one_of(f"{prefix}.parametrization", m.parametrization, PARAMETRIZATIONS)
     if m.mup_base_width is not None and m.mup_base_width <= 0:
-        _fail(f"{prefix}.mup_base_width", m.mup_base_width,
+        fail(f"{prefix}.mup_base_width", m.mup_base_width,
               "must be a positive number (the base model's d_model; null = d_model, width multiplier 1)")
 
 
 def validate_moe(e, n_layers: int, prefix: str, routers) -> None:
     _positive(e, prefix, "num_experts", "top_k", "expert_hidden", "every", "min_capacity", "ep_size")
     if e.top_k > e.num_experts:
-        _fail(f"{prefix}.top_k", e.top_k, f"must be <= num_experts ({e.num_experts})")
+        fail(f"{prefix}.top_k", e.top_k, f"must be <= num_experts ({e.num_experts})")
     if e.n_shared_experts < 0:
-        _fail(f"{prefix}.n_shared_experts", e.n_shared_experts, "must be >= 0")
+        fail(f"{prefix}.n_shared_experts", e.n_shared_experts, "must be >= 0")
     if e.shared_hidden is not None and e.shared_hidden <= 0:
-        _fail(f"{prefix}.shared_hidden", e.shared_hidden, "must be a positive number (or null)")
+        fail(f"{prefix}.shared_hidden", e.shared_hidden, "must be a positive number (or null)")
     if not 0 <= e.first_k_dense < n_layers:
-        _fail(f"{prefix}.first_k_dense", e.first_k_dense,
+        fail(f"{prefix}.first_k_dense", e.first_k_dense,
               f"must lie in [0, n_layers={n_layers}) so that at least one layer is MoE")
     _one_of(f"{prefix}.router.type", e.router.type, routers.names())
     model_prefix = prefix.rsplit(".", 1)[0]
@@ -85,6 +83,6 @@ def validate_moe(e, n_layers: int, prefix: str, routers) -> None:
     router_class(m).validate(m, model_prefix)  # groups, route scale, jitter: the router's own rules
     validate_balance(m, model_prefix)  # each balancing term's rules
     if e.capacity_factor is not None and e.capacity_factor <= 0:
-        _fail(f"{prefix}.capacity_factor", e.capacity_factor, "must be positive (or null for dropless routing)")
+        fail(f"{prefix}.capacity_factor", e.capacity_factor, "must be positive (or null for dropless routing)")
     if e.num_experts % e.ep_size:
-        _fail(f"{prefix}.ep_size", e.ep_size, f"must divide num_experts ({e.num_experts})")
+        fail(f"{prefix}.ep_size", e.ep_size, f"must divide num_experts ({e.num_experts})")
