@@ -62,6 +62,7 @@ class Point:
     seed_runs: list = field(default_factory=list)
     seed_losses: list = field(default_factory=list)
     units: list = field(default_factory=list)  # independent units of its runs: a branch's trunk folder, else the run
+    shape: str = ""  # its sweep ladder (a depth/width rule): the sizes of one ladder share a FLOPs-per-token curve
 
 
 def n_of_counts(counts: dict, kind: str) -> float:
@@ -124,20 +125,30 @@ def seed_key(recipe, tokens: Optional[float]) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
+def _manifest_points(folder: Path, cache: dict) -> list[dict]:
+    """The points of the sweep manifest in ``folder`` (empty if none or unreadable), read once per folder."""
+    if folder not in cache:
+        try:
+            points = json.loads((folder / SWEEP_MANIFEST).read_text()).get("points", [])
+            cache[folder] = [p for p in points if isinstance(p, dict) and "name" in p]
+        except (OSError, ValueError, TypeError, AttributeError):
+            cache[folder] = []
+    return cache[folder]
+
+
 def _sweep_budgets(folder: Path, cache: dict) -> dict[str, tuple[float, str]]:
     """run name -> (FLOPs budget, what it counts: "measured" training FLOPs or "6nd") from the sweep
     manifest in ``folder`` (``tools.sweep``'s ``cooldown.compute``; empty if none or unreadable)."""
-    if folder not in cache:
-        cache[folder] = {}
-        try:
-            manifest = json.loads((folder / SWEEP_MANIFEST).read_text())
-            for p in manifest.get("points", []):
-                if p.get("budget_kind") == "flops" and p.get("budget"):
-                    compute = (p.get("cooldown") or {}).get("compute", "measured")
-                    cache[folder][str(p["name"])] = (float(p["budget"]), str(compute))
-        except (OSError, ValueError, TypeError, AttributeError):
-            pass
-    return cache[folder]
+    out = {}
+    for p in _manifest_points(folder, cache):
+        if p.get("budget_kind") == "flops" and p.get("budget"):
+            out[str(p["name"])] = (float(p["budget"]), str((p.get("cooldown") or {}).get("compute", "measured")))
+    return out
+
+
+def _sweep_ladders(folder: Path, cache: dict) -> dict[str, str]:
+    """run name -> its sweep ladder (one recipe's depth/width rule: its sizes share one FLOPs-per-token curve)."""
+    return {str(p["name"]): str(p["ladder"]) for p in _manifest_points(folder, cache) if p.get("ladder")}
 
 
 BUDGET_CONVENTIONS = {"measured": "measured training FLOPs", "6nd": "C = 6 N D (N: non-embedding without the head)",
@@ -181,6 +192,7 @@ def collect(runs, keep_unlearned: bool = False) \
         tokens = r.tokens_seen
         seed = r.recipe.train.get("seed")
         budget, compute = _sweep_budgets(r.path.parent, manifests).get(r.name, (None, ""))
+        ladder = _sweep_ladders(r.path.parent, manifests).get(r.name, "")
         trunk = trunk_of(r)
         points.append(Point(run=r.name, family=r.family, is_moe=r.is_moe, flops=r.training_flops(tokens),
                             loss=float(r.final_val_loss), tokens=tokens, params_total=r.params["total"],
@@ -189,7 +201,7 @@ def collect(runs, keep_unlearned: bool = False) \
                             group=seed_key(r.recipe, tokens),
                             budget=budget, budget_compute=compute,
                             seed_runs=[r.name], seed_losses=[float(r.final_val_loss)],
-                            units=[trunk or str(r.path)]))
+                            units=[trunk or str(r.path)], shape=ladder))
         rows = [v for v in r.val_rows if v.get("tokens") and math.isfinite(v["loss"])]
         if rows:
             t = np.array([v["tokens"] for v in rows], dtype=float)

@@ -9,7 +9,7 @@ from typing import Optional
 
 import numpy as np
 
-from analysis.scaling.fits.allocation import FlopsPerToken, measured_optimum
+from analysis.scaling.fits.allocation import FPT, flops_per_token, measured_optimum
 from analysis.scaling.fits.common import OK, difference_interval, json_safe, reported_status
 from analysis.scaling.fits.envelope import EnvelopeExponent, envelope_exponent
 from analysis.scaling.fits.holdout import HoldoutPrediction, holdout_prediction
@@ -48,7 +48,7 @@ class FamilyStudy:
     # `cooldown.compute: 6nd` with this N, ~k for measured FLOPs); approach 3's N_opt(C) is drawn in it beside
     # approach 2's minima
     k_budget: Optional[float] = None
-    fpt: Optional[FlopsPerToken] = None  # the family's training FLOPs per token F(N) through its sizes
+    fpt: Optional[FPT] = None  # the family's training FLOPs per token F(N) through its sizes (per shape)
 
     def to_json(self) -> dict:
         out = {k: getattr(self, k) for k in ("family", "n_kind", "runs", "N", "D", "C", "L", "L_err", "n_seeds", "k",
@@ -125,7 +125,7 @@ def study_family(points: list[Point], curves: list, noise: NoiseFloor, *, n_kind
     clusters = cluster_labels(ps)
     nd = fit_loss_nd(N, D, L, huber_delta=huber_delta, n_boot=n_boot, seed=seed, C=C, budget_tolerance=budget_tolerance,
                      budget_tags=tags, clusters=clusters, n_polish=n_polish)
-    fpt = FlopsPerToken.measured(N, [p.flops_per_token for p in ps]) if k else None
+    fpt = flops_per_token(N, [p.flops_per_token for p in ps], [p.shape for p in ps]) if k else None
     # a over the compute range the family measured
     c_range = (float(C.min()), float(C.max())) if len(C) and C.max() > C.min() else None
     opt = measured_optimum(nd, C_ref, fpt, C_range=c_range) if fpt else \

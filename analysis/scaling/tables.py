@@ -96,7 +96,10 @@ def optimum_table(studies: dict[str, FamilyStudy]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for fam, st in studies.items():
         for opt, how in ((st.optimum, "measured"), (st.optimum_6nd, "6nd")):
-            kdesc = (f"F(N) D, each size's measured F (F/N {st.k_range[0]:.3g}-{st.k_range[1]:.3g} over sizes)"
+            shapes = getattr(st.fpt, "shapes", ())
+            which = (f"the cheapest of its {len(shapes)} ladders' measured F at each N" if shapes
+                     else "each size's measured F")
+            kdesc = (f"F(N) D, {which} (F/N {st.k_range[0]:.3g}-{st.k_range[1]:.3g} over sizes)"
                      if how == "measured" and st.k_range else "6 N D (Chinchilla)")
             if opt.C is None:
                 lines.append(f"| {fam} | - | - | - | - | - | - | - | - | {_status(opt)} |")

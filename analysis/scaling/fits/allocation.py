@@ -4,16 +4,18 @@ Chinchilla's closed form (:func:`analysis.scaling.fits.loss_nd.compute_optimal`)
 k. archlab's cost model counts what a size really spends: attention and the LM head make FLOPs per token
 per parameter fall with width (84 to 10 for non-embedding N at d_model 8 to 168; 3.9 to 4.8 for total N).
 Here C = F(N) D, F interpolated in log-log through a family's measured sizes (and extended along its
-end segments), and N_opt(C) = argmin_N L(N, C / F(N)) is found numerically; a is the slope of ln N_opt
-against ln C over a stated compute range (the study's: F is piecewise, so a local slope would jump at
-its knots), or its local slope without one. With F = k N everything reduces to the closed form (tested).
+end segments); a family trained on several shapes (sweep ladders: depth/width rules) has one such curve per
+shape, and F(N) is the cheapest shape's (:class:`CheapestShape`). N_opt(C) = argmin_N L(N, C / F(N)) is found
+numerically; a is the slope of ln N_opt against ln C over a stated compute range (the study's: F is piecewise, so a
+local slope would jump at its knots), or its local slope without one. With F = k N everything reduces to
+the closed form (tested).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -66,7 +68,48 @@ class FlopsPerToken:
         return {"N": [math.exp(x) for x in self.log_N], "flops_per_token": [math.exp(y) for y in self.log_F]}
 
 
-def _n_opt(E, A, alpha, B, beta, C, fpt: FlopsPerToken) -> np.ndarray:
+@dataclass(frozen=True)
+class CheapestShape:
+    """F(N) of a family trained at several shapes (e.g. 2 and 4 layers over the same widths): each shape's
+    own :class:`FlopsPerToken`, and at each N the lowest of them.
+
+    One log-log curve through sizes of different shapes would zigzag (at equal N a deeper model spends more
+    per token), putting false kinks in N_opt(C). A law fitted over the shapes says the loss depends on N and D
+    alone; under it the compute-optimal model at C is built the cheapest way the study trained."""
+
+    shapes: tuple  # ((label, FlopsPerToken), ...), sorted by label
+
+    def __call__(self, N) -> np.ndarray:
+        return np.exp(self.log_of(np.log(np.asarray(N, dtype=float))))
+
+    def log_of(self, x: np.ndarray) -> np.ndarray:
+        """ln F at ln N = x: the cheapest shape's."""
+        return np.min([f.log_of(x) for _, f in self.shapes], axis=0)
+
+    def to_json(self) -> dict:
+        return {"rule": "at each N the cheapest shape's F", "shapes": {label: f.to_json() for label, f in self.shapes}}
+
+
+FPT = Union[FlopsPerToken, CheapestShape]  # what the allocation reads F(N) from
+
+
+def flops_per_token(N: Sequence[float], F: Sequence[float], shapes: Optional[Sequence[str]] = None):
+    """F(N) through measured sizes: one :class:`FlopsPerToken`, or a :class:`CheapestShape` where ``shapes``
+    (one label per size, e.g. "4 layers") names more than one shape."""
+    labels = list(shapes) if shapes is not None else []
+    if len(set(labels)) <= 1:
+        return FlopsPerToken.measured(N, F)
+    if len(labels) != len(N):
+        raise ValueError(f"flops_per_token: {len(labels)} shape labels for {len(N)} sizes")
+    by: dict[str, tuple[list, list]] = {}
+    for n, f, label in zip(N, F, labels):
+        by.setdefault(str(label), ([], []))
+        by[str(label)][0].append(n)
+        by[str(label)][1].append(f)
+    return CheapestShape(tuple((label, FlopsPerToken.measured(*by[label])) for label in sorted(by)))
+
+
+def _n_opt(E, A, alpha, B, beta, C, fpt: FPT) -> np.ndarray:
     """ln N_opt at compute C for each law (arrays of shape (S,)), on :data:`LOG_N_GRID` refined by a parabola."""
     x = LOG_N_GRID
     log_D = math.log(C) - fpt.log_of(x)  # (G,)
@@ -83,7 +126,7 @@ def _n_opt(E, A, alpha, B, beta, C, fpt: FlopsPerToken) -> np.ndarray:
     return x[i] + np.clip(shift, -1, 1) * (x[1] - x[0])
 
 
-def allocation(E, A, alpha, B, beta, C: float, fpt: FlopsPerToken,
+def allocation(E, A, alpha, B, beta, C: float, fpt: FPT,
                C_range: Optional[tuple] = None) -> dict:
     """N_opt, D_opt, D/N, L_opt at C = F(N) D and the exponents a (of N_opt) and b (of D_opt) in C: their
     log-log slopes over ``C_range`` (lo, hi), or at C (over C e^-0.5 .. C e^0.5) without one; for one law or
@@ -103,12 +146,12 @@ def allocation(E, A, alpha, B, beta, C: float, fpt: FlopsPerToken,
     return {"a": a, "b": b, "N_opt": N, "D_opt": D, "tokens_per_param": D / N, "L_opt": L, "k": fpt(N) / N}
 
 
-def loss_opt(fit: NDFit, C: float, fpt: FlopsPerToken) -> float:
+def loss_opt(fit: NDFit, C: float, fpt: FPT) -> float:
     """The fitted law's compute-optimal loss at C = F(N) D."""
     return float(allocation(fit.E, fit.A, fit.alpha, fit.B, fit.beta, C, fpt)["L_opt"][0])
 
 
-def compute_to_reach(fit: NDFit, L: float, fpt: FlopsPerToken, C_hint: float) -> float:
+def compute_to_reach(fit: NDFit, L: float, fpt: FPT, C_hint: float) -> float:
     """The compute C at which ``fit``'s compute-optimal loss is L (bisection in ln C; L_opt falls with C).
     inf when L is at or below the law's E; NaN when no C in 1e-6 to 1e6 times ``C_hint`` reaches it."""
     if not L > fit.E:
@@ -125,7 +168,7 @@ def compute_to_reach(fit: NDFit, L: float, fpt: FlopsPerToken, C_hint: float) ->
     return math.exp(0.5 * (lo + hi))
 
 
-def measured_multiplier(ref: NDFit, other: NDFit, C: float, fpt_ref: FlopsPerToken, fpt_other: FlopsPerToken) -> float:
+def measured_multiplier(ref: NDFit, other: NDFit, C: float, fpt_ref: FPT, fpt_other: FPT) -> float:
     """How many times the compute the reference needs for the loss ``other`` reaches compute-optimally at C,
     each family at its own sizes' FLOPs per token. NaN without both fits; inf when the other beats the
     reference's E."""
@@ -138,7 +181,7 @@ def measured_multiplier(ref: NDFit, other: NDFit, C: float, fpt_ref: FlopsPerTok
     return compute_to_reach(ref, L_other, fpt_ref, C) / C
 
 
-def measured_optimum(fit: NDFit, C: float, fpt: FlopsPerToken, k_note: Optional[str] = None,
+def measured_optimum(fit: NDFit, C: float, fpt: FPT, k_note: Optional[str] = None,
                      C_range: Optional[tuple] = None) -> ComputeOptimal:
     """:class:`ComputeOptimal` at C = F(N) D (``k``: F / N at the optimum; a and b over ``C_range``, see
     :func:`allocation`; ``G`` has no closed form here and stays empty), intervals over the fit's bootstrap

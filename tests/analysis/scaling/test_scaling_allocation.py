@@ -5,7 +5,14 @@ import math
 import numpy as np
 import pytest
 
-from analysis.scaling.fits.allocation import FlopsPerToken, allocation, measured_multiplier, measured_optimum
+from analysis.scaling.fits.allocation import (
+    CheapestShape,
+    FlopsPerToken,
+    allocation,
+    flops_per_token,
+    measured_multiplier,
+    measured_optimum,
+)
 from analysis.scaling.fits.common import OK
 from analysis.scaling.fits.loss_nd import NDFit, compute_multiplier, compute_optimal
 
@@ -76,3 +83,31 @@ def test_the_exponent_over_a_compute_range_is_the_chord_of_ln_n_opt():
     assert r["a"][0] == pytest.approx(math.log(ends[1] / ends[0]) / math.log(100.0), rel=1e-6)
     closed = allocation(*[np.array([v]) for v in LAW.values()], 1e12, FlopsPerToken.proportional(6.0), (1e10, 1e14))
     assert closed["a"][0] == pytest.approx(LAW["beta"] / (LAW["alpha"] + LAW["beta"]), rel=1e-3)
+
+
+def test_several_shapes_read_the_cheapest_shapes_flops_per_token():
+    """Sizes of two depths interleave in N, a deeper one spending 20% more per token at equal N: one log-log curve
+    through all of them would zigzag (false kinks in N_opt); per shape, the cheaper depth's curve is F(N), so the
+    optimum is the one the cheap shape alone gives."""
+    N2 = np.geomspace(3e4, 9e5, 9)
+    N4 = N2 * 1.1
+    F2, F4 = 4.0 * N2 ** 1.02, 1.2 * 4.0 * N4 ** 1.02
+    f = flops_per_token([*N2, *N4], [*F2, *F4], ["2 layers"] * 9 + ["4 layers"] * 9)
+    assert isinstance(f, CheapestShape) and [label for label, _ in f.shapes] == ["2 layers", "4 layers"]
+    x = np.geomspace(2e4, 3e6, 50)
+    cheap = FlopsPerToken.measured(N2, F2)
+    np.testing.assert_allclose(f(x), cheap(x), rtol=1e-12)
+    one = measured_optimum(_fit(), 1e12, cheap, C_range=(1e11, 1e13))
+    two = measured_optimum(_fit(), 1e12, f, C_range=(1e11, 1e13))
+    assert (two.N_opt, two.a) == (one.N_opt, one.a)
+    zigzag = FlopsPerToken.measured([*N2, *N4], [*F2, *F4])
+    slopes = np.diff(zigzag.log_F) / np.diff(zigzag.log_N)
+    assert slopes.max() > 2.0 and slopes.min() < 0.5  # what one curve through both depths would be
+    assert set(f.to_json()["shapes"]) == {"2 layers", "4 layers"}
+
+
+def test_one_shape_is_one_curve_and_labels_must_match_the_sizes():
+    assert isinstance(flops_per_token([1e3, 1e4], [6e3, 6e4], ["2 layers", "2 layers"]), FlopsPerToken)
+    assert isinstance(flops_per_token([1e3, 1e4], [6e3, 6e4]), FlopsPerToken)
+    with pytest.raises(ValueError, match="3 shape labels for 2 sizes"):
+        flops_per_token([1e3, 1e4], [6e3, 6e4], ["a", "b", "c"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,13 +15,16 @@ from analysis.runs import open_run
 from analysis.scaling.cli import main
 from analysis.scaling.compare import MultiplierCurve, family_pairs
 from analysis.scaling.design.spec import Law
+from analysis.scaling.fits.allocation import CheapestShape, FlopsPerToken
 from analysis.scaling.fits.common import difference_interval
 from analysis.scaling.fits.holdout import holdout_prediction
 from analysis.scaling.fits.isoflop import isoflop_profiles
 from analysis.scaling.fits.loss_nd import fit_loss_nd
+from analysis.scaling.fits.noise import pooled_std
 from analysis.scaling.prediction import prediction_rows, read_prediction
-from analysis.scaling.read import Point, _sweep_budgets, cluster_labels, n_params
-from analysis.scaling.report import analyse
+from analysis.scaling.read import Point, _sweep_budgets, _sweep_ladders, cluster_labels, collect, n_params
+from analysis.scaling.report import analyse, expand_inputs
+from analysis.scaling.study import study_family
 from analysis.scaling.tables import prediction_table
 
 LAW = Law(E=1.7, A=40.0, alpha=0.34, B=60.0, beta=0.28)  # minima inside the sizes below at these budgets
@@ -91,6 +95,27 @@ def study(wsd_sweep, tmp_path_factory):
     out = tmp_path_factory.mktemp("study-out")
     # the laws are written in non-embedding N without the head (active for the MoE): fit in that N
     return analyse([str(wsd_sweep)], out, n_boot=20, seed=0, n_polish=3, n_kind="non_embedding"), out
+
+
+def test_a_family_on_two_ladders_reads_its_flops_per_token_per_ladder(wsd_sweep, tmp_path):
+    """A sweep's ladders (its manifest's ``ladder`` of each run) are the shapes whose sizes share one F(N) curve:
+    a family on one ladder has one curve, on two the cheaper ladder's at each N (fits.allocation.CheapestShape)."""
+    folder = tmp_path / "sweep"
+    shutil.copytree(wsd_sweep, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert _sweep_ladders(folder, {}) == {}  # no ladder named: one curve per family
+    for p in manifest["points"]:
+        p["ladder"] = "llama-odd" if p["name"].split("-")[1] in ("d32", "d64", "d128", "d256") else "llama-even"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    ladders = _sweep_ladders(folder, {})
+    assert set(ladders) == {p["name"] for p in manifest["points"]}
+    runs, _ = expand_inputs([str(folder / "llama-*-cdflop*")])
+    points, _, _ = collect(runs)
+    assert {p.shape for p in points} == {"llama-odd", "llama-even"}
+    st = study_family(points, [], pooled_std([]), n_boot=0, n_polish=3)
+    assert isinstance(st.fpt, CheapestShape) and [label for label, _ in st.fpt.shapes] == ["llama-even", "llama-odd"]
+    one = study_family([replace(p, shape="") for p in points], [], pooled_std([]), n_boot=0, n_polish=3)
+    assert isinstance(one.fpt, FlopsPerToken)
 
 
 def _true_multiplier(res, ref: str, fam: str, factor: float, C: float) -> float:
