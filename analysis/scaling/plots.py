@@ -13,6 +13,7 @@ import numpy as np
 
 from analysis.plotting import count_log_axis, plain_log_axis
 from analysis.runs import pyplot, save_figure, style_axes
+from analysis.scaling.fits.allocation import allocation
 from analysis.scaling.fits.common import NOT_BRACKETED, OK
 from analysis.scaling.fits.envelope import envelope
 
@@ -273,14 +274,21 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
             if band is not None:
                 bx.fill_between(grid, band[0], band[1], color="C0", alpha=0.15, lw=0)
         opt = st.nd.status == OK and st.nd.alpha > 0 and st.nd.beta > 0
+        measured = st.budget_compute == "measured" and st.fpt is not None and st.optimum.status == OK
         if opt:
             g = grid if grid is not None else np.geomspace(min(st.C), max(st.C), 60)
             f = st.nd
-            G = (f.alpha * f.A / (f.beta * f.B)) ** (1 / (f.alpha + f.beta))
-            k = st.k_budget or st.k  # in the budgets' own C = k N D, so that both approaches share the x axis
-            bx.plot(g, G * (g / k) ** f.a_opt, color="C3", ls="--", lw=1.3,
-                    label=f"approach 3: N_opt from L(N, D), C = {k:.3g}·N·D, a = "
-                          f"{_ci_text(f.a_opt, f.ci.get('a_opt'))}")
+            if measured:  # budgets in measured FLOPs: N_opt at each size's own F, as the allocation table
+                n_opt = [float(allocation(f.E, f.A, f.alpha, f.B, f.beta, c, st.fpt)["N_opt"][0]) for c in g]
+                bx.plot(g, n_opt, color="C3", ls="--", lw=1.3,
+                        label="approach 3: N_opt from L(N, D) at measured FLOPs, a = "
+                              f"{_ci_text(st.optimum.a, st.optimum.ci.get('a'))}")
+            else:
+                G = (f.alpha * f.A / (f.beta * f.B)) ** (1 / (f.alpha + f.beta))
+                k = st.k_budget or st.k  # in the budgets' own C = k N D, so that both approaches share the x axis
+                bx.plot(g, G * (g / k) ** f.a_opt, color="C3", ls="--", lw=1.3,
+                        label=f"approach 3: N_opt from L(N, D), C = {k:.3g}·N·D, a = "
+                              f"{_ci_text(f.a_opt, f.ci.get('a_opt'))}")
         bx.set_xscale("log")
         bx.set_yscale("log")
         count_log_axis(bx.yaxis)
@@ -289,7 +297,8 @@ def plot_isoflop(studies: dict, n_label: str, path: Path) -> Path:
         fit_status = iso.status if not iso.flags else f"{NOT_BRACKETED} at {sum(bool(p.flags) for p in used)} budget(s)"
         style_axes(bx, f"{fam}: compute-optimal size against compute\n(N*(C) fit: {fit_status}"
                    + ("; left: error bars ±1 std over seeds" if bars else "") + ")",
-                   f"compute budget C (FLOPs, C = {st.k_budget:.3g}·N·D as the sweep counts it)" if st.k_budget
+                   "compute budget C (measured training FLOPs)" if st.budget_compute == "measured"
+                   else f"compute budget C (FLOPs, C = {st.k_budget:.3g}·N·D as the sweep counts it)" if st.k_budget
                    else "training compute C (FLOPs)", "\n".join(textwrap.wrap(f"optimal N*: {n_label} (count)", 42)))
     fig.tight_layout()
     return save_figure(fig, path)

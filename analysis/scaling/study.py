@@ -49,6 +49,7 @@ class FamilyStudy:
     # approach 2's minima
     k_budget: Optional[float] = None
     fpt: Optional[FPT] = None  # the family's training FLOPs per token F(N) through its sizes (per shape)
+    budget_compute: str = ""  # what its sweep budgets count: "measured" | "6nd" | "" (none, or mixed)
 
     def to_json(self) -> dict:
         out = {k: getattr(self, k) for k in ("family", "n_kind", "runs", "N", "D", "C", "L", "L_err", "n_seeds", "k",
@@ -141,10 +142,15 @@ def study_family(points: list[Point], curves: list, noise: NoiseFloor, *, n_kind
                        k_range=[float(ks.min()), float(ks.max())] if len(ks) else None, C_ref=C_ref, nd=nd,
                        optimum=opt, optimum_6nd=compute_optimal(nd, C_ref, 6.0) if C_ref else opt, iso=iso,
                        env=env, noise=noise, clusters=clusters, k_budget=float(np.median(kb)) if kb else None,
-                       fpt=fpt,
+                       fpt=fpt, budget_compute=_one({p.budget_compute for p in ps if p.budget}),
                        holdout=None if holdout is None else holdout_prediction(
                            N, D, L, by=holdout, C=C, budget_tags=tags, budget_tolerance=budget_tolerance,
                            clusters=clusters, huber_delta=huber_delta, n_boot=n_boot, seed=seed, n_polish=n_polish))
+
+
+def _one(values: set) -> str:
+    """The one value of a set, or "" when it holds none or several."""
+    return next(iter(values)) if len(values) == 1 else ""
 
 
 def fit_families(points: list[Point], n_boot: int, huber_delta: float, seed: int) -> dict[str, PowerLawFit]:

@@ -95,7 +95,7 @@ FPT = Union[FlopsPerToken, CheapestShape]  # what the allocation reads F(N) from
 
 def flops_per_token(N: Sequence[float], F: Sequence[float], shapes: Optional[Sequence[str]] = None):
     """F(N) through measured sizes: one :class:`FlopsPerToken`, or a :class:`CheapestShape` where ``shapes``
-    (one label per size, e.g. "4 layers") names more than one shape."""
+    (one label per size: its sweep ladder) names more than one shape."""
     labels = list(shapes) if shapes is not None else []
     if len(set(labels)) <= 1:
         return FlopsPerToken.measured(N, F)
