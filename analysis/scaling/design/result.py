@@ -83,7 +83,8 @@ def _grid_sentence(g: dict) -> str:
             else "independent runs")
     cpu = f", {_duration(g['cpu_seconds'])} at {_g(g['flops_per_s'])} FLOP/s" if g["cpu_seconds"] else ""
     return (f"{g['n_points']} points, {g['n_sizes']} sizes N = {_g(g['N_range'][0])}-{_g(g['N_range'][1])} "
-            f"({g['N_decades']:.2f} decades), {bud} (C = 6ND over {g['C_decades']:.2f} decades), "
+            f"({g['N_decades']:.2f} decades), {bud} "
+            f"(C = {g.get('C_counts', '6ND')} over {g['C_decades']:.2f} decades), "
             f"{g['seeds']} seed(s), {runs}: {g['runs']} runs, {_g(g['train_flops'])} training FLOPs{cpu}.")
 
 
