@@ -125,30 +125,30 @@ def seed_key(recipe, tokens: Optional[float]) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
-def _manifest_points(folder: Path, cache: dict) -> list[dict]:
-    """The points of the sweep manifest in ``folder`` (empty if none or unreadable), read once per folder."""
+def _manifest_points(folder: Path, cache: dict) -> dict[str, dict]:
+    """run name -> its point in the sweep manifest in ``folder`` (empty if none or unreadable), read once per
+    folder."""
     if folder not in cache:
         try:
             points = json.loads((folder / SWEEP_MANIFEST).read_text()).get("points", [])
-            cache[folder] = [p for p in points if isinstance(p, dict) and "name" in p]
+            cache[folder] = {str(p["name"]): p for p in points if isinstance(p, dict) and "name" in p}
         except (OSError, ValueError, TypeError, AttributeError):
-            cache[folder] = []
+            cache[folder] = {}
     return cache[folder]
 
 
-def _sweep_budgets(folder: Path, cache: dict) -> dict[str, tuple[float, str]]:
-    """run name -> (FLOPs budget, what it counts: "measured" training FLOPs or "6nd") from the sweep
-    manifest in ``folder`` (``tools.sweep``'s ``cooldown.compute``; empty if none or unreadable)."""
-    out = {}
-    for p in _manifest_points(folder, cache):
-        if p.get("budget_kind") == "flops" and p.get("budget"):
-            out[str(p["name"])] = (float(p["budget"]), str((p.get("cooldown") or {}).get("compute", "measured")))
-    return out
+def _sweep_budget(point: dict) -> tuple[Optional[float], str]:
+    """(FLOPs budget, what it counts: "measured" training FLOPs or "6nd") of a sweep manifest point
+    (``tools.sweep``'s ``cooldown.compute``); (None, "") when it has no FLOPs budget."""
+    if point.get("budget_kind") == "flops" and point.get("budget"):
+        return float(point["budget"]), str((point.get("cooldown") or {}).get("compute", "measured"))
+    return None, ""
 
 
-def _sweep_ladders(folder: Path, cache: dict) -> dict[str, str]:
-    """run name -> its sweep ladder (one recipe's depth/width rule: its sizes share one FLOPs-per-token curve)."""
-    return {str(p["name"]): str(p["ladder"]) for p in _manifest_points(folder, cache) if p.get("ladder")}
+def _sweep_ladder(point: dict) -> str:
+    """A sweep manifest point's ladder (one recipe's depth/width rule: its sizes share one FLOPs-per-token
+    curve); "" when it has none."""
+    return str(point["ladder"]) if point.get("ladder") else ""
 
 
 BUDGET_CONVENTIONS = {"measured": "measured training FLOPs", "6nd": "C = 6 N D (N: non-embedding without the head)",
@@ -191,8 +191,9 @@ def collect(runs, keep_unlearned: bool = False) \
                 continue
         tokens = r.tokens_seen
         seed = r.recipe.train.get("seed")
-        budget, compute = _sweep_budgets(r.path.parent, manifests).get(r.name, (None, ""))
-        ladder = _sweep_ladders(r.path.parent, manifests).get(r.name, "")
+        entry = _manifest_points(r.path.parent, manifests).get(r.name, {})
+        budget, compute = _sweep_budget(entry)
+        ladder = _sweep_ladder(entry)
         trunk = trunk_of(r)
         points.append(Point(run=r.name, family=r.family, is_moe=r.is_moe, flops=r.training_flops(tokens),
                             loss=float(r.final_val_loss), tokens=tokens, params_total=r.params["total"],

@@ -22,7 +22,15 @@ from analysis.scaling.fits.isoflop import isoflop_profiles
 from analysis.scaling.fits.loss_nd import fit_loss_nd
 from analysis.scaling.fits.noise import pooled_std
 from analysis.scaling.prediction import prediction_rows, read_prediction
-from analysis.scaling.read import Point, _sweep_budgets, _sweep_ladders, cluster_labels, collect, n_params
+from analysis.scaling.read import (
+    Point,
+    _manifest_points,
+    _sweep_budget,
+    _sweep_ladder,
+    cluster_labels,
+    collect,
+    n_params,
+)
 from analysis.scaling.report import analyse, expand_inputs
 from analysis.scaling.study import study_family
 from analysis.scaling.tables import prediction_table
@@ -103,12 +111,12 @@ def test_a_family_on_two_ladders_reads_its_flops_per_token_per_ladder(wsd_sweep,
     folder = tmp_path / "sweep"
     shutil.copytree(wsd_sweep, folder)
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert _sweep_ladders(folder, {}) == {}  # no ladder named: one curve per family
+    assert {_sweep_ladder(p) for p in _manifest_points(folder, {}).values()} == {""}  # one curve per family
     for p in manifest["points"]:
         p["ladder"] = "llama-odd" if p["name"].split("-")[1] in ("d32", "d64", "d128", "d256") else "llama-even"
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    ladders = _sweep_ladders(folder, {})
-    assert set(ladders) == {p["name"] for p in manifest["points"]}
+    ladders = {name: _sweep_ladder(p) for name, p in _manifest_points(folder, {}).items()}
+    assert set(ladders) == {p["name"] for p in manifest["points"]} and "" not in ladders.values()
     runs, _ = expand_inputs([str(folder / "llama-*-cdflop*")])
     points, _, _ = collect(runs)
     assert {p.shape for p in points} == {"llama-odd", "llama-even"}
@@ -153,10 +161,12 @@ def test_the_report_says_what_the_budgets_count(study, wsd_sweep, tmp_path):
     for p in manifest["points"]:
         p["cooldown"] = {"compute": "6nd"}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    budgets = _sweep_budgets(tmp_path, {})
+    budgets = {name: _sweep_budget(p) for name, p in _manifest_points(tmp_path, {}).items()}
     assert set(budgets) == {p["name"] for p in manifest["points"]}
     assert {kind for _, kind in budgets.values()} == {"6nd"}
-    assert _sweep_budgets(tmp_path / "missing", {}) == {}
+    assert all(b > 0 for b, _ in budgets.values())
+    assert _manifest_points(tmp_path / "missing", {}) == {}
+    assert _sweep_budget({"budget_kind": "tokens", "budget": 1e6}) == (None, "")
 
 
 # ------------------------------------------------------------------ one N
