@@ -10,7 +10,9 @@ import pytest
 from scipy import stats
 
 from analysis.experiment_spec import ArmSpec, Budget, Finetune, Spec, Tune
+from analysis.experiments import paired_difference
 from analysis.measurements.finetune import summarise
+from analysis.verdicts import LN_CEG, NATS, family
 
 B1, B2 = Budget("tokens", 1.0e6), Budget("tokens", 2.0e6)
 LOSS = {("gpt", 1): [0.60, 0.62, 0.58], ("bert", 1): [0.50, 0.53, 0.49],
@@ -92,9 +94,6 @@ def test_the_fine_tuned_intervals_cover_a_known_difference(seeds, shared):
     start from the pre-trained runs of seed s: same data order), and each seed's accuracy counted on 1024 test
     examples. The loss verdict's interval (verdicts.family, one comparison: its Holm level is 95%) and the
     accuracy's paired t-interval each hold the true difference in 93-97% of 2000 studies."""
-    from analysis.experiments import paired_difference
-    from analysis.verdicts import LN_CEG, NATS, family
-
     rng = np.random.default_rng(100 * seeds + shared)
     n_test, true_acc, true_loss = 1024, (0.80, 0.76), (0.45, 0.50)  # arm, reference
     share = 0.5 if shared else 0.0
