@@ -5,6 +5,7 @@ compute curve, the family's verdicts (``analysis.verdicts``) and the CEG figure.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Optional
 
@@ -248,9 +249,11 @@ def plot(ctx, fit: dict, path: Path):
     style_axes(ax, f"{ctx.spec.name}: loss against training compute\n(dotted: to the reference's compute, the CEG)",
                "training compute (FLOPs, log scale)", "final validation loss (nats/token)", legend=False, grid="both")
     ax.legend(loc="upper right", fontsize=8)  # the curve falls from upper left to lower right
+    why = sorted({res["status"] for _, _, res in rows if res and res.get("ceg") is None and res.get("status")})
     for y, (g, color, res) in enumerate(rows):
-        if not res or res.get("ceg") is None:
-            bx.text(1.0, y, f" {res['status'] if res else 'no CEG'}", va="center", fontsize=8, color="grey")
+        if not res or res.get("ceg") is None:  # a short mark per row; the reasons once, below the panel
+            bx.text(1.0, y, " no CEG" + (f" ({why.index(res['status']) + 1})" if res and res.get("status") and
+                                         len(why) > 1 else ""), va="center", fontsize=8, color="grey")
             continue
         lo = res.get("low") if res.get("low") is not None else res.get("low_bound")
         hi = res.get("high") if res.get("high") is not None else res.get("high_bound")
@@ -269,5 +272,11 @@ def plot(ctx, fit: dict, path: Path):
     style_axes(bx, f"compute-equivalent gain on {ctx.reference}'s curve\n(intervals at each verdict's level, else "
                "95%; > 1: worth more reference compute)",
                "CEG (x reference compute, log scale; dashed: 1, as the reference)", "arm", legend=False, grid="both")
-    fig.tight_layout()
+    if why:
+        text = "\n".join(textwrap.fill(("no CEG" if len(why) == 1 else f"({k + 1})") + f": {w}", 90)
+                         for k, w in enumerate(why))
+        fig.text(0.99, 0.01, text, ha="right", va="bottom", fontsize=8, color="0.3")
+        fig.tight_layout(rect=(0, (0.3 + 0.16 * (1 + text.count("\n"))) / fig.get_figheight(), 1, 1))
+    else:
+        fig.tight_layout()
     return save_figure(fig, path)

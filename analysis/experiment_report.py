@@ -64,6 +64,16 @@ def tuned_lr(ctx: Context, arm: str) -> str:
     return f"{float(load_recipe(a.recipe, a.overrides).train.lr):g} (untuned)"
 
 
+def verdict_cell(ctx: Context, arm: str, comparison: dict) -> str:
+    """The arm's verdict; under ``verdicts: parent`` with the arm it was read against named when that is not the
+    parent whose difference the row prints (a side arm's verdict is against its ``compare:`` arm)."""
+    verdict = comparison.get("class", "-")
+    against = (comparison.get("verdict") or {}).get("against")
+    if ctx.spec.verdicts == "parent" and against and against != ctx.arms[arm].parent:
+        verdict += f" vs `{against}`"
+    return verdict
+
+
 def main_table(ctx: Context, cell: str = "") -> str:
     comp = ctx.comparison.get("arms", {}) if not cell else {}
     header = ["arm", "lr", "final val loss (nats/token), mean [95% CI]", f"vs `{ctx.reference}` (paired)",
@@ -82,7 +92,7 @@ def main_table(ctx: Context, cell: str = "") -> str:
         loss = fmt_ci(g.loss) + (f" ({g.metric})" if g.metric != "loss" else "")  # another objective's loss
         rows.append([f"{g.label} (`{g.arm}`)", tuned_lr(ctx, g.arm), loss,
                      fmt_ci(g.vs_reference, signed=True) if g.vs_reference
-                     else ("reference" if g.arm == ctx.reference else "-"), ceg, c.get("class", "-"), vs_parent,
+                     else ("reference" if g.arm == ctx.reference else "-"), ceg, verdict_cell(ctx, g.arm, c), vs_parent,
                      fmt_count(g.measured()["tokens"]), *cost_cells(g), loss_note(g, ctx)])
     return table(header, rows)
 

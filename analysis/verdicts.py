@@ -33,8 +33,10 @@ LN_CEG, NATS = "ln CEG", "nats"
 
 
 def seed_values(fit: Optional[dict], arm: dict[int, float], other: dict[int, float],
-                arm_compute: dict[int, float], other_compute: dict[int, float]) -> tuple[str, dict[int, float], str]:
-    """(scale, {seed: x_s}, why nats) over the seeds both arms have a finite loss for (module docstring)."""
+                arm_compute: dict[int, float], other_compute: dict[int, float],
+                names: tuple[str, str] = ("the arm", "the other arm")) -> tuple[str, dict[int, float], str]:
+    """(scale, {seed: x_s}, why nats) over the seeds both arms have a finite loss for (module docstring); the
+    why names the run that left the curve's range (``names``: the arm's and the other arm's)."""
     seeds = sorted(s for s in set(arm) & set(other) if _finite(arm[s]) and _finite(other[s]))
     nats = {s: arm[s] - other[s] for s in seeds}
     if fit is None:
@@ -43,7 +45,9 @@ def seed_values(fit: Optional[dict], arm: dict[int, float], other: dict[int, flo
     for s in seeds:
         ca, co = compute_curve.compute_for_loss(fit, arm[s]), compute_curve.compute_for_loss(fit, other[s])
         if ca is None or co is None:
-            return NATS, nats, f"seed {s}'s loss lies outside the curve's measured range"
+            who, loss = (names[0], arm[s]) if ca is None else (names[1], other[s])
+            return NATS, nats, (f"{who}'s seed {s} ({loss:.3f}) lies outside the curve's measured range "
+                                f"[{fit['l_min']:.3f}, {fit['l_max']:.3f}]")
         out[s] = math.log(ca / arm_compute[s]) - math.log(co / other_compute[s])
     return LN_CEG, out, ""
 
@@ -219,7 +223,8 @@ def family(fit: Optional[dict], ref_curves: dict, comparisons: list[dict], margi
     ``alpha_interval``), ``ceg`` / ``ceg_low`` / ``ceg_high`` (on the ln CEG scale) and ``seeds_needed``."""
     results = []
     for c in comparisons:
-        scale, x, why = seed_values(fit, c["arm_losses"], c["other_losses"], c["arm_compute"], c["other_compute"])
+        scale, x, why = seed_values(fit, c["arm_losses"], c["other_losses"], c["arm_compute"], c["other_compute"],
+                                    (f"`{c['arm']}`", f"`{c['against']}`"))
         seeds = sorted(x)
         ca = [c["arm_compute"].get(s) for s in seeds]
         co = [c["other_compute"].get(s) for s in seeds]

@@ -172,10 +172,16 @@ def _draw_step_effects(ctx: Context, ax, bars: list[dict], labels: list[str], ar
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.set_ylim(len(labels) - 0.5, -0.5)
     if ceg:
+        missing = set()
         for i, arm in enumerate(arms):
             res = (ceg.get(arm) or {}).get("ceg")
-            if res and arm != ctx.reference:
+            if res and arm != ctx.reference and res.get("ceg") is None and res.get("bound") is None:
+                missing.add(res.get("status") or "no CEG")  # said once, below, not on every row
+            elif res and arm != ctx.reference:
                 ax.text(1.02, i, f"vs step 0: CEG {fmt_ceg(res)}", transform=ax.get_yaxis_transform(), va="center",
                         fontsize=7)
+        if missing:
+            ax.text(1.02, 0.5, textwrap.fill("no CEG vs step 0: " + "; ".join(sorted(missing)), 40),
+                    transform=ax.transAxes, va="center", fontsize=7, color="0.3")
     style_axes(ax, "Each step against the previous one\n(paired by seed: mean and 95% CI; < 0: the step helps)",
                "change in final validation loss (nats/token)", "", legend=False)

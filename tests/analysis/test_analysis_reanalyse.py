@@ -71,4 +71,11 @@ def test_the_ceg_panel_draws_the_reference_line_inside_the_panel(tmp_path, monke
     lo, hi = panels[0].get_xlim()
     at = math.log(1.0 / lo) / math.log(hi / lo)  # where 1 lies across the log axis
     assert 0.05 < at < 0.95
+    # no arm has a paired CEG there (the reference's seed 1 lies above its curve): a short mark per row, the reason
+    # once below the panel
+    fig = panels[0].figure
+    marks = [t.get_text() for t in panels[0].texts]
+    assert marks and all(m.strip() == "no CEG" for m in marks)
+    (note,) = [t.get_text() for t in fig.texts]
+    assert "lies outside the curve's measured range" in note.replace("\n", " ")
 

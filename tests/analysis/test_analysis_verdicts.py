@@ -182,6 +182,8 @@ def test_a_loss_outside_the_curve_falls_back_to_nats():
     arm = {s: loss(8 * C_ARM) + 0.001 * s for s in range(3)}  # below L(c_max = 4e12): not extrapolated
     (r,) = verdicts.family(fit, curves, [comparison(arm, ref)], verdicts.margins(fit, C_ARM, {"ceg": [0.9, 1.1]}))
     assert r["scale"] == verdicts.NATS and "outside the curve's measured range" in r["why_nats"]
+    assert r["why_nats"].startswith(f"`arm`'s seed 0 ({arm[0]:.3f})")  # the run that left the range, by name
+    assert f"[{fit['l_min']:.3f}, {fit['l_max']:.3f}]" in r["why_nats"]
     assert r["mean"] == pytest.approx(loss(8 * C_ARM) + 0.001 - loss(C_ARM)) and r["class"] == "better"
     assert r["ceg"] is None and verdicts.fmt_interval(r).endswith("%") and "nats" in verdicts.fmt_interval(r)
 
