@@ -105,7 +105,9 @@ def plot(ctx, tuning: dict, path: Path):
         finite += [v for _, v in pts]
         tried |= set(t["lrs"])
         color = COLORS[i % len(COLORS)]
-        ax.plot(*zip(*pts), "o-", color=color,
+        # past the palette's length colours repeat: the marker and line style tell those arms apart
+        style = ["o-", "s--", "^:"][(i // len(COLORS)) % 3]
+        ax.plot(*zip(*pts), style, color=color,
                 label=wrap_label(f"{ctx.arms[arm].label} (chosen {t['lr']:g})", 50))
         if t["loss"] is not None:
             chosen.append(t["loss"])
