@@ -1,0 +1,20 @@
+"""The tuning figure: every arm's grid as one line that the legend tells apart."""
+from types import SimpleNamespace
+
+from analysis import tuning_report
+from analysis.plotting import COLORS
+
+
+def test_arms_past_the_palette_differ_by_marker_and_line_style(tmp_path, monkeypatch):
+    n = len(COLORS) + 3
+    arms = {f"a{i}": SimpleNamespace(label=f"arm {i}") for i in range(n)}
+    tuning = {name: {"lrs": [1e-3, 2e-3, 4e-3], "losses": [4.0 + i / 100, 3.9, 4.1], "diverged": [False] * 3,
+                     "lr": 2e-3, "grid_lr": 2e-3, "loss": 3.9} for i, name in enumerate(arms)}
+    figures = []
+    monkeypatch.setattr(tuning_report, "save_figure", lambda fig, path: figures.append(fig) or path)
+    ctx = SimpleNamespace(arms=arms, spec=SimpleNamespace(name="t"))
+    assert tuning_report.plot(ctx, tuning, tmp_path / "tuning.png") == tmp_path / "tuning.png"
+    lines = [ln for ln in figures[0].axes[0].get_lines() if ln.get_label().startswith("arm ")]
+    looks = [(ln.get_color(), ln.get_marker(), ln.get_linestyle()) for ln in lines]
+    assert len(lines) == n and len(set(looks)) == n  # no two arms drawn alike
+    assert looks[0][1:] == ("o", "-") and looks[len(COLORS)][1:] == ("s", "--")
