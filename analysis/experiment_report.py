@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from analysis import ceg_report, tuning_report
+from analysis import ceg_report, tuning_report, verdicts
 from analysis.experiments import (
     COST_HEADER,
     LEARN_MARGIN,
@@ -65,12 +65,15 @@ def tuned_lr(ctx: Context, arm: str) -> str:
 
 
 def verdict_cell(ctx: Context, arm: str, comparison: dict) -> str:
-    """The arm's verdict; under ``verdicts: parent`` with the arm it was read against named when that is not the
-    parent whose difference the row prints (a side arm's verdict is against its ``compare:`` arm)."""
+    """The arm's verdict. Under ``verdicts: parent`` a verdict read against another arm than the reference (the
+    row's difference and CEG columns) names that arm and carries its own estimate and interval, so the cell never
+    sits beside an interval from another comparison (a step against its parent, a side arm against its
+    ``compare:`` arm)."""
     verdict = comparison.get("class", "-")
-    against = (comparison.get("verdict") or {}).get("against")
-    if ctx.spec.verdicts == "parent" and against and against != ctx.arms[arm].parent:
-        verdict += f" vs `{against}`"
+    v = comparison.get("verdict") or {}
+    against = v.get("against")
+    if ctx.spec.verdicts == "parent" and against and against != ctx.reference:
+        verdict += f" vs `{against}`: {verdicts.fmt_interval(v)}"
     return verdict
 
 

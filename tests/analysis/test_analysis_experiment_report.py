@@ -1,5 +1,5 @@
-"""analysis.experiment_report: the main table's verdict cell says which arm the verdict was read against when
-the row's own difference is against another."""
+"""analysis.experiment_report: the main table's verdict cell says which arm the verdict was read against, with
+that comparison's own interval, when the row's difference and CEG columns are against another (the reference)."""
 
 from __future__ import annotations
 
@@ -17,14 +17,18 @@ def _ctx(verdicts: str):
 
 
 def _comparison(against: str, cls: str) -> dict:
-    return {"class": cls, "verdict": {"against": against}}
+    return {"class": cls, "verdict": {"against": against, "scale": "nats", "mean": 0.5, "low": 0.3, "high": 0.7,
+                                      "alpha_interval": 0.005}}
 
 
-def test_a_side_arms_verdict_in_a_ladder_names_its_compare_arm():
-    """The side arm's row prints its difference against its parent (vanilla); its verdict is against learned."""
+def test_a_verdict_in_a_ladder_names_its_arm_and_carries_its_own_interval():
+    """The rows' difference and CEG columns are against the reference (vanilla): a step's verdict is against its
+    parent, a side arm's against its compare arm; each cell says so with that comparison's interval."""
     ctx = _ctx("parent")
-    assert verdict_cell(ctx, "post-ln-learned", _comparison("learned", "worse")) == "worse vs `learned`"
-    assert verdict_cell(ctx, "learned", _comparison("pre-ln", "better")) == "better"  # a step: against its parent
+    side = verdict_cell(ctx, "post-ln-learned", _comparison("learned", "worse"))
+    assert side == "worse vs `learned`: +0.500 nats [+0.300, +0.700] at 99.5%"
+    assert verdict_cell(ctx, "learned", _comparison("pre-ln", "better")).startswith("better vs `pre-ln`: ")
+    assert verdict_cell(ctx, "pre-ln", _comparison("vanilla", "better")) == "better"  # the columns' own comparison
     assert verdict_cell(ctx, "vanilla", {}) == "-"
 
 
