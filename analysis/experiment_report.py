@@ -65,14 +65,13 @@ def tuned_lr(ctx: Context, arm: str) -> str:
 
 
 def verdict_cell(ctx: Context, arm: str, comparison: dict) -> str:
-    """The arm's verdict. Under ``verdicts: parent`` a verdict read against another arm than the reference (the
-    row's difference and CEG columns) names that arm and carries its own estimate and interval, so the cell never
-    sits beside an interval from another comparison (a step against its parent, a side arm against its
-    ``compare:`` arm)."""
+    """The arm's verdict. A verdict read against another arm than the reference (the row's difference and CEG
+    columns) names that arm and carries its own estimate and interval, so the cell never sits beside an interval
+    from another comparison (a step against its parent, an arm against its ``compare:`` arm)."""
     verdict = comparison.get("class", "-")
     v = comparison.get("verdict") or {}
     against = v.get("against")
-    if ctx.spec.verdicts == "parent" and against and against != ctx.reference:
+    if against and against != ctx.reference:
         verdict += f" vs `{against}`: {verdicts.fmt_interval(v)}"
     return verdict
 

@@ -32,7 +32,9 @@ def test_a_verdict_in_a_ladder_names_its_arm_and_carries_its_own_interval():
     assert verdict_cell(ctx, "vanilla", {}) == "-"
 
 
-def test_other_families_print_the_verdict_alone():
-    """Under verdicts: reference or pairs the verdicts table names each comparison's arms."""
-    for mode in ("reference", "pairs"):
-        assert verdict_cell(_ctx(mode), "post-ln-learned", _comparison("learned", "worse")) == "worse"
+def test_a_verdict_against_the_reference_is_printed_alone_in_every_family():
+    """The columns beside the cell are that comparison's; a pair's verdict against another arm names it."""
+    for mode in ("reference", "pairs", "parent"):
+        assert verdict_cell(_ctx(mode), "pre-ln", _comparison("vanilla", "better")) == "better"
+    assert verdict_cell(_ctx("pairs"), "post-ln-learned", _comparison("learned", "worse")).startswith(
+        "worse vs `learned`: +0.500 nats")
