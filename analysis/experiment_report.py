@@ -64,7 +64,7 @@ def tuned_lr(ctx: Context, arm: str) -> str:
     return f"{float(load_recipe(a.recipe, a.overrides).train.lr):g} (untuned)"
 
 
-def verdict_cell(ctx: Context, arm: str, comparison: dict) -> str:
+def verdict_cell(ctx: Context, comparison: dict) -> str:
     """The arm's verdict. A verdict read against another arm than the reference (the row's difference and CEG
     columns) names that arm and carries its own estimate and interval, so the cell never sits beside an interval
     from another comparison (a step against its parent, an arm against its ``compare:`` arm)."""
@@ -94,7 +94,7 @@ def main_table(ctx: Context, cell: str = "") -> str:
         loss = fmt_ci(g.loss) + (f" ({g.metric})" if g.metric != "loss" else "")  # another objective's loss
         rows.append([f"{g.label} (`{g.arm}`)", tuned_lr(ctx, g.arm), loss,
                      fmt_ci(g.vs_reference, signed=True) if g.vs_reference
-                     else ("reference" if g.arm == ctx.reference else "-"), ceg, verdict_cell(ctx, g.arm, c), vs_parent,
+                     else ("reference" if g.arm == ctx.reference else "-"), ceg, verdict_cell(ctx, c), vs_parent,
                      fmt_count(g.measured()["tokens"]), *cost_cells(g), loss_note(g, ctx)])
     return table(header, rows)
 

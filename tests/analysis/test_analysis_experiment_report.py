@@ -25,16 +25,16 @@ def test_a_verdict_in_a_ladder_names_its_arm_and_carries_its_own_interval():
     """The rows' difference and CEG columns are against the reference (vanilla): a step's verdict is against its
     parent, a side arm's against its compare arm; each cell says so with that comparison's interval."""
     ctx = _ctx("parent")
-    side = verdict_cell(ctx, "post-ln-learned", _comparison("learned", "worse"))
+    side = verdict_cell(ctx, _comparison("learned", "worse"))
     assert side == "worse vs `learned`: +0.500 nats [+0.300, +0.700] at 99.5%"
-    assert verdict_cell(ctx, "learned", _comparison("pre-ln", "better")).startswith("better vs `pre-ln`: ")
-    assert verdict_cell(ctx, "pre-ln", _comparison("vanilla", "better")) == "better"  # the columns' own comparison
-    assert verdict_cell(ctx, "vanilla", {}) == "-"
+    assert verdict_cell(ctx, _comparison("pre-ln", "better")).startswith("better vs `pre-ln`: ")
+    assert verdict_cell(ctx, _comparison("vanilla", "better")) == "better"  # the columns' own comparison
+    assert verdict_cell(ctx, {}) == "-"
 
 
 def test_a_verdict_against_the_reference_is_printed_alone_in_every_family():
     """The columns beside the cell are that comparison's; a pair's verdict against another arm names it."""
     for mode in ("reference", "pairs", "parent"):
-        assert verdict_cell(_ctx(mode), "pre-ln", _comparison("vanilla", "better")) == "better"
-    assert verdict_cell(_ctx("pairs"), "post-ln-learned", _comparison("learned", "worse")).startswith(
+        assert verdict_cell(_ctx(mode), _comparison("vanilla", "better")) == "better"
+    assert verdict_cell(_ctx("pairs"), _comparison("learned", "worse")).startswith(
         "worse vs `learned`: +0.500 nats")

@@ -2,7 +2,7 @@
 from types import SimpleNamespace
 
 from analysis import tuning_report
-from analysis.plotting import COLORS
+from analysis.plotting import COLORS, pyplot
 
 
 def test_arms_past_the_palette_differ_by_marker_and_line_style(tmp_path, monkeypatch):
@@ -18,3 +18,4 @@ def test_arms_past_the_palette_differ_by_marker_and_line_style(tmp_path, monkeyp
     looks = [(ln.get_color(), ln.get_marker(), ln.get_linestyle()) for ln in lines]
     assert len(lines) == n and len(set(looks)) == n  # no two arms drawn alike
     assert looks[0][1:] == ("o", "-") and looks[len(COLORS)][1:] == ("s", "--")
+    pyplot().close(figures[0])
