@@ -2,7 +2,8 @@
 measured, and reported with intervals.
 
 One module per job: ``load`` (the YAML, checked once, into ``analysis.experiment_spec``'s typed spec),
-``arms``, ``run`` (the stages and the record), ``plan``, ``cli`` (its docstring, the spec's keys, is ``--help``).
+``arms``, ``run`` (the stages and the record), ``plan``, ``archive`` (the finished runs kept slim, and restored
+elsewhere), ``cli`` (its docstring, the spec's keys, is ``--help``).
 """
 
 

@@ -6,10 +6,13 @@ measured, and reported with intervals.
     python -m tools.experiment report experiments/evolution.yaml           # the report again from the runs
     python -m tools.experiment plan experiments/evolution.yaml             # arms, steps and costs; trains nothing
     python -m tools.experiment status experiments/evolution.yaml           # each stage's runs: done, to go, failed
+    python -m tools.experiment archive experiments/evolution.yaml          # the finished runs, slim, to commit
+    python -m tools.experiment restore experiments/evolution.yaml          # ... written back to go on elsewhere
 
 The package, one module per job: ``load`` (the YAML, checked once, into the typed spec of
 ``analysis.experiment_spec``), ``arms`` (each arm's recipe and overrides), ``run`` (the stages and the record),
-``plan``, ``cli``; the stages' own modules are ``tools.experiment_tuning``, ``experiment_ceg``, ``experiment_seeds``
+``plan``, ``archive`` (an experiment carried to another checkout: its finished runs without checkpoints), ``cli``;
+the stages' own modules are ``tools.experiment_tuning``, ``experiment_ceg``, ``experiment_seeds``
 and ``experiment_status``.
 
 Three stages train. (1) Tuning (``tools.experiment_tuning``, ``<out>/tune/``): each arm's lr is
@@ -118,6 +121,7 @@ from analysis.experiment_spec import Spec
 from analysis.runs import RunError
 from archlab.config import RecipeError
 from tools import experiment_status, launch
+from tools.experiment import archive
 from tools.experiment.arms import resolve_arms
 from tools.experiment.load import load_spec
 from tools.experiment.plan import plan
@@ -141,6 +145,23 @@ def regenerate_command(spec: Spec, args) -> str:
     return shlex.join(cmd)
 
 
+def archive_or_restore(spec: Spec, args) -> int:
+    """``archive`` / ``restore`` (:mod:`tools.experiment.archive`) between ``<out>`` and the archive folder."""
+    default = Path(spec.report) / "runs" if spec.report and not spec.quick else Path(f"{spec.out}-archive")
+    folder = Path(getattr(args, "dest", None) or getattr(args, "src", None) or default)
+    if args.command == "archive":
+        index = archive.archive_experiment(Path(spec.out), folder)
+        for rel, n in index["folders"].items():
+            print(f"{rel}: {n['runs']} of {n['points']} runs archived")
+        print(f"archive: {folder} ({len(index['files'])} measurement and record files beside)")
+        return 0
+    restored = archive.restore_experiment(folder, Path(spec.out))
+    for rel, n in restored.items():
+        print(f"{rel}: {n} runs restored")
+    print(f"restored into {Path(spec.out).resolve()}; `run` trains only what is left")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     doc = __doc__
     ap = argparse.ArgumentParser(prog="python -m tools.experiment", description=doc.split("\n\n")[0],
@@ -149,14 +170,19 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("run", "train (resumable), measure and write the report"),
                        ("report", "write the report from the finished runs (measuring what is missing)"),
                        ("plan", "print the arms, their costs and the training commands"),
-                       ("status", "where the runs stand, stage by stage (trains nothing)")):
+                       ("status", "where the runs stand, stage by stage (trains nothing)"),
+                       ("archive", "keep the finished runs slim (no checkpoints) in a folder to commit"),
+                       ("restore", "write an archive's runs back into the runs folder, to go on from them")):
         p = sub.add_parser(name, help=text)
         p.add_argument("spec", help="experiment spec, e.g. experiments/evolution.yaml")
         p.add_argument("--quick", action="store_true", help="tiny models, a few steps, one seed (<out>-quick)")
         p.add_argument("--out", help="folder of the runs (default: the spec's out:)")
         p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                        help="overrides for every arm, after the spec's set: (e.g. data.cache_dir=/tmp/cache)")
-        if name not in ("plan", "status"):
+        if name in ("archive", "restore"):
+            p.add_argument("--dest" if name == "archive" else "--src", metavar="FOLDER",
+                           help="the archive folder (default: <report>/runs; --quick: <out>-archive)")
+        if name not in ("plan", "status", "archive", "restore"):
             p.add_argument("--report", help="report folder (default: the spec's report:, or <out>/report)")
         if name == "run":
             p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (default 1)")
@@ -179,6 +205,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "status":
             print(experiment_status.status_text(Path(spec.out), RECORD))
             return 0
+        if args.command in ("archive", "restore"):
+            return archive_or_restore(spec, args)
         if args.command == "run":
             if args.jobs < 1 or (args.threads is not None and args.threads < 1):
                 raise RecipeError("--jobs and --threads must be >= 1")

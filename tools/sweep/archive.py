@@ -15,7 +15,7 @@ from tools.sweep.manifest import MANIFEST, check_consistent, read_manifest, run_
 from tools.sweep.plan import build_points, plan_point
 
 
-def _archivable(points: list[dict], done: set) -> list[str]:
+def archivable(points: list[dict], done: set) -> list[str]:
     """The points worth keeping: every finished (or diverged) run, but a stable trunk only once all its branches
     are done too; without its checkpoints a restored trunk could not start the branches still to train."""
     children: dict[str, list[str]] = {}
@@ -32,7 +32,7 @@ def _legacy_runs(folder: Path) -> dict[str, Path]:
         if Path(folder).is_dir() else {}
 
 
-def _archived_state(files: dict[str, str]) -> str:
+def archived_state(files: dict[str, str]) -> str:
     """finished | diverged | not archived, from an archived run's summary (as :func:`run_dir_state` reads it)."""
     try:
         status = json.loads(files.get(SUMMARY, "")).get("status")
@@ -58,7 +58,7 @@ def archive_sweep(spec: dict, dest: Path) -> tuple[int, int]:
     done = {p.name for p in points if run_state(p) in ("finished", "diverged")}
     legacy = _legacy_runs(dest)
     runs = {**read_archive(dest), **{name: slim_run(d) for name, d in legacy.items()}}
-    new = _archivable([asdict(p) for p in points], done)
+    new = archivable([asdict(p) for p in points], done)
     runs.update({name: slim_run(out_dir / name) for name in new})
     write_archive(dest, runs)
     for d in legacy.values():  # now in the archive
@@ -67,7 +67,7 @@ def archive_sweep(spec: dict, dest: Path) -> tuple[int, int]:
     for p in points:
         q = {**asdict(p), **{k: recorded[p.name].get(k) for k in ("returncode", "elapsed_s", "peak_rss_bytes")
                              if p.name in recorded}}
-        kept.append({**q, "run_dir": p.name, "log": "", "status": _archived_state(runs.get(p.name, {}))})
+        kept.append({**q, "run_dir": p.name, "log": "", "status": archived_state(runs.get(p.name, {}))})
     write_json_atomic(dest / MANIFEST, {"kind": "archlab-sweep", "version": 1, "spec": spec, "points": kept},
                       sort_keys=False)
     return len(new), sum(q["status"] != "not archived" for q in kept)

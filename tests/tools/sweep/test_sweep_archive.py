@@ -17,7 +17,7 @@ from analysis.runs import expand_inputs
 from analysis.scaling.read import collect
 from archlab.config import load_recipe
 from tests.tools.sweep.helpers import TINY
-from tools.sweep.archive import _archivable
+from tools.sweep.archive import archivable
 from tools.sweep.cli import main
 from tools.sweep.manifest import write_manifest
 from tools.sweep.plan import build_points, plan_point
@@ -139,5 +139,5 @@ def test_archive_restore_and_the_analysis_read_the_same_numbers(tmp_path, capsys
 def test_archive_keeps_a_trunk_only_with_all_its_branches():
     """Without its checkpoints a restored trunk could not start a branch still to train: it waits for them."""
     points = [{"name": "t"}, {"name": "t-cd1", "parent": "t"}, {"name": "t-cd2", "parent": "t"}, {"name": "full"}]
-    assert _archivable(points, {"t", "t-cd1", "full"}) == ["t-cd1", "full"]
-    assert _archivable(points, {"t", "t-cd1", "t-cd2"}) == ["t", "t-cd1", "t-cd2"]
+    assert archivable(points, {"t", "t-cd1", "full"}) == ["t-cd1", "full"]
+    assert archivable(points, {"t", "t-cd1", "t-cd2"}) == ["t", "t-cd1", "t-cd2"]

@@ -1,0 +1,84 @@
+"""tools.experiment archive / restore: an experiment trained in one folder, archived without checkpoints and restored
+into another, reports the same numbers there without training anything; bad folders are refused by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tools.experiment import main
+from tools.experiment.archive import archive_experiment, restore_experiment
+
+FT = {"set": ["train.objective=classify", "train.classify_train_examples=64", "train.classify_eval_examples=32",
+              "train.eval_batches=2"],
+      "budget": {"tokens": 2048}, "tune": {"lr": [1.0e-3, 3.0e-3], "max_extend": 0}}
+
+
+@pytest.fixture(autouse=True)
+def _in_repo_root(root, monkeypatch):
+    monkeypatch.chdir(root)  # specs name recipes relative to the repository root
+
+
+def _spec(tmp_path: Path) -> str:
+    """One arm at one budget, one seed, its lr and its fine-tuning lr tuned, the cloze measured: every stage that
+    archives something, six tiny runs."""
+    spec = {"name": "t", "budgets": [{"tokens": 4096}], "seeds": [0], "set": ["train.eval_context_multipliers=[1]"],
+            "arms": [{"name": "gpt", "recipe": "recipes/dense/tiny.yaml", "set": ["model.vocab_size=1017"]}],
+            "tune": {"lr": [1.0e-3, 3.0e-3], "max_extend": 0}, "finetune": FT,
+            "measurements": {"cloze": {"windows": 16}}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(json.dumps(spec))
+    return str(path)
+
+
+def _numbers(report: Path, out: Path) -> dict:
+    """report.json with its runs folder's path taken out and the measuring time (of the invocation) dropped."""
+    data = json.loads(report.read_text().replace(str(out.resolve()), "OUT"))
+    data.pop("measure_wall_s", None)
+    return data
+
+
+@pytest.mark.slow
+def test_a_restored_experiment_reports_the_same_numbers_and_trains_nothing(tmp_path, capsys):
+    spec, cache = _spec(tmp_path), tmp_path / "cache"
+    a, b, arch = tmp_path / "a" / "runs", tmp_path / "b" / "runs", tmp_path / "archive"
+    common = ["--quick", "--set", f"data.cache_dir={cache}"]
+    assert main(["run", spec, "--out", str(a), *common, "--jobs", "2", "--threads", "1"]) == 0
+    assert main(["archive", spec, "--quick", "--out", str(a), "--dest", str(arch)]) == 0
+    assert not list(arch.rglob("*.safetensors")) and not list(arch.rglob("checkpoints"))
+    index = json.loads((arch / "archive.json").read_text())
+    assert set(index["folders"]) == {"tune", "sweep", "finetune/tune", "finetune/sweep"}
+    assert any(f.startswith("measurements/cloze/") for f in index["files"])
+
+    assert main(["restore", spec, "--quick", "--out", str(b), "--src", str(arch)]) == 0
+    assert "sweep: 1 runs restored" in capsys.readouterr().out
+    restored = json.loads((b / "finetune" / "sweep" / "manifest.json").read_text())["points"]
+    assert all(p["run_dir"].startswith(str(b.resolve())) for p in restored)
+    assert str(a.resolve()) not in (Path(restored[0]["run_dir"]) / "recipe.yaml").read_text()
+
+    assert main(["run", spec, "--out", str(b), *common, "--jobs", "2", "--threads", "1"]) == 0
+    said = capsys.readouterr()
+    assert "already done" in said.out + said.err and "cloze: " not in said.out + said.err  # nothing trained or scored
+    assert not list(b.rglob("checkpoints"))  # nothing was trained: a trained run writes its checkpoints
+    assert _numbers(b / "report" / "report.json", b) == _numbers(a / "report" / "report.json", a)
+
+    # a second restore writes nothing over what is there
+    assert restore_experiment(arch, b) == {"tune": 0, "sweep": 0, "finetune/tune": 0, "finetune/sweep": 0}
+
+
+def test_an_archive_inside_the_runs_folder_or_of_nothing_is_refused(tmp_path):
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(ValueError, match="holds no experiment runs"):
+        archive_experiment(tmp_path / "runs", tmp_path / "archive")
+    (tmp_path / "runs" / "experiment.json").write_text("{}")
+    with pytest.raises(ValueError, match="lies inside the runs folder"):
+        archive_experiment(tmp_path / "runs", tmp_path / "runs" / "archive")
+
+
+def test_restoring_from_a_folder_that_is_no_archive_names_it(tmp_path, root, capsys):
+    assert main(["restore", str(root / "experiments/model-types.yaml"), "--out", str(tmp_path / "runs"),
+                 "--src", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "archive.json does not exist: not an experiment archive" in err and str(tmp_path) in err
