@@ -1,11 +1,13 @@
-"""``finetune: {margin}``: the fine-tuned runs of the spec's fine-tuning stage (``tools.experiment_finetune``)
+"""``finetune: {margin, pairs}``: the fine-tuned runs of the spec's fine-tuning stage (``tools.experiment_finetune``)
 scored on the labelled task's test split, and compared per pre-training budget.
 
 Each fine-tuned run (record ``finetune_runs``) is loaded and scored on the test examples
 (``archlab.objectives.classify.score``: cross-entropy in nats and accuracy), with the task's chance and majority
 baselines; cached under ``<out>/measurements/finetune/``. The report, per pre-training budget (``budgets:``): each
 arm's test accuracy and loss (mean and 95% t-interval over seeds), and each arm against the reference arm of that
-budget, paired by seed (the fine-tuned runs of seed s start from the pre-trained runs of seed s). The verdict reads
+budget (an arm that names a ``compare:`` arm against that arm instead), then each of ``pairs`` (``[[bert, t5]]``:
+arm names without the budget's suffix, compared within each budget), paired by seed (the fine-tuned runs of seed
+s start from the pre-trained runs of seed s). The verdict reads
 the test loss difference (nats, lower is better), one inference per comparison (``analysis.verdicts.family``
 without a compute curve: paired t and TOST within +-``margin`` nats, default 0.02), Holm over every comparison of
 the section (all budgets: one family); its interval is at the Holm level. The accuracy difference beside it is a
@@ -53,39 +55,50 @@ def test_scores(run_dir: str | Path) -> dict:
             "pooling": pooling_for(cfg.model, cfg.train.classify_pooling), "model_type": str(cfg.model.type)}
 
 
-def budget_comparisons(spec: Spec, by_arm: dict[str, dict[int, dict]]) -> list[dict]:
-    """Per pre-training budget, each arm against that budget's reference arm: the inputs of
-    ``verdicts.family`` (per-seed test losses) with ``tag``, ``base`` and the per-seed accuracies."""
+def _comparison(name: str, other: str, tag: str, base: str, by_arm: dict[str, dict[int, dict]],
+                pair: bool = False) -> dict:
+    """The inputs of ``verdicts.family`` for ``name`` against ``other`` (per-seed test losses), with ``tag``,
+    ``base``, ``pair`` (one of the measurement's ``pairs``) and the paired per-seed accuracy difference."""
+    mine, theirs = by_arm[name], by_arm[other]
+    return {"arm": name, "against": other, "tag": tag, "base": base, "pair": pair,
+            "arm_losses": {s: r["loss"] for s, r in mine.items()},
+            "other_losses": {s: r["loss"] for s, r in theirs.items()},
+            "arm_compute": {s: 1.0 for s in mine}, "other_compute": {s: 1.0 for s in theirs},
+            "accuracy": paired_difference({s: r["accuracy"] for s, r in mine.items()},
+                                          {s: r["accuracy"] for s, r in theirs.items()})}
+
+
+def budget_comparisons(spec: Spec, by_arm: dict[str, dict[int, dict]], pairs=()) -> list[dict]:
+    """Per pre-training budget: each arm against that budget's reference arm, an arm that names a ``compare:`` arm
+    against that arm instead (a side arm answers its own question: post-LN BERT against pre-LN BERT), then each
+    of ``pairs`` ([arm, against], names without the budget's suffix). The inputs of ``verdicts.family``."""
     ref_base = spec.base_reference()
+    compare = {a.name: a.compare for a in spec.arms if a.compare}
     out = []
     for tag, _, arms in spec.budget_groups():
         ref = arms.get(ref_base)
-        if ref is None or ref not in by_arm:
-            continue
         for base, name in arms.items():
-            if name == ref or name not in by_arm:
-                continue
-            mine, theirs = by_arm[name], by_arm[ref]
-            out.append({"arm": name, "against": ref, "tag": tag, "base": base,
-                        "arm_losses": {s: r["loss"] for s, r in mine.items()},
-                        "other_losses": {s: r["loss"] for s, r in theirs.items()},
-                        "arm_compute": {s: 1.0 for s in mine}, "other_compute": {s: 1.0 for s in theirs},
-                        "accuracy": paired_difference({s: r["accuracy"] for s, r in mine.items()},
-                                                      {s: r["accuracy"] for s, r in theirs.items()})})
+            other = compare.get(name, ref)
+            if name != other and name in by_arm and other in by_arm:
+                out.append(_comparison(name, other, tag, base, by_arm))
+        for base, against in pairs:
+            if arms.get(base) in by_arm and arms.get(against) in by_arm:
+                out.append(_comparison(arms[base], arms[against], tag, base, by_arm, pair=True))
     return out
 
 
-def summarise(spec: Spec, results: list[dict], margin: float = DEFAULT_MARGIN) -> dict:
+def summarise(spec: Spec, results: list[dict], margin: float = DEFAULT_MARGIN, pairs=()) -> dict:
     """{groups: [{tag, budget, reference, arms: [{arm, base, accuracy, loss, baselines, pooling, lr}]}],
-    verdicts: [the family, Holm over every budget's comparisons]} from the cached test scores."""
+    verdicts: [the family (:func:`budget_comparisons`), Holm over every budget's comparisons]} from the cached
+    test scores."""
     by_arm: dict[str, dict[int, dict]] = {}
     for r in results:
         by_arm.setdefault(r["arm"], {})[int(r["seed"])] = {**r["result"], "lr": r.get("lr")}
-    comps = budget_comparisons(spec, by_arm)
+    comps = budget_comparisons(spec, by_arm, pairs)
     fam = verdicts.family(None, {}, comps, {verdicts.LN_CEG: None, verdicts.NATS: (-margin, margin),
                                             "from": f"+-{margin:g} nats"}) if comps else []
     for r, c in zip(fam, comps):
-        r.update(tag=c["tag"], base=c["base"], accuracy=c["accuracy"])
+        r.update(tag=c["tag"], base=c["base"], accuracy=c["accuracy"], pair=c["pair"])
     groups = []
     ref_base = spec.base_reference()
     for tag, budget, arms in spec.budget_groups():
@@ -112,13 +125,19 @@ class FinetuneMeasurement(Measurement):
 
     name = "finetune"
     title = "Fine-tuned on the labelled task: test accuracy and loss per pre-training budget"
-    keys = ("margin",)
+    keys = ("margin", "pairs")
 
     def check(self, settings, where: str) -> dict:
         s = super().check(settings, where)
         m = s.get("margin")
         if m is not None and not (isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0):
             raise RecipeError(f"{where}.margin={m!r}: a positive number of nats")
+        pairs = s.get("pairs")
+        if "pairs" in s and not (isinstance(pairs, list) and all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) and x for x in p) and p[0] != p[1]
+                for p in pairs)):
+            raise RecipeError(f"{where}.pairs={pairs!r}: a list of [arm, against] pairs of two arms' names (without "
+                              "the budget's suffix), e.g. [[bert, t5]]")
         return s
 
     def run(self, record: dict, log=print) -> list[dict]:
@@ -137,13 +156,15 @@ class FinetuneMeasurement(Measurement):
 
     def section(self, ctx: Context) -> Section:
         spec = ctx.spec
-        margin = float(self.settings(ctx.record).get("margin", DEFAULT_MARGIN))
-        s = summarise(spec, ctx.measures.get(self.name) or [], margin)
+        settings = self.settings(ctx.record)
+        margin = float(settings.get("margin", DEFAULT_MARGIN))
+        s = summarise(spec, ctx.measures.get(self.name) or [], margin, [tuple(p) for p in settings.get("pairs", [])])
         label = {n: a.label for n, a in ctx.arms.items()}
-        by_arm = {(v["arm"]): v for v in s["verdicts"]}
+        by_arm = {v["arm"]: v for v in s["verdicts"] if not v["pair"]}  # each arm's own comparison
         md = (f"Each arm's pre-trained run of seed s fine-tuned (seed s, the arm's own fine-tuning lr, "
               f"`{' '.join(spec.finetune.set) if spec.finetune else ''}`) and scored on the task's test examples. "
-              "Intervals: 95% t over seeds. Against the reference of the same budget, paired by seed: the verdict "
+              "Intervals: 95% t over seeds. Each arm against the reference of the same budget (a side arm against "
+              "its `compare:` arm, named in its cell), paired by seed: the verdict "
               f"reads the test loss difference (nats, lower is better; TOST margin +-{margin:g} nats), Holm over "
               f"all {len(s['verdicts'])} comparisons of this section, its interval at the Holm level; the accuracy "
               "difference is a 95% paired t-interval (descriptive).\n\n")
@@ -154,23 +175,31 @@ class FinetuneMeasurement(Measurement):
             rows = []
             for a in g["arms"]:
                 v = by_arm.get(a["arm"])
+                named = "" if v is None or v["against"] == g["reference"] else f"vs `{v['against']}`: "
                 vs = ("reference" if a["arm"] == g["reference"] else "-" if v is None else
-                      f"{verdicts.fmt_interval(v)} / {fmt_ci(v['accuracy'], signed=True)}")
+                      f"{named}{verdicts.fmt_interval(v)} / {fmt_ci(v['accuracy'], signed=True)}")
                 rows.append([f"{label.get(a['arm'], a['arm'])} (`{a['arm']}`)", a["pooling"],
                              "-" if a["lr"] is None else f"{a['lr']:.3g}", fmt_ci(a["accuracy"]), fmt_ci(a["loss"]),
                              vs, v["class"] if v else "-", len(a["seeds"])])
             md += table(["arm", "pooling", "fine-tuning lr", "test accuracy [95% CI]", "test loss (nats) [95% CI]",
                          f"vs `{g['reference']}`: loss (Holm level) / accuracy (paired)", "verdict (loss, Holm)",
                          "seeds"], rows) + "\n\n"
+            pairs = [v for v in s["verdicts"] if v["pair"] and v["tag"] == g["tag"]]
+            if pairs:
+                md += table(["pair", "loss (Holm level) / accuracy (paired)", "verdict (loss, Holm)"],
+                            [[f"`{v['arm']}` vs `{v['against']}`",
+                              f"{verdicts.fmt_interval(v)} / {fmt_ci(v['accuracy'], signed=True)}", v["class"]]
+                             for v in pairs]) + "\n\n"
         if len(s["groups"]) > 1:
-            md += "**Across pre-training budgets** (accuracy mean; loss difference to the reference, nats)\n\n"
+            md += ("**Across pre-training budgets** (accuracy mean; loss difference to the reference, a side arm's to "
+                   "its `compare:` arm, nats)\n\n")
             bases = list(dict.fromkeys(a["base"] for g in s["groups"] for a in g["arms"]))
             rows = []
             for b in bases:
                 cells = []
                 for g in s["groups"]:
                     a = next((x for x in g["arms"] if x["base"] == b), None)
-                    v = next((x for x in s["verdicts"] if a and x["arm"] == a["arm"]), None)
+                    v = by_arm.get(a["arm"]) if a else None
                     acc = "-" if a is None or a["accuracy"]["mean"] is None else f"{a['accuracy']['mean']:.3f}"
                     cells.append(acc + ("" if v is None or v["mean"] is None else f"; {v['mean']:+.3f} ({v['class']})"))
                 rows.append([f"`{b}`", *cells])

@@ -113,3 +113,20 @@ def test_the_fine_tuned_intervals_cover_a_known_difference(seeds, shared):
         covered_loss += v["low"] <= true_loss[0] - true_loss[1] <= v["high"]
     assert 0.93 <= covered_acc / sims <= 0.97, covered_acc / sims
     assert 0.93 <= covered_loss / sims <= 0.97, covered_loss / sims
+
+
+def test_a_side_arm_meets_its_compare_arm_and_pairs_add_comparisons_in_every_budget():
+    spec = _spec()
+    arms = [*spec.arms, ArmSpec("post-tok1e6", compare="bert-tok1e6"), ArmSpec("post-tok2e6", compare="bert-tok2e6")]
+    spec = Spec(**{**spec.__dict__, "arms": arms})
+    results = _results() + [{**r, "arm": r["arm"].replace("bert", "post"), "result": {**r["result"],
+                             "loss": r["result"]["loss"] + 0.1}} for r in _results() if r["arm"].startswith("bert")]
+    s = summarise(spec, results, pairs=[("post", "gpt")])
+    got = [(v["arm"], v["against"], v["pair"]) for v in s["verdicts"]]
+    assert got == [("bert-tok1e6", "gpt-tok1e6", False), ("post-tok1e6", "bert-tok1e6", False),
+                   ("post-tok1e6", "gpt-tok1e6", True), ("bert-tok2e6", "gpt-tok2e6", False),
+                   ("post-tok2e6", "bert-tok2e6", False), ("post-tok2e6", "gpt-tok2e6", True)]
+    side = s["verdicts"][1]
+    assert side["mean"] == pytest.approx(0.1) and side["class"].startswith("worse")  # +0.1 nats on every seed
+    first = min(s["verdicts"], key=lambda v: v["p_difference"])  # Holm over the 6: the smallest p times 6
+    assert first["p_difference_holm"] == pytest.approx(min(1.0, 6 * first["p_difference"]))

@@ -55,6 +55,8 @@ def test_budgets_give_every_arm_once_per_budget_with_its_relations_renamed(tmp_p
     ({"finetune": {**FT, "set": ["train.classify_pooling=mean"]}}, "name the fine-tuning objective"),
     ({"finetune": {**FT, "set": ["train.objective=classify", "train.init_from=x"]}}, "set per run by the stage"),
     ({"finetune": {**FT, "steps": 3}}, "unknown keys ['steps']"),
+    ({"measurements": {"finetune": {"pairs": [["wide", "bert"]]}}}, "finetune.pairs names 'bert', not an arm"),
+    ({"measurements": {"finetune": {"pairs": [["wide", "wide"]]}}}, "a list of [arm, against] pairs"),
     ({"finetune": {**FT, "tune": {"lr": [1e-3, 2e-3], "seed": 0}}}, "not one of seeds"),
     ({"finetune": FT, "grid": {"model.n_layers": [2, 4]}}, "no grid"),
 ])
@@ -101,6 +103,7 @@ def test_quick_model_types_runs_end_to_end(tmp_path, root):
     assert main(["run", str(root / "experiments/model-types.yaml"), "--quick", "--out", str(out)]) == 0
     report = (out / "report" / "report.md").read_text()
     assert "Fine-tuned on the labelled task" in report and "vs `gpt-tok8192`" in report
+    assert "| `bert-tok8192` vs `t5-tok8192` |" in report  # the spec's finetune pairs
     record = json.loads((out / "experiment.json").read_text())
     for r in record["finetune_runs"]:
         assert Path(r["init_from"]).name.startswith(f"{r['arm']}-seed{r['seed']}-")

@@ -102,7 +102,7 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
         measurements = {**(measurements or {}), "finetune": (measurements or {}).get("finetune") or {}}
     out = raw.get("out") or f"runs/experiments/{raw['name']}"
     arms = _arm_specs(raw["arms"])
-    return Spec(name=raw["name"], arms=arms, budget=budget, tune=tune,
+    spec = Spec(name=raw["name"], arms=arms, budget=budget, tune=tune,
                 reference=raw.get("reference") or arms[0].name,
                 out=out.rstrip("/") + "-quick" if quick else out, spec_path=_relative(p), seeds=seeds, set=common,
                 verdicts=verdicts, margin=margin, ceg=ceg, sequential=design, grid=raw.get("grid"),
@@ -110,6 +110,12 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
                 claim=raw.get("claim"), notes=raw.get("notes"), report=raw.get("report"), quick=quick,
                 quick_defaults=raw.get("quick_defaults"), only_arms=raw.get("only_arms"),
                 extra_set=list(extra_set) if extra_set else None, budgets=budgets, finetune=finetune)
+    pairs = ((measurements or {}).get("finetune") or {}).get("pairs") or []
+    bases = {base for _, _, group in spec.budget_groups() for base in group}
+    for name in [n for p in pairs for n in p if n not in bases]:
+        raise RecipeError(f"{path}: measurements.finetune.pairs names {name!r}, not an arm (the arms: "
+                          f"{', '.join(sorted(bases))})")
+    return spec
 
 
 def expand_budgets(raw: dict, path) -> Optional[list[Budget]]:
