@@ -82,3 +82,44 @@ def test_restoring_from_a_folder_that_is_no_archive_names_it(tmp_path, root, cap
                  "--src", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "archive.json does not exist: not an experiment archive" in err and str(tmp_path) in err
+
+
+def _run(folder: Path, status: str = "completed") -> None:
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"status": status}))
+
+
+def _manifest(folder: Path, points: list[tuple[str, str, str]]) -> None:
+    """points: (name, ladder, the run folder it starts from or "")."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "manifest.json").write_text(json.dumps({"kind": "archlab-sweep", "version": 1, "spec": {}, "points": [
+        {"name": n, "ladder": ladder, "overrides": [f"train.init_from={init}"] if init else []}
+        for n, ladder, init in points]}))
+
+
+def test_runs_a_run_still_to_train_starts_from_are_left_out(tmp_path):
+    """With a fine-tuning stage: a seeded run stays out until its fine-tuned run is done, an arm's tuning runs until
+    its fine-tuning lr is tuned; without one, only what an unfinished point names stays out."""
+    out = tmp_path / "runs"
+    _manifest(out / "tune", [("gpt-lr1-t", "gpt-lr1", ""), ("gpt-lr2-t", "gpt-lr2", ""),
+                             ("bert-lr1-t", "bert-lr1", "")])
+    _manifest(out / "sweep", [("gpt-seed0-t", "gpt", ""), ("gpt-seed1-t", "gpt", "")])
+    _manifest(out / "finetune" / "tune", [("gpt-lr1-f", "gpt-lr1", str(out / "tune" / "gpt-lr1-t")),
+                                          ("gpt-lr2-f", "gpt-lr2", str(out / "tune" / "gpt-lr1-t"))])
+    _manifest(out / "finetune" / "sweep", [("gpt-s0-f", "gpt-s0", str(out / "sweep" / "gpt-seed0-t")),
+                                           ("gpt-s1-f", "gpt-s1", str(out / "sweep" / "gpt-seed1-t"))])
+    for run in ["tune/gpt-lr1-t", "tune/gpt-lr2-t", "tune/bert-lr1-t", "sweep/gpt-seed0-t", "sweep/gpt-seed1-t",
+                "finetune/tune/gpt-lr1-f", "finetune/tune/gpt-lr2-f", "finetune/sweep/gpt-s0-f"]:
+        _run(out / run)
+    index = archive_experiment(out, tmp_path / "a", finetune=True)
+    assert index["folders"]["tune"]["left_out"] == ["bert-lr1-t"]  # bert's fine-tuning lr is not tuned yet
+    assert index["folders"]["sweep"]["left_out"] == ["gpt-seed1-t"]  # its fine-tuned run is still to train
+    assert index["folders"]["finetune/sweep"]["runs"] == 1
+    restore_experiment(tmp_path / "a", tmp_path / "b")
+    assert sorted(p.name for p in (tmp_path / "b" / "sweep").iterdir()) == ["gpt-seed0-t", "manifest.json"]
+    status = {q["name"]: q.get("status") for q in json.loads((tmp_path / "b" / "sweep" / "manifest.json").read_text())
+              ["points"]}
+    assert status["gpt-seed1-t"] == "not archived"
+
+    plain = archive_experiment(out, tmp_path / "c")  # no fine-tuning stage: only the unfinished point's start
+    assert plain["folders"]["sweep"]["left_out"] == ["gpt-seed1-t"] and plain["folders"]["tune"]["left_out"] == []

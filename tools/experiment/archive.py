@@ -12,9 +12,9 @@ caches (``<out>/measurements/``) and ``experiment.json`` as they are; ``archive.
 were written in. Restoring writes into ``<out>`` only what it lacks, with that folder's path replaced by the new
 one in every file (run records, manifests, caches), so that the stages find their runs done.
 
-A restored run has no checkpoint: a stage that starts from a run (fine-tuning from a pre-trained run, a compute
-curve's branch from its trunk) must have trained before the archive was written, or it is refused when it starts
-(``train.init_from`` names a run without a checkpoint). A trunk whose branches are not all done is left out.
+A restored run has no checkpoint, so the archive leaves out the finished runs that a run still to train starts
+from: a trunk whose branches are not all done, a pre-trained run before its fine-tuning (a seeded run until its
+fine-tuned run is done, an arm's tuning runs until its fine-tuning lr is tuned); they train again after a restore.
 """
 
 from __future__ import annotations
@@ -60,25 +60,60 @@ def _kept(run_dir: Path) -> dict[str, str]:
     return files
 
 
-def archive_experiment(out: Path, dest: Path) -> dict:
-    """Write ``out``'s finished runs, manifests and measurement caches into ``dest`` (see the module); runs already
-    archived there stay. Returns the index written (``archive.json``)."""
+def _starts_from(point: dict) -> list[str]:
+    """The run folders a point starts from: its ``train.init_from`` (fine-tuning) and its ``branch_from`` (a
+    cooldown branch's trunk)."""
+    out = [o.split("=", 1)[1] for o in point.get("overrides", []) if o.startswith("train.init_from=")]
+    return out + [v for v in [(point.get("cooldown") or {}).get("branch_from")] if v]
+
+
+def _still_needed(out: Path, manifests: dict[Path, list[dict]], finetune: bool) -> set[str]:
+    """The finished runs whose checkpoints a run still to train needs, which the archive leaves out (trained again
+    after a restore): those an unfinished point starts from; and with a fine-tuning stage, every pre-training run
+    before its fine-tuning: a seeded run until a finished fine-tuning run starts from it, an arm's tuning runs
+    until the fine-tuning lr of that arm is tuned (one of them, the best, is where that tuning starts)."""
+    done = {str(out / rel / q["name"]) for rel, points in manifests.items() for q in points
+            if run_dir_state(out / rel / q["name"]) in ("finished", "diverged")}
+    named_by_done, needed = set(), set()
+    for rel, points in manifests.items():
+        for q in points:
+            (named_by_done if str(out / rel / q["name"]) in done else needed).update(_starts_from(q))
+    if finetune:
+        ft_tune = manifests.get(Path("finetune/tune"), [])
+        arm_of = lambda q: q["ladder"].rsplit("-lr", 1)[0]  # noqa: E731  (tuning ladders: <arm>-lr<lr>)
+        tuned = {arm_of(q) for q in ft_tune} - {arm_of(q) for q in ft_tune if str(out / "finetune/tune" / q["name"])
+                                                 not in done}
+        for rel, points in manifests.items():
+            for q in points:
+                path = str(out / rel / q["name"])
+                if (len(rel.parts) == 1 and rel.name.startswith("sweep") and path not in named_by_done) or \
+                        (rel == Path("tune") and arm_of(q) not in tuned):
+                    needed.add(path)
+    return needed
+
+
+def archive_experiment(out: Path, dest: Path, finetune: bool = False) -> dict:
+    """Write ``out``'s finished runs, manifests and measurement caches into ``dest`` (see the module), less the runs
+    a run still to train starts from (:func:`_still_needed`; ``finetune``: the spec has a fine-tuning stage); runs
+    already archived there stay. Returns the index written (``archive.json``)."""
     out, dest = Path(out).resolve(), Path(dest).resolve()
     if dest == out or out in dest.parents:
         raise ValueError(f"archive: the archive folder {dest} lies inside the runs folder {out}; give one outside "
                          "it (--dest)")
     if not out.is_dir() or not ((out / RECORD).is_file() or _sweep_folders(out)):
         raise ValueError(f"archive: {out} holds no experiment runs; run `python -m tools.experiment run SPEC` first")
+    manifests = {rel: read_manifest(out / rel).get("points", []) for rel in _sweep_folders(out)}
+    needed = _still_needed(out, manifests, finetune)
     folders = {}
-    for rel in _sweep_folders(out):
-        manifest = read_manifest(out / rel)
-        points = manifest.get("points", [])
-        done = {q["name"] for q in points if run_dir_state(out / rel / q["name"]) in ("finished", "diverged")}
+    for rel, points in manifests.items():
+        done = {q["name"] for q in points if run_dir_state(out / rel / q["name"]) in ("finished", "diverged")
+                and str(out / rel / q["name"]) not in needed}
         runs = read_archive(dest / rel)
         runs.update({name: _kept(out / rel / name) for name in archivable(points, done)})
         write_archive(dest / rel, runs)
-        write_json_atomic(dest / rel / MANIFEST, manifest, sort_keys=False)
-        folders[str(rel)] = {"runs": len(runs), "points": len(points)}
+        write_json_atomic(dest / rel / MANIFEST, read_manifest(out / rel), sort_keys=False)
+        folders[str(rel)] = {"runs": len(runs), "points": len(points), "left_out": sorted(
+            Path(p).name for p in needed if Path(p).parent == out / rel and Path(p).name not in runs)}
     caches = sorted(p.relative_to(out) for p in (out / MEASUREMENTS).rglob("*.json")) \
         if (out / MEASUREMENTS).is_dir() else []
     for rel in caches + ([Path(RECORD)] if (out / RECORD).is_file() else []):
@@ -119,7 +154,8 @@ def restore_experiment(src: Path, out: Path) -> dict[str, int]:
             n += 1
         archived = json.loads(_moved((src / rel / MANIFEST).read_text(), old, new))
         here = {q["name"]: q for q in (read_manifest(out / rel) or {}).get("points", [])}
-        points = [here[q["name"]] if q["name"] in here and Path(here[q["name"]]["run_dir"]).exists() else q
+        points = [here[q["name"]] if q["name"] in here and Path(here[q["name"]]["run_dir"]).exists() else
+                  q if q["name"] in runs else {**q, "status": "not archived", "returncode": None, "elapsed_s": None}
                   for q in archived["points"]]
         points += [q for name, q in here.items() if name not in {p["name"] for p in points}]
         write_json_atomic(out / rel / MANIFEST, {**archived, "points": points}, sort_keys=False)
