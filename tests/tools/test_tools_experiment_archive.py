@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.experiment import main
+from tools.experiment import archive, main
 from tools.experiment.archive import archive_experiment, restore_experiment
 
 FT = {"set": ["train.objective=classify", "train.classify_train_examples=64", "train.classify_eval_examples=32",
@@ -84,9 +84,9 @@ def test_restoring_from_a_folder_that_is_no_archive_names_it(tmp_path, root, cap
     assert "archive.json does not exist: not an experiment archive" in err and str(tmp_path) in err
 
 
-def _run(folder: Path, status: str = "completed") -> None:
+def _run(folder: Path) -> None:
     folder.mkdir(parents=True)
-    (folder / "summary.json").write_text(json.dumps({"status": status}))
+    (folder / "summary.json").write_text(json.dumps({"status": "completed"}))
 
 
 def _manifest(folder: Path, points: list[tuple[str, str, str]]) -> None:
@@ -97,22 +97,29 @@ def _manifest(folder: Path, points: list[tuple[str, str, str]]) -> None:
         for n, ladder, init in points]}))
 
 
-def test_runs_a_run_still_to_train_starts_from_are_left_out(tmp_path):
-    """With a fine-tuning stage: a seeded run stays out until its fine-tuned run is done, an arm's tuning runs until
-    its fine-tuning lr is tuned; without one, only what an unfinished point names stays out."""
+def test_runs_a_run_still_to_train_starts_from_are_left_out(tmp_path, monkeypatch):
+    """With a fine-tuning stage: a seeded run stays out until its fine-tuned run is done, and the best tuning run so
+    far of an arm whose fine-tuning lr is not tuned yet (that tuning starts from the grid's best); without one, only
+    what an unfinished point names stays out."""
     out = tmp_path / "runs"
     _manifest(out / "tune", [("gpt-lr1-t", "gpt-lr1", ""), ("gpt-lr2-t", "gpt-lr2", ""),
-                             ("bert-lr1-t", "bert-lr1", "")])
+                             ("bert-lr1-t", "bert-lr1", ""), ("bert-lr2-t", "bert-lr2", ""),
+                             ("bert-lr4-t", "bert-lr4", "")])
     _manifest(out / "sweep", [("gpt-seed0-t", "gpt", ""), ("gpt-seed1-t", "gpt", "")])
     _manifest(out / "finetune" / "tune", [("gpt-lr1-f", "gpt-lr1", str(out / "tune" / "gpt-lr1-t")),
                                           ("gpt-lr2-f", "gpt-lr2", str(out / "tune" / "gpt-lr1-t"))])
     _manifest(out / "finetune" / "sweep", [("gpt-s0-f", "gpt-s0", str(out / "sweep" / "gpt-seed0-t")),
                                            ("gpt-s1-f", "gpt-s1", str(out / "sweep" / "gpt-seed1-t"))])
-    for run in ["tune/gpt-lr1-t", "tune/gpt-lr2-t", "tune/bert-lr1-t", "sweep/gpt-seed0-t", "sweep/gpt-seed1-t",
+    for run in ["tune/gpt-lr1-t", "tune/gpt-lr2-t", "sweep/gpt-seed0-t", "sweep/gpt-seed1-t",
                 "finetune/tune/gpt-lr1-f", "finetune/tune/gpt-lr2-f", "finetune/sweep/gpt-s0-f"]:
         _run(out / run)
+    _run(out / "tune" / "bert-lr1-t")
+    _run(out / "tune" / "bert-lr2-t")  # bert-lr4 still to train
+    losses = {"bert-lr1-t": 3.0, "bert-lr2-t": 2.5}  # the tuning's score of each finished run
+    monkeypatch.setattr(archive, "score", lambda path: losses.get(Path(path).name, 3.0))
     index = archive_experiment(out, tmp_path / "a", finetune=True)
-    assert index["folders"]["tune"]["left_out"] == ["bert-lr1-t"]  # bert's fine-tuning lr is not tuned yet
+    # bert's fine-tuning lr is not tuned yet: its grid's best so far stays out, gpt's tuning runs are all in
+    assert index["folders"]["tune"]["left_out"] == ["bert-lr2-t"] and index["folders"]["tune"]["runs"] == 3
     assert index["folders"]["sweep"]["left_out"] == ["gpt-seed1-t"]  # its fine-tuned run is still to train
     assert index["folders"]["finetune/sweep"]["runs"] == 1
     restore_experiment(tmp_path / "a", tmp_path / "b")
@@ -122,4 +129,4 @@ def test_runs_a_run_still_to_train_starts_from_are_left_out(tmp_path):
     assert status["gpt-seed1-t"] == "not archived"
 
     plain = archive_experiment(out, tmp_path / "c")  # no fine-tuning stage: only the unfinished point's start
-    assert plain["folders"]["sweep"]["left_out"] == ["gpt-seed1-t"] and plain["folders"]["tune"]["left_out"] == []
+    assert plain["folders"]["sweep"]["left_out"] == ["gpt-seed1-t"] and plain["folders"]["tune"]["runs"] == 4

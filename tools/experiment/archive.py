@@ -14,12 +14,14 @@ one in every file (run records, manifests, caches), so that the stages find thei
 
 A restored run has no checkpoint, so the archive leaves out the finished runs that a run still to train starts
 from: a trunk whose branches are not all done, a pre-trained run before its fine-tuning (a seeded run until its
-fine-tuned run is done, an arm's tuning runs until its fine-tuning lr is tuned); they train again after a restore.
+fine-tuned run is done; of an arm's lr grid, the best run so far until its fine-tuning lr is tuned, since that
+tuning starts from the grid's best); they train again after a restore.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from analysis.run_archive import read_archive, slim_run, write_archive, write_ru
 from archlab.io import write_json_atomic, write_text_atomic
 from archlab.train.run_folder import METRICS
 from tools.experiment.run import RECORD
+from tools.experiment_tuning import score
 from tools.sweep.archive import archivable, archived_state
 from tools.sweep.manifest import MANIFEST, read_manifest, run_dir_state
 
@@ -70,8 +73,8 @@ def _starts_from(point: dict) -> list[str]:
 def _still_needed(out: Path, manifests: dict[Path, list[dict]], finetune: bool) -> set[str]:
     """The finished runs whose checkpoints a run still to train needs, which the archive leaves out (trained again
     after a restore): those an unfinished point starts from; and with a fine-tuning stage, every pre-training run
-    before its fine-tuning: a seeded run until a finished fine-tuning run starts from it, an arm's tuning runs
-    until the fine-tuning lr of that arm is tuned (one of them, the best, is where that tuning starts)."""
+    before its fine-tuning: a seeded run until a finished fine-tuning run starts from it, and of an arm whose
+    fine-tuning lr is not tuned yet its best tuning run so far (:func:`_best_tuning_runs`)."""
     done = {str(out / rel / q["name"]) for rel, points in manifests.items() for q in points
             if run_dir_state(out / rel / q["name"]) in ("finished", "diverged")}
     named_by_done, needed = set(), set()
@@ -79,17 +82,33 @@ def _still_needed(out: Path, manifests: dict[Path, list[dict]], finetune: bool) 
         for q in points:
             (named_by_done if str(out / rel / q["name"]) in done else needed).update(_starts_from(q))
     if finetune:
-        ft_tune = manifests.get(Path("finetune/tune"), [])
-        arm_of = lambda q: q["ladder"].rsplit("-lr", 1)[0]  # noqa: E731  (tuning ladders: <arm>-lr<lr>)
-        tuned = {arm_of(q) for q in ft_tune} - {arm_of(q) for q in ft_tune if str(out / "finetune/tune" / q["name"])
-                                                 not in done}
-        for rel, points in manifests.items():
-            for q in points:
-                path = str(out / rel / q["name"])
-                if (len(rel.parts) == 1 and rel.name.startswith("sweep") and path not in named_by_done) or \
-                        (rel == Path("tune") and arm_of(q) not in tuned):
-                    needed.add(path)
+        for rel, points in manifests.items():  # a seeded run: until its fine-tuned run is done
+            if len(rel.parts) == 1 and rel.name.startswith("sweep"):
+                needed.update(str(out / rel / q["name"]) for q in points
+                              if str(out / rel / q["name"]) not in named_by_done)
+        needed.update(_best_tuning_runs(out, manifests, done))
     return needed
+
+
+def _best_tuning_runs(out: Path, manifests: dict[Path, list[dict]], done: set[str]) -> set[str]:
+    """Of each arm whose fine-tuning lr is not tuned yet, the finished pre-training tuning runs that may be where
+    that tuning starts: the grid's best so far (``tools.experiment_tuning.score``; every finished run when none
+    learned). The grid's final best is one of them or a run still to train; the rest are archived."""
+    arm_of = lambda q: q["ladder"].rsplit("-lr", 1)[0]  # noqa: E731  (tuning ladders: <arm>-lr<lr>)
+    ft_tune = manifests.get(Path("finetune/tune"), [])
+    tuned = {arm_of(q) for q in ft_tune} - {arm_of(q) for q in ft_tune
+                                             if str(out / "finetune/tune" / q["name"]) not in done}
+    scores: dict[str, dict[str, float]] = {}
+    for q in manifests.get(Path("tune"), []):
+        path = str(out / "tune" / q["name"])
+        if path in done and arm_of(q) not in tuned:
+            loss = score(path)
+            scores.setdefault(arm_of(q), {})[path] = math.inf if loss is None else loss
+    out_set = set()
+    for runs in scores.values():
+        best = min(runs.values())
+        out_set.update(p for p, v in runs.items() if v == best)
+    return out_set
 
 
 def archive_experiment(out: Path, dest: Path, finetune: bool = False) -> dict:
