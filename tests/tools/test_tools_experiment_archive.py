@@ -115,11 +115,14 @@ def test_runs_a_run_still_to_train_starts_from_are_left_out(tmp_path, monkeypatc
         _run(out / run)
     _run(out / "tune" / "bert-lr1-t")
     _run(out / "tune" / "bert-lr2-t")  # bert-lr4 still to train
+    _run(out / "tune" / "gpt-lr4-t")  # an extension's run the manifest no longer lists (a later call planned anew)
     losses = {"bert-lr1-t": 3.0, "bert-lr2-t": 2.5}  # the tuning's score of each finished run
     monkeypatch.setattr(archive, "score", lambda path: losses.get(Path(path).name, 3.0))
     index = archive_experiment(out, tmp_path / "a", finetune=True)
     # bert's fine-tuning lr is not tuned yet: its grid's best so far stays out, gpt's tuning runs are all in
-    assert index["folders"]["tune"]["left_out"] == ["bert-lr2-t"] and index["folders"]["tune"]["runs"] == 3
+    assert index["folders"]["tune"]["left_out"] == ["bert-lr2-t"] and index["folders"]["tune"]["runs"] == 4
+    archived = json.loads((tmp_path / "a" / "tune" / "manifest.json").read_text())["points"]
+    assert {"name": "gpt-lr4-t", "ladder": "gpt-lr4", "status": "finished"}.items() <= archived[-1].items()
     assert index["folders"]["sweep"]["left_out"] == ["gpt-seed1-t"]  # its fine-tuned run is still to train
     assert index["folders"]["finetune/sweep"]["runs"] == 1
     restore_experiment(tmp_path / "a", tmp_path / "b")
@@ -129,4 +132,4 @@ def test_runs_a_run_still_to_train_starts_from_are_left_out(tmp_path, monkeypatc
     assert status["gpt-seed1-t"] == "not archived"
 
     plain = archive_experiment(out, tmp_path / "c")  # no fine-tuning stage: only the unfinished point's start
-    assert plain["folders"]["sweep"]["left_out"] == ["gpt-seed1-t"] and plain["folders"]["tune"]["runs"] == 4
+    assert plain["folders"]["sweep"]["left_out"] == ["gpt-seed1-t"] and plain["folders"]["tune"]["runs"] == 5

@@ -111,6 +111,21 @@ def _best_tuning_runs(out: Path, manifests: dict[Path, list[dict]], done: set[st
     return out_set
 
 
+def _points(folder: Path, archived: Path) -> list[dict]:
+    """The sweep folder's manifest points, and a point for each finished run folder it no longer lists (a stage that
+    extends a grid plans the whole grid again, each invocation its own): the entry an earlier archive kept of it,
+    else one with its name, its ladder (the name less its budget) and its state."""
+    points = list(read_manifest(folder).get("points", []))
+    earlier = {q["name"]: q for q in (read_manifest(archived) or {}).get("points", [])}
+    listed = {q["name"] for q in points}
+    for d in sorted(p for p in folder.iterdir() if p.is_dir() and p.name not in listed):
+        state = run_dir_state(d)
+        if state in ("finished", "diverged"):
+            points.append(earlier.get(d.name) or {"name": d.name, "ladder": d.name.rsplit("-", 1)[0],
+                                                  "overrides": [], "run_dir": str(d), "status": state})
+    return points
+
+
 def archive_experiment(out: Path, dest: Path, finetune: bool = False) -> dict:
     """Write ``out``'s finished runs, manifests and measurement caches into ``dest`` (see the module), less the runs
     a run still to train starts from (:func:`_still_needed`; ``finetune``: the spec has a fine-tuning stage); runs
@@ -121,7 +136,7 @@ def archive_experiment(out: Path, dest: Path, finetune: bool = False) -> dict:
                          "it (--dest)")
     if not out.is_dir() or not ((out / RECORD).is_file() or _sweep_folders(out)):
         raise ValueError(f"archive: {out} holds no experiment runs; run `python -m tools.experiment run SPEC` first")
-    manifests = {rel: read_manifest(out / rel).get("points", []) for rel in _sweep_folders(out)}
+    manifests = {rel: _points(out / rel, dest / rel) for rel in _sweep_folders(out)}
     needed = _still_needed(out, manifests, finetune)
     folders = {}
     for rel, points in manifests.items():
@@ -130,7 +145,7 @@ def archive_experiment(out: Path, dest: Path, finetune: bool = False) -> dict:
         runs = read_archive(dest / rel)
         runs.update({name: _kept(out / rel / name) for name in archivable(points, done)})
         write_archive(dest / rel, runs)
-        write_json_atomic(dest / rel / MANIFEST, read_manifest(out / rel), sort_keys=False)
+        write_json_atomic(dest / rel / MANIFEST, {**read_manifest(out / rel), "points": points}, sort_keys=False)
         folders[str(rel)] = {"runs": len(runs), "points": len(points), "left_out": sorted(
             Path(p).name for p in needed if Path(p).parent == out / rel and Path(p).name not in runs)}
     caches = sorted(p.relative_to(out) for p in (out / MEASUREMENTS).rglob("*.json")) \
