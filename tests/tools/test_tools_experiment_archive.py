@@ -64,6 +64,14 @@ def test_a_restored_experiment_reports_the_same_numbers_and_trains_nothing(tmp_p
     assert not list(b.rglob("checkpoints"))  # nothing was trained: a trained run writes its checkpoints
     assert _numbers(b / "report" / "report.json", b) == _numbers(a / "report" / "report.json", a)
 
+    # `report --out` reads the measurements cached beside the record, wherever its spec said it was written
+    record = json.loads((b / "experiment.json").read_text())
+    (b / "experiment.json").write_text(json.dumps({**record, "spec": {**record["spec"], "out": "runs/elsewhere"}}))
+    assert main(["report", spec, "--out", str(b), "--quick", "--report", str(tmp_path / "again")]) == 0
+    said = capsys.readouterr()
+    assert "cloze: " not in said.out + said.err and "finetune: scoring" not in said.out + said.err
+    assert _numbers(tmp_path / "again" / "report.json", b) == _numbers(a / "report" / "report.json", a)
+
     # a second restore writes nothing over what is there
     assert restore_experiment(arch, b) == {"tune": 0, "sweep": 0, "finetune/tune": 0, "finetune/sweep": 0}
 

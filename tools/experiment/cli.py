@@ -217,6 +217,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                         command=regenerate_command(spec, args))
         else:
             record = with_current_words(read_record(Path(spec.out)), spec, resolve_arms(spec))
+            record["spec"]["out"] = spec.out  # where the record is now (a restored or moved folder, --out)
         t0 = time.time()
         measurements = measure(record)
         report_dir = Path(args.report or (spec.report if not spec.quick else None) or Path(spec.out) / "report")
