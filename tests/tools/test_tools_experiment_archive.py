@@ -113,7 +113,7 @@ def test_runs_a_run_still_to_train_starts_from_are_left_out(tmp_path, monkeypatc
     _manifest(out / "tune", [("gpt-lr1-t", "gpt-lr1", ""), ("gpt-lr2-t", "gpt-lr2", ""),
                              ("bert-lr1-t", "bert-lr1", ""), ("bert-lr2-t", "bert-lr2", ""),
                              ("bert-lr4-t", "bert-lr4", "")])
-    _manifest(out / "sweep", [("gpt-seed0-t", "gpt", ""), ("gpt-seed1-t", "gpt", "")])
+    _manifest(out / "sweep", [("gpt-seed0-t", "gpt", ""), ("gpt-seed1-t", "gpt", ""), ("gpt-seed2-t", "gpt", "")])
     _manifest(out / "finetune" / "tune", [("gpt-lr1-f", "gpt-lr1", str(out / "tune" / "gpt-lr1-t")),
                                           ("gpt-lr2-f", "gpt-lr2", str(out / "tune" / "gpt-lr1-t"))])
     _manifest(out / "finetune" / "sweep", [("gpt-s0-f", "gpt-s0", str(out / "sweep" / "gpt-seed0-t")),

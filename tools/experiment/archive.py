@@ -147,7 +147,8 @@ def archive_experiment(out: Path, dest: Path, finetune: bool = False) -> dict:
         write_archive(dest / rel, runs)
         write_json_atomic(dest / rel / MANIFEST, {**read_manifest(out / rel), "points": points}, sort_keys=False)
         folders[str(rel)] = {"runs": len(runs), "points": len(points), "left_out": sorted(
-            Path(p).name for p in needed if Path(p).parent == out / rel and Path(p).name not in runs)}
+            Path(p).name for p in needed if Path(p).parent == out / rel and Path(p).name not in runs
+            and run_dir_state(p) in ("finished", "diverged"))}
     caches = sorted(p.relative_to(out) for p in (out / MEASUREMENTS).rglob("*.json")) \
         if (out / MEASUREMENTS).is_dir() else []
     for rel in caches + ([Path(RECORD)] if (out / RECORD).is_file() else []):
