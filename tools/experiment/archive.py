@@ -64,10 +64,9 @@ def _kept(run_dir: Path) -> dict[str, str]:
 
 
 def _starts_from(point: dict) -> list[str]:
-    """The run folders a point starts from: its ``train.init_from`` (fine-tuning) and its ``branch_from`` (a
-    cooldown branch's trunk)."""
-    out = [o.split("=", 1)[1] for o in point.get("overrides", []) if o.startswith("train.init_from=")]
-    return out + [v for v in [(point.get("cooldown") or {}).get("branch_from")] if v]
+    """The run folders a point starts from: its ``train.init_from`` (fine-tuning). A cooldown branch's trunk is kept
+    back by ``tools.sweep.archive.archivable`` (from the points' ``parent``)."""
+    return [o.split("=", 1)[1] for o in point.get("overrides", []) if o.startswith("train.init_from=")]
 
 
 def _still_needed(out: Path, manifests: dict[Path, list[dict]], finetune: bool) -> set[str]:
