@@ -96,7 +96,7 @@ def run_row(run: dict, manifest: dict) -> dict:
     """Everything the report uses of one run: status, losses, throughput, memory, time."""
     row = {**run, "status": "missing", "reason": "", "val_loss": None, "metric": "loss", "final_val": {},
            "tokens": None, "training_flops": None, "flops_per_token": None, "tokens_per_s": None,
-           "unigram_entropy": None, "elapsed_s": manifest.get("elapsed_s"),
+           "unigram_entropy": None, "elapsed_s": wall_seconds({"run_dir": run["run_dir"], **manifest}),
            "peak_rss_bytes": manifest.get("peak_rss_bytes"), "learned": None}
     try:
         r = open_run(run["run_dir"])
@@ -110,6 +110,19 @@ def run_row(run: dict, manifest: dict) -> dict:
     if r.status == "finished" and _finite(row["val_loss"]) and _finite(row["unigram_entropy"]):
         row["learned"] = bool(row["val_loss"] < row["unigram_entropy"] - LEARN_MARGIN)
     return row
+
+
+def wall_seconds(point: dict) -> Optional[float]:
+    """A run's wall time: the sweep's (its manifest entry's ``elapsed_s``, launch to exit), else the trainer's own
+    (the run folder's summary, a few seconds less: start-up excluded) where a manifest lost it (a restored run; a
+    manifest an earlier version rewrote without it); None for a run with neither."""
+    if _finite(point.get("elapsed_s")):
+        return float(point["elapsed_s"])
+    try:
+        own = (open_run(point["run_dir"]).summary or {}).get("elapsed_s")
+    except (RunError, KeyError, TypeError):
+        return None
+    return float(own) if _finite(own) else None
 
 
 def run_tokens_per_s(run_dir) -> Optional[float]:

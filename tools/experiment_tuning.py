@@ -214,8 +214,7 @@ def search(spec: Spec, arms, *, jobs: int = 1, threads: Optional[int] = None, lo
     """The bracketed log-grid search of each arm's lr (module docstring)."""
     tune = spec.tune
     ratio = tune.lr[1] / tune.lr[0]
-    lrs = {a.name: list(tune.lr) for a in arms}
-    extended = {a.name: {"low": 0, "high": 0} for a in arms}
+    lrs, extended = grids_so_far(spec, arms)
     while True:
         sspec = sweep_spec(spec, arms, lrs)
         points = sweep.run_sweep(sspec, jobs=jobs, threads=threads, log=log)
@@ -236,6 +235,27 @@ def search(spec: Spec, arms, *, jobs: int = 1, threads: Optional[int] = None, lo
                 again = True
         if not again:
             return summarise(recs, tune), recs
+
+
+def grids_so_far(spec: Spec, arms) -> tuple[dict, dict]:
+    """Each arm's grid as an earlier invocation left it: the starting grid and the extensions the tuning folder's
+    manifest already lists (decided from finished runs, so the same decisions again), and how many on each side.
+    Starting from it, the first manifest this invocation writes keeps those runs and their wall times."""
+    tune = spec.tune
+    ratio = tune.lr[1] / tune.lr[0]
+    manifest = sweep.read_manifest(Path(spec.out) / FOLDER) or {}
+    before = set((manifest.get("spec") or {}).get("ladders") or {})
+    lrs, extended = {}, {}
+    for a in arms:
+        grid, done = list(tune.lr), {"low": 0, "high": 0}
+        for side in ("low", "high"):
+            while done[side] < tune.max_extend:
+                wider = extend(grid, side, ratio)
+                if ladder_name(a.name, wider[0] if side == "low" else wider[-1]) not in before:
+                    break
+                grid, done[side] = wider, done[side] + 1
+        lrs[a.name], extended[a.name] = grid, done
+    return lrs, extended
 
 
 def summarise(recs: Sequence[dict], tune: Tune) -> dict:

@@ -9,7 +9,7 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from analysis.experiments import cell_tag, fmt_ci, paired_difference, t_interval
+from analysis.experiments import cell_tag, fmt_ci, paired_difference, t_interval, wall_seconds
 from analysis.measurements.extrapolation import eval_overrides
 from analysis.measurements.init_grad_norms import init_grad_norms
 from analysis.measurements.routing import maxvio
@@ -22,6 +22,15 @@ def test_t_interval_of_three_values():
     assert (iv["mean"], iv["sd"], iv["n"]) == (2.0, 1.0, 3)
     assert iv["low"] == pytest.approx(2.0 - half) and iv["high"] == pytest.approx(2.0 + half)
     assert fmt_ci(iv) == f"2.000 [{2 - half:.3f}, {2 + half:.3f}]"
+
+
+def test_a_runs_wall_time_is_the_sweeps_else_its_own(tmp_path, fake_run):
+    run = fake_run(tmp_path / "r", "recipes/dense/tiny.yaml", [], tokens=4096, loss=5.0,
+                   summary_extra={"elapsed_s": 98.5})
+    assert wall_seconds({"run_dir": str(run), "elapsed_s": 101.2}) == 101.2  # the sweep's: launch to exit
+    assert wall_seconds({"run_dir": str(run), "elapsed_s": None}) == 98.5  # a manifest that lost it
+    bare = fake_run(tmp_path / "bare", "recipes/dense/tiny.yaml", [], tokens=4096, loss=5.0)
+    assert wall_seconds({"run_dir": str(bare)}) is None and wall_seconds({"run_dir": str(tmp_path / "gone")}) is None
 
 
 def test_one_value_has_no_interval_and_nothing_is_not_zero():

@@ -88,6 +88,7 @@ def _fake_sweep(monkeypatch, optimum: dict[str, float], learns_below: float = ma
     """run_sweep that 'trains' every point instantly; final loss (log10(lr / optimum))^2 per arm; a run
     whose lr is at or above ``learns_below`` ends at the unigram loss (did not learn)."""
     from tools import sweep
+    from tools.sweep.manifest import write_manifest
 
     seen = []
 
@@ -96,6 +97,8 @@ def _fake_sweep(monkeypatch, optimum: dict[str, float], learns_below: float = ma
         for p in points:
             p.status = "finished"
         seen.append([p.name for p in points])
+        Path(sspec["out"]).mkdir(parents=True, exist_ok=True)
+        write_manifest(Path(sspec["out"]), sspec, points)
         return points
 
     def final_loss(run_dir):
@@ -130,6 +133,26 @@ def test_tuning_extends_the_grid_until_the_best_lr_is_interior(tmp_path, monkeyp
     assert {(r["arm"], r["lr"], r["seed"], r["role"]) for r in recs} >= {("a", 3.2e-2, 1000, "tune")}
     # time-matched arms (none here) and every arm get their own lr override
     assert experiment_tuning.tuned_overrides(arms, tuned) == {"a": ["train.lr=0.02"], "b": ["train.lr=0.0022"]}
+
+
+def test_tuning_again_starts_from_the_grid_it_ended_with(tmp_path, monkeypatch):
+    """A second invocation (resuming, or the report's) plans the extended grid at once, so the manifest it
+    writes first still lists the extension runs (and the wall times recorded for them)."""
+    spec = load_spec(_spec(tmp_path, tune={"lr": [1e-3, 2e-3, 4e-3], "max_extend": 3}))
+    spec = replace(spec, out=str(tmp_path / "out"))
+    arms = resolve_arms(spec)
+    seen = _fake_sweep(monkeypatch, {"a": 2e-2, "b": 1e-3})
+    first, _ = experiment_tuning.run(spec, arms, log=lambda *a: None)
+    assert first["a"]["lrs"] == [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]
+    assert first["b"]["lrs"] == [5e-4, 1e-3, 2e-3, 4e-3]
+    called = len(seen)
+    again, _ = experiment_tuning.run(spec, arms, log=lambda *a: None)
+    assert len(seen) == called + 1 and len(seen[-1]) == 6 + 4  # one sweep, every run of both grids
+    assert again == first
+    # a spec whose starting grid changed does not pick up runs of another grid's extensions
+    other = replace(spec, tune=replace(spec.tune, lr=[1.5e-3, 3e-3]))
+    lrs, extended = experiment_tuning.grids_so_far(other, arms)
+    assert lrs == {"a": [1.5e-3, 3e-3], "b": [1.5e-3, 3e-3]} and extended["a"] == {"low": 0, "high": 0}
 
 
 def test_tuning_reports_an_unbracketed_lr_when_the_limit_is_hit(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 from tqdm.auto import tqdm
 
 from analysis.experiment_spec import Arm, Budget, Spec
-from analysis.experiments import run_tokens_per_s
+from analysis.experiments import run_tokens_per_s, wall_seconds
 from analysis.measurements import MEASUREMENTS
 from archlab.config import RecipeError
 from archlab.io import write_json_atomic
@@ -186,7 +186,7 @@ def tune_arms(spec: Spec, arms: Sequence[Arm], *, jobs: int = 1, threads: Option
     arms = [dataclasses.replace(a, overrides=[*a.overrides, *lr_sets[a.name]]) if a.name in lr_sets else a
             for a in arms]
     manifest = sweep.read_manifest(Path(spec.out) / experiment_tuning.FOLDER) or {}
-    wall = {p["name"]: p.get("elapsed_s") or 0.0 for p in manifest.get("points", [])}  # per tuning run
+    wall = {p["name"]: wall_seconds(p) or 0.0 for p in manifest.get("points", [])}  # per tuning run
     return arms, {"tuning": tuned, "tune_runs": recs, "tune_wall_s": wall}
 
 
