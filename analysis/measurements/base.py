@@ -27,6 +27,8 @@ class Measurement:
     - :meth:`run`: what it computes beyond the run folders, after training (``tools.experiment
       .measure``), cached under ``<out>/measurements/``; None (the default): nothing to compute.
     - :meth:`section`: its section of the report; :attr:`last`: after every other measurement's.
+    - :meth:`checkpoints`: the runs whose checkpoints :meth:`run` loads and the cache file each result goes to
+      (``tools.experiment archive`` keeps a run's checkpoints until its cache exists); :attr:`loads_checkpoints`.
     """
 
     name: str = ""
@@ -34,6 +36,7 @@ class Measurement:
     keys: tuple[str, ...] = ()
     quick: Optional[dict] = None
     last: bool = False
+    loads_checkpoints: bool = False  # True: :meth:`checkpoints` names the runs it scores
 
     def check(self, settings: Optional[dict], where: str) -> dict:
         """The settings (``{}`` for none) if every key is one of :attr:`keys`; else a RecipeError
@@ -55,6 +58,10 @@ class Measurement:
     def run(self, record: dict, log=print) -> Optional[Any]:
         """Compute what the report needs beyond the run folders (cached); None: nothing to compute."""
         return None
+
+    def checkpoints(self, record: dict) -> dict[str, Path]:
+        """{run folder: the cache file of its result} of the runs whose checkpoints :meth:`run` loads (none here)."""
+        return {}
 
     def section(self, ctx: Context) -> Section:
         raise NotImplementedError(f"measurement {self.name}: no report section")

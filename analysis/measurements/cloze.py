@@ -120,15 +120,22 @@ class Cloze(Measurement):
         check_int(s, "seed", where, minimum=0)
         return s
 
+    loads_checkpoints = True
+
+    def _scored(self, record: dict) -> list[tuple[dict, Path]]:
+        """(run, cache file) of every finished run (each arm's seeded runs)."""
+        folder = measurement_folder(record) / self.name
+        return [(run, folder / f"{run['point']}.json") for run in record["runs"]
+                if (Path(run["run_dir"]) / "summary.json").is_file()]
+
+    def checkpoints(self, record: dict) -> dict[str, Path]:
+        return {run["run_dir"]: path for run, path in self._scored(record)}
+
     def run(self, record: dict, log=print) -> list[dict]:
         m = self.settings(record)
         windows, seed = int(m.get("windows", 512)), int(m.get("seed", 0))
-        folder = measurement_folder(record) / self.name
         out = []
-        for run in record["runs"]:
-            if not (Path(run["run_dir"]) / "summary.json").is_file():
-                continue
-            path = folder / f"{run['point']}.json"
+        for run, path in self._scored(record):
             if not path.is_file():
                 log(f"cloze: {run['point']}")
             settings = {"windows": windows, "seed": seed, "run_dir": run["run_dir"]}

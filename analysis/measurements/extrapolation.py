@@ -149,22 +149,34 @@ class Extrapolation(Measurement):
                 raise RecipeError(f"{w}.set={v['set']!r}: expected a list of KEY=VALUE overrides")
         return s
 
+    loads_checkpoints = True
+
+    def _scored(self, record: dict) -> list[tuple[dict, dict, Path]]:
+        """(job, run, cache file) of every evaluation: each job on its arm's finished runs."""
+        folder = measurement_folder(record) / self.name
+        return [(job, run, folder / f"{run['point']}--{job['variant']}.json") for job in extrapolation_jobs(record)
+                for run in record["runs"] if run["arm"] == job["arm"] and _finished(run)]
+
+    def checkpoints(self, record: dict) -> dict[str, Path]:
+        out: dict[str, Path] = {}
+        for _, run, path in self._scored(record):  # a run evaluated under several variants: any missing one
+            if run["run_dir"] not in out or not path.is_file():
+                out[run["run_dir"]] = path
+        return out
+
     def run(self, record: dict, log=print) -> list[dict]:
         m = self.settings(record)
         multipliers = [int(x) for x in m.get("multipliers", [1, 2, 4, 8])]
         tokens = int(m.get("tokens", 32768))
-        folder = measurement_folder(record) / self.name
         out = []
-        for job in extrapolation_jobs(record):
-            for run in (r for r in record["runs"] if r["arm"] == job["arm"] and _finished(r)):
-                settings = {"multipliers": multipliers, "tokens": tokens, "overrides": job["overrides"],
-                            "run_dir": run["run_dir"]}
-                path = folder / f"{run['point']}--{job['variant']}.json"
-                if not path.is_file():
-                    log(f"extrapolation: {job['variant']} on {run['point']}")
-                result = cached(path, settings, lambda: evaluate_lengths(run["run_dir"], multipliers, tokens,
-                                                                          job["overrides"]))
-                out.append({**job, "seed": run["seed"], "cell": run["cell"], "point": run["point"], "result": result})
+        for job, run, path in self._scored(record):
+            settings = {"multipliers": multipliers, "tokens": tokens, "overrides": job["overrides"],
+                        "run_dir": run["run_dir"]}
+            if not path.is_file():
+                log(f"extrapolation: {job['variant']} on {run['point']}")
+            result = cached(path, settings, lambda: evaluate_lengths(run["run_dir"], multipliers, tokens,
+                                                                      job["overrides"]))
+            out.append({**job, "seed": run["seed"], "cell": run["cell"], "point": run["point"], "result": result})
         return out
 
     def section(self, ctx: Context) -> Section:

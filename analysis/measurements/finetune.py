@@ -140,13 +140,20 @@ class FinetuneMeasurement(Measurement):
                               "the budget's suffix), e.g. [[bert, t5]]")
         return s
 
-    def run(self, record: dict, log=print) -> list[dict]:
+    loads_checkpoints = True
+
+    def _scored(self, record: dict) -> list[tuple[dict, Path]]:
+        """(run, cache file) of every finished fine-tuning run."""
         folder = measurement_folder(record) / self.name
+        return [(run, folder / f"{run['point']}.json") for run in record.get("finetune_runs") or []
+                if (Path(run["run_dir"]) / "summary.json").is_file()]
+
+    def checkpoints(self, record: dict) -> dict[str, Path]:
+        return {run["run_dir"]: path for run, path in self._scored(record)}
+
+    def run(self, record: dict, log=print) -> list[dict]:
         out = []
-        for run in record.get("finetune_runs") or []:
-            if not (Path(run["run_dir"]) / "summary.json").is_file():
-                continue
-            path = folder / f"{run['point']}.json"
+        for run, path in self._scored(record):
             if not path.is_file():
                 log(f"finetune: scoring {run['point']} on the test split")
             result = cached(path, {"run_dir": run["run_dir"]}, lambda: test_scores(run["run_dir"]))

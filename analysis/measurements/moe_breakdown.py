@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -217,14 +218,26 @@ class MoEBreakdown(Measurement):
             check_int(s, key, where)
         return s
 
-    def run(self, record: dict, log=print) -> dict:
-        m = self.settings(record)
-        rounds, repeats, windows = int(m.get("rounds", 5)), int(m.get("repeats", 10)), m.get("windows")
-        first: dict[str, str] = {}  # arm -> run folder of its first seed (side arms train a model already timed)
+    loads_checkpoints = True
+
+    @staticmethod
+    def _first_runs(record: dict) -> dict[str, str]:
+        """arm -> run folder of its first seed (side arms train a model already timed)."""
+        first: dict[str, str] = {}
         side = {a.name for a in record_arms(record) if a.side}
         for run in sorted(record["runs"], key=lambda r: r["seed"]):
             if run["arm"] not in side and run["arm"] not in first and run.get("role", "seeded") == "seeded":
                 first[run["arm"]] = run["run_dir"]
+        return first
+
+    def checkpoints(self, record: dict) -> dict[str, Path]:
+        path = measurement_folder(record) / "moe_breakdown.json"
+        return {run_dir: path for run_dir in self._first_runs(record).values()}
+
+    def run(self, record: dict, log=print) -> dict:
+        m = self.settings(record)
+        rounds, repeats, windows = int(m.get("rounds", 5)), int(m.get("repeats", 10)), m.get("windows")
+        first = self._first_runs(record)
         settings = {"rounds": rounds, "repeats": repeats, "windows": windows, "threads": record.get("threads"),
                     "runs": first}
         path = measurement_folder(record) / "moe_breakdown.json"

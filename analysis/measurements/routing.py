@@ -11,6 +11,7 @@ Shape legend: T routing records, E experts, L layers.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -40,19 +41,29 @@ class Routing(Measurement):
         check_int(s, "held_out_tokens", where)
         return s
 
-    def run(self, record: dict, log=print) -> dict:
-        """Held-out MaxVio at the end of training of every finished run (cached per run)."""
-        tokens = int(self.settings(record).get("held_out_tokens", HELD_OUT_TOKENS))
+    loads_checkpoints = True
+
+    def _scored(self, record: dict) -> list[tuple[dict, Path]]:
+        """(run, cache file) of every finished run of a MoE model."""
         folder = measurement_folder(record) / "routing"
-        out = {}
+        out = []
         for r in record["runs"]:
             try:
                 run = open_run(r["run_dir"])
             except Exception:  # a missing or broken run: the report lists it elsewhere
                 continue
-            if run.status != "finished" or run.recipe.model.get("moe") is None:
-                continue
-            path = folder / f"{r['point']}.json"
+            if run.status == "finished" and run.recipe.model.get("moe") is not None:
+                out.append((r, folder / f"{r['point']}.json"))
+        return out
+
+    def checkpoints(self, record: dict) -> dict[str, Path]:
+        return {r["run_dir"]: path for r, path in self._scored(record)}
+
+    def run(self, record: dict, log=print) -> dict:
+        """Held-out MaxVio at the end of training of every finished run (cached per run)."""
+        tokens = int(self.settings(record).get("held_out_tokens", HELD_OUT_TOKENS))
+        out = {}
+        for r, path in self._scored(record):
             if not path.is_file():
                 log(f"routing: held-out MaxVio of {r['point']}")
             out[r["point"]] = cached(path, {"run_dir": r["run_dir"], "tokens": tokens},

@@ -87,17 +87,27 @@ class ValSampling(Measurement):
     name = "val_sampling"
     title = "Validation sampling error"
 
-    def run(self, record: dict, log=print) -> dict:
-        out = {}
+    loads_checkpoints = True
+
+    def _scored(self, record: dict) -> list[tuple[dict, Path]]:
+        """(run, cache file) of every finished run."""
         folder = measurement_folder(record) / "val_sampling"
+        out = []
         for r in record["runs"]:
             try:
                 finished = open_run(r["run_dir"]).status == "finished"
             except Exception:  # a missing or broken run: the report lists it elsewhere
                 finished = False
-            if not finished:
-                continue
-            path = folder / f"{r['point']}.json"
+            if finished:
+                out.append((r, folder / f"{r['point']}.json"))
+        return out
+
+    def checkpoints(self, record: dict) -> dict[str, Path]:
+        return {r["run_dir"]: path for r, path in self._scored(record)}
+
+    def run(self, record: dict, log=print) -> dict:
+        out = {}
+        for r, path in self._scored(record):
             if not path.is_file():
                 log(f"val_sampling: {r['point']}")
             out[r["point"]] = cached(path, {"run_dir": r["run_dir"]},

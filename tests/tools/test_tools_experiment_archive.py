@@ -141,3 +141,26 @@ def test_runs_a_run_still_to_train_starts_from_are_left_out(tmp_path, monkeypatc
 
     plain = archive_experiment(out, tmp_path / "c")  # no fine-tuning stage: only the unfinished point's start
     assert plain["folders"]["sweep"]["left_out"] == ["gpt-seed1-t"] and plain["folders"]["tune"]["runs"] == 5
+
+
+def test_runs_a_measurement_still_has_to_score_are_left_out(tmp_path):
+    """A run whose checkpoint the cloze has not scored yet (no cache file), or that the record does not list yet
+    (written before it finished), stays out: a restored run has no checkpoint to score."""
+    from tools.experiment import load_spec
+
+    out = tmp_path / "runs"
+    _manifest(out / "sweep", [(f"gpt-seed{s}-t", "gpt", "") for s in range(3)])
+    for s in range(3):
+        _run(out / "sweep" / f"gpt-seed{s}-t")
+    spec = load_spec(_spec(tmp_path))
+    runs = [{"arm": "gpt", "seed": s, "point": f"gpt-seed{s}-t", "run_dir": str(out / "sweep" / f"gpt-seed{s}-t")}
+            for s in (0, 1)]  # seed 2 finished after the record was written
+    (out / "experiment.json").write_text(json.dumps({"spec": {**spec.to_dict(), "out": "elsewhere"}, "arms": [],
+                                                     "runs": runs}))
+    (out / "measurements" / "cloze").mkdir(parents=True)
+    (out / "measurements" / "cloze" / "gpt-seed0-t.json").write_text("{}")
+    index = archive_experiment(out, tmp_path / "a", measurements=["cloze"])
+    assert index["folders"]["sweep"]["left_out"] == ["gpt-seed1-t", "gpt-seed2-t"]
+    assert index["folders"]["sweep"]["runs"] == 1
+    # a measurement that loads no checkpoint (throughput times fresh models) keeps nothing out
+    assert archive_experiment(out, tmp_path / "b", measurements=["throughput"])["folders"]["sweep"]["runs"] == 3

@@ -15,7 +15,10 @@ one in every file (run records, manifests, caches), so that the stages find thei
 A restored run has no checkpoint, so the archive leaves out the finished runs that a run still to train starts
 from: a trunk whose branches are not all done, a pre-trained run before its fine-tuning (a seeded run until its
 fine-tuned run is done; of an arm's lr grid, the best run so far until its fine-tuning lr is tuned, since that
-tuning starts from the grid's best); they train again after a restore.
+tuning starts from the grid's best); they train again after a restore. So are the finished runs whose checkpoints a
+measurement of the spec still has to score (its cache is missing: ``Measurement.checkpoints``, read from
+``experiment.json``; without a record, every finished seeded and fine-tuned run when the spec names such a
+measurement): archive after ``run`` has measured.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import math
 import shutil
 from pathlib import Path
 
+from analysis.measurements import MEASUREMENTS as KINDS
 from analysis.run_archive import read_archive, slim_run, write_archive, write_run
 from archlab.io import write_json_atomic, write_text_atomic
 from archlab.train.run_folder import METRICS
@@ -89,6 +93,28 @@ def _still_needed(out: Path, manifests: dict[Path, list[dict]], finetune: bool) 
     return needed
 
 
+def _to_measure(out: Path, manifests: dict[Path, list[dict]], wanted) -> set[str]:
+    """The finished runs whose checkpoints a measurement the spec names (``wanted``) has not scored yet: those
+    its ``checkpoints`` names without a cache file, from the record (``experiment.json``), which points at
+    ``out``'s caches; and every finished run of a seeded or fine-tuning sweep folder the record does not list (it
+    was written before they finished) when any of these measurements loads checkpoints."""
+    scoring = [KINDS[n] for n in wanted if n in KINDS and KINDS[n].loads_checkpoints]
+    if not scoring:
+        return set()
+    record = json.loads((out / RECORD).read_text()) if (out / RECORD).is_file() else {"runs": []}
+    listed = {r["run_dir"] for r in record["runs"] + (record.get("finetune_runs") or [])}
+    needed = set()
+    if "spec" in record:
+        record["spec"]["out"] = str(out)  # the caches beside the runs, wherever the record was written
+        needed = {run_dir for m in scoring for run_dir, cache in m.checkpoints(record).items()
+                  if not cache.is_file()}
+    for rel, points in manifests.items():
+        if (len(rel.parts) == 1 and rel.name.startswith("sweep")) or rel == Path("finetune/sweep"):
+            needed.update(str(out / rel / q["name"]) for q in points if str(out / rel / q["name"]) not in listed
+                          and run_dir_state(out / rel / q["name"]) == "finished")
+    return needed
+
+
 def _best_tuning_runs(out: Path, manifests: dict[Path, list[dict]], done: set[str]) -> set[str]:
     """Of each arm whose fine-tuning lr is not tuned yet, the finished pre-training tuning runs that may be where
     that tuning starts: the grid's best so far (``tools.experiment_tuning.score``; every finished run when none
@@ -125,10 +151,11 @@ def _points(folder: Path, archived: Path) -> list[dict]:
     return points
 
 
-def archive_experiment(out: Path, dest: Path, finetune: bool = False) -> dict:
+def archive_experiment(out: Path, dest: Path, finetune: bool = False, measurements=()) -> dict:
     """Write ``out``'s finished runs, manifests and measurement caches into ``dest`` (see the module), less the runs
-    a run still to train starts from (:func:`_still_needed`; ``finetune``: the spec has a fine-tuning stage); runs
-    already archived there stay. Returns the index written (``archive.json``)."""
+    a run still to train starts from (:func:`_still_needed`; ``finetune``: the spec has a fine-tuning stage) or a
+    measurement still has to score (:func:`_to_measure`; ``measurements``: the names the spec wants); runs already
+    archived there stay. Returns the index written (``archive.json``)."""
     out, dest = Path(out).resolve(), Path(dest).resolve()
     if dest == out or out in dest.parents:
         raise ValueError(f"archive: the archive folder {dest} lies inside the runs folder {out}; give one outside "
@@ -136,7 +163,7 @@ def archive_experiment(out: Path, dest: Path, finetune: bool = False) -> dict:
     if not out.is_dir() or not ((out / RECORD).is_file() or _sweep_folders(out)):
         raise ValueError(f"archive: {out} holds no experiment runs; run `python -m tools.experiment run SPEC` first")
     manifests = {rel: _points(out / rel, dest / rel) for rel in _sweep_folders(out)}
-    needed = _still_needed(out, manifests, finetune)
+    needed = _still_needed(out, manifests, finetune) | _to_measure(out, manifests, measurements)
     folders = {}
     for rel, points in manifests.items():
         done = {q["name"] for q in points if run_dir_state(out / rel / q["name"]) in ("finished", "diverged")

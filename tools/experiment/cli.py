@@ -150,10 +150,11 @@ def archive_or_restore(spec: Spec, args) -> int:
     default = Path(spec.report) / "runs" if spec.report and not spec.quick else Path(f"{spec.out}-archive")
     folder = Path(getattr(args, "dest", None) or getattr(args, "src", None) or default)
     if args.command == "archive":
-        index = archive.archive_experiment(Path(spec.out), folder, finetune=spec.finetune is not None)
+        index = archive.archive_experiment(Path(spec.out), folder, finetune=spec.finetune is not None,
+                                           measurements=list(spec.wanted))
         for rel, n in index["folders"].items():
-            left = f" ({len(n['left_out'])} finished left out: a run still to train starts from them)" \
-                if n["left_out"] else ""
+            left = (f" ({len(n['left_out'])} finished left out: a run still to train starts from them, or a "
+                    "measurement still to score loads them)") if n["left_out"] else ""
             print(f"{rel}: {n['runs']} of {n['points']} runs archived{left}")
         print(f"archive: {folder} ({len(index['files'])} measurement and record files beside)")
         return 0
