@@ -153,26 +153,32 @@ class Cloze(Measurement):
         by_arm: dict[str, dict[int, dict]] = {}
         for r in results:
             by_arm.setdefault(r["arm"], {})[r["seed"]] = r["result"]
-        ref = by_arm.get(ctx.reference, {})
+        groups = ctx.spec.budget_groups()  # each arm against the reference of its own pre-training budget
+        ref_of = {name: arms.get(ctx.spec.base_reference(), ctx.reference) for _, _, arms in groups
+                  for name in arms.values()}
         rows, data = [], []
         for g in ctx.arm_groups():
             res = by_arm.get(g.arm)
             if not res:
                 continue
+            reference = ref_of.get(g.arm, ctx.reference)
+            ref = by_arm.get(reference, {})
             acc = {s: x["accuracy"] for s, x in res.items()}
             nll = {s: x["nll"] for s, x in res.items()}
             d = {"arm": g.arm, "label": g.label, "model_type": next(iter(res.values()))["model_type"],
                  "accuracy": t_interval(list(acc.values())), "nll": t_interval(list(nll.values())),
+                 "reference": reference,
                  "vs_reference_accuracy": paired_difference(acc, {s: x["accuracy"] for s, x in ref.items()})
-                 if g.arm != ctx.reference and ref else None,
+                 if g.arm != reference and ref else None,
                  "vs_reference_nll": paired_difference(nll, {s: x["nll"] for s, x in ref.items()})
-                 if g.arm != ctx.reference and ref else None,
+                 if g.arm != reference and ref else None,
                  "params": g.costs["params_total"], "tokens_per_s": g.speed(),
                  "train_memory_bytes": g.costs.get("train_memory_bytes"), "activation_bytes": g.costs.get(
                      "activation_bytes"), "peak_rss_bytes": g.measured()["peak_rss_bytes"]}
             data.append(d)
-            vs = (f"{fmt_ci(d['vs_reference_accuracy'], signed=True)} / {fmt_ci(d['vs_reference_nll'], signed=True)}"
-                  if d["vs_reference_accuracy"] else "reference")
+            named = f"vs `{reference}`: " if len(groups) > 1 else ""
+            vs = (f"{named}{fmt_ci(d['vs_reference_accuracy'], signed=True)} / "
+                  f"{fmt_ci(d['vs_reference_nll'], signed=True)}" if d["vs_reference_accuracy"] else "reference")
             rows.append([f"{g.label} (`{g.arm}`)", d["model_type"], fmt_ci(d["accuracy"]), fmt_ci(d["nll"]), vs,
                          fmt_count(d["params"]), fmt_count(d["tokens_per_s"]),
                          f"{fmt_bytes(d['train_memory_bytes'])} ({fmt_bytes(d['activation_bytes'])} activations)",
@@ -182,12 +188,15 @@ class Cloze(Measurement):
               "items for every run (one tokenizer). A causal decoder predicts it from the ids before it only; an "
               "encoder from both sides (the mask id in its place); an encoder-decoder from both sides (a one-id "
               "span behind its first sentinel, the decoder fed [start, sentinel]). Distributions renormalised over "
-              "the text ids. Intervals: 95% t over seeds; differences paired by seed.\n\n"
+              "the text ids. Intervals: 95% t over seeds; differences paired by seed"
+              + (", each arm against the reference of its own pre-training budget" if len(groups) > 1 else "")
+              + ".\n\n"
               + "Memory: the cost model's training step (fp32 weights, gradients and AdamW states, and the "
               "activations of one micro batch; `archlab.costs.training_memory`) and the runs' measured peak resident "
               "memory (the whole process: Python, torch, the corpus).\n\n"
               + table(["arm", "model type", "accuracy [95% CI]", "NLL of the answer (nats) [95% CI]",
-                       f"vs `{ctx.reference}`: accuracy / NLL (paired)", "params", "tokens/s",
+                       "vs its budget's reference: accuracy / NLL (paired)" if len(groups) > 1
+                       else f"vs `{ctx.reference}`: accuracy / NLL (paired)", "params", "tokens/s",
                        "training memory (cost model)", "peak RSS (measured)"], rows))
         figures: list[str] = []
         md += figure_md(figures, plot_cloze(data, ctx.out / "cloze.png"), "cloze accuracy and NLL per arm")

@@ -211,9 +211,33 @@ class FinetuneMeasurement(Measurement):
                     cells.append(acc + ("" if v is None or v["mean"] is None else f"; {v['mean']:+.3f} ({v['class']})"))
                 rows.append([f"`{b}`", *cells])
             md += table(["arm", *[budget_text(g["budget"]) for g in s["groups"]]], rows) + "\n\n"
+        md += tuning_table(ctx.record, label)
         figures: list[str] = []
         md += figure_md(figures, plot_trend(s, ctx.out / "finetune.png"), "fine-tuned test accuracy per budget")
         return Section(self.title, md, figures, s)
+
+
+def tuning_table(record: dict, label: dict) -> str:
+    """Each arm's fine-tuning lr grid (``tools.experiment_finetune``'s tuning, in the record): the validation loss
+    at each lr, the lr chosen and whether the grid brackets it; a loss at or above ln 2 is marked: on a balanced
+    two-way task such a run is no better than predicting 0.5."""
+    tuned = record.get("finetune_tuning") or {}
+    if not tuned:
+        return ""
+    inits = record.get("finetune_tune_inits") or {}
+    rows = []
+    for arm, t in tuned.items():
+        losses = ", ".join("diverged" if d else "-" if v is None else f"{v:.3f}" + (" (>= ln 2)" if v >= math.log(2)
+                                                                                    else "")
+                           for v, d in zip(t["losses"], t["diverged"]))
+        where = "bracketed" if t["bracketed"] else "at the edge of the grid, extension limit hit"
+        rows.append([f"{label.get(arm, arm)} (`{arm}`)", f"`{Path(inits[arm]).name}`" if arm in inits else "-",
+                     ", ".join(f"{lr:g}" for lr in t["lrs"]), losses, f"**{t['lr']:.3g}**", where])
+    return ("**Fine-tuning lr, tuned per arm** (one fine-tuning run per lr from the arm's best pre-training tuning "
+            "run, at the tuning seed; scored on the task's validation loss, chosen as the pre-training lr is; "
+            f"chance: ln 2 = {math.log(2):.3f} nats)\n\n"
+            + table(["arm", "fine-tuned from", "lrs tried", "validation loss at each lr (nats)", "chosen lr", "where"],
+                    rows) + "\n\n")
 
 
 def plot_trend(s: dict, path):

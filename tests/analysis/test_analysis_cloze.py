@@ -48,3 +48,26 @@ def test_each_model_type_reads_its_own_context(recipe, vocab, kind, sees_right):
     torch.testing.assert_close(cloze_log_probs(model, kind, answer, pos, TEXT), lp)  # never read
     changed = cloze_log_probs(model, kind, right, pos, TEXT)
     assert (not torch.allclose(changed, lp)) == sees_right
+
+
+def test_each_arm_is_compared_with_the_reference_of_its_own_budget(root, tmp_path):
+    """With ``budgets:`` the 5M-token BERT is paired with the 5M-token GPT, not with the spec's reference (the
+    2.5M-token GPT): a comparison across budgets would measure the budget, not the model type."""
+    from types import SimpleNamespace
+
+    from analysis.measurements.cloze import Cloze
+    from tools.experiment import load_spec
+
+    spec = load_spec(str(root / "experiments/model-types.yaml"))
+    acc = {"gpt-tok2.5e6": (0.40, 0.50), "gpt-tok5e6": (0.60, 0.70), "bert-tok5e6": (0.50, 0.62)}
+    results = [{"arm": arm, "seed": s, "result": {"accuracy": a, "nll": 3.0 - a, "model_type": "x", "items": 8}}
+               for arm, values in acc.items() for s, a in enumerate(values)]
+    group = lambda arm: SimpleNamespace(  # noqa: E731
+        arm=arm, label=arm, costs={"params_total": 1, "train_memory_bytes": 1, "activation_bytes": 1},
+        speed=lambda: 1.0, measured=lambda: {"peak_rss_bytes": 1})
+    ctx = SimpleNamespace(spec=spec, reference=spec.reference, measures={"cloze": results}, out=tmp_path,
+                          arm_groups=lambda: [group(a) for a in acc])
+    data = {d["arm"]: d for d in Cloze().section(ctx).data["arms"]}
+    assert data["gpt-tok5e6"]["vs_reference_accuracy"] is None  # the 5M budget's reference itself
+    assert data["bert-tok5e6"]["reference"] == "gpt-tok5e6"
+    assert data["bert-tok5e6"]["vs_reference_accuracy"]["mean"] == pytest.approx(-0.09)

@@ -130,3 +130,17 @@ def test_a_side_arm_meets_its_compare_arm_and_pairs_add_comparisons_in_every_bud
     assert side["mean"] == pytest.approx(0.1) and side["class"].startswith("worse")  # +0.1 nats on every seed
     first = min(s["verdicts"], key=lambda v: v["p_difference"])  # Holm over the 6: the smallest p times 6
     assert first["p_difference_holm"] == pytest.approx(min(1.0, 6 * first["p_difference"]))
+
+
+def test_the_fine_tuning_lr_table_marks_runs_no_better_than_chance_and_an_unbracketed_lr():
+    from analysis.measurements.finetune import tuning_table
+
+    record = {"finetune_tuning": {"gpt-tok5e6": {
+        "lrs": [3e-4, 1e-3, 3e-3, 1e-2], "losses": [0.735, 0.716, 0.709, 0.6923], "diverged": [False] * 4,
+        "lr": 1e-2, "bracketed": False}},
+        "finetune_tune_inits": {"gpt-tok5e6": "/runs/tune/gpt-tok5e6-lr0.006-tok5e6"}}
+    md = tuning_table(record, {"gpt-tok5e6": "GPT"})
+    row = next(line for line in md.splitlines() if line.startswith("| GPT"))
+    assert "0.735 (>= ln 2)" in row and "0.692," not in row and "0.692 (" not in row
+    assert "`gpt-tok5e6-lr0.006-tok5e6`" in row and "**0.01**" in row and "extension limit hit" in row
+    assert tuning_table({}, {}) == ""
