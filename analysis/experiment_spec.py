@@ -143,6 +143,15 @@ def budget_tag(b: Budget) -> str:
     return f"{'tok' if b.kind == 'tokens' else 'flop'}{number}"
 
 
+def budget_words(b: Budget) -> str:
+    """2.5e6 tokens -> '2.5M tokens': a budget as an arm's label names it (``budgets:``)."""
+    value, kind = float(b.value), "tokens" if b.kind == "tokens" else "FLOPs"
+    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= size:
+            return f"{value / size:.3g}{unit} {kind}"
+    return f"{value:.3g} {kind}"
+
+
 def budget_arm(base: str, b: Budget) -> str:
     """The name of arm ``base`` at pre-training budget ``b`` (``budgets:``): ``gpt-tok5e6``."""
     return f"{base}-{budget_tag(b)}"

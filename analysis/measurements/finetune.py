@@ -241,17 +241,20 @@ def tuning_table(record: dict, label: dict) -> str:
 
 
 def plot_trend(s: dict, path):
-    """Test accuracy (95% CI over seeds) against the pre-training budget, one line per arm."""
+    """Test accuracy (95% CI over seeds) against the pre-training budget, one line per arm (the arms side by side
+    around each budget, so that their intervals do not hide one another)."""
     groups = s["groups"]
     if not groups:
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
     xs = [float(next(iter(g["budget"].values()))) for g in groups]
+    log = len(xs) > 1 and min(xs) > 0 and not math.isclose(min(xs), max(xs))
     bases = list(dict.fromkeys(a["base"] for g in groups for a in g["arms"]))
     for i, b in enumerate(bases):
-        pts = [(x, a) for x, g in zip(xs, groups) for a in g["arms"] if a["base"] == b
-               and a["accuracy"]["mean"] is not None]
+        shift = (i - (len(bases) - 1) / 2) * 0.025  # a few percent of a decade (or of the budget) per arm
+        pts = [(x * 10 ** shift if log else x * (1 + shift), a) for x, g in zip(xs, groups) for a in g["arms"]
+               if a["base"] == b and a["accuracy"]["mean"] is not None]
         if not pts:
             continue
         err = [errbar(a["accuracy"]) or [[0.0], [0.0]] for _, a in pts]
@@ -259,10 +262,14 @@ def plot_trend(s: dict, path):
                     yerr=[[e[0][0] for e in err], [e[1][0] for e in err]], fmt="o-", capsize=4,
                     color=COLORS[i % len(COLORS)], label=b)
     base = groups[0]["arms"][0]["baselines"]
-    ax.axhline(base["majority"], color="grey", ls="--", lw=1, label="majority")
-    if len(xs) > 1 and min(xs) > 0 and not math.isclose(min(xs), max(xs)):
+    ax.axhline(base["majority"], color="grey", ls="--", lw=1, label="majority (= chance)"
+               if math.isclose(base["majority"], base["chance"]) else "majority")
+    if log:
         ax.set_xscale("log")
+    ax.set_xticks(xs, [budget_text(g["budget"]) for g in groups])
+    ax.minorticks_off()
     style_axes(ax, "Fine-tuned test accuracy against pre-training budget", f"pre-training budget "
-               f"({next(iter(groups[0]['budget']))})", "test accuracy (95% CI over seeds)", legend=True)
+               f"({next(iter(groups[0]['budget']))})", "test accuracy (95% CI over seeds)", legend=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     return save_figure(fig, path)

@@ -48,6 +48,10 @@ def test_budgets_give_every_arm_once_per_budget_with_its_relations_renamed(tmp_p
     assert groups[1][2] == {"gpt": "gpt-tok8192", "wide": "wide-tok8192", "side": "side-tok8192"}
     assert "finetune" in spec.wanted  # the fine-tuning stage's report section comes with it
     assert load_spec(_spec(tmp_path)).to_dict() == type(spec).from_dict(spec.to_dict()).to_dict()
+    # a labelled arm's label names its budget (the same model twice in every table and figure otherwise)
+    labelled = load_spec(_spec(tmp_path, arms=[{"name": "gpt", "label": "GPT", "recipe": "recipes/dense/tiny.yaml"}],
+                               budgets=[{"tokens": 2.5e6}, {"tokens": 5.0e6}]))
+    assert [a.label for a in labelled.arms] == ["GPT, 2.5M tokens", "GPT, 5M tokens"]
 
 
 @pytest.mark.parametrize("over,message", [

@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from analysis.experiment_spec import ArmSpec, Budget, Spec, budget_arm, budget_tag
+from analysis.experiment_spec import ArmSpec, Budget, Spec, budget_arm, budget_tag, budget_words
 from analysis.measurements import MEASUREMENTS
 from archlab.config import RecipeError
 from tools import experiment_ceg, experiment_finetune, experiment_seeds, experiment_tuning, sweep
@@ -145,6 +145,8 @@ def expand_budgets(raw: dict, path) -> Optional[list[Budget]]:
             if entry.get("budget"):
                 raise RecipeError(f"{path}: arms[{i}].budget: with budgets: every arm trains at each budget")
             e = {**entry, "name": budget_arm(str(entry["name"]), b), "budget": b.to_dict()}
+            if entry.get("label"):  # the same model at two budgets: the label says which
+                e["label"] = f"{entry['label']}, {budget_words(b)}"
             parent = previous if entry.get("extends") == "previous" else entry.get("extends")
             if parent:
                 e["extends"] = budget_arm(str(parent), b)
