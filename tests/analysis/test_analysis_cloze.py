@@ -2,12 +2,15 @@
 decoder from the left only, an encoder and an encoder-decoder from both sides), distributions over the text
 ids only."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 
 import archlab
-from analysis.measurements.cloze import cloze_items, cloze_log_probs
+from analysis.measurements.cloze import Cloze, cloze_items, cloze_log_probs
+from tools.experiment import load_spec
 
 TEXT = 290  # text ids of the models below (the ids above: mask, start, sentinels)
 
@@ -53,11 +56,6 @@ def test_each_model_type_reads_its_own_context(recipe, vocab, kind, sees_right):
 def test_each_arm_is_compared_with_the_reference_of_its_own_budget(root, tmp_path):
     """With ``budgets:`` the 5M-token BERT is paired with the 5M-token GPT, not with the spec's reference (the
     2.5M-token GPT): a comparison across budgets would measure the budget, not the model type."""
-    from types import SimpleNamespace
-
-    from analysis.measurements.cloze import Cloze
-    from tools.experiment import load_spec
-
     spec = load_spec(str(root / "experiments/model-types.yaml"))
     acc = {"gpt-tok2.5e6": (0.40, 0.50), "gpt-tok5e6": (0.60, 0.70), "bert-tok5e6": (0.50, 0.62)}
     results = [{"arm": arm, "seed": s, "result": {"accuracy": a, "nll": 3.0 - a, "model_type": "x", "items": 8}}

@@ -11,7 +11,7 @@ from scipy import stats
 
 from analysis.experiment_spec import ArmSpec, Budget, Finetune, Spec, Tune
 from analysis.experiments import paired_difference
-from analysis.measurements.finetune import summarise
+from analysis.measurements.finetune import summarise, tuning_table
 from analysis.verdicts import LN_CEG, NATS, family
 
 B1, B2 = Budget("tokens", 1.0e6), Budget("tokens", 2.0e6)
@@ -133,8 +133,6 @@ def test_a_side_arm_meets_its_compare_arm_and_pairs_add_comparisons_in_every_bud
 
 
 def test_the_fine_tuning_lr_table_marks_runs_no_better_than_chance_and_an_unbracketed_lr():
-    from analysis.measurements.finetune import tuning_table
-
     record = {"finetune_tuning": {"gpt-tok5e6": {
         "lrs": [3e-4, 1e-3, 3e-3, 1e-2], "losses": [0.735, 0.716, 0.709, 0.6923], "diverged": [False] * 4,
         "lr": 1e-2, "bracketed": False}},

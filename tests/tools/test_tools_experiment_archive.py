@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.experiment import archive, main
+from tools.experiment import archive, load_spec, main
 from tools.experiment.archive import archive_experiment, restore_experiment
 
 FT = {"set": ["train.objective=classify", "train.classify_train_examples=64", "train.classify_eval_examples=32",
@@ -146,8 +146,6 @@ def test_runs_a_run_still_to_train_starts_from_are_left_out(tmp_path, monkeypatc
 def test_runs_a_measurement_still_has_to_score_are_left_out(tmp_path):
     """A run whose checkpoint the cloze has not scored yet (no cache file), or that the record does not list yet
     (written before it finished), stays out: a restored run has no checkpoint to score."""
-    from tools.experiment import load_spec
-
     out = tmp_path / "runs"
     _manifest(out / "sweep", [(f"gpt-seed{s}-t", "gpt", "") for s in range(3)])
     for s in range(3):

@@ -14,6 +14,7 @@ import pytest
 from archlab.config import RecipeError
 from tools import experiment, experiment_ceg, experiment_tuning
 from tools.experiment import load_spec, resolve_arms
+from tools.sweep.manifest import write_manifest
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +89,6 @@ def _fake_sweep(monkeypatch, optimum: dict[str, float], learns_below: float = ma
     """run_sweep that 'trains' every point instantly; final loss (log10(lr / optimum))^2 per arm; a run
     whose lr is at or above ``learns_below`` ends at the unigram loss (did not learn)."""
     from tools import sweep
-    from tools.sweep.manifest import write_manifest
 
     seen = []
 
