@@ -54,10 +54,19 @@ def adamw_groups(roles: list, weight_decay: float, m: Optional[float]) -> list[d
     return groups + [{"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0, "name": "no_decay"}]
 
 
+def adamw_kernel(cuda: Optional[bool] = None) -> dict:
+    """How AdamW runs its step: ``fused`` (one kernel for all tensors) where the run trains on CUDA
+    (``cuda``; default: CUDA is available, so the trainer moves the model there), else ``foreach``
+    (batched over the tensors). On CPU foreach gives the per-tensor loop's numbers bit for bit
+    (tests/train/test_train_optim.py); CUDA's fused kernel may differ from it in the last bit."""
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    return {"fused": True, "foreach": None} if cuda else {"fused": None, "foreach": True}
+
+
 @OPTIMIZERS.register("adamw")
 class AdamWOptimizer(OptimizerSpec):
-    """``torch.optim.AdamW`` (``foreach=False``) over :func:`adamw_param_groups`; ``train.lr``,
-    ``train.betas``, ``train.eps``, ``train.weight_decay``. Every backend."""
+    """``torch.optim.AdamW`` over :func:`adamw_param_groups`; ``train.lr``, ``train.betas``, ``train.eps``,
+    ``train.weight_decay``. Every backend. Its kernel: :func:`adamw_kernel` (fused on CUDA, foreach elsewhere)."""
 
     name = "adamw"
 
@@ -92,7 +101,20 @@ class AdamWOptimizer(OptimizerSpec):
         for g in groups:
             g["lr"] = t.lr * g["lr_scale"]
         betas = (float(t.betas[0]), float(t.betas[1]))
-        optimizer = torch.optim.AdamW(groups, lr=t.lr, betas=betas, eps=t.eps, foreach=False)
-        keep_lr_scales(optimizer)
+        optimizer = torch.optim.AdamW(groups, lr=t.lr, betas=betas, eps=t.eps, **adamw_kernel())
+        keep_lr_scales(optimizer, ("lr_scale", "foreach", "fused"))  # a checkpoint's kernel choice is not kept
+        optimizer.register_load_state_dict_post_hook(_fused_steps_on_param_device)
         return optimizer
+
+
+def _fused_steps_on_param_device(optimizer: torch.optim.Optimizer) -> None:
+    """After loading a state written by a foreach AdamW (``step`` a CPU scalar) into a fused one: each
+    ``step`` on its parameter's device, in fp32, where the fused kernel reads it (torch casts by the
+    saved groups' flags, not the loading optimizer's)."""
+    for group in optimizer.param_groups:
+        if group.get("fused"):
+            for p in group["params"]:
+                state = optimizer.state.get(p, {})
+                if torch.is_tensor(state.get("step")):
+                    state["step"] = state["step"].to(dtype=torch.float32, device=p.device)
 

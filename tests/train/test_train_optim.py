@@ -88,3 +88,52 @@ def test_constant_schedule_and_no_warmup():
     assert [lr_at(s, t) for s in range(10)] == [0.5] * 10
     t = _train_cfg(lr=0.5, warmup_steps=0, max_steps=10, schedule="cosine", min_lr_ratio=0.0)
     assert lr_at(0, t) == 0.5 and math.isclose(lr_at(10, t), 0.0, abs_tol=1e-12)
+
+
+def _steps(opt, params, n=6):
+    gen = torch.Generator().manual_seed(1)
+    for i in range(n):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen) * 10.0 ** (i % 3 - 1)
+        opt.step()
+
+
+def test_adamw_runs_foreach_on_cpu_with_the_loop_numbers(root):
+    """The trainer's AdamW (foreach without CUDA, fused with it) repeats the per-tensor loop
+    (``foreach=False``, what it ran before) bit for bit on CPU, muP-free groups and weight decay
+    included; a state written by the loop loads into it and keeps its kernel."""
+    cfg = archlab.load_recipe(root / "recipes/llama/tiny.yaml", ["model.n_layers=1", "model.vocab_size=300"])
+    torch.manual_seed(0)
+    model = archlab.build_model(cfg)
+    twin = archlab.build_model(cfg)
+    twin.load_state_dict(model.state_dict())
+    opt = build_optimizer(model, cfg.train)
+    assert opt.param_groups[0]["foreach"] is True and not opt.param_groups[0]["fused"]
+    loop = build_optimizer(twin, cfg.train)
+    for g in loop.param_groups:
+        g["foreach"] = False
+    _steps(opt, list(model.parameters()))
+    _steps(loop, list(twin.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
+    opt.load_state_dict(loop.state_dict())
+    assert all(g["foreach"] is True for g in opt.param_groups)
+
+
+def test_adamw_is_fused_where_cuda_is(root, monkeypatch):
+    """With CUDA the kernel is fused (here on CPU, where torch runs fused AdamW too); a foreach state
+    loads into it with its step counters where the fused kernel wants them (fp32)."""
+    from archlab.optim.adamw import adamw_kernel
+
+    assert adamw_kernel(cuda=True) == {"fused": True, "foreach": None}
+    assert adamw_kernel(cuda=False) == {"fused": None, "foreach": True}
+    cfg = archlab.load_recipe(root / "recipes/llama/tiny.yaml", ["model.n_layers=1", "model.vocab_size=300"])
+    model = archlab.build_model(cfg)
+    foreach = build_optimizer(model, cfg.train)
+    _steps(foreach, list(model.parameters()), n=2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    fused = build_optimizer(model, cfg.train)
+    fused.load_state_dict(foreach.state_dict())
+    assert all(g["fused"] is True and not g["foreach"] for g in fused.param_groups)
+    steps = [s["step"] for s in fused.state.values()]
+    assert steps and all(s.dtype == torch.float32 and float(s) == 2.0 for s in steps)
+    _steps(fused, list(model.parameters()), n=1)
