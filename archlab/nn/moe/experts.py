@@ -12,7 +12,8 @@ one row and each row at most one slot), so their backward passes are gathers too
 scatter-add anywhere. Two batched forms of the GEMMs:
 
 - grouped: ``torch.nn.functional.grouped_mm`` over the sorted rows with per-expert offsets (no
-  padding); used on CUDA (bf16), on single-threaded CPU, and on CPU when padding would be large;
+  padding); used on CUDA (bf16: under autocast too, see below), on single-threaded CPU, on CPU
+  when padding would be large, and always while compiling;
 - padded: the rows placed on an (E, C, D) grid, C = the largest expert load, one ``bmm``; on
   multi-threaded CPU (where grouped_mm is a loop of mm, one parallel region each) it is the
   faster one while padding stays moderate, and it serves every dtype and width grouped_mm has
@@ -22,13 +23,22 @@ Under ``torch.compile`` no shape may depend on the routing (reading a load on th
 graph break, and a shape it sets is data-dependent). Every index tensor here is sized by N, K, E
 and C alone (dropped slots and padding rows are kept as rows that are computed and never read),
 so only two choices read the loads, and both become static while compiling
-(``GroupedExperts.layout``): grouped-vs-padded is decided without the padding ratio (grouped_mm
-wherever it has a kernel), and the padded grid's C is the capacity, or for dropless routing N,
-the largest load possible (a token visits an expert at most once). Dropless routing is fully
-static with grouped_mm (R = N*K rows, per-expert offsets are a tensor; outside bf16 through
-``archlab::grouped_mm``, see ``grouped_linear``); only where grouped_mm has no kernel (odd
-widths; CUDA outside bf16) does a compiled dropless layer pay the worst-case grid, E/K times the
-packed rows.
+(``GroupedExperts.layout``): the rows are always packed (R = N*K, or E*C when capacity keeps
+fewer), and the grouped matmul runs as torch's grouped_mm where it has a kernel, elsewhere
+(odd widths; CUDA outside bf16) as the opaque op ``archlab::grouped_mm``, which pads each group
+to the step's real largest load inside itself (see ``compilable_grouped_mm``): E times the
+largest load rows, never E*N. Only an explicit ``mode = "padded"`` keeps the static grid (C = the
+capacity, or N when dropless).
+
+Mixed precision: autocast lowers matmul-type ops only, and grouped_mm is not one of them, so
+under autocast the routed rows and the expert weights are cast to autocast's dtype here
+(``expert_dtype``), as torchtitan and OLMo-core do before their grouped GEMMs: the experts then
+run in bf16 on every path, and on CUDA the bf16 grouped GEMM is the one taken.
+
+Host reads of the routing ("host syncs": each stalls an asynchronous device until the GPU has
+caught up) happen only where they cost nothing or buy a smaller grid: on CPU (the eager choice
+between grouped and padded, and skipping dropped slots' rows), and where grouped_mm has no kernel
+(the eager padded grid, the opaque op's fallback: one read each). The CUDA bf16 path reads nothing.
 """
 
 from __future__ import annotations
@@ -125,10 +135,24 @@ class _ContiguousGrad(torch.autograd.Function):
         return g.contiguous()
 
 
+def expert_dtype(x: Tensor) -> torch.dtype:
+    """The dtype the expert matmuls run in: autocast's where autocast is on for ``x``'s device
+    (it lowers matmul-type ops only, and grouped_mm is not one of them), else ``x``'s own."""
+    device = x.device.type
+    if x.is_floating_point() and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return x.dtype
+
+
 def _grouped_mm_ok(x: Tensor, w: Tensor) -> bool:
     """grouped_mm has kernels on CPU (fp32, bf16, fp16) and on CUDA for bf16 (SM80+); rows of
     both operands must be a multiple of 16 bytes long."""
-    if not hasattr(F, "grouped_mm") or any(n * x.element_size() % 16 for n in w.shape[1:]):
+    return _has_kernel(x, w.shape[1:])
+
+
+def _has_kernel(x: Tensor, widths) -> bool:
+    """Whether grouped_mm has a kernel for ``x``'s dtype and device with rows ``widths`` long."""
+    if not hasattr(F, "grouped_mm") or any(n * x.element_size() % 16 for n in widths):
         return False
     if x.device.type == "cpu":
         return x.dtype in (torch.float32, torch.bfloat16, torch.float16)
@@ -140,8 +164,35 @@ def compilable_grouped_mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
     """``F.grouped_mm(a, b, offs=offs)`` as an op torch.compile treats as opaque: torch's own fake
     (meta) grouped_mm accepts bf16 only, as its CUDA kernel does, so an fp32 or fp16 grouped_mm
     (which has CPU kernels) cannot be traced. Forms: (R, X) x (E, X, Y) -> (R, Y), differentiable;
-    (X, R) x (R, Y) -> (E, X, Y), the weight gradient."""
-    return F.grouped_mm(a, b, offs=offs)
+    (X, R) x (R, Y) -> (E, X, Y), the weight gradient. Where grouped_mm has no kernel (the dtype,
+    the device or the widths) it runs :func:`padded_grouped_mm` instead: same result."""
+    if _has_kernel(a, (a.shape[1] if b.dim() == 3 else a.shape[0], b.shape[-1])):
+        return F.grouped_mm(a, b, offs=offs)
+    return padded_grouped_mm(a, b, offs)
+
+
+def padded_grouped_mm(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
+    """grouped_mm's result (both forms of :func:`compilable_grouped_mm`) from one ``bmm`` on an
+    (E, C) grid, C = the largest group, read here on the host. Inside the opaque op that read
+    breaks no compiled graph, so a compiled layer pads to E * (real largest load), never E * N.
+    Rows beyond ``offs[-1]`` belong to no group: zero in the output, left out of the sums."""
+    ends_E = offs.long()
+    counts_E = torch.diff(ends_E, prepend=ends_E.new_zeros(1))
+    E, C = counts_E.numel(), max(int(counts_E.max()), 1)
+    a_RX = a if b.dim() == 3 else a.t()
+    pos_R = torch.arange(a_RX.shape[0], device=a.device)
+    group_R = torch.searchsorted(ends_E, pos_R, right=True)  # E beyond offs[-1]
+    start_R = (ends_E - counts_E)[group_R.clamp(max=E - 1)]
+    cell_R = torch.where(group_R < E, group_R * C + pos_R - start_R, E * C)  # E * C: a spare cell, cut off
+
+    def to_grid(t_RX: Tensor) -> Tensor:
+        grid = t_RX.new_zeros(E * C + 1, t_RX.shape[1]).index_copy(0, cell_R, t_RX)
+        return grid[:-1].view(E, C, -1)
+
+    if b.dim() == 3:
+        y_ECY = torch.bmm(to_grid(a_RX), b)
+        return torch.cat([y_ECY.flatten(0, 1), y_ECY.new_zeros(1, y_ECY.shape[-1])]).index_select(0, cell_R)
+    return torch.bmm(to_grid(a_RX).transpose(1, 2), to_grid(b))
 
 
 @compilable_grouped_mm.register_fake
@@ -170,10 +221,11 @@ compilable_grouped_mm.register_autograd(_grouped_mm_backward, setup_context=_gro
 
 def grouped_linear(x_SX: Tensor, w_EXY: Tensor, counts_E: Tensor) -> Tensor:
     """Rows of ``x_SX`` grouped by expert (``counts_E`` rows each, in order) times their expert's
-    (X, Y) matrix -> (S, Y), with one ``grouped_mm``. Compiled outside bf16 it runs as
-    :func:`compilable_grouped_mm` (the same kernel, traceable); eager keeps torch's op."""
+    (X, Y) matrix -> (S, Y), with one ``grouped_mm``. Compiled outside bf16, or where grouped_mm
+    has no kernel, it runs as :func:`compilable_grouped_mm` (the same kernel or its padded
+    fallback, traceable); eager keeps torch's op."""
     offs_E = torch.cumsum(counts_E, 0).to(torch.int32)
-    if torch.compiler.is_compiling() and x_SX.dtype != torch.bfloat16:
+    if torch.compiler.is_compiling() and not (x_SX.dtype == torch.bfloat16 and _grouped_mm_ok(x_SX, w_EXY)):
         return compilable_grouped_mm(x_SX, w_EXY, offs_E)
     return _ContiguousGrad.apply(F.grouped_mm(x_SX, w_EXY, offs=offs_E))
 
@@ -183,9 +235,10 @@ class RowLayout:
     """Where slots sit among the experts' rows, and back.
 
     ``slot_R``: the slot each row holds (N*K for a padding row); ``row_S``: the row each slot
-    went to (R for a dropped slot). Packed: the kept slots, then (compiled only, for a static
-    R = N*K) one padding row per dropped slot; in eager R = the kept slots. Padded: R = E*C,
-    expert e's rows are e*C ... e*C + C - 1."""
+    went to (R for a dropped slot). Packed: the kept slots, then padding rows up to a static
+    R = min(N*K, E*C) (C the capacity; R = N*K when dropless); eager on CPU, where reading the
+    dropped count on the host costs nothing, R = the kept slots. Padded: R = E*C, expert e's
+    rows are e*C ... e*C + C - 1."""
 
     slot_R: Tensor
     row_S: Tensor
@@ -212,15 +265,17 @@ def row_layout(d: Dispatch, padded: bool, capacity: Optional[int] = None) -> Row
         rank_P = pos_P - (ends_E - d.counts_E)[expert_P.clamp(max=E - 1)]  # place in its expert's queue
         R = E * C
         row_P = torch.where(expert_P < E, expert_P * C + rank_P, R)
-    elif d.capacity is not None and not torch.compiler.is_compiling():
-        # eager: the dropped slots get no row at all, so no expert compute is spent on them
+    elif d.capacity is not None and dev.type == "cpu" and not torch.compiler.is_compiling():
+        # eager on CPU: the dropped slots get no row at all, so no expert compute is spent on them (the
+        # host read is free here; on an asynchronous device it would stall every MoE layer)
         C, R = None, n_slots - int(d.dropped)
         row_P = torch.where(pos_P < R, pos_P, R)
         rows_E = d.counts_E
-    else:  # compiled (static N*K rows) or dropless
-        C, R = None, n_slots
-        row_P = torch.where(pos_P < n_slots - d.dropped, pos_P, R)  # a dropped slot gets no row...
-        rows_E = torch.cat([d.counts_E[:-1], d.counts_E[-1:] + d.dropped])  # ...and its row pads the last expert
+    else:  # static rows: dropless, compiled, or not on CPU. At most E*C slots are kept
+        C, R = None, n_slots if d.capacity is None else min(n_slots, d.counts_E.numel() * d.capacity)
+        kept = n_slots - d.dropped
+        row_P = torch.where(pos_P < kept, pos_P, R)  # a dropped slot gets no row...
+        rows_E = torch.cat([d.counts_E[:-1], d.counts_E[-1:] + (R - kept)])  # ...spare rows pad the last expert
     slot_R = torch.full((R + 1,), n_slots, dtype=d.slot_S.dtype, device=dev)
     slot_R[row_P] = d.slot_S  # dropped slots all land on row R, cut off next
     row_S = torch.full((n_slots,), R, dtype=d.slot_S.dtype, device=dev)
@@ -292,14 +347,17 @@ class GroupedExperts(nn.Module):
         nn.init.normal_(self.w_down, 0.0, residual_std)
 
     def forward(self, x_ND: Tensor, d: Dispatch) -> Tensor:
-        """Each kept slot's expert output times its gate weight, summed per token -> (N, D)."""
+        """Each kept slot's expert output times its gate weight, summed per token -> (N, D), in
+        the experts' dtype (:func:`expert_dtype`: bf16 under bf16 autocast, as a Linear's)."""
+        x_ND = x_ND.to(expert_dtype(x_ND))  # before the gather: N rows cast, not N*K
         layout = self.layout(x_ND, d)
         x_RD = to_rows(x_ND, layout, d.top_k)
         return from_rows(self.rows_forward(x_RD, layout.rows_E, layout.capacity), layout, d.weights_NK)
 
     def layout(self, x_ND: Tensor, d: Dispatch) -> RowLayout:
         """Packed rows for grouped_mm, or the padded grid: of the largest load in eager, of a
-        static C while compiling (the capacity; dropless: N, every token on one expert)."""
+        static C while compiling in ``padded`` mode (the capacity; dropless: N, every token on one
+        expert)."""
         if self._use_grouped_mm(x_ND, d):
             return row_layout(d, padded=False)
         if not torch.compiler.is_compiling():
@@ -308,23 +366,29 @@ class GroupedExperts(nn.Module):
 
     def rows_forward(self, x_RD: Tensor, counts_E: Tensor, capacity: Optional[int]) -> Tensor:
         """The experts on expert-major rows: packed (grouped_mm with ``counts_E`` rows each) or an
-        (E, C) grid (bmm) when ``capacity`` C is given."""
-        if capacity is None:  # grouped_mm is not autocast-aware: weights follow the activations' dtype
-            h_RF = self.act(grouped_linear(x_RD, self.w_up.to(x_RD.dtype), counts_E))
-            return grouped_linear(h_RF, self.w_down.to(h_RF.dtype), counts_E)
-        x_ECD = x_RD.view(self.num_experts, capacity, -1)
-        return torch.bmm(self.act(torch.bmm(x_ECD, self.w_up)), self.w_down).flatten(0, 1)
+        (E, C) grid (bmm) when ``capacity`` C is given. Rows and weights run in
+        :func:`expert_dtype` (the weights follow the rows' dtype: bf16 copies under bf16 autocast)."""
+        x_RD = x_RD.to(expert_dtype(x_RD))
+        w_up, w_down = self.w_up.to(x_RD.dtype), self.w_down.to(x_RD.dtype)
+        if capacity is None:
+            return grouped_linear(self.act(grouped_linear(x_RD, w_up, counts_E)), w_down, counts_E)
+        x_ECD = x_RD.view(-1, capacity, x_RD.shape[-1])
+        return torch.bmm(self.act(torch.bmm(x_ECD, w_up)), w_down).flatten(0, 1)
 
     def _use_grouped_mm(self, x_ND: Tensor, d: Dispatch) -> bool:
         """Which batched form runs. Measured on a 2-core CPU, fwd+bwd of one layer (B*S = 2048):
         one thread: grouped 10-25% faster (no padding work); two threads: the padded bmm
         1.3-3x faster (one parallel region instead of one per expert), while padding is small.
         While compiling, grouped wherever it has a kernel: the padding ratio is data, and the
-        static grid would be E/K times the packed rows."""
-        if self.mode == "padded" or not (_grouped_mm_ok(x_ND, self.w_up) and _grouped_mm_ok(x_ND, self.w_down)):
+        static grid would be E/K times the packed rows; where grouped_mm has no kernel the opaque
+        op pads to the real largest load (:func:`padded_grouped_mm`)."""
+        if self.mode == "padded":
             return False
-        if (self.mode == "grouped" or x_ND.device.type != "cpu" or torch.compiler.is_compiling()
-                or torch.get_num_threads() == 1):
+        if torch.compiler.is_compiling():
+            return True
+        if not (_grouped_mm_ok(x_ND, self.w_up) and _grouped_mm_ok(x_ND, self.w_down)):
+            return False
+        if self.mode == "grouped" or x_ND.device.type != "cpu" or torch.get_num_threads() == 1:
             return True
         kept = int(d.counts_E.sum())
         return self.num_experts * int(d.counts_E.max()) > self.max_padding * max(kept, 1)

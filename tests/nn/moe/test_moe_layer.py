@@ -1,11 +1,13 @@
 """MoELayer: the grouped-GEMM dispatch against a looped reference, forward and backward;
-parameter counts; capacity dropping; the selection bias as a buffer."""
+parameter counts; capacity dropping; the selection bias as a buffer; the experts' dtype under
+autocast; the padded fallback of ``archlab::grouped_mm`` and its grid while compiled."""
 
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from archlab.config.schema import (
     BalanceConfig,
@@ -19,7 +21,7 @@ from archlab.config.schema import (
 from archlab.model.build import build_model
 from archlab.nn.moe import MoELayer, moe_layers
 from archlab.nn.moe import experts as experts_mod
-from archlab.nn.moe.experts import _grouped_mm_ok, grouped_linear
+from archlab.nn.moe.experts import _grouped_mm_ok, compilable_grouped_mm, grouped_linear, padded_grouped_mm
 
 
 def make_cfg(ffn="swiglu", d=32, **moe) -> ModelConfig:
@@ -225,3 +227,84 @@ def test_moe_auto_mode_choice_by_threads_and_padding(monkeypatch):
     assert not layer.experts._use_grouped_mm(x, d)  # 8 * 2 = 16 rows for 8 slots: 2x, padded
     layer.experts.max_padding = 1.5
     assert layer.experts._use_grouped_mm(x, d)
+
+
+class MatmulDtypes(TorchDispatchMode):
+    """Records (op name, input dtypes) of every matmul-type aten op run under it."""
+
+    OPS = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten._grouped_mm.default}
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.OPS:
+            self.seen.append((func.overloadpacket.__name__, args[0].dtype, args[1].dtype))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("mode", ["grouped", "padded"])
+def test_moe_experts_run_in_the_autocast_dtype_with_fp32_weights(mode):
+    """fp32 weights and activations under bf16 autocast (the trainer's mixed precision): the
+    routed rows and the expert weights reach grouped_mm / bmm as bf16, gradients stay fp32."""
+    layer = MoELayer(make_cfg())
+    layer.experts.mode = mode
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    x_ND, rec = x.view(-1, 32), MatmulDtypes()
+    d = layer.router.dispatch(layer.router(x_ND), 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16), rec:
+        y = layer.experts(x_ND, d)
+    assert {name for name, *_ in rec.seen} == ({"_grouped_mm"} if mode == "grouped" else {"bmm"})
+    assert all(a == b == torch.bfloat16 for _, a, b in rec.seen), rec.seen
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert layer.experts.w_up.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y_layer, _ = layer(x)
+    torch.testing.assert_close(y_layer.float(), reference_moe(layer, x), rtol=0.05, atol=0.02)
+
+
+@pytest.mark.parametrize("width", [8, 7])  # 7: rows not 16-byte aligned, grouped_mm has no kernel
+def test_padded_grouped_mm_equals_grouped_mm_in_both_forms(width):
+    counts = torch.tensor([3, 0, 5, 1])
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    x = torch.randn(11, width, dtype=torch.float64)  # two rows beyond offs[-1]: no group's
+    w = torch.randn(4, width, 6, dtype=torch.float64)
+    g = torch.randn(11, 6, dtype=torch.float64)
+    y = padded_grouped_mm(x, w, offs)
+    gw = padded_grouped_mm(x.t(), g, offs)  # the weight-gradient form
+    for e, (lo, hi) in enumerate(zip([0, *offs[:-1].tolist()], offs.tolist())):
+        torch.testing.assert_close(y[lo:hi], x[lo:hi] @ w[e])
+        torch.testing.assert_close(gw[e], x[lo:hi].t() @ g[lo:hi])
+    assert torch.equal(y[9:], torch.zeros(2, 6, dtype=torch.float64))
+    x32, w32 = x.float().requires_grad_(), w.float().requires_grad_()
+    torch.library.opcheck(compilable_grouped_mm, (x32[:9], w32, offs))  # the kernel (8) or the fallback (7)
+    torch.testing.assert_close(compilable_grouped_mm(x32[:9], w32, offs), y[:9].float())
+
+
+def test_moe_compiled_fallback_pads_to_the_real_largest_load(monkeypatch):
+    """Compiled dropless layer with widths grouped_mm has no kernel for (hidden 7, fp32): every
+    bmm runs on E x (the step's real largest load) rows, not on the worst-case E x N grid."""
+    layer = MoELayer(make_cfg(expert_hidden=7)).train()
+    x = torch.randn(2, 11, 32, requires_grad=True)
+    ref = layer(x)[0]
+    ref_grads = torch.autograd.grad(ref.sum(), (x, layer.experts.w_up))
+    layer.stats.take_step_counts()
+    grid_rows, bmm = [], torch.bmm
+
+    def recording_bmm(a, b):
+        # rows of the (E, C, X) grid; a weight-gradient bmm takes it transposed, (E, X, C)
+        grid_rows.append(a.shape[0] * (a.shape[1] if a.stride(-1) == 1 else a.shape[2]))
+        return bmm(a, b)
+
+    monkeypatch.setattr(torch, "bmm", recording_bmm)
+    y = torch.compile(layer, fullgraph=True, backend="aot_eager")(x)[0]
+    grads = torch.autograd.grad(y.sum(), (x, layer.experts.w_up))
+    E, N, largest = 8, 22, int(layer.stats.take_step_counts().max())
+    assert largest < N
+    # 2 forward, 4 backward (input and weight gradients of both projections)
+    assert grid_rows == [E * largest] * 6, (grid_rows, E * largest)
+    torch.testing.assert_close(y, ref)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b)
