@@ -1,6 +1,8 @@
-"""tools.gpu_check: without CUDA it refuses in one line with status 2; its pure parts (peak lookup,
-SDPA op names, memory comparison, the markdown table) and, on CPU, the measuring code itself."""
+"""tools.gpu_check: without CUDA it refuses in one line with status 2 (unless --dry-run); its pure parts
+(peak override, kernel names, grouped-GEMM cell, timed rows, memory plan, the report, the trainer's
+command) and the CPU dry run, which really runs the trainer per recipe and reads its run folders."""
 
+import json
 import os
 import subprocess
 import sys
@@ -8,33 +10,22 @@ import sys
 import pytest
 import torch
 
+import archlab
+from archlab.costs import activation_memory, model_state_memory
 from tools import gpu_check
 
-
-@pytest.mark.parametrize("name, peak, key", [
-    ("NVIDIA H100 80GB HBM3", 989e12, "H100"),
-    ("NVIDIA H200", 989e12, "H200"),
-    ("NVIDIA A100-SXM4-40GB", 312e12, "A100"),
-    ("NVIDIA L4", 121e12, "L4"),
-    ("NVIDIA L40S", 362e12, "L40S"),
-])
-def test_gpu_check_peak_from_the_trainers_table_by_device_name(name, peak, key):
-    value, source = gpu_check.lookup_peak_flops(name, env={})
-    assert value == peak and repr(key) in source
+GIB = 2.0**30
 
 
-def test_gpu_check_peak_override_then_env_then_table_then_unknown():
+def test_gpu_check_peak_override_cli_then_env_then_the_trainers_table():
     env = {"ARCHLAB_PEAK_FLOPS": "1e12"}
-    assert gpu_check.lookup_peak_flops("NVIDIA H100", 5e14, env=env) == (5e14, "--peak-flops")
-    assert gpu_check.lookup_peak_flops("NVIDIA H100", env=env) == (1e12, "$ARCHLAB_PEAK_FLOPS")
-    value, source = gpu_check.lookup_peak_flops("Some New GPU", env={})
-    assert value is None and "--peak-flops" in source
-    assert gpu_check.mfu(1000.0, 1e9, None) is None
-    assert gpu_check.mfu(1000.0, 1e9, 4e12) == pytest.approx(0.25)
+    assert gpu_check.peak_override(5e14, env) == 5e14
+    assert gpu_check.peak_override(None, env) == 1e12
+    assert gpu_check.peak_override(None, {}) is None  # the trainer's per-device table decides
     with pytest.raises(ValueError, match="ARCHLAB_PEAK_FLOPS"):
-        gpu_check.lookup_peak_flops("NVIDIA H100", env={"ARCHLAB_PEAK_FLOPS": "fast"})
+        gpu_check.peak_override(None, {"ARCHLAB_PEAK_FLOPS": "fast"})
     with pytest.raises(ValueError, match="positive"):
-        gpu_check.lookup_peak_flops("NVIDIA H100", -1.0, env={})
+        gpu_check.peak_override(-1.0, {})
 
 
 def test_gpu_check_sdpa_kernels_from_profiler_op_names():
@@ -47,42 +38,116 @@ def test_gpu_check_sdpa_kernels_from_profiler_op_names():
     assert gpu_check.sdpa_kernels(["aten::mm"]) == []
 
 
-def test_gpu_check_memory_comparison():
-    gib = 2.0**30
-    check = gpu_check.compare_memory(11 * gib, 10 * gib, tolerance=0.25)
-    assert check.ratio == pytest.approx(1.1) and check.within
-    assert check.cell() == "11.00 / 10.00 (1.10x, ok)"
-    off = gpu_check.compare_memory(14 * gib, 10 * gib, tolerance=0.25)
-    assert not off.within and "off by more than 25%" in off.cell()
-    assert not gpu_check.compare_memory(7 * gib, 10 * gib, tolerance=0.25).within  # under-predicted counts too
-    assert gpu_check.compare_memory(None, 10 * gib, 0.25) is None
-    with pytest.raises(ValueError):
-        gpu_check.compare_memory(1.0, 0.0, 0.25)
+def test_gpu_check_attention_kernels_from_cuda_kernel_names():
+    names = ["void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>(Flash_fwd_params)",
+             "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel)",
+             "cudnn_generated_fort_native_sdpa_sm90_knob_7", "sm90_xmma_gemm_bf16bf16_bf16f32"]
+    assert gpu_check.cuda_attention_kernels(names) == ["flash", "efficient", "cudnn"]
+    assert gpu_check.cuda_attention_kernels(["ampere_bf16_s16816gemm", "cudnn::gemm"]) == []
+
+
+def test_gpu_check_grouped_gemm_cell():
+    assert gpu_check.grouped_gemm(False, {"aten::_grouped_mm": 3}, {}) == "-"
+    assert gpu_check.grouped_gemm(True, {"aten::_grouped_mm": 24, "aten::bmm": 2}, {}) == "yes (24 calls)"
+    assert gpu_check.grouped_gemm(True, {"archlab::grouped_mm": 6}, {}) == "yes (6 calls)"
+    cuda = gpu_check.grouped_gemm(True, {"aten::_grouped_mm": 4}, {"cutlass_grouped_gemm_sm90": 4, "gemm": 9})
+    assert cuda == "yes (4 calls, 4 grouped kernels)"
+    assert gpu_check.grouped_gemm(True, {"aten::bmm": 12}, {"gemm": 3}) == "no: padded bmm (12 calls)"
+
+
+def test_gpu_check_throughput_over_the_timed_rows_only():
+    rows = [{"kind": "train", "step": s, "tokens_per_s": t} for s, t in [(5, 1.0), (10, 100.0), (15, 300.0), (16, 9.0)]]
+    rows.append({"kind": "val", "step": 15, "loss": 1.0})
+    timed = gpu_check.timed_rows(rows, warmup=5, steps=10)
+    assert [r["step"] for r in timed] == [10, 15]  # not the warmup row, nor the profiled step's
+    assert gpu_check.throughput(timed, 5) == pytest.approx(150.0)  # 2 windows of equal tokens: 1 / mean(1 / t)
+    with pytest.raises(ValueError, match="multiple of --log-every"):
+        gpu_check.throughput([], 5)
+
+
+def test_gpu_check_memory_plan_is_the_cost_models_fp32_states_plus_activations():
+    cfg = archlab.load_recipe(gpu_check.ROOT / "recipes/mixtral/tiny.yaml")
+    acts = activation_memory(cfg, 4, 64, dtype="bf16", device="cuda")
+    expected = model_state_memory(cfg, "fp32").total + acts.total + acts.recompute_peak
+    assert gpu_check.planned_memory(cfg, 4, 64, mixed=True, device="cuda") == pytest.approx(expected)
+    assert gpu_check.planned_memory(cfg, 4, 64, mixed=False, device="cuda") > expected  # fp32 activations
+    ep2 = gpu_check.planned_memory(cfg, 4, 64, mixed=True, device="cuda", world=2, ep=2)
+    assert ep2 < expected  # each rank holds half of the experts
+    assert gpu_check.memory_cell(None, GIB) == "n/a / 1.00"
+    assert gpu_check.memory_cell(1.5 * GIB, GIB) == "1.50 / 1.00 (1.50x)"
 
 
 def _row(**kw):
-    gib = 2.0**30
-    row = {"recipe": "llama-125m", "params": 124.7e6, "batch": 8, "seq_len": 2048, "step_ms": 80.0,
-           "tokens_per_s": 204800.0, "mfu": 0.171, "sdpa": ["flash"], "sdpa_alone": {"flash": None, "efficient": "x"},
-           "grouped_mm": "-", "states": gpu_check.compare_memory(1.6 * gib, 1.6 * gib, 0.25),
-           "peak_logits": gpu_check.compare_memory(12 * gib, 9 * gib, 0.25),
-           "peak_fused": gpu_check.compare_memory(8.5 * gib, 8 * gib, 0.25)}
+    row = {"recipe": "dense-125m", "mode": "eager", "params": 125.3e6, "active": 125.3e6, "batch": 8, "seq_len": 2048,
+           "timed_steps": 20, "max_steps": 26, "tokens_per_s": 204800.0, "mfu": 0.171, "peak_mem": 12 * GIB,
+           "plan_mem": 10 * GIB, "sdpa": "flash (kernels: flash)", "grouped": "-"}
     return {**row, **kw}
 
 
-def test_gpu_check_table_is_markdown_with_one_row_per_recipe():
-    text = gpu_check.format_table([_row(), {"recipe": "mixtral-s", "error": "RuntimeError: boom | bang"}],
-                                  "**title**", ["a note"])
+def test_gpu_check_report_tables():
+    rows = [_row(), _row(mode="compiled", tokens_per_s=250000.0),
+            {"recipe": "mixtral-320m", "mode": "eager", "error": "exit 1: RuntimeError: boom | bang"}]
+    text = gpu_check.format_report("**title**", rows, [], "1 GPU visible", ["a note"])
     lines = text.splitlines()
-    assert lines[0] == "**title**" and lines[-1] == "- a note"
+    assert lines[0] == "**title**" and "- a note" in lines
+    assert lines[-1] == "**Expert-parallel scaling**: skipped: 1 GPU visible"
     table = [line for line in lines if line.startswith("|")]
-    assert len(table) == 4 and set(table[1]) <= {"|", "-"}
+    assert len(table) == 5 and set(table[1]) <= {"|", "-"}
     assert all(line.count("|") == len(gpu_check.COLUMNS) + 1 for line in table)  # the error's "|" is escaped
     cells = [c.strip() for c in table[2].strip("|").split("|")]
-    assert cells[:7] == ["llama-125m", "124.7M", "8 x 2048", "80.0", "204,800", "17.1%", "flash"]
-    assert cells[7] == "yes / no" and cells[10].endswith("(1.33x, off by more than 25%)")
-    assert cells[11] == "8.50 / 8.00 (1.06x, ok)"
-    assert "failed: RuntimeError: boom / bang" in table[3]
+    assert cells == ["dense-125m", "eager", "125.3M / 125.3M", "8 x 2048", "20 of 26", "204,800", "17.1%",
+                     "12.00 / 10.00 (1.20x)", "flash (kernels: flash)", "-"]
+    assert "failed: exit 1: RuntimeError: boom / bang" in table[4]
+
+    ep = [_row(recipe="deepseek-320m", ep=1, tokens_per_s=100000.0, grouped="yes (4 calls)"),
+          _row(recipe="deepseek-320m", ep=2, tokens_per_s=180000.0, grouped="yes (4 calls)"),
+          {"recipe": "deepseek-320m", "mode": "eager", "ep": 4, "error": "skipped: over the --time-budget-s"}]
+    text = gpu_check.format_report("**title**", rows, ep, None)
+    ep_table = [line for line in text.split("**Expert-parallel scaling**")[1].splitlines() if line.startswith("|")]
+    assert len(ep_table) == 5 and all(line.count("|") == len(gpu_check.EP_COLUMNS) + 1 for line in ep_table)
+    assert [c.strip() for c in ep_table[3].strip("|").split("|")][1:6] == ["2", "8 x 2048", "180,000", "90,000",
+                                                                           "0.90"]
+
+
+def test_gpu_check_the_trainers_command_and_overrides(tmp_path):
+    plan = gpu_check.Plan(tmp_path, 8, 2048, warmup=5, steps=20, log_every=5, peak=989e12, device="cuda",
+                          timeout_s=60)
+    case = gpu_check.CASES[1]
+    over = plan.overrides(case, "mixtral-320m-compiled", compiled=True)
+    assert over[:len(case.overrides)] == list(case.overrides)
+    for item in ["train.compile=true", "train.max_steps=26", "train.log_every=5", "train.micro_batch_size=8",
+                 "train.seq_len=2048", f"train.out_dir={tmp_path}", "train.run_name=mixtral-320m-compiled",
+                 "train.peak_flops=989000000000000.0", "data.tokenizer=byte"]:
+        assert item in over
+    cfg = archlab.load_recipe(gpu_check.ROOT / case.recipe, over)  # a valid recipe, ~320M parameters
+    assert 125e6 < archlab.costs.param_counts(archlab.model_config(cfg)).total < 350e6
+    one = gpu_check.trainer_command(case, over)
+    assert one[1:4] == ["-m", "tools.gpu_check.probe", case.recipe] and one[-1] == "--no-checkpoint"
+    four = gpu_check.trainer_command(case, [*over, "model.moe.ep_size=4"], processes=4)
+    assert four[1:7] == ["-m", "accelerate.commands.launch", "--config_file", gpu_check.EP_LAUNCH,
+                         "--num_processes", "4"]
+    assert four[7:9] == ["-m", "tools.gpu_check.probe"] and "model.moe.ep_size=4" in four
+
+
+def test_gpu_check_cases_are_a_dense_a_mixtral_and_a_fine_grained_moe_of_125m_to_350m():
+    kinds = []
+    for case in gpu_check.CASES:
+        cfg = archlab.load_recipe(gpu_check.ROOT / case.recipe, list(case.overrides))
+        assert 125e6 <= archlab.costs.param_counts(archlab.model_config(cfg)).total <= 350e6, case.label
+        kinds.append(None if cfg.model.moe is None else (cfg.model.moe.num_experts, cfg.model.moe.top_k))
+    assert kinds == [None, (8, 2), (64, 6)] and gpu_check.EP_CASE.label.startswith("deepseek")
+
+
+def test_gpu_check_args_and_ep_skip_reasons():
+    dry = gpu_check.parse_args(["--dry-run"])
+    assert (dry.warmup, dry.steps, dry.log_every, dry.modes) == (1, 2, 1, ["eager", "compiled"])
+    gpu = gpu_check.parse_args([])
+    assert (gpu.warmup, gpu.steps, gpu.log_every, gpu.ep_sizes) == (5, 20, 5, [1, 2, 4, 8])
+    with pytest.raises(ValueError, match="multiples of --log-every"):
+        gpu_check.parse_args(["--steps", "12", "--log-every", "5"])
+    assert "dry run" in gpu_check.ep_skip_reason(True, 8, [1, 2])
+    assert gpu_check.ep_skip_reason(False, 1, [1, 2]) == "1 GPU visible; ep 2/4/8 needs as many GPUs"
+    assert gpu_check.ep_skip_reason(False, 8, [1, 2, 4, 8]) is None
 
 
 def test_gpu_check_without_cuda_exits_2_with_one_line(monkeypatch, capsys):
@@ -100,32 +165,31 @@ def test_gpu_check_cli_without_a_visible_gpu(root):
     assert r.stderr.strip().count("\n") == 0 and "needs a CUDA GPU" in r.stderr
 
 
-def test_gpu_check_measures_tiny_recipes_on_cpu(capsys):
-    """The same measuring code on CPU (bf16, tiny shapes): a row per recipe with throughput, the
-    SDPA kernel, the grouped-expert path; no memory figures off CUDA."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        args = gpu_check.parse_args(["recipes/llama/tiny.yaml", "recipes/mixtral/tiny.yaml", "--device", "cpu",
-                                     "--batch", "1", "--seq-len", "16", "--steps", "1", "--warmup", "0",
-                                     "--peak-flops", "1e12"])
-        rows = []
-        assert gpu_check.run(args, log=rows.append) == 0
-    finally:
-        torch.set_num_threads(threads)
-    table = [line for line in rows[0].splitlines() if line.startswith("| ") and "tiny" in line]
-    assert [line.split("|")[1].strip() for line in table] == ["llama-tiny", "mixtral-tiny"]
-    for line in table:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        assert float(cells[4].replace(",", "")) > 0 and cells[5].endswith("%")
-        assert cells[6] == "flash" and cells[7] == "yes / no"  # CPU: flash kernel; no efficient kernel
-        assert cells[9:] == ["n/a", "n/a", "n/a"]
-    assert table[0].split("|")[9].strip() == "-"
-    assert table[1].split("|")[9].strip().startswith("yes (")  # bf16 experts on grouped_mm
-    assert "SDPA restricted to efficient fails" in rows[0]
-
-
-def test_gpu_check_bad_recipe_exits_2(capsys, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert gpu_check.main(["recipes/nope.yaml"]) == 2
-    assert "not found" in capsys.readouterr().err
+@pytest.mark.slow
+def test_gpu_check_dry_run_trains_each_tiny_recipe_through_the_trainer(tmp_path, monkeypatch):
+    """The dry run's eager half: a row per tiny recipe, each from a real trainer run whose folder holds
+    the requested steps, the profiled step's ops, and no checkpoint; n/a where CUDA-only."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    args = gpu_check.parse_args(["--dry-run", "--modes", "eager", "--runs-dir", str(tmp_path), "--peak-flops", "1e12"])
+    status, report, rows = gpu_check.run(args, log=lambda m: None)
+    assert status == 0, report
+    table = [line for line in report.splitlines() if line.startswith("| ") and "tiny" in line]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table]
+    assert [c[:2] for c in cells] == [["dense-tiny", "eager"], ["mixtral-tiny", "eager"], ["deepseek-tiny", "eager"]]
+    for c in cells:
+        assert c[3] == "4 x 64" and c[4] == "2 of 4" and float(c[5].replace(",", "")) > 0
+        assert c[6].endswith("%") and c[7].startswith("n/a / ") and c[8] == "flash"  # CPU: SDPA's flash kernel
+    assert cells[0][9] == "-" and cells[1][9].startswith("yes (") and cells[2][9].startswith("yes (")
+    assert report.splitlines()[-1].startswith("**Expert-parallel scaling**: skipped: CPU dry run")
+    for row in rows:
+        run = tmp_path / os.listdir(tmp_path)[0] / f"{row['recipe']}-eager"
+        assert row["run"] == str(run)
+        steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
+                 if json.loads(line).get("kind") == "train"]
+        assert steps == [1, 2, 3, 4]  # warmup 1 + 2 timed + the profiled step, a row each
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["last_checkpoint"] is None
+        probe = json.loads((run / gpu_check.PROBE).read_text())
+        assert probe["step"] == 4 and probe["ops"].get("aten::mm", 0) + probe["ops"].get("aten::addmm", 0) > 0
+        assert not (run / "checkpoints").exists()
+        assert json.loads((run / "env.json").read_text())["peak_flops"] == 1e12

@@ -1,72 +1,64 @@
-"""One-GPU check of archlab's bf16 training step: throughput, MFU, attention and expert kernels,
-memory against the cost model; one markdown table.
+"""GPU check of the trainer itself: ``archlab.train`` runs each recipe eager and compiled, and the check
+reads the run folders; one markdown table (stdout, and ``--out``), the one docs/benchmarks.md takes.
 
-    python -m tools.gpu_check                                  # dense-125m, llama-125m, mixtral-s
-    python -m tools.gpu_check recipes/deepseek/s.yaml --batch 8 --seq-len 1024 --steps 20
-    python -m tools.gpu_check --peak-flops 989e12              # or ARCHLAB_PEAK_FLOPS=989e12
+    python -m tools.gpu_check --out gpu_check.md             # one GPU: 3 recipes x eager/compiled, < 5 min
+    python -m tools.gpu_check --peak-flops 989e12            # or ARCHLAB_PEAK_FLOPS=989e12; else the trainer's table
+    python -m tools.gpu_check --dry-run                      # the same code path on CPU, tiny recipes, few steps
 
-Each recipe trains a few steps on random token ids with its model held in bf16 and AdamW (fused)
-over fp32 master weights: 2 + 2 + 12 bytes per parameter, the split ``archlab.costs`` models as
-precision ``bf16`` (DeepSpeed's bf16 mode; the trainer's accelerate autocast over fp32 weights
-keeps more, see ``archlab/costs/memory.py``). The loss is the trainer's: ``model(ids,
-targets=...)`` (LM head and cross-entropy fused in chunks) plus the MoE balancing terms.
-Shapes: each recipe's ``train.micro_batch_size`` x ``train.seq_len``, except mixtral-s at
-16 x 1024 (its 16 x 128 is too few tokens to load a GPU); ``--batch`` / ``--seq-len`` set all.
+Every run is the trainer's (``python -m tools.gpu_check.probe``: ``archlab.train``'s Trainer as
+``python -m archlab.train`` builds it, accelerate, the recipe's precision and optimizer, ``train.compile``,
+plus one profiled step; no checkpoint written) on ``data.tokenizer=byte`` text (throughput does not
+depend on the text; no BPE to train). Recipes (``CASES``): dense-125m (recipes/dense/125m.yaml), a
+Mixtral-style (8 experts, top-2) and a fine-grained DeepSeek-style MoE (64 routed top-6 + 2 shared) of
+about 320M parameters, recipes/{mixtral,deepseek}/s.yaml widened to d_model 768 with GPT-2's vocabulary;
+each at 8 x 2048 tokens a step (``--batch``, ``--seq-len``). A run takes ``--warmup`` steps (compilation
+included), ``--steps`` timed steps, then the profiled step; rows every ``--log-every`` steps.
 
 Columns:
 
-- step ms, tokens/s: median over ``--steps`` timed steps after ``--warmup`` steps, synchronised;
-- MFU: tokens/s x ``archlab.costs.training_flops_per_token`` / the device's peak bf16 FLOP/s:
-  ``--peak-flops``, else ``$ARCHLAB_PEAK_FLOPS``, else the trainer's table by device name
-  (``archlab.costs.peak.PEAK_FLOPS``, vendor dense tensor-core figures);
-- SDPA: the attention kernel one step dispatched to (flash / efficient / cudnn / math, from the
-  profiler's op names), and which of flash and efficient run a whole step when SDPA is
-  restricted to that backend alone (``torch.nn.attention.sdpa_kernel``); reasons below the table;
-- grouped_mm: MoE recipes, whether the routed experts ran ``torch.nn.functional.grouped_mm``
-  (``aten::_grouped_mm`` in the profile) or fell back to the padded ``bmm``;
-- states: bytes allocated between steps (bf16 weights, fp32 masters and moments; no gradients)
-  against the predicted weights + optimizer states;
-- peak: ``torch.cuda.max_memory_allocated`` over one step with the fused loss that was timed,
-  against ``archlab.costs.training_memory(precision="bf16", device="cuda")`` for the same batch,
-  and over one step with the reference loss on (B, S, V) logits (``archlab.nn.loss.lm_loss``:
-  fp32 cross-entropy) against ``training_memory(..., loss="logits")``, whose ``loss`` term holds
-  the N x V fp32 log-probabilities. The cost model counts bytes kept for backward; the peak adds
-  the transients of the moment it is reached.
+- tokens/s: the trainer's metrics.jsonl rows over the timed steps (tokens / seconds, evaluation and
+  checkpoints left out: its own definition); MFU the trainer's, tokens/s x flops_per_token / (peak_flops
+  x world_size), the peak from env.json (``train.peak_flops``, else its per-device table);
+- peak GiB: ``max_memory_allocated`` of the trainer's last row (``torch.cuda.max_memory_allocated`` over
+  the whole run) against the memory plan (:func:`planned_memory`); n/a off CUDA;
+- SDPA: the attention kernel of the profiled step (aten op names; on CUDA also the kernels' names);
+- grouped GEMM: MoE recipes, whether the routed experts ran ``grouped_mm`` (``aten::_grouped_mm`` or
+  ``archlab::grouped_mm`` ops, or a CUDA kernel named grouped) or the padded ``bmm``.
 
-Exit status: 0 every recipe ran; 1 some recipe failed (its row says why, the others still run);
-2 no CUDA device, or bad input.
+With several GPUs: expert-parallel scaling of the DeepSeek-style recipe, ep = 1, 2, 4, 8 (up to the GPUs
+seen), one process per GPU under ``accelerate launch --config_file recipes/launch/zero0.yaml`` with
+``model.moe.ep_size`` = processes (weak scaling: the micro batch per GPU fixed). Skipped, saying why, on
+one GPU and in the dry run.
+
+Exit status: 0 every run completed; 1 some run failed (its row says why, the others still run);
+2 no CUDA device (without ``--dry-run``), or bad input.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import json
 import os
-import statistics
+import subprocess
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 import torch
-from torch import Tensor, nn
 
 import archlab
 from archlab.config import RecipeError
-from archlab.costs import activation_memory, param_counts, training_flops_per_token, training_memory
-from archlab.costs.measure import training_loss
-from archlab.costs.peak import PEAK_FLOPS
-from archlab.nn.loss import lm_loss
-from archlab.objectives.causal_lm import CausalLM
+from archlab.costs import activation_memory, model_state_memory, param_counts
+from tools.gpu_check.probe import PROBE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GIB = 2.0**30
 PEAK_ENV = "ARCHLAB_PEAK_FLOPS"
-DEFAULT_RECIPES = ("recipes/dense/125m.yaml", "recipes/llama/125m.yaml", "recipes/mixtral/s.yaml")
-# (batch, seq_len) where a recipe's own training shape is too small for a GPU check
-DEFAULT_SHAPES = {"mixtral-s": (16, 1024)}
+MODES = ("eager", "compiled")
+EP_SIZES = (1, 2, 4, 8)
+EP_LAUNCH = "recipes/launch/zero0.yaml"
 # SDPA op (profiler name) -> kernel; longest names first so that a prefix never shadows a variant
 SDPA_OPS = {
     "_scaled_dot_product_flash_attention_for_cpu": "flash",
@@ -76,286 +68,315 @@ SDPA_OPS = {
     "_scaled_dot_product_fused_attention_overrideable": "overrideable",
     "_scaled_dot_product_attention_math": "math",
 }
-GROUPED_MM_OP = "aten::_grouped_mm"
+GROUPED_OPS = ("aten::_grouped_mm", "archlab::grouped_mm")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row group of the table: a recipe and its overrides."""
+
+    label: str
+    recipe: str
+    overrides: tuple[str, ...] = ()
+
+
+# the MoE recipes of size step 's' widened to GPT-3 Small's width and vocabulary: ~320M parameters, ~130-150M active
+_WIDE = ("model.d_model=768", "model.n_heads=12", "model.n_kv_heads=4", "model.vocab_size=50304",
+         "model.max_seq_len=2048")
+CASES = (
+    Case("dense-125m", "recipes/dense/125m.yaml"),
+    Case("mixtral-320m", "recipes/mixtral/s.yaml", _WIDE + ("model.moe.expert_hidden=1024",)),
+    Case("deepseek-320m", "recipes/deepseek/s.yaml", _WIDE + ("model.moe.expert_hidden=128",)),
+)
+DRY_CASES = (
+    Case("dense-tiny", "recipes/dense/tiny.yaml"),
+    Case("mixtral-tiny", "recipes/mixtral/tiny.yaml"),
+    Case("deepseek-tiny", "recipes/deepseek/tiny.yaml"),
+)
+EP_CASE = CASES[2]
+GPU_SHAPE, DRY_SHAPE = (8, 2048), (4, 64)
 
 
 # ----------------------------------------------------------------------------- pure helpers
 
 
-def lookup_peak_flops(device_name: str, override: Optional[float] = None,
-                      env: Optional[Mapping[str, str]] = None) -> tuple[Optional[float], str]:
-    """(peak bf16 FLOP/s, where it comes from): ``override`` (the CLI), else ``$ARCHLAB_PEAK_FLOPS``,
-    else the trainer's per-device table (first key contained in the device name). None for a
-    device the table does not know: MFU is then not reported."""
+def peak_override(cli: Optional[float], env: Optional[Mapping[str, str]] = None) -> Optional[float]:
+    """The peak FLOP/s to give the trainer (``train.peak_flops``): ``--peak-flops``, else
+    ``$ARCHLAB_PEAK_FLOPS``, else None (the trainer's own per-device table)."""
     env = os.environ if env is None else env
-    if override is not None:
-        return _positive_flops(override, "--peak-flops"), "--peak-flops"
-    if env.get(PEAK_ENV):
-        try:
-            value = float(env[PEAK_ENV])
-        except ValueError:
-            raise ValueError(f"{PEAK_ENV}={env[PEAK_ENV]!r}: not a number of FLOP/s (e.g. 989e12)") from None
-        return _positive_flops(value, PEAK_ENV), f"${PEAK_ENV}"
-    for key, value in PEAK_FLOPS.items():
-        if key in device_name:
-            return value, f"archlab.costs.peak.PEAK_FLOPS[{key!r}] (bf16 dense)"
-    return None, f"no peak known for {device_name!r}: pass --peak-flops or set {PEAK_ENV}"
-
-
-def _positive_flops(value: float, name: str) -> float:
+    value, name = (cli, "--peak-flops") if cli is not None else (env.get(PEAK_ENV) or None, PEAK_ENV)
+    if value is None:
+        return None
+    try:
+        value = float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: not a number of FLOP/s (e.g. 989e12)") from None
     if not value > 0:
         raise ValueError(f"{name}={value!r}: the peak must be a positive number of FLOP/s")
-    return float(value)
-
-
-def mfu(tokens_per_s: float, flops_per_token: float, peak: Optional[float]) -> Optional[float]:
-    """Model FLOPs utilisation, as the trainer defines it: tokens/s * FLOPs per token / peak."""
-    return None if peak is None else tokens_per_s * flops_per_token / peak
+    return value
 
 
 def sdpa_kernels(op_names: Sequence[str]) -> list[str]:
     """The SDPA kernels named among profiler op names (forward or backward), in SDPA_OPS order."""
-    found = []
+    found = set()
     for name in op_names:
         op = name.removeprefix("aten::")
         for prefix, kernel in SDPA_OPS.items():
             if op.startswith(prefix):
-                if kernel not in found:
-                    found.append(kernel)
+                found.add(kernel)
                 break
-    return sorted(found, key=list(dict.fromkeys(SDPA_OPS.values())).index)
+    return [k for k in dict.fromkeys(SDPA_OPS.values()) if k in found]
 
 
-@dataclass(frozen=True)
-class MemoryCheck:
-    """Measured bytes against the cost model's prediction."""
-
-    measured: float
-    predicted: float
-    tolerance: float  # |measured / predicted - 1| allowed
-
-    @property
-    def ratio(self) -> float:
-        return self.measured / self.predicted
-
-    @property
-    def within(self) -> bool:
-        return abs(self.ratio - 1.0) <= self.tolerance
-
-    def cell(self) -> str:
-        mark = "ok" if self.within else f"off by more than {self.tolerance:.0%}"
-        return f"{self.measured / GIB:.2f} / {self.predicted / GIB:.2f} ({self.ratio:.2f}x, {mark})"
+def cuda_attention_kernels(kernel_names: Sequence[str]) -> list[str]:
+    """Attention kernels among CUDA kernel names: flash (``flash_fwd``...), efficient (xformers'
+    ``fmha_cutlass``), cudnn (cuDNN's fused attention)."""
+    found = []
+    for name in kernel_names:
+        low = name.lower()
+        kind = ("flash" if "flash" in low else "efficient" if "fmha_cutlass" in low or "mem_eff" in low
+                else "cudnn" if "cudnn" in low and ("sdpa" in low or "fmha" in low or "attention" in low) else None)
+        if kind is not None and kind not in found:
+            found.append(kind)
+    return found
 
 
-def compare_memory(measured: Optional[float], predicted: float, tolerance: float) -> Optional[MemoryCheck]:
-    """A MemoryCheck, or None when nothing was measured (no CUDA allocator)."""
-    if predicted <= 0:
-        raise ValueError(f"predicted={predicted!r}: must be positive")
-    return None if measured is None else MemoryCheck(float(measured), float(predicted), tolerance)
+def grouped_gemm(moe: bool, ops: Mapping[str, int], kernels: Mapping[str, int]) -> str:
+    """The grouped-GEMM cell: ``-`` for a dense model, else which expert GEMM the probed step ran."""
+    if not moe:
+        return "-"
+    calls = sum(ops.get(op, 0) for op in GROUPED_OPS)
+    grouped_kernels = sum(n for k, n in kernels.items() if "grouped" in k.lower())
+    if calls or grouped_kernels:
+        return f"yes ({calls} calls" + (f", {grouped_kernels} grouped kernels)" if kernels else ")")
+    return f"no: padded bmm ({ops.get('aten::bmm', 0)} calls)"
 
 
-COLUMNS = ("recipe", "params", "B x S", "step ms", "tokens/s", "MFU", "SDPA kernel", "flash / efficient alone",
-           "grouped_mm", "states GiB (meas / pred)", "peak GiB, logits loss (meas / pred)",
-           "peak GiB, fused loss (meas / pred)")
+def timed_rows(rows: Sequence[dict], warmup: int, steps: int) -> list[dict]:
+    """The trainer's ``train`` rows whose windows lie in the timed steps (warmup + 1 ... warmup + steps)."""
+    return [r for r in rows if r.get("kind") == "train" and warmup < r["step"] <= warmup + steps]
 
 
-def format_table(rows: Sequence[dict], title: str, notes: Sequence[str] = ()) -> str:
-    """One markdown table, a row per recipe (a failed recipe: its name and the error), with a title
-    line above and notes below."""
-    lines = [title, "", "| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
-    for r in rows:
-        if "error" in r:
-            cells = [r["recipe"], f"failed: {r['error']}"] + [""] * (len(COLUMNS) - 2)
-        else:
-            cells = [
-                r["recipe"], f"{r['params'] / 1e6:.1f}M", f"{r['batch']} x {r['seq_len']}", f"{r['step_ms']:.1f}",
-                f"{r['tokens_per_s']:,.0f}", "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}",
-                " + ".join(r["sdpa"]) or "none seen",
-                " / ".join("yes" if r["sdpa_alone"][k] is None else "no" for k in ("flash", "efficient")),
-                r["grouped_mm"],
-                _mem_cell(r["states"]), _mem_cell(r["peak_logits"]), _mem_cell(r["peak_fused"]),
-            ]
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+def throughput(rows: Sequence[dict], log_every: int) -> float:
+    """Tokens/s over rows of ``log_every`` steps each (equal tokens): total tokens / total seconds."""
+    if not rows:
+        raise ValueError("no timed rows: --steps must be a multiple of --log-every")
+    return len(rows) / sum(1.0 / r["tokens_per_s"] for r in rows)
+
+
+def planned_memory(cfg, batch: int, seq_len: int, mixed: bool, device: str, world: int = 1, ep: int = 1) -> float:
+    """Bytes the cost model plans for one rank of the trainer's step. The trainer's accelerate autocast
+    keeps fp32 weights, gradients and AdamW state (``model_state_memory(precision='fp32')``), its
+    activations in bf16 under autocast (``activation_memory(dtype='bf16')``), fp32 otherwise.
+    The plan function ``archlab.costs`` is getting replaces this."""
+    states = model_state_memory(cfg, "fp32", zero_stage=0, dp=world, ep=ep)
+    acts = activation_memory(cfg, batch, seq_len, dtype="bf16" if mixed else "fp32", device=device,
+                             checkpointing=str(cfg.train.activation_checkpointing))
+    return states.total + acts.total + acts.recompute_peak
+
+
+def memory_cell(measured: Optional[float], planned: float) -> str:
+    return f"n/a / {planned / GIB:.2f}" if measured is None else \
+        f"{measured / GIB:.2f} / {planned / GIB:.2f} ({measured / planned:.2f}x)"
+
+
+COLUMNS = ("recipe", "mode", "params (total / active)", "B x S", "steps", "tokens/s", "MFU",
+           "peak GiB (meas / plan)", "SDPA", "grouped GEMM")
+EP_COLUMNS = ("recipe", "GPUs = ep", "B x S per GPU", "tokens/s", "tokens/s per GPU", "scaling",
+              "peak GiB (meas / plan)", "grouped GEMM")
+
+
+def _table(columns: Sequence[str], cells: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    for row in cells:
+        row = list(row) + [""] * (len(columns) - len(row))
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in row) + " |")
+    return lines
+
+
+def row_cells(r: dict) -> list[str]:
+    """One run's cells (a failed or skipped run: its name, mode and why)."""
+    if "error" in r:
+        return [r["recipe"], r["mode"], f"failed: {r['error']}"]
+    return [r["recipe"], r["mode"], f"{r['params'] / 1e6:.1f}M / {r['active'] / 1e6:.1f}M",
+            f"{r['batch']} x {r['seq_len']}", f"{r['timed_steps']} of {r['max_steps']}", f"{r['tokens_per_s']:,.0f}",
+            f"{r['mfu']:.1%}", memory_cell(r["peak_mem"], r["plan_mem"]), r["sdpa"], r["grouped"]]
+
+
+def ep_cells(r: dict, base: Optional[float]) -> list[str]:
+    if "error" in r:
+        return [r["recipe"], str(r["ep"]), f"failed: {r['error']}"]
+    per_gpu = r["tokens_per_s"] / r["ep"]
+    scaling = "n/a" if base is None else f"{per_gpu / base:.2f}"
+    return [r["recipe"], str(r["ep"]), f"{r['batch']} x {r['seq_len']}", f"{r['tokens_per_s']:,.0f}",
+            f"{per_gpu:,.0f}", scaling, memory_cell(r["peak_mem"], r["plan_mem"]), r["grouped"]]
+
+
+def format_report(title: str, rows: Sequence[dict], ep_rows: Sequence[dict], ep_skipped: Optional[str],
+                  notes: Sequence[str] = ()) -> str:
+    """The markdown the check prints: title, the eager/compiled table, its notes, the expert-parallel
+    table (or why it was skipped)."""
+    lines = [title, ""] + _table(COLUMNS, [row_cells(r) for r in rows])
     if notes:
         lines += [""] + [f"- {n}" for n in notes]
+    lines += ["", "**Expert-parallel scaling**" + (f": skipped: {ep_skipped}" if ep_skipped else "")]
+    if not ep_skipped:
+        ok = [r for r in ep_rows if "error" not in r and r["ep"] == 1]
+        base = ok[0]["tokens_per_s"] if ok else None
+        lines += ["", *_table(EP_COLUMNS, [ep_cells(r, base) for r in ep_rows]),
+                  "", "- scaling: tokens/s per GPU over ep=1's (1.00: linear weak scaling)."]
     return "\n".join(lines)
 
 
-def _mem_cell(check: Optional[MemoryCheck]) -> str:
-    return "n/a" if check is None else check.cell()
+# ----------------------------------------------------------------------------- runs
 
 
-# ----------------------------------------------------------------------------- the training step
+@dataclass(frozen=True)
+class Plan:
+    """What every run of the check shares."""
+
+    runs_dir: Path
+    batch: int
+    seq_len: int
+    warmup: int
+    steps: int
+    log_every: int
+    peak: Optional[float]
+    device: str  # cuda | cpu (the dry run)
+    timeout_s: float
+
+    @property
+    def max_steps(self) -> int:
+        return self.warmup + self.steps + 1  # the last step is the profiled one
+
+    def overrides(self, case: Case, name: str, compiled: bool) -> list[str]:
+        """The trainer's overrides for one run: the case's, then the check's shape, steps and run folder."""
+        never = 10**9
+        return [*case.overrides, f"train.micro_batch_size={self.batch}", f"train.seq_len={self.seq_len}",
+                "data.tokenizer=byte", f"data.cache_dir={self.runs_dir / 'data-cache'}",
+                f"train.out_dir={self.runs_dir}", f"train.run_name={name}", f"train.max_steps={self.max_steps}",
+                f"train.log_every={self.log_every}", f"train.eval_every={never}", f"train.ckpt_every={never}",
+                "train.eval_batches=1", "train.eval_context_multipliers=[1]", f"train.compile={str(compiled).lower()}",
+                *([f"train.peak_flops={self.peak}"] if self.peak is not None else [])]
 
 
-class MasterWeightsAdamW:
-    """AdamW (fused) over fp32 master copies of a bf16 model's parameters: the bf16 gradients are
-    upcast into the masters, stepped, and rounded back into the weights (2 + 2 + 12 bytes per
-    parameter, with 4 more for one parameter's fp32 gradient at a time beyond the bf16 ones)."""
-
-    def __init__(self, params, lr: float = 1e-4):
-        self.params = [p for p in params if p.requires_grad]
-        self.masters = [p.detach().float().clone() for p in self.params]
-        self.opt = torch.optim.AdamW(self.masters, lr=lr, fused=self.params[0].device.type == "cuda")
-
-    def step(self) -> None:
-        for p, m in zip(self.params, self.masters):
-            m.grad = None if p.grad is None else p.grad.float()
-            p.grad = None
-        self.opt.step()
-        with torch.no_grad():
-            for p, m in zip(self.params, self.masters):
-                p.copy_(m)
-                m.grad = None
-
-    def zero_grad(self) -> None:
-        for p, m in zip(self.params, self.masters):
-            p.grad = m.grad = None
+def trainer_command(case: Case, overrides: Sequence[str], processes: int = 1) -> list[str]:
+    """The command of one run: the trainer (with its probe) in one process, or under ``accelerate launch``
+    with ``processes`` processes (DeepSpeed stage 0, the expert-parallel backend's launch)."""
+    probe = ["-m", "tools.gpu_check.probe", case.recipe, *overrides, "--no-checkpoint"]
+    if processes == 1:
+        return [sys.executable, *probe]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", EP_LAUNCH,
+            "--num_processes", str(processes), *probe]
 
 
-def fused_loss(model: nn.Module, ids_BS1: Tensor) -> Tensor:
-    """The trainer's loss: fused LM head + cross-entropy, plus the MoE balancing terms."""
-    return training_loss(model, ids_BS1)
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else "no output")[:200]
 
 
-def logits_loss(model: nn.Module, ids_BS1: Tensor) -> Tensor:
-    """The reference cross-entropy over fp32 (B, S, V) logits (``archlab.nn.loss.lm_loss``)."""
-    inputs_BS, targets_BS = CausalLM.split(ids_BS1, 1)
-    out = model(inputs_BS)
-    return lm_loss(out.logits, targets_BS) + out.aux_loss.float()
+def read_run(run: Path, plan: Plan) -> dict:
+    """What the table says about one finished run, from its folder: the trainer's metrics.jsonl rows,
+    env.json, summary.json and the probe's op names."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    env = json.loads((run / "env.json").read_text())
+    summary = json.loads((run / "summary.json").read_text())
+    probe = json.loads((run / PROBE).read_text())
+    if summary["status"] != "completed" or summary["step"] != plan.max_steps:
+        raise RuntimeError(f"{run}: {summary['status']} at step {summary['step']} of {plan.max_steps}")
+    timed = timed_rows(rows, plan.warmup, plan.steps)
+    tokens_per_s = throughput(timed, plan.log_every)
+    train = [r for r in rows if r.get("kind") == "train"]
+    sdpa = " + ".join(sdpa_kernels(list(probe["ops"]))) or "none seen"
+    if probe["kernels"]:
+        sdpa += f" (kernels: {' + '.join(cuda_attention_kernels(list(probe['kernels']))) or 'none seen'})"
+    return {"run": str(run), "rows": len(train), "last_step": train[-1]["step"], "timed_steps": plan.steps,
+            "max_steps": plan.max_steps, "tokens_per_s": tokens_per_s, "world_size": env["world_size"],
+            "mfu": tokens_per_s * env["flops_per_token"] / (env["peak_flops"] * env["world_size"]),
+            "mixed_precision": env["mixed_precision"], "device_name": env["device_name"],
+            "peak_mem": train[-1].get("max_memory_allocated"), "sdpa": sdpa, "ops": probe["ops"],
+            "kernels": probe["kernels"]}
 
 
-@dataclass
-class Case:
-    """One recipe, built: the bf16 model, its optimizer, a fixed batch."""
-
-    name: str
-    cfg: object  # the validated recipe (DictConfig)
-    model: nn.Module
-    opt: MasterWeightsAdamW
-    ids_BS1: Tensor
-    device: torch.device
-
-    def step(self, loss_of: Callable[[nn.Module, Tensor], Tensor] = fused_loss) -> None:
-        loss_of(self.model, self.ids_BS1).backward()
-        self.opt.step()
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-
-def build_case(recipe: str, batch: Optional[int], seq_len: Optional[int], device: torch.device) -> Case:
-    path = Path(recipe) if Path(recipe).is_absolute() else ROOT / recipe
-    cfg = archlab.load_recipe(path)
-    b, s = DEFAULT_SHAPES.get(cfg.name, (cfg.train.micro_batch_size, cfg.train.seq_len))
-    b, s = batch or b, seq_len or s
-    cfg = archlab.load_recipe(path, [f"train.micro_batch_size={b}", f"train.seq_len={s}"])
-    torch.manual_seed(0)
-    model = archlab.build_model(cfg).to(device=device, dtype=torch.bfloat16).train()
-    ids = torch.randint(0, cfg.model.vocab_size, (b, s + 1), device=device)
-    return Case(cfg.name, cfg, model, MasterWeightsAdamW(model.parameters()), ids, device)
+def run_case(case: Case, plan: Plan, mode: str, processes: int = 1, log: Callable[[str], None] = print) -> dict:
+    """Train one case in one mode (or at ``processes`` = ep_size GPUs, eager), read its folder: a row."""
+    compiled = mode == "compiled"
+    name = f"{case.label}-{mode}" if processes == 1 else f"{case.label}-ep{processes}"
+    overrides = plan.overrides(case, name, compiled) + ([f"model.moe.ep_size={processes}"] if processes > 1 else [])
+    row = {"recipe": case.label, "mode": mode, "ep": processes}
+    cfg = archlab.load_recipe(ROOT / case.recipe, overrides)
+    cmd = trainer_command(case, overrides, processes)
+    log(f"[gpu_check] {name}: {' '.join(cmd[1:])}")
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=plan.timeout_s)
+    except subprocess.TimeoutExpired:
+        return {**row, "error": f"over the {plan.timeout_s:.0f} s limit of a run"}
+    (plan.runs_dir / f"{name}.log").write_text(p.stderr)
+    if p.returncode != 0:
+        return {**row, "error": f"exit {p.returncode}: {_last_line(p.stderr)}"}
+    out = read_run(plan.runs_dir / name, plan)
+    counts = param_counts(archlab.model_config(cfg))
+    moe = cfg.model.moe is not None
+    plan_mem = planned_memory(cfg, plan.batch, plan.seq_len, out["mixed_precision"] == "bf16", plan.device,
+                              world=processes, ep=processes)
+    log(f"[gpu_check] {name}: {out['tokens_per_s']:,.0f} tokens/s in {time.perf_counter() - t0:.0f} s")
+    return {**row, **out, "params": counts.total, "active": counts.active, "batch": plan.batch,
+            "seq_len": plan.seq_len, "plan_mem": plan_mem, "grouped": grouped_gemm(moe, out["ops"], out["kernels"])}
 
 
-def _memory(device: torch.device) -> tuple[Optional[float], Callable[[], Optional[float]]]:
-    """(bytes allocated now, a callable giving the peak since now); None off CUDA."""
-    if device.type != "cuda":
-        return None, lambda: None
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    return float(torch.cuda.memory_allocated(device)), lambda: float(torch.cuda.max_memory_allocated(device))
+def ep_skip_reason(dry_run: bool, gpus: int, asked: Sequence[int]) -> Optional[str]:
+    """Why the expert-parallel scaling does not run, or None when it does."""
+    if dry_run:
+        return "CPU dry run (expert parallelism is timed on several GPUs)"
+    if not asked:
+        return "--ep-sizes is empty"
+    if gpus < 2:
+        return f"{gpus} GPU visible; ep 2/4/8 needs as many GPUs"
+    return None
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:200]
+def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> tuple[int, str, list[dict]]:
+    """Every case eager and compiled (then expert-parallel scaling): (exit status, report, rows)."""
+    dry = args.dry_run
+    runs_dir = Path(args.runs_dir) / time.strftime("%Y%m%d-%H%M%S")
+    runs_dir.mkdir(parents=True, exist_ok=False)
+    batch, seq_len = DRY_SHAPE if dry else GPU_SHAPE
+    plan = Plan(runs_dir.resolve(), args.batch or batch, args.seq_len or seq_len, args.warmup, args.steps,
+                args.log_every, peak_override(args.peak_flops), "cpu" if dry else "cuda", args.run_timeout_s)
+    cases = [c for c in (DRY_CASES if dry else CASES) if not args.only or c.label in args.only]
+    t_start = time.perf_counter()
 
-
-def try_sdpa_alone(case: Case, backend) -> Optional[str]:
-    """None when a whole training step runs with SDPA restricted to ``backend``, else why not
-    (the error, and the first reason SDPA warned about)."""
-    from torch.nn.attention import sdpa_kernel
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    def attempt(row: dict, case: Case, processes: int = 1) -> dict:
+        """The run's row; skipped past the time budget; a failure's row says why (the others still run)."""
+        if time.perf_counter() - t_start > args.time_budget_s:
+            return {**row, "error": f"skipped: over the --time-budget-s of {args.time_budget_s:.0f} s"}
         try:
-            with sdpa_kernel(backend):
-                case.step()
-            case.sync()
-            return None
-        except RuntimeError as e:
-            case.opt.zero_grad()
-            reasons = "; ".join(dict.fromkeys(str(w.message).splitlines()[0] for w in caught))
-            return _first_line(e) + (f" (SDPA warned: {reasons[:300]})" if reasons else "")
+            return run_case(case, plan, row["mode"], processes=processes, log=log)
+        except Exception as e:
+            return {**row, "error": f"{type(e).__name__}: {e}"[:200]}
 
-
-def profiled_ops(case: Case) -> dict[str, int]:
-    """Op name -> calls during one training step (CPU-side profiler: aten op names)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        case.step()
-        case.sync()
-    return {e.key: e.count for e in prof.key_averages()}
-
-
-def check_case(recipe: str, args: argparse.Namespace, device: torch.device, peak: Optional[float]) -> tuple[dict, list]:
-    """Everything the table says about one recipe, and its notes."""
-    from torch.nn.attention import SDPBackend
-
-    case = build_case(recipe, args.batch, args.seq_len, device)
-    b, s = case.ids_BS1.shape[0], case.ids_BS1.shape[1] - 1
-    model_cfg = archlab.model_config(case.cfg)
-    notes = []
-    for _ in range(args.warmup):  # allocator, kernels, optimizer states
-        case.step()
-    times = []
-    for _ in range(args.steps):
-        case.sync()
-        t0 = time.perf_counter()
-        case.step()
-        case.sync()
-        times.append(time.perf_counter() - t0)
-    states_now, fused_peak = _memory(device)  # between steps: weights, masters, moments (AdamW state exists now)
-    case.step()
-    peak_fused = fused_peak()
-    _, logits_peak = _memory(device)
-    case.step(logits_loss)
-    peak_logits = logits_peak()
-    ops = profiled_ops(case)
-    backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}
-    alone = {name: try_sdpa_alone(case, backend) for name, backend in backends.items()}
-    for name, why in alone.items():
-        if why is not None:
-            notes.append(f"{case.name}: SDPA restricted to {name} fails: {why}")
-    predicted = training_memory(model_cfg, b, s, precision="bf16", device="cuda")
-    predicted_logits = training_memory(model_cfg, b, s, precision="bf16", device="cuda", loss="logits")
-    acts = activation_memory(model_cfg, b, s, dtype="bf16", device="cuda", loss="logits")
-    notes.append(f"{case.name}: {acts.model['loss'] / GIB:.3g} GiB of the logits loss's prediction is its loss "
-                 "term (LM-head input, N x V fp32 log-probabilities), which the fused loss never holds")
-    step_s = statistics.median(times)
-    tokens_per_s = b * s / step_s
-    flops = training_flops_per_token(model_cfg, s)
-    if model_cfg.moe is None:
-        grouped = "-"
-    else:
-        calls = ops.get(GROUPED_MM_OP, 0)
-        grouped = f"yes ({calls} calls)" if calls else "no: padded bmm"
-    row = {
-        "recipe": case.name, "params": param_counts(model_cfg).total, "batch": b, "seq_len": s,
-        "step_ms": 1e3 * step_s, "tokens_per_s": tokens_per_s, "mfu": mfu(tokens_per_s, flops, peak),
-        "flops_per_token": flops, "sdpa": sdpa_kernels(list(ops)), "sdpa_alone": alone, "grouped_mm": grouped,
-        "states": compare_memory(states_now, predicted["weights"] + predicted["optimizer"], args.mem_tolerance),
-        "peak_logits": compare_memory(peak_logits, predicted_logits["total"], args.mem_tolerance),
-        "peak_fused": compare_memory(peak_fused, predicted["total"], args.mem_tolerance),
-    }
-    return row, notes
-
-
-def release(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    rows = [attempt({"recipe": case.label, "mode": mode}, case) for case in cases for mode in args.modes]
+    gpus = 0 if dry else torch.cuda.device_count()
+    skipped = ep_skip_reason(dry, gpus, args.ep_sizes)
+    ep_rows = [] if skipped else [attempt({"recipe": EP_CASE.label, "mode": "eager", "ep": ep}, EP_CASE, ep)
+                                  for ep in args.ep_sizes if ep <= gpus]
+    ok = [r for r in rows + ep_rows if "error" not in r]
+    device = ok[0]["device_name"] if ok else ("cpu" if dry else "cuda")
+    cuda = f", CUDA {torch.version.cuda}" if not dry else ""
+    precision = {"no": "fp32", "bf16": "bf16 autocast"}.get(ok[0]["mixed_precision"], ok[0]["mixed_precision"]) \
+        if ok else "?"
+    title = (f"**archlab GPU check{' (CPU dry run)' if dry else ''}**: {device}, torch {torch.__version__}{cuda}; "
+             f"the trainer's runs (precision {precision}); warmup {plan.warmup}, "
+             f"{plan.steps} timed steps, 1 profiled; {time.perf_counter() - t_start:.0f} s")
+    notes = ["tokens/s, MFU: the trainer's own metrics.jsonl rows over the timed steps (MFU = tokens/s x "
+             "archlab.costs.training_flops_per_token / the trainer's peak_flops).",
+             "peak: the trainer's max_memory_allocated (whole run) / the plan: archlab.costs model_state_memory"
+             "(precision='fp32': the autocast run's fp32 weights, gradients, AdamW) + activation_memory(bf16).",
+             f"run folders: {plan.runs_dir}"]
+    report = format_report(title, rows, ep_rows, skipped, notes)
+    status = 1 if any("error" in r for r in rows + ep_rows) else 0
+    return status, report, rows + ep_rows
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -363,68 +384,50 @@ def release(device: torch.device) -> None:
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tools.gpu_check", description=__doc__.split("\n\n")[0])
-    p.add_argument("recipes", nargs="*", default=list(DEFAULT_RECIPES), help="recipe files (default: %(default)s)")
-    p.add_argument("--batch", type=int, default=None, help="micro-batch for every recipe (default: see above)")
-    p.add_argument("--seq-len", type=int, default=None, help="sequence length for every recipe")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per recipe")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--dry-run", action="store_true", help="on CPU, tiny recipes, few steps; n/a where CUDA-only")
+    p.add_argument("--out", default=None, help="also write the markdown report to this file")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="default: %(default)s")
+    p.add_argument("--only", nargs="+", default=None, help="only these cases (labels, e.g. dense-125m)")
+    p.add_argument("--batch", type=int, default=None, help=f"micro batch (default {GPU_SHAPE[0]}; dry {DRY_SHAPE[0]})")
+    p.add_argument("--seq-len", type=int, default=None, help=f"default {GPU_SHAPE[1]}; dry {DRY_SHAPE[1]}")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps first, compilation included (5; dry 1)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (20; dry 2)")
+    p.add_argument("--log-every", type=int, default=None, help="the trainer's row interval (5; dry 1)")
+    p.add_argument("--ep-sizes", type=int, nargs="*", default=list(EP_SIZES), help="default: %(default)s")
     p.add_argument("--peak-flops", type=float, default=None,
-                   help=f"peak bf16 FLOP/s of the device for MFU, e.g. 989e12 (else ${PEAK_ENV}, else by device name)")
-    p.add_argument("--mem-tolerance", type=float, default=0.25, help="memory: |measured / predicted - 1| called ok")
-    p.add_argument("--time-budget-s", type=float, default=270.0,
-                   help="start no further recipe after this many seconds (the whole check is meant for < 5 min)")
-    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # tests: the same code on CPU
-    return p.parse_args(argv)
-
-
-def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> int:
-    """Check every recipe on ``args.device``; print the table; 0 if all ran, 1 otherwise."""
-    if args.steps < 1 or args.warmup < 0:
-        raise ValueError("--steps must be >= 1 and --warmup >= 0")
-    device = torch.device(args.device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    peak, peak_source = lookup_peak_flops(name, args.peak_flops)
-    t_start = time.perf_counter()
-    rows, notes = [], []
-    for recipe in args.recipes:
-        if time.perf_counter() - t_start > args.time_budget_s:
-            rows.append({"recipe": recipe, "error": f"skipped: over the --time-budget-s of {args.time_budget_s:.0f} s"})
-            continue
-        try:
-            row, case_notes = check_case(recipe, args, device, peak)
-        except Exception as e:  # one broken recipe must not hide the others' numbers
-            row, case_notes = {"recipe": recipe, "error": _first_line(e)}, []
-        rows.append(row)
-        notes += case_notes
-        release(device)
-    cuda = f", CUDA {torch.version.cuda}" if device.type == "cuda" else ""
-    peak_text = "MFU not reported" if peak is None else f"{peak / 1e12:.0f} TFLOP/s"
-    title = (f"**archlab GPU check**: {name}, torch {torch.__version__}{cuda}; bf16 weights + fp32 master AdamW; "
-             f"peak {peak_text} ({peak_source}); {time.perf_counter() - t_start:.0f} s")
-    notes = [
-        "MFU = tokens/s x archlab.costs.training_flops_per_token (matmuls, full attention square) / peak.",
-        "memory: predicted = archlab.costs.training_memory(precision='bf16', device='cuda'), bytes kept for "
-        "backward plus model states; the measured peak also holds the transients of its moment.",
-    ] + notes
-    log(format_table(rows, title, notes))
-    return 1 if any("error" in r for r in rows) else 0
+                   help=f"peak bf16 FLOP/s for MFU, e.g. 989e12 (else ${PEAK_ENV}, else the trainer's table)")
+    p.add_argument("--runs-dir", default=str(ROOT / "runs" / "gpu_check"), help="run folders go in a dated folder here")
+    p.add_argument("--time-budget-s", type=float, default=280.0, help="start no further run after this many seconds")
+    p.add_argument("--run-timeout-s", type=float, default=240.0, help="limit of one run")
+    args = p.parse_args(argv)
+    dry = args.dry_run
+    args.warmup = args.warmup if args.warmup is not None else (1 if dry else 5)
+    args.steps = args.steps if args.steps is not None else (2 if dry else 20)
+    args.log_every = args.log_every if args.log_every is not None else (1 if dry else 5)
+    if args.steps < 1 or args.warmup < 1 or args.log_every < 1:
+        raise ValueError("--steps, --warmup and --log-every must be >= 1")
+    if args.steps % args.log_every or args.warmup % args.log_every:
+        raise ValueError(f"--warmup {args.warmup} and --steps {args.steps} must be multiples of --log-every "
+                         f"{args.log_every} (the trainer's rows must not straddle warmup and timed steps)")
+    return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parse_args(argv)
-    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
-        print(f"error: tools.gpu_check needs a CUDA GPU; torch {torch.__version__} sees none "
-              "(torch.cuda.is_available() is False)", file=sys.stderr)
-        return 2
     try:
-        for recipe in args.recipes:
-            if not (Path(recipe) if Path(recipe).is_absolute() else ROOT / recipe).is_file():
-                raise ValueError(f"recipe {recipe!r} not found")
-        return run(args)
+        args = parse_args(argv)
+        if not args.dry_run and not torch.cuda.is_available():
+            print(f"error: tools.gpu_check needs a CUDA GPU; torch {torch.__version__} sees none "
+                  "(torch.cuda.is_available() is False; --dry-run runs it on CPU)", file=sys.stderr)
+            return 2
+        peak_override(args.peak_flops)
+        for case in CASES + DRY_CASES:
+            if not (ROOT / case.recipe).is_file():
+                raise ValueError(f"recipe {case.recipe!r} not found")
+        status, report, _ = run(args, log=lambda m: print(m, file=sys.stderr, flush=True))
     except (RecipeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    print(report)
+    if args.out:
+        Path(args.out).write_text(report + "\n")
+    return status

@@ -1,7 +1,8 @@
 """The training log: a ``train`` row in metrics.jsonl every ``train.log_every`` steps (and at the last
 step) with the step's loss, the mean loss and tokens/s over the steps since the previous row (time
-spent on evaluation and checkpoints left out), lr, gradient norm, MFU and the fields other callbacks
-add; and the progress bar on the main process. Always chosen.
+spent on evaluation and checkpoints left out), lr, gradient norm, MFU, on CUDA the allocator's peak so
+far (``max_memory_allocated``, bytes) and the fields other callbacks add; and the progress bar on the
+main process. Always chosen.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import sys
 import time
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
 from archlab.train import console
@@ -32,6 +34,12 @@ class Window:
         out = (self.tokens / dt if dt > 0 else float("nan"), sum(self.losses) / max(1, len(self.losses)))
         self.t0, self.paused, self.tokens, self.losses = time.perf_counter(), paused, 0, []
         return out
+
+
+def memory_fields(device: torch.device) -> dict[str, int]:
+    """CUDA: ``max_memory_allocated``, the allocator's peak bytes on ``device`` since the process started
+    (``torch.cuda.max_memory_allocated``); nothing elsewhere."""
+    return {"max_memory_allocated": torch.cuda.max_memory_allocated(device)} if device.type == "cuda" else {}
 
 
 class MetricsLogger(Callback):
@@ -57,7 +65,7 @@ class MetricsLogger(Callback):
                    "loss_avg": loss_avg, "aux_loss": r["aux_loss"], **r["parts"], "lr": r["lr"],
                    "grad_norm": r["grad_norm"], "tokens_per_s": tok_s, "flops_per_token": trainer.flops_per_token,
                    "mfu": tok_s * trainer.flops_per_token / (trainer.peak_flops * trainer.info.world_size),
-                   "elapsed_s": trainer.elapsed(), **r["extra"]}
+                   "elapsed_s": trainer.elapsed(), **memory_fields(trainer.device), **r["extra"]}
             trainer.write(row)
             self.bar.set_postfix(self.fields.postfix(row), refresh=False)  # loss, lr, tokens/s, MFU, val loss
         self.bar.update(1)
