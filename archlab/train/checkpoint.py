@@ -23,6 +23,7 @@ from archlab.checkpoints import (  # noqa: F401  (the checkpoint files' API, re-
     begin,
     checkpoints,
     finish,
+    hash_share,
     is_checkpoint_dir,
     is_run_dir,
     latest,

@@ -9,7 +9,7 @@ from typing import Optional
 
 from archlab.io import write_json_atomic
 from archlab.train import checkpoint as ckpt
-from archlab.train.dist import barrier
+from archlab.train.dist import all_gather_objects, barrier
 from archlab.version import __version__
 
 
@@ -32,9 +32,12 @@ def save_checkpoint(trainer, elapsed: float) -> Path:
             "branch": trainer.branch})
         ckpt.save_recipe(trainer.cfg, tmp / ckpt.RECIPE)
     barrier()
+    # every rank hashes its share of the files (by size), rank 0 writes the manifest from them all
+    hashes = {name: entry for share in all_gather_objects(ckpt.hash_share(tmp, info.rank, info.world_size))
+              for name, entry in share.items()}
     final = ckpt.tmp_dir(run, step).with_name(ckpt.step_dir_name(step))
     if info.is_main:
-        ckpt.finish(run, step, t.keep_last, keep_steps=t.ckpt_steps)
+        ckpt.finish(run, step, t.keep_last, keep_steps=t.ckpt_steps, hashes=hashes)
     barrier()
     return final
 
@@ -54,4 +57,22 @@ def load_checkpoint(trainer, ckpt_dir: Path) -> tuple[dict, Optional[Path]]:
     if state.get("global_batch") not in (None, batch_now):
         trainer.log(f"warning: checkpoint was trained with a global batch of {state['global_batch']} windows, "
                     f"this launch uses {batch_now}: the data order differs from an uninterrupted run")
+    saved_world = state.get("world_size")
+    if saved_world is not None and int(saved_world) != trainer.info.world_size:  # the backend allowed it
+        trainer.log(other_world_size_note(int(saved_world), trainer.info.world_size, state.get("global_batch"),
+                                          batch_now))
     return state, None if restarts is not None else ckpt_dir
+
+
+def other_world_size_note(saved: int, now: int, batch_before: Optional[int], batch_now: int) -> str:
+    """What a resume by another number of processes keeps: the data order (by the global batch) and the RNG."""
+    if batch_before in (None, batch_now):
+        data = (f"the global batch is unchanged ({batch_now} windows), so every step reads the windows the "
+                "uninterrupted run reads, split over the processes and micro batches differently (losses agree "
+                "to rounding)")
+    else:
+        data = "the global batch changed, so the data order differs from an uninterrupted run"
+    missing = ", ".join(str(r) for r in range(saved, now))
+    rng = f"; rank {missing}: no RNG state in the checkpoint, its dropout RNG starts from the seed" if missing else ""
+    return (f"note: checkpoint was written by {saved} processes, this run has {now}: weights and optimizer state "
+            f"restored (the same on every process); {data}{rng}")

@@ -90,6 +90,15 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
+def all_gather_objects(obj) -> list:
+    """Every rank's ``obj``, in rank order (``[obj]`` in a single process; pickled between our own processes)."""
+    if not _active():
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 @contextlib.contextmanager
 def main_process_first(info: DistInfo) -> Iterator[None]:
     """Rank 0 runs the block first (e.g. builds a cache), the others after it finished."""

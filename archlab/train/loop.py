@@ -85,6 +85,7 @@ class Trainer:
         self.model = self.objective.build_model(cfg)  # the plain module; the wrapped one is self.model_t
         self.model.checkpointing = t.activation_checkpointing  # how its blocks keep activations for backward
         self.step, self.tokens, self.elapsed_before, self.paused_s = 0, 0, 0.0, 0.0
+        self.stop: Optional[StopSignal] = None  # while run() trains: the signals it stops on
         self.branch: Optional[dict] = None  # train.branch_from: {"from": parent checkpoint, "step": branch step}
         self.callbacks: list[Callback] = choose(self)  # the optional features, in call order
         # full (consolidated) weights, before any sharding; the optimizer state too where the backend can
@@ -169,10 +170,13 @@ class Trainer:
         self._hook("on_start")
         status, message = "failed", ""
         ckpt_steps = set(t.ckpt_steps)
+        self.stop = stop
         try:
             while self.step < t.max_steps:
-                self.run_step()
-                if bool(all_reduce_sum(torch.tensor([float(stop.requested)])) > 0):  # every rank stops together
+                r = self.run_step()
+                # every rank stops together: several processes agree through the step's own reduction (a
+                # signal that arrives after it stops the next step), one process reads its flag now
+                if r.get("stop") if self.info.world_size > 1 else stop.requested:
                     status, message = "interrupted", f"stopped by {stop.received or 'a signal on another rank'}"
                     break
                 self._periodic(eval_now=self.step % t.eval_every == 0,
@@ -190,6 +194,7 @@ class Trainer:
             raise
         finally:
             stop.close()
+            self.stop = None
             self._hook("on_end", status)
             summary = self._finish(status, message, self.elapsed())
         if status == "interrupted":
@@ -222,10 +227,13 @@ class Trainer:
         self._hook("after_update", r, read_stats)
         return r
 
-    def train_step(self) -> dict[str, float]:
-        """Forward/backward over the A micro batches of this step; returns the reduced numbers.
+    def train_step(self) -> dict[str, Any]:
+        """Forward/backward over the A micro batches of this step; returns the reduced numbers, and
+        ``stop``: whether a stop signal reached any rank before the reduction.
 
         Does not update the weights: :meth:`run` does, once it knows loss and grad norm are finite.
+        One collective and one host read per step: loss, aux loss, the objective's parts and the stop
+        flag summed over the ranks in one all-reduce on the device, read back with the gradient norm.
         """
         A = self.cfg.train.grad_accum
         lm_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -246,12 +254,16 @@ class Trainer:
             for name, value in loss.parts.items():
                 part_sums[name] = part_sums.get(name, 0.0) + value.detach().double()
         self._hook("after_backward")
-        grad_norm = self.backend.clip_grad_norm()
+        grad_norm = self.backend.clip_grad_norm()  # a float, or a tensor read below with the rest
         names = sorted(part_sums)
-        reduced = all_reduce_sum(torch.stack([lm_sum / A, aux_sum / A] + [part_sums[k] / A for k in names]).cpu())
+        stop = lm_sum.new_full((), float(self.stop is not None and self.stop.requested))
+        reduced = all_reduce_sum(torch.stack([lm_sum / A, aux_sum / A] + [part_sums[k] / A for k in names] + [stop]))
+        norm = torch.as_tensor(grad_norm, dtype=reduced.dtype, device=reduced.device).reshape(1)
+        values = torch.cat([reduced, norm]).tolist()  # the step's one host read
         W = self.info.world_size
-        return {"loss": float(reduced[0]) / W, "aux_loss": float(reduced[1]) / W, "grad_norm": grad_norm,
-                "parts": {k: float(v) / W for k, v in zip(names, reduced[2:])}}  # the objective's other terms
+        return {"loss": values[0] / W, "aux_loss": values[1] / W, "grad_norm": values[-1],
+                "parts": {k: v / W for k, v in zip(names, values[2:-2])},  # the objective's other terms
+                "stop": values[-2] > 0}
 
     def _forward_loss(self, x_BW: Tensor, micro: int = 0) -> Loss:
         """The objective's loss of one micro batch through the wrapped model (``train.objective``: causal

@@ -181,7 +181,7 @@ def _one_step(backend, x_BS1) -> float:
     assert backend.backward(out.loss + out.aux_loss)
     norm = backend.clip_grad_norm()
     backend.step()
-    return norm
+    return float(norm)
 
 
 def test_plain_backend_steps_clips_and_round_trips_its_state(tiny_cfg, tmp_path):
@@ -195,6 +195,7 @@ def test_plain_backend_steps_clips_and_round_trips_its_state(tiny_cfg, tmp_path)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     expected = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
     norm = backend.clip_grad_norm()
+    norm = float(norm)  # a tensor on the device: the trainer reads it with the step's other numbers
     assert norm == pytest.approx(expected, rel=1e-5) and norm > 0.01
     clipped = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
     assert float(clipped) == pytest.approx(0.01, rel=1e-3)
@@ -218,3 +219,30 @@ def test_plain_backend_steps_clips_and_round_trips_its_state(tiny_cfg, tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), restored_model.parameters()))
     backend.close()
     assert backend.model_t is None and backend.optimizer_t is None
+
+
+def test_a_checkpoint_of_another_world_size_resumes_where_the_backend_can(tiny_cfg, tmp_path):
+    """DDP's optimizer.pt is the whole AdamW state: 2 processes' checkpoint resumes in 1 (and back).
+    DeepSpeed keeps one optimizer file per process (ZeRO partitions, expert-parallel ranks' experts):
+    refused, naming both sizes and the launch that wrote it."""
+    (tmp_path / ckpt.OPTIMIZER).write_bytes(b"")
+    (tmp_path / "zero").mkdir()
+    plain = PlainBackend(_accelerator(DistributedType.NO), DistInfo(0, 1), tiny_cfg(), Launch())
+    assert plain.check_resume(tmp_path, {"world_size": 2, "ep_size": 1}) is None
+    zero2 = _backend(ZeroBackend, tiny_cfg, Launch(deepspeed=True, zero_stage=2, world_size=1))
+    zero2.info = DistInfo(0, 1)
+    assert zero2.check_resume(tmp_path, {"world_size": 1, "deepspeed": True, "zero_stage": 2}) is None
+    with pytest.raises(ckpt.CheckpointError, match=r"checkpoint was written by 2 processes \(DeepSpeed ZeRO-2\), "
+                                                   r"this run has 1: DeepSpeed keeps one optimizer file per process "
+                                                   r".*resume with 2 processes \(accelerate launch --num_processes 2"):
+        zero2.check_resume(tmp_path, {"world_size": 2, "deepspeed": True, "zero_stage": 2})
+    moe = tiny_cfg(*MOE, "model.moe.ep_size=2", recipe="mixtral/tiny")
+    ep = ExpertZeroBackend(_accelerator(DistributedType.DEEPSPEED, 2), DistInfo(1, 2), moe,
+                           Launch(deepspeed=True, zero_stage=2, ep_size=2, world_size=2))
+    for r in range(4):
+        torch.save({}, tmp_path / ckpt.rank_optimizer_name(r))
+    saved = {"world_size": 4, "deepspeed": True, "zero_stage": 2, "ep_size": 2}
+    with pytest.raises(ckpt.CheckpointError, match=r"written by 4 processes \(DeepSpeed ZeRO-2, model\.moe\.ep_size=2\)"
+                                                   r", this run has 2: .*its experts' state"):
+        ep.check_resume(tmp_path, saved)
+    assert ep.check_resume(tmp_path, {**saved, "world_size": 2}) is None

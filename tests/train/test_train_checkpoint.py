@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import archlab
+from archlab import checkpoints
 from archlab.io import write_json_atomic
 from archlab.train import checkpoint as ckpt
 from archlab.train.checkpoint import CheckpointError
@@ -154,3 +155,31 @@ def test_metrics_log_without_trackers(tmp_path):
     log.close()  # idempotent
     assert read_jsonl(tmp_path / "metrics.jsonl") == [{"kind": "train", "step": 1, "loss": 2.5}]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+
+
+def test_ranks_hash_disjoint_shares_that_make_the_manifest(run_with_model):
+    """Each of W ranks hashes a share of the files (largest first, to the least loaded rank): the
+    shares are disjoint, cover every file, and give the manifest one process writes; finish trusts
+    them (an entry it is handed is written as is) and hashes what it is not handed."""
+    run, model, cfg = run_with_model
+    tmp = ckpt.begin(run, 5)
+    ckpt.save_model_weights(model, tmp / ckpt.WEIGHTS)
+    for r, size in enumerate((3000, 1000, 900, 10)):
+        (tmp / f"rng_rank{r}.pt").write_bytes(bytes([r]) * size)
+    (tmp / "zero").mkdir()
+    (tmp / "zero" / "part.pt").write_bytes(b"z" * 2500)
+    shares = [ckpt.hash_share(tmp, r, 2) for r in range(2)]
+    assert not shares[0].keys() & shares[1].keys()
+    assert shares[0].keys() | shares[1].keys() == set(checkpoints._files_under(tmp))
+    assert ckpt.WEIGHTS in shares[0] and "rng_rank0.pt" in shares[1]  # the two largest on different ranks
+    merged = {**shares[0], **shares[1]}
+    handed = {**merged, "zero/part.pt": {"bytes": 2500, "sha256": "0" * 64}}
+    del handed["rng_rank3.pt"]
+    final = ckpt.finish(run, 5, keep_last=3, hashes=handed)
+    files = json.loads((final / ckpt.MANIFEST).read_text())["files"]
+    assert files["zero/part.pt"]["sha256"] == "0" * 64  # taken as handed
+    assert files["rng_rank3.pt"] == checkpoints._entry(final / "rng_rank3.pt")  # hashed by finish
+    assert {k: v for k, v in files.items() if k != "zero/part.pt"} == {
+        k: v for k, v in ckpt.hash_share(final, 0, 1).items() if k != "zero/part.pt"}  # one process: same entries
+    with pytest.raises(CheckpointError, match="part.pt: corrupt"):
+        ckpt.verify(final)

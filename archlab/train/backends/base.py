@@ -55,6 +55,12 @@ class Launch:
 WeightsToSave = Union[nn.Module, dict[str, Tensor], None]
 
 
+def _launch_name(state: dict) -> str:
+    """The launch a checkpoint's state.json records, in words: ``DeepSpeed ZeRO-2, model.moe.ep_size=2``."""
+    name = f"DeepSpeed ZeRO-{state.get('zero_stage', 0)}" if state.get("deepspeed") else "DDP or one process"
+    return name + (f", model.moe.ep_size={state['ep_size']}" if int(state.get("ep_size", 1)) > 1 else "")
+
+
 class Backend(ABC):
     """One way of training a model, as launched. Subclasses live one per module in this package and
     are listed in :data:`archlab.train.backends.BACKENDS`; :func:`~archlab.train.backends.select_backend`
@@ -92,7 +98,8 @@ class Backend(ABC):
         this backend will restore its optimizer state, else a warning saying why the optimizer state
         (AdamW moments) restarts from zero. Raises CheckpointError when the checkpoint lacks the files
         this backend restores from, or holds them in a form it cannot read (another ZeRO stage, another
-        ``train.optimizer``; a checkpoint without the field was written by AdamW)."""
+        ``train.optimizer``; a checkpoint without the field was written by AdamW), or was written by another
+        number of processes where :meth:`world_size_refusal` says why that cannot be restored."""
         saved_opt, opt = str(state.get("optimizer", "adamw")), str(self.cfg.train.get("optimizer", "adamw"))
         if saved_opt != opt:  # another optimizer's state (its groups and moments) cannot be restored
             raise CheckpointError(f"{ckpt_dir}: written with train.optimizer={saved_opt}, this run uses "
@@ -102,7 +109,18 @@ class Backend(ABC):
             return (f"checkpoint was written at model.moe.ep_size={saved_ep}, this run uses {self.launch.ep_size}: "
                     "weights loaded, the optimizer state (AdamW moments) restarts from zero")
         self.check_checkpoint(ckpt_dir, state)
+        saved_world, why = state.get("world_size"), self.world_size_refusal()
+        if saved_world is not None and int(saved_world) != self.info.world_size and why is not None:
+            raise CheckpointError(
+                f"{ckpt_dir}: checkpoint was written by {saved_world} processes ({_launch_name(state)}), this run has "
+                f"{self.info.world_size}: {why}; resume with {saved_world} processes (accelerate launch "
+                f"--num_processes {saved_world})")
         return None
+
+    def world_size_refusal(self) -> Optional[str]:
+        """Why this backend cannot restore an optimizer state that another number of processes wrote
+        (None: it can; the data then continues by the global batch, see the checkpointer)."""
+        return "its optimizer state is split over the processes"
 
     @abstractmethod
     def check_checkpoint(self, ckpt_dir: Path, state: dict) -> None:
@@ -132,16 +150,17 @@ class Backend(ABC):
 
     def backward(self, loss: Tensor) -> bool:
         """Back-propagate one micro batch's loss (inside ``accelerator.accumulate``). False when nothing
-        was back-propagated because the loss is not finite on some rank and this backend would update
-        the weights inside backward (the caller stops); True otherwise."""
+        was back-propagated because a loss of this step is not finite on some rank and this backend
+        would update the weights inside this backward (the caller stops); True otherwise."""
         self.accelerator.backward(loss)
         return True
 
     @abstractmethod
-    def clip_grad_norm(self) -> float:
+    def clip_grad_norm(self) -> Union[float, Tensor]:
         """The global 2-norm of this step's gradient (of the whole model, over all ranks) before
         clipping; the update clips it to ``train.grad_clip`` (> 0), here or inside :meth:`step`.
-        NaN or inf when the gradient is not finite."""
+        NaN or inf when the gradient is not finite. A float, or a 0-d tensor that the caller reads
+        (``float``) when it needs the value: no host read here."""
 
     def step(self) -> None:
         """Update the weights with the accumulated gradient, then clear it."""

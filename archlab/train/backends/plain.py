@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 from omegaconf import DictConfig
-from torch import nn
+from torch import Tensor, nn
 
 from archlab.train import checkpoint as ckpt
 from archlab.train.backends.base import Backend, Launch, WeightsToSave
@@ -40,6 +40,9 @@ class PlainBackend(Backend):
             raise ckpt.CheckpointError(f"{ckpt_dir / ckpt.OPTIMIZER}: missing (was this checkpoint written under "
                                        "DeepSpeed? resume it with the same launcher)")
 
+    def world_size_refusal(self) -> Optional[str]:
+        return None  # optimizer.pt is the whole AdamW state, the same on every rank
+
     def build_optimizer(self, model: nn.Module, restore_from: Optional[Path]) -> torch.optim.Optimizer:
         self.optimizer = build_optimizer(model, self.cfg.train)
         if restore_from is not None:
@@ -50,9 +53,10 @@ class PlainBackend(Backend):
                 restore_from: Optional[Path]) -> None:
         self.model_t, self.optimizer_t = self.accelerator.prepare(module, optimizer)
 
-    def clip_grad_norm(self) -> float:
+    def clip_grad_norm(self) -> Tensor:
+        """The norm as a tensor on the device: the trainer reads it with the step's other numbers."""
         clip = self.cfg.train.grad_clip
-        return float(self.accelerator.clip_grad_norm_(self.model_t.parameters(), clip if clip > 0 else float("inf")))
+        return self.accelerator.clip_grad_norm_(self.model_t.parameters(), clip if clip > 0 else float("inf"))
 
     def save(self, folder: Path, model: nn.Module) -> WeightsToSave:
         if self.info.is_main:

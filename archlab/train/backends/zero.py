@@ -39,6 +39,8 @@ class DeepSpeedBackend(Backend):
     DeepSpeed config and the model before the engine is built (:meth:`before_engine`), and finish
     the wiring and restore their state after it (:meth:`after_engine`)."""
 
+    _nonfinite: Optional[Tensor] = None  # the non-finite losses of this step's micro batches so far (a count)
+
     @classmethod
     def refusal(cls, launch: Launch, cfg: DictConfig) -> Optional[str]:
         if cfg.train.on_nonfinite == "skip":
@@ -70,11 +72,22 @@ class DeepSpeedBackend(Backend):
         return deepspeed_engine(self.accelerator)
 
     def backward(self, loss: Tensor) -> bool:
-        # the engine steps inside the last backward: stop before it sees a bad loss on any rank
-        if not bool(all_reduce_sum(torch.isfinite(loss).logical_not().float()) == 0):
-            return False
+        """The engine updates inside the backward of the step's last micro batch (accelerate's
+        ``sync_gradients``): before it, every micro batch's loss on every rank is checked, at once (one
+        all-reduce and one host read per step; the earlier micro batches' non-finite losses only
+        reach the accumulated gradient, which the stopping run never applies)."""
+        bad = torch.isfinite(loss.detach()).logical_not().float()
+        self._nonfinite = bad if self._nonfinite is None else self._nonfinite + bad
+        if self.accelerator.sync_gradients:
+            bad, self._nonfinite = self._nonfinite, None
+            if bool(all_reduce_sum(bad) > 0):
+                return False
         self.accelerator.backward(loss)
         return True
+
+    def world_size_refusal(self) -> Optional[str]:
+        return ("DeepSpeed keeps one optimizer file per process (its ZeRO partition; under expert parallelism "
+                "its experts' state), read back by the same process only")
 
     def clip_grad_norm(self) -> float:
         """The engine clipped inside its step; it reports the norm before clipping."""
