@@ -1,7 +1,9 @@
 """bf16 experts under the trainer's mixed precision (issue 51): with ``train.precision=bf16`` the
 weights stay fp32 and accelerate runs the forward under autocast, which lowers matmul-type ops
 only; the routed experts must still receive bf16 rows and weights (so that on CUDA the bf16
-grouped GEMM runs). Checked in the real trainer, in one process and under 2-process DDP.
+grouped GEMM runs). Checked in the real trainer, in one process and under 2-process DDP; and
+under DeepSpeed bf16 (ZeRO-0, 2 processes), where the weights themselves are bf16 and autocast
+is off, that they still do.
 
 This file is also the script the DDP test launches (``accelerate launch ... <this file>
 <out.json> <recipe.yaml> [key=value ...]``): each rank trains with the experts' matmuls recorded
@@ -10,6 +12,7 @@ and writes what it saw to ``<out.json>.rank<r>``.
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -57,9 +60,10 @@ def record_experts(monkeypatch_setattr) -> dict:
     return rec
 
 
-def check_bf16(rec: dict) -> None:
-    """Mixed precision as the trainer sets it up (autocast on, fp32 weights), and bf16 operands only."""
-    assert rec["calls"] and all(tuple(c) == (True, "torch.float32") for c in rec["calls"]), rec["calls"]
+def check_bf16(rec: dict, autocast: bool = True, weights: str = "torch.float32") -> None:
+    """Mixed precision as the trainer sets it up (by default autocast on, fp32 weights), and bf16
+    operands only."""
+    assert rec["calls"] and all(tuple(c) == (autocast, weights) for c in rec["calls"]), rec["calls"]
     seen = [tuple(m) for m in rec["matmuls"]]
     assert seen, "the experts ran no matmul"
     assert {op for op, *_ in seen} <= {"_grouped_mm", "bmm"}
@@ -79,23 +83,39 @@ def test_experts_get_bf16_under_trainer_mixed_precision(tiny_cfg, rows, monkeypa
     assert all(r["loss"] == r["loss"] for r in rows(s["run_dir"]))  # finite (not NaN)
 
 
+def free_port() -> int:
+    """A port no one listens on now (not accelerate's default 29500, which a concurrent launch may hold)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+LAUNCHES = {  # launcher arguments, accelerate's distributed type, (autocast on, expert weights' dtype)
+    "ddp": (["--multi_gpu", "--num_processes", "2"], "MULTI_CPU", (True, "torch.float32")),
+    "zero0": (["--config_file", str(ROOT / "recipes/launch/zero0.yaml")], "DEEPSPEED", (False, "torch.bfloat16")),
+}
+
+
 @pytest.mark.slow
-def test_experts_get_bf16_under_two_process_ddp(tmp_path, data_cache, tiny_overrides):
-    """``accelerate launch --multi_gpu --num_processes 2`` on CPU (DDP over gloo, one thread per
-    process): every rank's experts receive bf16."""
+@pytest.mark.parametrize("launch", sorted(LAUNCHES))
+def test_experts_get_bf16_under_two_processes(tmp_path, data_cache, tiny_overrides, launch):
+    """Two processes on CPU, one thread each: DDP over gloo (``--multi_gpu``; fp32 weights under
+    autocast) and DeepSpeed ZeRO-0 with bf16 (bf16 weights, no autocast): every rank's experts
+    receive bf16."""
+    args, distributed_type, (autocast, weights) = LAUNCHES[launch]
     out = tmp_path / "seen.json"
     overrides = [*tiny_overrides, *MIXTRAL, f"data.cache_dir={data_cache}", f"train.out_dir={tmp_path / 'runs'}",
-                 "train.run_name=ddp"]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", __file__,
+                 f"train.run_name={launch}"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *args, "--main_process_port", str(free_port()), __file__,
            str(out), str(ROOT / "recipes/mixtral/tiny.yaml"), *overrides]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     for rank in (0, 1):
         rec = json.loads(Path(f"{out}.rank{rank}").read_text())
-        assert rec["world_size"] == 2 and rec["distributed_type"].endswith("MULTI_CPU")
+        assert rec["world_size"] == 2 and rec["distributed_type"].endswith(distributed_type)
         assert rec["mixed_precision"] == "bf16"
-        check_bf16(rec)
+        check_bf16(rec, autocast, weights)
 
 
 def main() -> int:
