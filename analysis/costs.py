@@ -2,6 +2,12 @@
 
     python -m analysis.costs recipes/dense/tiny.yaml recipes/llama/tiny.yaml --seq-len 1024
     python -m analysis.costs recipes/mixtral --format csv --out docs/costs
+    python -m analysis.costs plan recipes/dense/350m.yaml --launch recipes/launch/zero1.yaml --gpus 8 --gpu h100
+
+``plan RECIPE``: one recipe before a GPU is rented (archlab.costs.plan): per-GPU bytes of its training step
+under a launch config (accelerate YAML or DeepSpeed JSON: processes, DeepSpeed, ZeRO stage; --gpus overrides
+the processes) and its precision regime, whether that fits the GPU, tokens/s at --mfu and the hours and
+GPU-hours to its token budget.
 
 One row per recipe: parameters (total, embedding, non-embedding, active per token), forward and
 training matmul FLOPs per token at the context length, KV-cache bytes per token of context, and
@@ -40,6 +46,7 @@ from analysis.plotting import COLORS, pyplot, save_figure, stacked_bars, style_a
 from archlab.config import RecipeError
 from archlab.costs import activation_memory, kv_cache_bytes, param_counts, training_flops, training_memory
 from archlab.costs.flops import forward_flops
+from archlab.costs.plan import GPUS, format_plan, read_launch, training_plan
 from archlab.io import write_text_atomic
 from archlab.nn.positions import position_class
 
@@ -398,7 +405,63 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} must be a fraction in (0, 1] (or a percentage, e.g. 40%)")
+    return value
+
+
+def build_plan_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m analysis.costs plan",
+                                 description="Per-GPU memory, fit, throughput and hours of one recipe's training.")
+    ap.add_argument("recipe", help="recipe YAML file")
+    ap.add_argument("--launch", type=Path,
+                    help="accelerate config (recipes/launch/*.yaml) or DeepSpeed config (zero*.json); default: "
+                         "one process, DDP with --gpus > 1")
+    ap.add_argument("--gpus", type=_positive_int, help="number of GPUs (default: the launch config's num_processes)")
+    ap.add_argument("--gpu", choices=sorted(GPUS), default="h100", help="GPU model (default h100)")
+    ap.add_argument("--mfu", type=_fraction, default=0.4, help="model FLOPs utilisation assumed (default 0.4)")
+    ap.add_argument("--headroom", type=float, default=0.1,
+                    help="share of GPU memory kept free for CUDA context, NCCL, fragmentation (default 0.1)")
+    ap.add_argument("--tokens", type=float, help="token budget (default: the recipe's max_steps x global batch)")
+    ap.add_argument("--precision", choices=["bf16", "fp32"], help="default: the recipe's train.precision (auto: bf16)")
+    ap.add_argument("--checkpointing", choices=["none", "full", "selective"],
+                    help="default: the recipe's train.activation_checkpointing")
+    ap.add_argument("--batch", type=_positive_int, help="micro-batch per GPU (default train.micro_batch_size)")
+    ap.add_argument("--seq-len", type=_positive_int, help="context length (default train.seq_len)")
+    ap.add_argument("--format", choices=["table", "json"], default="table", help="output format (default table)")
+    return ap
+
+
+def plan_main(argv: Sequence[str]) -> int:
+    """``python -m analysis.costs plan RECIPE ...``: the plan of one recipe (exit 2 on invalid input)."""
+    args = build_plan_parser().parse_args(argv)
+    try:
+        path = Path(args.recipe)
+        if not path.is_file():
+            raise RecipeError(f"{path}: no such recipe file")
+        if _launch_config(path):
+            raise RecipeError(f"{path}: an accelerate launch config, not a recipe; pass it as --launch {path}")
+        recipe = archlab.load_recipe(path)
+        launch = read_launch(args.launch, args.gpus)
+        plan = training_plan(recipe, launch, gpu=args.gpu, mfu=args.mfu, headroom=args.headroom, tokens=args.tokens,
+                             precision=args.precision, checkpointing=args.checkpointing, batch=args.batch,
+                             seq_len=args.seq_len)
+    except (RecipeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(json.dumps(plan.as_dict(), indent=2) + "\n" if args.format == "json" else format_plan(plan) + "\n")
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["plan"]:
+        return plan_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         rows = [recipe_costs(p, args.seq_len, args.batch, args.precision, args.zero_stage, args.dp,

@@ -9,6 +9,7 @@ from typing import Any, Optional
 from archlab.config.load import warmup_note
 from archlab.config.schema import model_config
 from archlab.costs import param_counts
+from archlab.costs.plan import Launch, memory_plan
 from archlab.train.parallel import resolve_precision
 
 
@@ -46,6 +47,7 @@ def start_block(trainer, origin: Optional[str] = None) -> list[str]:
         f"backend {trainer.backend.describe()['backend']} on {trainer.device}, precision "
         f"{'fp32' if precision == 'no' else precision} (train.precision={t.precision}); MFU against "
         f"{_si(trainer.peak_flops, 'FLOP/s')} ({trainer.peak_source})",
+        memory_line(trainer, precision),
         f"steps {trainer.step} -> {t.max_steps}, lr {t.lr:g} ({t.schedule}, {t.warmup_steps} warmup steps)",
         f"run folder {trainer.run_dir}",
     ]
@@ -53,6 +55,19 @@ def start_block(trainer, origin: Optional[str] = None) -> list[str]:
     if note is not None:
         lines.append(f"warmup: {note}")
     return lines
+
+
+def memory_line(trainer, precision: str) -> str:
+    """The plan's per-process memory (archlab.costs.plan) for this run's world size, backend, precision, device."""
+    launch = trainer.backend.launch
+    plan = Launch(world=trainer.info.world_size, backend="deepspeed" if launch.deepspeed else "plain",
+                  zero_stage=launch.zero_stage, source="this run")
+    device = "cuda" if trainer.device.type == "cuda" else "cpu"
+    try:
+        mem = memory_plan(trainer.cfg, plan, precision="fp32" if precision == "no" else "bf16", device=device)
+    except (NotImplementedError, ValueError) as e:
+        return f"memory plan: not modelled ({e})"
+    return "memory plan: " + mem.summary("GPU" if device == "cuda" else "process")
 
 
 def data_line(data) -> str:

@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 import archlab
 from archlab.config.keys import key_groups
+from archlab.costs.plan import Launch, memory_plan
 from archlab.train import train
 from archlab.train.console import BarFields, closing_lines, duration
 
@@ -32,6 +33,15 @@ def test_start_block_states_what_runs_with_the_models_own_numbers(tiny_cfg, caps
     assert fpt == pytest.approx(env["flops_per_token"], rel=5e-3)
     assert f"tokens per step {4 * 32:,} (4 x 1 accumulation x 1 process x 32 tokens)" in err
     assert "backend plain on cpu, precision fp32 (train.precision=auto)" in err
+    # the plan's memory for this run (one process, fp32, CPU kernels): weights are the model's fp32 bytes
+    plan = memory_plan(cfg, Launch(), precision="fp32", device="cpu")
+    assert f"memory plan: {plan.summary('process')}" in err
+    peak, weights, grads, optimizer = map(float, re.search(
+        r"memory plan: ([\d.]+) MiB per process at peak \(fp32; MiB: weights ([\d.]+), grads ([\d.]+), "
+        r"optimizer ([\d.]+), activations", err).groups())
+    assert weights == grads == pytest.approx(4 * model_params / 2**20, rel=1e-3) and optimizer == pytest.approx(
+        2 * weights, rel=1e-3)
+    assert peak > weights + optimizer
     assert f"run folder {summary['run_dir']}" in err
     assert "warmup:" not in err  # the tiny overrides' 2 warmup steps fit
     # the bar: loss, lr, tokens/s, MFU and, after the evaluation at step 2, the validation loss
