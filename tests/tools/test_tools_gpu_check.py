@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -124,9 +125,23 @@ def test_gpu_check_the_trainers_command_and_overrides(tmp_path):
     one = gpu_check.trainer_command(case, over)
     assert one[1:4] == ["-m", "tools.gpu_check.probe", case.recipe] and one[-1] == "--no-checkpoint"
     four = gpu_check.trainer_command(case, [*over, "model.moe.ep_size=4"], processes=4)
+    assert gpu_check.trainer_command(case, over, processes=1)[1:6] == ["-m", "accelerate.commands.launch",
+                                                                       "--config_file", gpu_check.EP_LAUNCH,
+                                                                       "--num_processes"]
     assert four[1:7] == ["-m", "accelerate.commands.launch", "--config_file", gpu_check.EP_LAUNCH,
                          "--num_processes", "4"]
     assert four[7:9] == ["-m", "tools.gpu_check.probe"] and "model.moe.ep_size=4" in four
+
+
+def test_gpu_check_run_command_status_output_and_timeout():
+    status, out = gpu_check.run_command([sys.executable, "-c", "import sys; print('hi'); sys.exit(3)"], 60)
+    assert (status, out) == (3, "hi\n")
+    # past the limit the whole process group goes, the child's own child included
+    script = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
+             "print('started', flush=True); time.sleep(60)"
+    t0 = time.perf_counter()
+    status, out = gpu_check.run_command([sys.executable, "-c", script], 3)
+    assert status is None and out == "started\n" and time.perf_counter() - t0 < 30
 
 
 def test_gpu_check_cases_are_a_dense_a_mixtral_and_a_fine_grained_moe_of_125m_to_350m():
@@ -135,7 +150,7 @@ def test_gpu_check_cases_are_a_dense_a_mixtral_and_a_fine_grained_moe_of_125m_to
         cfg = archlab.load_recipe(gpu_check.ROOT / case.recipe, list(case.overrides))
         assert 125e6 <= archlab.costs.param_counts(archlab.model_config(cfg)).total <= 350e6, case.label
         kinds.append(None if cfg.model.moe is None else (cfg.model.moe.num_experts, cfg.model.moe.top_k))
-    assert kinds == [None, (8, 2), (64, 6)] and gpu_check.EP_CASE.label.startswith("deepseek")
+    assert kinds == [None, (8, 2), (64, 6)] and gpu_check.CASES[gpu_check.EP_CASE].label.startswith("deepseek")
 
 
 def test_gpu_check_args_and_ep_skip_reasons():
@@ -145,7 +160,8 @@ def test_gpu_check_args_and_ep_skip_reasons():
     assert (gpu.warmup, gpu.steps, gpu.log_every, gpu.ep_sizes) == (5, 20, 5, [1, 2, 4, 8])
     with pytest.raises(ValueError, match="multiples of --log-every"):
         gpu_check.parse_args(["--steps", "12", "--log-every", "5"])
-    assert "dry run" in gpu_check.ep_skip_reason(True, 8, [1, 2])
+    assert dry.ep_sizes == [] and "dry run" in gpu_check.ep_skip_reason(True, 0, dry.ep_sizes)
+    assert gpu_check.ep_skip_reason(True, 0, [1, 2]) is None  # the dry run over gloo, when asked
     assert gpu_check.ep_skip_reason(False, 1, [1, 2]) == "1 GPU visible; ep 2/4/8 needs as many GPUs"
     assert gpu_check.ep_skip_reason(False, 8, [1, 2, 4, 8]) is None
 

@@ -28,7 +28,7 @@ Columns:
 With several GPUs: expert-parallel scaling of the DeepSeek-style recipe, ep = 1, 2, 4, 8 (up to the GPUs
 seen), one process per GPU under ``accelerate launch --config_file recipes/launch/zero0.yaml`` with
 ``model.moe.ep_size`` = processes (weak scaling: the micro batch per GPU fixed). Skipped, saying why, on
-one GPU and in the dry run.
+one GPU, and in the dry run unless ``--ep-sizes`` is given (processes over gloo).
 
 Exit status: 0 every run completed; 1 some run failed (its row says why, the others still run);
 2 no CUDA device (without ``--dry-run``), or bad input.
@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -93,7 +94,7 @@ DRY_CASES = (
     Case("mixtral-tiny", "recipes/mixtral/tiny.yaml"),
     Case("deepseek-tiny", "recipes/deepseek/tiny.yaml"),
 )
-EP_CASE = CASES[2]
+EP_CASE = 2  # the fine-grained DeepSeek-style case: the expert-parallel scaling's
 GPU_SHAPE, DRY_SHAPE = (8, 2048), (4, 64)
 
 
@@ -260,14 +261,27 @@ class Plan:
                 *([f"train.peak_flops={self.peak}"] if self.peak is not None else [])]
 
 
-def trainer_command(case: Case, overrides: Sequence[str], processes: int = 1) -> list[str]:
+def trainer_command(case: Case, overrides: Sequence[str], processes: Optional[int] = None) -> list[str]:
     """The command of one run: the trainer (with its probe) in one process, or under ``accelerate launch``
     with ``processes`` processes (DeepSpeed stage 0, the expert-parallel backend's launch)."""
     probe = ["-m", "tools.gpu_check.probe", case.recipe, *overrides, "--no-checkpoint"]
-    if processes == 1:
+    if processes is None:
         return [sys.executable, *probe]
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", EP_LAUNCH,
             "--num_processes", str(processes), *probe]
+
+
+def run_command(cmd: Sequence[str], timeout_s: float) -> tuple[Optional[int], str]:
+    """(exit status, stdout + stderr) of ``cmd`` run from the repository root; (None, output) past
+    ``timeout_s``, its whole process group killed (a launcher's worker processes included)."""
+    with subprocess.Popen(list(cmd), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as p:
+        try:
+            output = p.communicate(timeout=timeout_s)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            return None, p.communicate()[0]
+    return p.returncode, output
 
 
 def _last_line(text: str) -> str:
@@ -298,23 +312,24 @@ def read_run(run: Path, plan: Plan) -> dict:
             "kernels": probe["kernels"]}
 
 
-def run_case(case: Case, plan: Plan, mode: str, processes: int = 1, log: Callable[[str], None] = print) -> dict:
-    """Train one case in one mode (or at ``processes`` = ep_size GPUs, eager), read its folder: a row."""
+def run_case(case: Case, plan: Plan, mode: str, ep: Optional[int] = None, log: Callable[[str], None] = print) -> dict:
+    """Train one case in one mode in one process, or (``ep``) under ``accelerate launch`` on ``ep`` GPUs
+    at ``model.moe.ep_size=ep``; read its folder: a row."""
     compiled = mode == "compiled"
-    name = f"{case.label}-{mode}" if processes == 1 else f"{case.label}-ep{processes}"
-    overrides = plan.overrides(case, name, compiled) + ([f"model.moe.ep_size={processes}"] if processes > 1 else [])
+    name = f"{case.label}-{mode}" if ep is None else f"{case.label}-ep{ep}"
+    overrides = plan.overrides(case, name, compiled) + ([f"model.moe.ep_size={ep}"] if ep is not None else [])
+    processes = ep or 1
     row = {"recipe": case.label, "mode": mode, "ep": processes}
     cfg = archlab.load_recipe(ROOT / case.recipe, overrides)
-    cmd = trainer_command(case, overrides, processes)
+    cmd = trainer_command(case, overrides, ep)
     log(f"[gpu_check] {name}: {' '.join(cmd[1:])}")
     t0 = time.perf_counter()
-    try:
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=plan.timeout_s)
-    except subprocess.TimeoutExpired:
+    status, output = run_command(cmd, plan.timeout_s)
+    (plan.runs_dir / f"{name}.log").write_text(output)
+    if status is None:
         return {**row, "error": f"over the {plan.timeout_s:.0f} s limit of a run"}
-    (plan.runs_dir / f"{name}.log").write_text(p.stderr)
-    if p.returncode != 0:
-        return {**row, "error": f"exit {p.returncode}: {_last_line(p.stderr)}"}
+    if status != 0:
+        return {**row, "error": f"exit {status}: {_last_line(output)}"}
     out = read_run(plan.runs_dir / name, plan)
     counts = param_counts(archlab.model_config(cfg))
     moe = cfg.model.moe is not None
@@ -326,12 +341,11 @@ def run_case(case: Case, plan: Plan, mode: str, processes: int = 1, log: Callabl
 
 
 def ep_skip_reason(dry_run: bool, gpus: int, asked: Sequence[int]) -> Optional[str]:
-    """Why the expert-parallel scaling does not run, or None when it does."""
-    if dry_run:
-        return "CPU dry run (expert parallelism is timed on several GPUs)"
+    """Why the expert-parallel scaling does not run, or None when it does (a dry run: over gloo processes,
+    when ``--ep-sizes`` names them)."""
     if not asked:
-        return "--ep-sizes is empty"
-    if gpus < 2:
+        return "CPU dry run (--ep-sizes 1 2 runs it in processes over gloo)" if dry_run else "--ep-sizes is empty"
+    if not dry_run and gpus < 2:
         return f"{gpus} GPU visible; ep 2/4/8 needs as many GPUs"
     return None
 
@@ -347,20 +361,24 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> tuple[i
     cases = [c for c in (DRY_CASES if dry else CASES) if not args.only or c.label in args.only]
     t_start = time.perf_counter()
 
-    def attempt(row: dict, case: Case, processes: int = 1) -> dict:
+    def attempt(row: dict, case: Case, ep: Optional[int] = None, since: float = t_start) -> dict:
         """The run's row; skipped past the time budget; a failure's row says why (the others still run)."""
-        if time.perf_counter() - t_start > args.time_budget_s:
+        if time.perf_counter() - since > args.time_budget_s:
             return {**row, "error": f"skipped: over the --time-budget-s of {args.time_budget_s:.0f} s"}
         try:
-            return run_case(case, plan, row["mode"], processes=processes, log=log)
+            return run_case(case, plan, row["mode"], ep=ep, log=log)
         except Exception as e:
             return {**row, "error": f"{type(e).__name__}: {e}"[:200]}
 
-    rows = [attempt({"recipe": case.label, "mode": mode}, case) for case in cases for mode in args.modes]
+    # every eager run first: past the time budget the compiled runs are the ones skipped
+    done = {(c.label, m): attempt({"recipe": c.label, "mode": m}, c) for m in args.modes for c in cases}
+    rows = [done[c.label, m] for c in cases for m in args.modes]
     gpus = 0 if dry else torch.cuda.device_count()
     skipped = ep_skip_reason(dry, gpus, args.ep_sizes)
-    ep_rows = [] if skipped else [attempt({"recipe": EP_CASE.label, "mode": "eager", "ep": ep}, EP_CASE, ep)
-                                  for ep in args.ep_sizes if ep <= gpus]
+    ep_start = time.perf_counter()  # the scaling runs have a time budget of their own
+    ep_case = (DRY_CASES if dry else CASES)[EP_CASE]
+    ep_rows = [] if skipped else [attempt({"recipe": ep_case.label, "mode": "eager", "ep": ep}, ep_case, ep, ep_start)
+                                  for ep in args.ep_sizes if dry or ep <= gpus]
     ok = [r for r in rows + ep_rows if "error" not in r]
     device = ok[0]["device_name"] if ok else ("cpu" if dry else "cuda")
     cuda = f", CUDA {torch.version.cuda}" if not dry else ""
@@ -393,17 +411,22 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first, compilation included (5; dry 1)")
     p.add_argument("--steps", type=int, default=None, help="timed steps (20; dry 2)")
     p.add_argument("--log-every", type=int, default=None, help="the trainer's row interval (5; dry 1)")
-    p.add_argument("--ep-sizes", type=int, nargs="*", default=list(EP_SIZES), help="default: %(default)s")
+    p.add_argument("--ep-sizes", type=int, nargs="*", default=None,
+                   help="expert-parallel sizes timed, up to the GPUs seen (default 1 2 4 8; dry run: none)")
     p.add_argument("--peak-flops", type=float, default=None,
                    help=f"peak bf16 FLOP/s for MFU, e.g. 989e12 (else ${PEAK_ENV}, else the trainer's table)")
     p.add_argument("--runs-dir", default=str(ROOT / "runs" / "gpu_check"), help="run folders go in a dated folder here")
-    p.add_argument("--time-budget-s", type=float, default=280.0, help="start no further run after this many seconds")
-    p.add_argument("--run-timeout-s", type=float, default=240.0, help="limit of one run")
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="start no further run after this many seconds (280; dry 1800)")
+    p.add_argument("--run-timeout-s", type=float, default=None, help="limit of one run (240; dry 900)")
     args = p.parse_args(argv)
     dry = args.dry_run
     args.warmup = args.warmup if args.warmup is not None else (1 if dry else 5)
     args.steps = args.steps if args.steps is not None else (2 if dry else 20)
     args.log_every = args.log_every if args.log_every is not None else (1 if dry else 5)
+    args.ep_sizes = args.ep_sizes if args.ep_sizes is not None else ([] if dry else list(EP_SIZES))
+    args.time_budget_s = args.time_budget_s if args.time_budget_s is not None else (1800.0 if dry else 280.0)
+    args.run_timeout_s = args.run_timeout_s if args.run_timeout_s is not None else (900.0 if dry else 240.0)
     if args.steps < 1 or args.warmup < 1 or args.log_every < 1:
         raise ValueError("--steps, --warmup and --log-every must be >= 1")
     if args.steps % args.log_every or args.warmup % args.log_every:
