@@ -206,6 +206,11 @@ class TrainConfig:
     out_dir: str = "runs"
     run_name: Optional[str] = None  # default: recipe name + timestamp
     on_nonfinite: str = "stop"  # stop (keep last good checkpoint) | skip (drop the batch)
+    # seconds a collective (a barrier, an all-reduce) waits for the other processes before the run fails:
+    # torch.distributed's process-group timeout (accelerate's InitProcessGroupKwargs). It must cover the
+    # longest wait, e.g. rank 0 preparing the data while the others wait. null = torch's default (NCCL 10 min,
+    # gloo 30 min). One process: unused
+    dist_timeout_s: Optional[float] = None
     peak_flops: Optional[float] = None  # for MFU; None = a per-device default stated in the log
     # experiment trackers, through accelerate (archlab/trackers.py): tensorboard | wandb | mlflow. Each gets
     # every metrics row and the resolved recipe as hyperparameters; run name = the run folder's. metrics.jsonl stays

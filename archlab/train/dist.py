@@ -14,10 +14,13 @@ import gc
 import os
 import sys
 from dataclasses import dataclass
-from typing import Iterator, NoReturn
+from datetime import timedelta
+from typing import Iterator, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
+
+from archlab.errors import fail
 
 # Imported before any process group exists, on purpose: this module's functions take
 # ``group=group.WORLD`` as a default argument, evaluated at import. Imported later (DeepSpeed and
@@ -44,6 +47,17 @@ def dist_info(accelerator=None) -> DistInfo:
     if accelerator is not None:
         return DistInfo(accelerator.process_index, accelerator.num_processes)
     return DistInfo(0, 1)
+
+
+def process_group_timeout(train_cfg) -> Optional[timedelta]:
+    """``train.dist_timeout_s`` as the process-group timeout (None: torch's default); refused unless positive."""
+    seconds = train_cfg.get("dist_timeout_s")
+    if seconds is None:
+        return None
+    if not seconds > 0:
+        fail("train.dist_timeout_s", seconds, "must be a positive number of seconds (or null for torch's default: "
+                                              "NCCL 10 min, gloo 30 min)")
+    return timedelta(seconds=float(seconds))
 
 
 def _active() -> bool:

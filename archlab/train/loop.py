@@ -17,6 +17,7 @@ the hooks and their order), chosen from the recipe once.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,9 @@ from archlab.config.schema import model_config
 from archlab.costs import training_flops_per_token
 from archlab.costs.peak import peak_flops
 from archlab.data import unigram_entropy
+from archlab.data.corpus import DataError
+from archlab.data.shards import open_shard, shard_files
+from archlab.data.tokens import shard_counts
 from archlab.model.checkpointing import allow_compiled_recomputation
 from archlab.objectives import Loss, Objective, objective_for
 from archlab.train import checkpoint as ckpt
@@ -46,6 +50,26 @@ from archlab.train.faults import NonFiniteError, StopSignal
 from archlab.train.optim import lr_at, set_lr
 from archlab.train.parallel import make_accelerator
 from archlab.train.run_folder import MetricsLog
+
+
+def count_shard_share(cfg: DictConfig, info: DistInfo) -> int:
+    """``data.source=tokens`` under several processes: count this rank's share of the shards (every
+    ``world_size``-th file) into the id-count cache (:func:`archlab.data.tokens.shard_counts`), before rank 0
+    prepares the data while the others wait at a barrier: rank 0 then reads every count from the cache,
+    and the ranks count together in about 1/world_size of the time. A shard that cannot be read is left to
+    rank 0's preparation, which names it. Returns the number of shards counted afresh here."""
+    if info.world_size == 1 or cfg.data.source != "tokens":
+        return 0
+    cache_dir = Path(os.path.expanduser(str(cfg.data.cache_dir))) / "token-counts"  # as prepare_tokens
+    fresh = 0
+    try:
+        train, val = shard_files(cfg.data)
+        for path in (train + val)[info.rank::info.world_size]:
+            shard = open_shard(path, str(cfg.data.shard_format))
+            fresh += not shard_counts(shard, shard.open(), cache_dir)[1]
+    except DataError:
+        pass
+    return fresh
 
 
 def flops_per_token(cfg: DictConfig) -> tuple[float, str]:
@@ -77,6 +101,7 @@ class Trainer:
             self.log(note)
         # train.objective: the run's data and model, the window each micro batch holds, its inputs and targets, the loss
         self.objective: Objective = objective_for(cfg)
+        count_shard_share(cfg, self.info)  # token shards: every rank counts its share first, off the barrier
         with main_process_first(self.info):  # rank 0 builds the data cache, saying what it builds
             self.data = self.objective.prepare_data(cfg, progress=self.log)
         self.log(console.data_line(self.data))

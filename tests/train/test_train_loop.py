@@ -3,16 +3,22 @@
 import json
 import math
 import signal
+from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
+import archlab
 from archlab import checkpoints
 from archlab.config import RecipeError
+from archlab.data import DataError, prepare_data
 from archlab.train import NonFiniteError, Trainer, train
 from archlab.train import checkpoint as ckpt
+from archlab.train.dist import DistInfo, process_group_timeout
+from archlab.train.loop import count_shard_share
 
 
 def _signal_after(monkeypatch, step: int, sig=signal.SIGINT):
@@ -378,3 +384,36 @@ def test_resume_allow_changes_only_where_a_run_resumes(tiny_cfg):
     with pytest.raises(RecipeError, match=r"^train\.resume_allow_changes=True: only used when train\.resume is auto "
                                           r"or a checkpoint .*; this recipe has train\.resume=none$"):
         tiny_cfg("train.resume_allow_changes=true", "train.resume=none")
+
+
+def test_dist_timeout_s_is_the_process_group_timeout(tiny_cfg):
+    """train.dist_timeout_s: seconds as a timedelta for the process group (null: torch's default);
+    zero or negative refused by name with what it is for."""
+    assert process_group_timeout(tiny_cfg().train) is None
+    assert process_group_timeout(tiny_cfg("train.dist_timeout_s=7200").train) == timedelta(hours=2)
+    with pytest.raises(RecipeError, match=r"^train\.dist_timeout_s=0\.0: must be a positive number of seconds"):
+        process_group_timeout(tiny_cfg("train.dist_timeout_s=0").train)
+
+
+def test_ranks_count_their_share_of_the_token_shards_before_rank_0_prepares(tmp_path, root):
+    """data.source=tokens under 2 processes: each rank counts every other shard into the id-count
+    cache, so rank 0's preparation (while the others wait) counts none afresh; one process counts
+    nothing beforehand; an unreadable shard is left to the preparation, which names it."""
+    rng = np.random.default_rng(0)
+    for i, n in enumerate((700, 90, 900, 300)):
+        header = np.zeros(256, dtype=np.int32)
+        header[:3] = 20240520, 1, n
+        name = f"fw_val_{i:06d}.bin" if i == 3 else f"fw_train_{i:06d}.bin"
+        (tmp_path / name).write_bytes(header.tobytes() + rng.integers(0, 500, n).astype(np.uint16).tobytes())
+    cfg = archlab.load_recipe(root / "recipes/llama/tiny.yaml", [
+        "data.source=tokens", f"data.cache_dir={tmp_path / 'cache'}", "model.vocab_size=512", "train.seq_len=16",
+        f"data.train_shards={tmp_path}/fw_train_*.bin", f"data.val_shards={tmp_path}/fw_val_*.bin"])
+    assert count_shard_share(cfg, DistInfo(0, 1)) == 0 and not (tmp_path / "cache").exists()
+    assert [count_shard_share(cfg, DistInfo(r, 2)) for r in (0, 1)] == [2, 2]
+    assert count_shard_share(cfg, DistInfo(1, 2)) == 0  # cached
+    assert prepare_data(cfg).meta["id_counts"]["counted_now"] == 0
+    shard = tmp_path / "fw_train_000001.bin"
+    shard.write_bytes(shard.read_bytes()[:-20])  # truncated: refused by its header's count
+    assert count_shard_share(cfg, DistInfo(1, 2)) == 0
+    with pytest.raises(DataError, match="fw_train_000001.bin: the header says 90 tokens"):
+        prepare_data(cfg)
