@@ -7,6 +7,11 @@ records of it). Either way the command is the same ``python -m archlab.train ...
 run folder and log. ``tools.sweep`` and ``tools.experiment`` take ``--launcher slurm`` and the
 ``--slurm-*`` options of :func:`add_arguments`; :func:`use` sets the launcher of every sweep run
 inside it (an experiment's stages start their sweeps several calls down).
+
+``--nodes N --gpus-per-node G`` (with ``--launcher slurm``) makes each run ONE job of N tasks, one per node,
+each starting ``accelerate launch`` as one machine of the run (:mod:`tools.launch.multinode`): N x G processes
+(N without GPUs), ``--accelerate-config`` naming the accelerate config (DDP by default; a DeepSpeed one
+for expert parallelism). ``python -m tools.launch RECIPE ...`` (:mod:`tools.launch.cli`) submits a single run.
 """
 
 from __future__ import annotations
@@ -53,9 +58,19 @@ def add_arguments(ap) -> None:
     g.add_argument("--slurm-set", nargs="+", default=[], metavar="KEY=VALUE",
                    help="other submitit SLURM parameters, e.g. account=proj qos=high constraint=a100 "
                         "signal_delay_s=120 (how long before the limit the run is told to save; default 90)")
+    g.add_argument("--nodes", type=int, metavar="N",
+                   help="multi-node: each run one job of N nodes, one task per node starting accelerate launch with "
+                        "the rendezvous from SLURM (N x --gpus-per-node processes); --slurm-cpus: per node")
+    g.add_argument("--gpus-per-node", type=int, metavar="G",
+                   help="with --nodes: GPUs of each node, one process each (default 0: one CPU process per node, gloo)")
+    g.add_argument("--accelerate-config", metavar="FILE",
+                   help="with --nodes: the accelerate config of every machine (default DDP; e.g. "
+                        "recipes/launch/multinode-8gpu.yaml, or recipes/launch/zero2.yaml for expert parallelism); "
+                        "the launcher sets its machines, rank, main host and port")
 
 
-SLURM_FLAGS = ("slurm_partition", "slurm_time", "slurm_cpus", "slurm_mem", "slurm_gpus", "slurm_timeouts", "slurm_set")
+SLURM_FLAGS = ("slurm_partition", "slurm_time", "slurm_cpus", "slurm_mem", "slurm_gpus", "slurm_timeouts", "slurm_set",
+               "nodes", "gpus_per_node", "accelerate_config")
 
 
 def from_args(args, cluster: str = "slurm"):
@@ -66,17 +81,30 @@ def from_args(args, cluster: str = "slurm"):
         if given:
             raise LaunchError(f"{', '.join(given)}: SLURM options need --launcher slurm")
         return LocalLauncher()
+    return SlurmLauncher(options_from_args(args), cluster=cluster)
+
+
+def options_from_args(args) -> SlurmOptions:
+    """The jobs' :class:`SlurmOptions` from the parsed ``--slurm-*``, ``--nodes`` and ``--gpus-per-node``."""
     extra = {}
-    for item in args.slurm_set or []:
+    for item in getattr(args, "slurm_set", None) or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise LaunchError(f"--slurm-set {item!r}: expected KEY=VALUE (e.g. account=myproject)")
         extra[key.strip()] = _value(value)
     time_min = 60 if args.slurm_time is None else args.slurm_time
     timeouts = 3 if args.slurm_timeouts is None else args.slurm_timeouts
-    options = SlurmOptions(partition=args.slurm_partition, time_min=time_min, cpus=args.slurm_cpus,
-                           mem_gb=args.slurm_mem, gpus=args.slurm_gpus, timeouts=timeouts, extra=extra)
-    return SlurmLauncher(options, cluster=cluster)
+    return SlurmOptions(partition=args.slurm_partition, time_min=time_min, cpus=args.slurm_cpus,
+                        mem_gb=args.slurm_mem, gpus=args.slurm_gpus, timeouts=timeouts, extra=extra,
+                        nodes=getattr(args, "nodes", None), gpus_per_node=getattr(args, "gpus_per_node", None),
+                        accelerate_config=getattr(args, "accelerate_config", None))
+
+
+def world_size(args) -> int:
+    """Processes of each run the parsed options ask for: 1 unless ``--launcher slurm --nodes``."""
+    if getattr(args, "launcher", None) != "slurm":
+        return 1
+    return options_from_args(args).world_size
 
 
 def _value(text: str):

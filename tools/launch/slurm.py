@@ -13,7 +13,9 @@ sbatch script and logs) go to ``<sweep folder>/slurm/<job id>/``. A job's state 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import io
 import os
 import re
 import shutil
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from tools.launch import multinode
 from tools.launch.errors import LaunchError
 from tools.launch.local import poll_with_peak_rss, start_process
 
@@ -38,7 +41,8 @@ RESUME = "train.resume=auto"
 GRACE_S = 60  # how long a checkpoint waits for the trainer to save and exit (keep below signal_delay_s)
 # the options that have their own flags, by submitit's name for them (not to be given again with --slurm-set)
 OWN_FLAGS = {"partition": "--slurm-partition", "time": "--slurm-time", "cpus_per_task": "--slurm-cpus",
-             "mem": "--slurm-mem", "gpus_per_node": "--slurm-gpus", "job_name": "(the point's name)"}
+             "mem": "--slurm-mem", "gpus_per_node": "--slurm-gpus or --gpus-per-node", "nodes": "--nodes",
+             "job_name": "(the point's name)"}
 
 
 def _submitit():
@@ -60,15 +64,38 @@ class SlurmOptions:
     gpus: Optional[int] = None
     timeouts: int = 3
     extra: dict = field(default_factory=dict)  # submitit SlurmExecutor parameters: account, qos, constraint, ...
+    # multi-node (tools.launch.multinode): one job of `nodes` x ntasks_per_node tasks, each task a machine of
+    # `accelerate launch` with gpus_per_node processes (1 without GPUs); None: a single `python -m archlab.train`
+    nodes: Optional[int] = None
+    gpus_per_node: Optional[int] = None
+    accelerate_config: Optional[str] = None
+
+    @property
+    def multinode(self) -> bool:
+        """One ``accelerate launch`` per task (``--nodes``/``--gpus-per-node`` given), not a single process."""
+        return self.nodes is not None or self.gpus_per_node is not None
+
+    @property
+    def machines(self) -> int:
+        """accelerate's machines: the job's tasks (one per node; ``--slurm-set ntasks_per_node=2`` makes one node
+        stand in for two machines)."""
+        return (self.nodes or 1) * int(self.extra.get("ntasks_per_node", 1))
+
+    @property
+    def world_size(self) -> int:
+        """Processes of one run: every machine's, one per GPU (one per machine without GPUs)."""
+        return self.machines * max(1, self.gpus_per_node or 0) if self.multinode else 1
 
     def check(self) -> None:
         """Refuse (LaunchError) a value SLURM would refuse later, or a parameter submitit does not know."""
         for flag, value in (("--slurm-time", self.time_min), ("--slurm-cpus", self.cpus), ("--slurm-mem", self.mem_gb),
-                            ("--slurm-timeouts", self.timeouts)):
+                            ("--slurm-timeouts", self.timeouts), ("--nodes", self.nodes)):
             if value is not None and not value > 0:
                 raise LaunchError(f"{flag} {value}: must be > 0")
-        if self.gpus is not None and self.gpus < 0:
-            raise LaunchError(f"--slurm-gpus {self.gpus}: must be >= 0")
+        for flag, value in (("--slurm-gpus", self.gpus), ("--gpus-per-node", self.gpus_per_node)):
+            if value is not None and value < 0:
+                raise LaunchError(f"{flag} {value}: must be >= 0")
+        self._check_multinode()
         valid = set(_submitit().SlurmExecutor._valid_parameters())
         for key in self.extra:
             if key in OWN_FLAGS:
@@ -79,11 +106,37 @@ class SlurmOptions:
                                   + (f" (did you mean {', '.join(near)}?)" if near else "")
                                   + f"; valid: {', '.join(sorted(valid - set(OWN_FLAGS)))}")
 
+    def _check_multinode(self) -> None:
+        if self.gpus is not None and self.gpus_per_node is not None:
+            raise LaunchError(f"--slurm-gpus {self.gpus} and --gpus-per-node {self.gpus_per_node}: give one "
+                              "(--gpus-per-node with --nodes: each node's GPUs, one process each)")
+        if self.accelerate_config is not None:
+            if not self.multinode:
+                raise LaunchError(f"--accelerate-config {self.accelerate_config}: needs --nodes (and --gpus-per-node): "
+                                  "a single-process job does not start accelerate")
+            if not Path(self.accelerate_config).is_file():
+                raise LaunchError(f"--accelerate-config {self.accelerate_config}: file not found (e.g. "
+                                  "recipes/launch/multinode-8gpu.yaml, or zero2.yaml for expert parallelism)")
+        tasks = self.extra.get("ntasks_per_node", 1)
+        if not isinstance(tasks, int) or tasks < 1:
+            raise LaunchError(f"--slurm-set ntasks_per_node={tasks}: must be an integer >= 1")
+        if tasks > 1 and not self.multinode:
+            raise LaunchError(f"--slurm-set ntasks_per_node={tasks}: several tasks need --nodes (each task one "
+                              "machine of accelerate launch); a single-process job runs one task")
+        if tasks > 1 and self.gpus_per_node:
+            raise LaunchError(f"--slurm-set ntasks_per_node={tasks} with --gpus-per-node {self.gpus_per_node}: "
+                              "with GPUs each node runs one task, which owns the node's GPUs; drop ntasks_per_node")
+
     def parameters(self, name: str) -> dict:
         """For ``AutoExecutor.update_parameters``: shared names where submitit has them, ``slurm_*`` otherwise."""
-        return {"name": name, "timeout_min": int(self.time_min), "cpus_per_task": self.cpus, "mem_gb": self.mem_gb,
-                "gpus_per_node": self.gpus, "slurm_partition": self.partition,
-                **{f"slurm_{k}": v for k, v in self.extra.items()}}
+        extra = {f"slurm_{k}": v for k, v in self.extra.items()}
+        gpus = (self.gpus_per_node or None) if self.multinode else self.gpus
+        params = {"name": name, "timeout_min": int(self.time_min), "cpus_per_task": self.cpus, "mem_gb": self.mem_gb,
+                  "gpus_per_node": gpus, "slurm_partition": self.partition, **extra}
+        if self.multinode:  # one task per node (each task starts accelerate launch for the node's GPUs)
+            params.update(nodes=self.nodes or 1, tasks_per_node=extra.pop("slurm_ntasks_per_node", 1))
+            params.pop("slurm_ntasks_per_node", None)
+        return params
 
 
 class TrainJob:
@@ -117,8 +170,9 @@ class TrainJob:
         signal.signal(signal.SIGTERM, on_term)
         where = f"# SLURM job {os.environ.get('SLURM_JOB_ID', os.environ.get('SUBMITIT_LOCAL_JOB_ID', '?'))} " \
                 f"on {socket.gethostname()}\n"
-        self._proc = start_process(self.command(), {**os.environ, **self.env}, Path(self.log), self.cwd, where,
-                                   preexec_fn=_ignore_preemption_signal)
+        cmd = self.command()  # before the first line of the log: a multi-node task names its machine there
+        self._proc = start_process(cmd, {**os.environ, **self.env}, Path(self.task_log()), self.cwd,
+                                   where + self.header(), preexec_fn=_ignore_preemption_signal)
         while True:
             rc, peak_rss = poll_with_peak_rss(self._proc)
             if rc is not None:
@@ -141,6 +195,47 @@ class TrainJob:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_proc": None, "_signalled": False}
+
+    def task_log(self) -> str:
+        return self.log
+
+    def header(self) -> str:
+        return ""
+
+
+class MultiNodeTrainJob(TrainJob):
+    """What each task of a multi-node job runs: ``accelerate launch`` as one machine of the run
+    (:mod:`tools.launch.multinode`), its output appended to the point's log (task 0) or to
+    ``<log stem>.task<R>.log``. Every task passes ``train.resume=auto`` (the run folder needs
+    ``train.run_name``): a fresh folder starts at step 0, a started one continues from its newest
+    complete checkpoint, and no task decides otherwise than another by looking at the folder first.
+    submitit calls :meth:`checkpoint` in task 0 only; the stop reaches the other machines' ranks
+    through the trainer (every rank stops at the same step)."""
+
+    def __init__(self, cmd: list[str], env: dict, log: str, run_dir: str, cwd: str, machines: int,
+                 per_machine: int, config: Optional[str] = None):
+        super().__init__(cmd, env, log, run_dir, cwd)
+        self.machines, self.per_machine, self.config = machines, per_machine, config
+        self._rdzv: Optional[multinode.Rendezvous] = None
+
+    def command(self) -> list[str]:
+        self._rdzv = rdzv = multinode.rendezvous(os.environ)
+        if rdzv.machines != self.machines:
+            raise LaunchError(f"the job has {rdzv.machines} tasks (SLURM_NTASKS), the run asked for {self.machines} "
+                              "machines: each task must be one machine")
+        train = self.cmd if RESUME in self.cmd else self.cmd + [RESUME]
+        return multinode.accelerate_command(train, rdzv, self.per_machine, self.config)
+
+    def task_log(self) -> str:
+        rank = int(os.environ.get("SLURM_PROCID", "0"))
+        return self.log if rank == 0 else str(Path(self.log).with_suffix(f".task{rank}.log"))
+
+    def header(self) -> str:
+        r = self._rdzv
+        return f"# machine {r.rank} of {r.machines}, main process {r.host}:{r.port}\n" if r else ""
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_rdzv": None}
 
 
 def _ignore_preemption_signal() -> None:
@@ -192,16 +287,17 @@ class SlurmRun:
 
     def __init__(self, job, log: str, attached: bool = False):
         self.handle, self.log = job, log
+        self.first = job.task(0) if job.num_tasks > 1 else job  # task 0 (rank 0's trainer) returns the run's result
         self.job = {"launcher": "slurm", "id": str(job.job_id), "folder": str(job.paths.folder), "state": "PENDING"}
         self.attached = attached
         self._gone_since: Optional[float] = None
         self._asked = 0.0
 
     def poll_with_peak_rss(self) -> tuple[Optional[int], Optional[int]]:
-        if self.handle.paths.result_pickle.exists():
+        if self.first.paths.result_pickle.exists():
             self.job["state"] = "COMPLETED"
             try:
-                result = self.handle.result()
+                result = self.first.result()
             except Exception as e:  # noqa: BLE001 - the job raised: its traceback goes to the point's log
                 self._note(f"SLURM job {self.job['id']} raised: {e}")
                 self.job["state"] = "FAILED"
@@ -268,5 +364,18 @@ class SlurmLauncher:
         overrides = {k: v for k, v in env.items() if os.environ.get(k) != v}
         if self.options.cpus and "OMP_NUM_THREADS" not in env:  # torch's threads: the CPUs the job holds
             overrides["OMP_NUM_THREADS"] = overrides["MKL_NUM_THREADS"] = str(self.options.cpus)
-        job = executor.submit(TrainJob(cmd, overrides, p.log, p.run_dir, os.getcwd()))
+        o = self.options
+        if o.multinode:
+            config = str(Path(o.accelerate_config).resolve()) if o.accelerate_config else None
+            task = MultiNodeTrainJob(cmd, overrides, p.log, p.run_dir, os.getcwd(), o.machines,
+                                     max(1, o.gpus_per_node or 0), config)
+        else:
+            task = TrainJob(cmd, overrides, p.log, p.run_dir, os.getcwd())
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's refusal: said once, below
+                job = executor.submit(task)
+        except Exception as e:  # noqa: BLE001 - sbatch refused (submitit's FailedJobError, a missing client)
+            said = [line.strip().removeprefix("sbatch: error: ") for line in str(e).splitlines() if line.strip()]
+            raise LaunchError(f"sbatch refused the job of {p.name}: {'; '.join(said) or type(e).__name__}"
+                              f" (check the --slurm-* options and --nodes against the cluster: sinfo)") from None
         return SlurmRun(job, p.log)

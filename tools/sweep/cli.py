@@ -14,7 +14,8 @@
 Each point of the grid is one run of ``python -m archlab.train`` (or ``accelerate launch -m
 archlab.train`` with ``--launcher accelerate``) in a subprocess, or one SLURM job with ``--launcher slurm``
 (``tools.launch``: resources from ``--slurm-*``, requeued from its checkpoint at a time limit or a
-preemption), with its run folder ``<out>/<point name>/``. ``train.max_steps`` comes from the budget:
+preemption; with ``--nodes N --gpus-per-node G`` one job of N nodes running ``accelerate launch`` on each,
+N x G processes), with its run folder ``<out>/<point name>/``. ``train.max_steps`` comes from the budget:
 
     tokens budget T:  max_steps = ceil(T / tokens_per_step)
     FLOPs budget C:   max_steps = ceil(C / (training_flops_per_token * tokens_per_step))
@@ -241,6 +242,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               "--archive and --dry-run")
         if args.num_processes > 1 and args.launcher != "accelerate":
             raise RecipeError("--num-processes > 1 needs --launcher accelerate")
+        # --launcher slurm --nodes: each run's processes (every machine's) count in its tokens per step
+        args.num_processes = max(args.num_processes, launch.world_size(args))
         if args.archive:
             copied, kept = archive_sweep(spec_from_args(args), Path(args.archive))
             print(f"archived {copied} finished runs to {args.archive} ({kept} there in all; "
