@@ -1,7 +1,7 @@
 """Expert parallelism with DeepSpeed's machinery: experts sharded over ``ep_size`` ranks.
 
 Shape legend: N tokens (this rank), D model dim, E experts, El = E / ep local experts,
-P = ep_size ranks of an expert-parallel group, C rows per (rank, expert) in the exchange.
+P = ep_size ranks of an expert-parallel group, R rows this rank sends, Ri rows it receives.
 
     enable_expert_parallel(model, ep_size)   # after torch.distributed is initialised
 
@@ -14,11 +14,14 @@ P = ep_size ranks of an expert-parallel group, C rows per (rank, expert) in the 
   ``deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer`` puts them in
   their own optimizer groups and the DeepSpeed engine reduces their gradients over the
   expert-data-parallel group only;
-- tokens: each MoE layer gets a ``dispatcher`` that lays this rank's slots out as a
-  (P, El, C, D) grid, C = the largest (rank, expert) load in the group (dropless, like DeepSpeed's
-  ``drop_tokens=False``), exchanges it with DeepSpeed's ``_AllToAll`` (an autograd function: the
-  backward is the reverse exchange), runs the local experts as one bmm over all source ranks'
-  rows, and sends the results back.
+- tokens: each MoE layer gets a ``dispatcher`` that exchanges exactly the rows routed to each
+  rank, as torchtitan and Megatron-Core's ``MoEAlltoAllTokenDispatcher`` do: an ``all_to_all_single``
+  of the per-(rank, local expert) counts, one host copy of them (the split sizes), then the rows,
+  packed in expert order, with ``all_to_all_single`` and those split sizes (the autograd-aware one
+  of ``torch.distributed._functional_collectives``: its backward is the reverse exchange); the
+  local experts run on the rows of all source ranks (``GroupedExperts`` regroups them by expert)
+  and the outputs go back the same way. No padding crosses the network (dropless, like
+  DeepSpeed's ``drop_tokens=False``; capacity routing sends only the kept slots).
 
 - DeepSpeed: a parameter-free ``deepspeed.moe.layer.MoE`` marker inside each sharded layer lets
   ``deepspeed.initialize`` see MoE layers (``has_moe_layers``), which the ZeRO-1/2 optimizer needs
@@ -40,9 +43,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from archlab.nn.moe import MoELayer, moe_layers
-from archlab.nn.moe.experts import Dispatch, from_rows, row_layout, to_rows
+from archlab.nn.moe.experts import Dispatch, RowLayout, dispatch, from_rows, to_rows
 
 
 def expert_group_name(ep_size: int) -> str:
@@ -68,31 +72,63 @@ def create_groups(ep_size: int):
 
 
 class ExpertParallelDispatcher:
-    """``MoELayer.dispatcher``: exchange slots with the other ranks of the expert-parallel group,
-    run this rank's experts on all of them, return the outputs to their ranks."""
+    """``MoELayer.dispatcher``: send each slot's row to the rank holding its expert, run this rank's
+    experts on the rows of every rank, return the outputs to their ranks. Per layer and forward:
+    three ``all_to_all_single`` (counts, rows, outputs) and one device-to-host copy (2E counts)."""
 
     def __init__(self, group, ep_size: int, local_experts: int):
         self.group, self.ep_size, self.local_experts = group, ep_size, local_experts
 
     def __call__(self, layer: MoELayer, x_ND: Tensor, d: Dispatch) -> Tensor:
-        from deepspeed.moe.sharded_moe import _AllToAll
+        send_PE, recv_PE, recv_counts_PE = self.exchange_counts(d.counts_E)
+        sent = [sum(c) for c in send_PE]  # rows to each rank: input split sizes
+        received = [sum(c) for c in recv_PE]  # rows from each rank: output split sizes
+        layout = _sent_layout(d, sum(sent))  # rows in global expert order: rank-major
+        x_RD = to_rows(x_ND, layout, d.top_k)
+        x_in = all_to_all_single_autograd(x_RD, received, sent, self.group)  # (Ri, D), (rank, expert) order
+        y_in = _run_local_experts(layer, x_in, recv_counts_PE, sum(received))
+        y_RD = all_to_all_single_autograd(y_in, sent, received, self.group)  # my rows' outputs, in order
+        return from_rows(y_RD, layout, d.weights_NK)
 
-        P, El = self.ep_size, self.local_experts
-        C = self._group_capacity(d.counts_E)
-        layout = row_layout(d, padded=True, capacity=C)
-        x_PECD = to_rows(x_ND, layout, d.top_k).view(P, El, C, -1)  # experts are rank-major
-        recv_PECD = _AllToAll.apply(self.group, x_PECD)  # [p] = rank p's rows for my experts
-        x_rows = recv_PECD.transpose(0, 1).reshape(El * P * C, -1)  # (El, P*C) grid per local expert
-        y_rows = layer.experts.rows_forward(x_rows, None, P * C)  # one bmm per projection
-        y_PECD = y_rows.view(El, P, C, -1).transpose(0, 1).contiguous()
-        back_PECD = _AllToAll.apply(self.group, y_PECD)  # my slots' outputs, global expert order
-        return from_rows(back_PECD.view(-1, x_ND.shape[-1]), layout, d.weights_NK)
+    def exchange_counts(self, counts_E: Tensor) -> tuple[list[list[int]], list[list[int]], Tensor]:
+        """send[p][e] (my slots for rank p's local expert e) and recv[p][e] (rank p's slots for my
+        local expert e) on the host, and recv as a (P, El) tensor: one ``all_to_all_single`` of E
+        counts, one host copy of 2E."""
+        send_PE = counts_E.view(self.ep_size, self.local_experts)
+        recv_PE = torch.empty_like(send_PE)
+        dist.all_to_all_single(recv_PE, send_PE, group=self.group)
+        send, recv = torch.stack([send_PE, recv_PE]).tolist()  # the split sizes: the one host sync
+        return send, recv, recv_PE
 
-    def _group_capacity(self, counts_E: Tensor) -> int:
-        """The largest expert load of any rank in the group: every rank pads to the same C."""
-        c = counts_E.max().reshape(1).clone()
-        dist.all_reduce(c, op=dist.ReduceOp.MAX, group=self.group)
-        return max(int(c.item()), 1)
+
+def _sent_layout(d: Dispatch, rows: int) -> RowLayout:
+    """The kept slots as packed rows in expert order (``row_layout``'s eager packed layout), with
+    their number ``rows`` known on the host already (``row_layout`` would read ``d.dropped``)."""
+    n_slots = d.slot_S.numel()
+    pos_P = torch.arange(n_slots, device=d.slot_S.device)
+    row_S = torch.empty_like(d.slot_S)
+    row_S[d.slot_S] = torch.where(pos_P < rows, pos_P, rows)  # a dropped slot: row R (none)
+    may_drop = d.capacity is not None
+    return RowLayout(d.slot_S[:rows], row_S, None, None, may_drop=may_drop, has_padding=may_drop)
+
+
+def _run_local_experts(layer: MoELayer, x_in: Tensor, recv_PE: Tensor, rows: int) -> Tensor:
+    """The local experts on the received rows (grouped by source rank, then local expert), as
+    ``rows`` tokens with one slot each (gate weight 1): ``GroupedExperts`` regroups them by expert
+    and back. With no row received, one zero row runs (its output cut off), so that this rank's
+    backward still reaches the exchanges (every rank must take part) and its expert gradients
+    are zeros, as at ep_size=1."""
+    P, El = recv_PE.shape
+    empty = rows == 0
+    if empty:
+        x_in = torch.cat([x_in, x_in.new_zeros(1, x_in.shape[-1])])
+        recv_PE = torch.zeros_like(recv_PE)
+        recv_PE[0, 0] = 1
+    expert_R = torch.arange(El, device=x_in.device).repeat(P)  # rows arrive by source rank, then expert
+    expert_R = expert_R.repeat_interleave(recv_PE.flatten(), output_size=x_in.shape[0])  # no host read
+    ones = torch.ones(x_in.shape[0], 1, dtype=torch.float32, device=x_in.device)
+    y_in = layer.experts(x_in, dispatch(expert_R.view(-1, 1), ones, El, None))
+    return y_in[:0] if empty else y_in
 
 
 def shard_experts(layer: MoELayer, ep_rank: int, ep_size: int) -> int:

@@ -1,6 +1,7 @@
 """Expert parallelism over 2 gloo processes: the sharded layer computes what the unsharded one
-does (outputs, input/router gradients, and expert gradients summed over ranks), and its expert
-parameters land in DeepSpeed's MoE optimizer groups."""
+does (outputs, input/router gradients, and expert gradients summed over ranks), exchanging
+exactly the routed rows (no padding), and its expert parameters land in DeepSpeed's MoE
+optimizer groups."""
 
 import os
 
@@ -12,9 +13,10 @@ from gloo_ranks import spawn
 from archlab.config.schema import FFNConfig, ModelConfig, MoEConfig, RouterConfig
 
 
-def _worker(rank: int, world: int, capacity_factor, out_dir: str) -> None:
+def _worker(rank: int, world: int, capacity_factor, one_sided: bool, out_dir: str) -> None:
     from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
+    import archlab.parallel.expert as ep_module
     from archlab.nn.moe import MoELayer
     from archlab.parallel.expert import enable_expert_parallel
 
@@ -24,21 +26,45 @@ def _worker(rank: int, world: int, capacity_factor, out_dir: str) -> None:
                                     router=RouterConfig(type="softmax_topk")))
     torch.manual_seed(0)  # same weights on every rank
     ref = MoELayer(cfg)
+    u = torch.nn.functional.normalize(torch.randn(32), dim=0)
+    if one_sided:  # every token prefers experts 0-3 (rank 0's): rank 1 receives no row at all
+        with torch.no_grad():
+            ref.router.gate.weight[:4] += 3 * u
+            ref.router.gate.weight[4:] -= 3 * u
     ep = MoELayer(cfg)
     ep.load_state_dict(ref.state_dict())
     model = torch.nn.ModuleDict({"0": ep})
     assert enable_expert_parallel(model) == 1
     torch.manual_seed(100 + rank)  # different tokens per rank, and a different count per rank
-    x = torch.randn(1, 9 + 4 * rank, 32)
+    x = torch.randn(1, 9 + 4 * rank, 32) + (3 * u if one_sided else 0)
     g = torch.randn_like(x)
 
     xr = x.clone().requires_grad_(True)
     y_ref, _ = ref(xr)
     y_ref.backward(g)
+    exchanges = []  # (rows in, input splits, output splits) of every row exchange
+
+    def recording(rows, output_splits, input_splits, group):
+        exchanges.append((rows.shape[0], list(input_splits), list(output_splits)))
+        return all_to_all(rows, output_splits, input_splits, group)
+
+    all_to_all, ep_module.all_to_all_single_autograd = ep_module.all_to_all_single_autograd, recording
     xe = x.clone().requires_grad_(True)
     y_ep, _ = ep(xe)
     y_ep.backward(g)
+    ep_module.all_to_all_single_autograd = all_to_all
 
+    # exactly the kept slots cross: to rank p its experts' slots, from rank p its slots for mine
+    El = 8 // world
+    with torch.no_grad():
+        counts_E = ref.router.dispatch(ref.router(x.view(-1, 32)), x.shape[1]).counts_E
+    all_counts = [torch.empty_like(counts_E) for _ in range(world)]
+    dist.all_gather(all_counts, counts_E)
+    sent = counts_E.view(world, El).sum(1).tolist()
+    received = [int(c[rank * El:(rank + 1) * El].sum()) for c in all_counts]
+    assert exchanges == [(int(counts_E.sum()), sent, received), (sum(received), received, sent)]
+    if one_sided:  # rank 0 gets every slot of both ranks (9 and 13 tokens, 2 slots each), rank 1 none
+        assert received == ([18, 26] if rank == 0 else [0, 0])
     torch.testing.assert_close(y_ep, y_ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(xe.grad, xr.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(ep.router.gate.weight.grad, ref.router.gate.weight.grad, rtol=1e-5, atol=1e-6)
@@ -46,10 +72,10 @@ def _worker(rank: int, world: int, capacity_factor, out_dir: str) -> None:
     for name in ("w_up", "w_down"):
         full = getattr(ref.experts, name).grad.clone()
         dist.all_reduce(full)
-        El = 8 // world
         torch.testing.assert_close(getattr(ep.experts, name).grad, full[rank * El:(rank + 1) * El],
                                    rtol=1e-5, atol=1e-6)
         p = getattr(ep.experts, name)
+        assert not one_sided or rank == 0 or not p.grad.any()  # no row received: zero gradients, not None
         assert p.shape[0] == El and p.allreduce is False and p.group_name == f"ep_size_{world}"
     groups = split_params_into_different_moe_groups_for_optimizer({"params": list(ep.parameters()), "name": "all"})
     moe_groups = [grp for grp in groups if grp.get("moe")]
@@ -59,10 +85,11 @@ def _worker(rank: int, world: int, capacity_factor, out_dir: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("capacity_factor", [None, 0.75])
-def test_parallel_expert_two_ranks_match_the_unsharded_layer(tmp_path, capacity_factor):
+@pytest.mark.parametrize("capacity_factor,one_sided", [(None, False), (0.75, False), (None, True)],
+                         ids=["dropless", "capacity", "one-rank-receives-nothing"])
+def test_parallel_expert_two_ranks_match_the_unsharded_layer(tmp_path, capacity_factor, one_sided):
     world = 2
-    spawn(_worker, world, capacity_factor, str(tmp_path))
+    spawn(_worker, world, capacity_factor, one_sided, str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["ok0", "ok1"]  # both ranks ran every check
 
 
