@@ -51,6 +51,7 @@ def test_gpu_check_grouped_gemm_cell():
     assert gpu_check.grouped_gemm(False, {"aten::_grouped_mm": 3}, {}) == "-"
     assert gpu_check.grouped_gemm(True, {"aten::_grouped_mm": 24, "aten::bmm": 2}, {}) == "yes (24 calls)"
     assert gpu_check.grouped_gemm(True, {"archlab::grouped_mm": 6}, {}) == "yes (6 calls)"
+    assert gpu_check.grouped_gemm(True, {"archlab::grouped_mm": 6, "aten::_grouped_mm": 6}, {}) == "yes (6 calls)"
     cuda = gpu_check.grouped_gemm(True, {"aten::_grouped_mm": 4}, {"cutlass_grouped_gemm_sm90": 4, "gemm": 9})
     assert cuda == "yes (4 calls, 4 grouped kernels)"
     assert gpu_check.grouped_gemm(True, {"aten::bmm": 12}, {"gemm": 3}) == "no: padded bmm (12 calls)"
@@ -100,14 +101,16 @@ def test_gpu_check_report_tables():
                      "12.00 / 10.00 (1.20x)", "flash (kernels: flash)", "-"]
     assert "failed: exit 1: RuntimeError: boom / bang" in table[4]
 
-    ep = [_row(recipe="deepseek-320m", ep=1, tokens_per_s=100000.0, grouped="yes (4 calls)"),
-          _row(recipe="deepseek-320m", ep=2, tokens_per_s=180000.0, grouped="yes (4 calls)"),
+    ep = [_row(recipe="deepseek-320m", ep=1, tokens_per_s=100000.0, grouped="yes (4 calls)", backend="zero0",
+               ops={}),
+          _row(recipe="deepseek-320m", ep=2, tokens_per_s=180000.0, grouped="yes (4 calls)", backend="expert-zero0",
+               ops={gpu_check.ALL_TO_ALL_OP: 44}),
           {"recipe": "deepseek-320m", "mode": "eager", "ep": 4, "error": "skipped: over the --time-budget-s"}]
     text = gpu_check.format_report("**title**", rows, ep, None)
     ep_table = [line for line in text.split("**Expert-parallel scaling**")[1].splitlines() if line.startswith("|")]
     assert len(ep_table) == 5 and all(line.count("|") == len(gpu_check.EP_COLUMNS) + 1 for line in ep_table)
-    assert [c.strip() for c in ep_table[3].strip("|").split("|")][1:6] == ["2", "8 x 2048", "180,000", "90,000",
-                                                                           "0.90"]
+    assert [c.strip() for c in ep_table[3].strip("|").split("|")][1:8] == ["2", "expert-zero0", "8 x 2048", "180,000",
+                                                                           "90,000", "0.90", "44"]
 
 
 def test_gpu_check_the_trainers_command_and_overrides(tmp_path):
@@ -209,3 +212,21 @@ def test_gpu_check_dry_run_trains_each_tiny_recipe_through_the_trainer(tmp_path,
         assert probe["step"] == 4 and probe["ops"].get("aten::mm", 0) + probe["ops"].get("aten::addmm", 0) > 0
         assert not (run / "checkpoints").exists()
         assert json.loads((run / "env.json").read_text())["peak_flops"] == 1e12
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_expert_parallel_scaling_over_gloo(tmp_path, monkeypatch):
+    """--ep-sizes in the dry run: the DeepSeek-style tiny recipe launched by accelerate in 2 processes
+    (DeepSpeed stage 0, model.moe.ep_size=2): the expert-parallel backend ran and exchanged tokens."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    args = gpu_check.parse_args(["--dry-run", "--modes", "eager", "--only", "none", "--ep-sizes", "2",
+                                 "--runs-dir", str(tmp_path)])
+    status, report, rows = gpu_check.run(args, log=lambda m: None)
+    assert status == 0, report
+    (row,) = rows
+    assert row["ep"] == 2 and row["world_size"] == 2 and row["backend"] == "expert-zero0"
+    assert row["ops"][gpu_check.ALL_TO_ALL_OP] > 0 and row["grouped"].startswith("yes (")
+    table = [line for line in report.split("**Expert-parallel scaling**")[1].splitlines() if line.startswith("| ")]
+    assert [c.strip() for c in table[1].strip("|").split("|")][:3] == ["deepseek-tiny", "2", "expert-zero0"]
+    assert json.loads((tmp_path / os.listdir(tmp_path)[0] / "deepseek-tiny-ep2" / "env.json").read_text())[
+        "world_size"] == 2

@@ -146,7 +146,7 @@ def grouped_gemm(moe: bool, ops: Mapping[str, int], kernels: Mapping[str, int]) 
     """The grouped-GEMM cell: ``-`` for a dense model, else which expert GEMM the probed step ran."""
     if not moe:
         return "-"
-    calls = sum(ops.get(op, 0) for op in GROUPED_OPS)
+    calls = max(ops.get(op, 0) for op in GROUPED_OPS)  # archlab::grouped_mm wraps aten::_grouped_mm
     grouped_kernels = sum(n for k, n in kernels.items() if "grouped" in k.lower())
     if calls or grouped_kernels:
         return f"yes ({calls} calls" + (f", {grouped_kernels} grouped kernels)" if kernels else ")")
@@ -183,8 +183,9 @@ def memory_cell(measured: Optional[float], planned: float) -> str:
 
 COLUMNS = ("recipe", "mode", "params (total / active)", "B x S", "steps", "tokens/s", "MFU",
            "peak GiB (meas / plan)", "SDPA", "grouped GEMM")
-EP_COLUMNS = ("recipe", "GPUs = ep", "B x S per GPU", "tokens/s", "tokens/s per GPU", "scaling",
-              "peak GiB (meas / plan)", "grouped GEMM")
+EP_COLUMNS = ("recipe", "GPUs = ep", "backend", "B x S per GPU", "tokens/s", "tokens/s per GPU", "scaling",
+              "all-to-all calls", "peak GiB (meas / plan)", "grouped GEMM")
+ALL_TO_ALL_OP = "_c10d_functional::all_to_all_single"  # the expert-parallel token exchange, forward
 
 
 def _table(columns: Sequence[str], cells: Sequence[Sequence[str]]) -> list[str]:
@@ -209,8 +210,9 @@ def ep_cells(r: dict, base: Optional[float]) -> list[str]:
         return [r["recipe"], str(r["ep"]), f"failed: {r['error']}"]
     per_gpu = r["tokens_per_s"] / r["ep"]
     scaling = "n/a" if base is None else f"{per_gpu / base:.2f}"
-    return [r["recipe"], str(r["ep"]), f"{r['batch']} x {r['seq_len']}", f"{r['tokens_per_s']:,.0f}",
-            f"{per_gpu:,.0f}", scaling, memory_cell(r["peak_mem"], r["plan_mem"]), r["grouped"]]
+    return [r["recipe"], str(r["ep"]), r["backend"], f"{r['batch']} x {r['seq_len']}", f"{r['tokens_per_s']:,.0f}",
+            f"{per_gpu:,.0f}", scaling, str(r["ops"].get(ALL_TO_ALL_OP, 0)), memory_cell(r["peak_mem"], r["plan_mem"]),
+            r["grouped"]]
 
 
 def format_report(title: str, rows: Sequence[dict], ep_rows: Sequence[dict], ep_skipped: Optional[str],
@@ -225,7 +227,8 @@ def format_report(title: str, rows: Sequence[dict], ep_rows: Sequence[dict], ep_
         ok = [r for r in ep_rows if "error" not in r and r["ep"] == 1]
         base = ok[0]["tokens_per_s"] if ok else None
         lines += ["", *_table(EP_COLUMNS, [ep_cells(r, base) for r in ep_rows]),
-                  "", "- scaling: tokens/s per GPU over ep=1's (1.00: linear weak scaling)."]
+                  "", "- scaling: tokens/s per GPU over ep=1's (1.00: linear weak scaling); all-to-all calls: rank 0's "
+                  "token exchanges in the profiled step."]
     return "\n".join(lines)
 
 
@@ -307,7 +310,7 @@ def read_run(run: Path, plan: Plan) -> dict:
     return {"run": str(run), "rows": len(train), "last_step": train[-1]["step"], "timed_steps": plan.steps,
             "max_steps": plan.max_steps, "tokens_per_s": tokens_per_s, "world_size": env["world_size"],
             "mfu": tokens_per_s * env["flops_per_token"] / (env["peak_flops"] * env["world_size"]),
-            "mixed_precision": env["mixed_precision"], "device_name": env["device_name"],
+            "mixed_precision": env["mixed_precision"], "device_name": env["device_name"], "backend": env.get("backend"),
             "peak_mem": train[-1].get("max_memory_allocated"), "sdpa": sdpa, "ops": probe["ops"],
             "kernels": probe["kernels"]}
 
@@ -390,7 +393,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> tuple[i
     notes = ["tokens/s, MFU: the trainer's own metrics.jsonl rows over the timed steps (MFU = tokens/s x "
              "archlab.costs.training_flops_per_token / the trainer's peak_flops).",
              "peak: the trainer's max_memory_allocated (whole run) / the plan: archlab.costs model_state_memory"
-             "(precision='fp32': the autocast run's fp32 weights, gradients, AdamW) + activation_memory(bf16).",
+             "(precision='fp32': fp32 weights, gradients, AdamW, as under autocast) + activation_memory (bf16 "
+             "under autocast, else fp32).",
              f"run folders: {plan.runs_dir}"]
     report = format_report(title, rows, ep_rows, skipped, notes)
     status = 1 if any("error" in r for r in rows + ep_rows) else 0
