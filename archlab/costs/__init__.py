@@ -8,6 +8,10 @@
     activation_memory(cfg, batch=8, seq_len=128).total  # bytes the trainer's step keeps for backward
     activation_memory(cfg, 8, 128, checkpointing="selective").total  # with train.activation_checkpointing
 
+``archlab.costs.plan`` turns them into a plan for a launch before a GPU is rented: per-GPU bytes by precision
+regime, ZeRO stage and expert parallelism, whether they fit an H100/H200/A100, tokens/s at an MFU and the
+hours to the token budget (``python -m analysis.costs plan RECIPE``).
+
 ``archlab.costs.measure`` takes the same quantities on a built model (FlopCounterMode,
 saved-tensor hooks): the reference the estimates are tested against.
 """
@@ -29,9 +33,11 @@ from archlab.costs.memory import (
     training_memory,
 )
 from archlab.costs.params import ParamCounts, param_counts
+from archlab.costs.plan import GPUS, Launch, MemoryPlan, TrainingPlan, memory_plan, read_launch, training_plan
 
 __all__ = [
-    "ActivationMemory", "FlopsBreakdown", "ModelStateMemory", "ParamCounts", "activation_memory",
+    "GPUS", "ActivationMemory", "FlopsBreakdown", "Launch", "MemoryPlan", "ModelStateMemory", "ParamCounts",
+    "TrainingPlan", "activation_memory", "memory_plan", "read_launch", "training_plan",
     "forward_flops", "forward_flops_per_token", "kv_cache_bytes", "model_state_memory", "optimizer_state_bytes",
     "param_counts", "training_flops", "training_flops_per_token", "training_memory",
 ]

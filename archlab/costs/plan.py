@@ -18,11 +18,12 @@ Two precision regimes, as the trainer runs them:
   data-parallel ranks, expert parallelism the routed experts; the step converts this rank's gradient
   partition to fp32.
 
-fp32 runs: 4 + 4 + 8 bytes per parameter, fp32 activations. The peak is the larger of the forward/backward
-peak (states + weight copies + activations + what backward recomputes; the gradients too when
-``grad_accum`` > 1 keeps them across micro-batches) and the optimizer step's (states + gradients + the
-step's fp32 temporaries). Checked against torch's own accounting (FakeTensorMode + MemTracker):
-tests/costs/test_costs_plan.py.
+fp32 runs: 4 + 4 + 8 bytes per parameter, fp32 activations. The peak: weights, optimizer state and buckets
+always, plus the largest of (a) the forward's end (every saved activation, autocast's weight copies), (b) each
+point of backward, which runs the blocks last to first: the blocks not yet done keep their activations, the
+ones done have their gradients (with ``grad_accum`` > 1 every gradient exists throughout), plus the block being
+recomputed under checkpointing, (c) the optimizer step: every gradient and the step's fp32 temporaries.
+Checked against torch's own accounting (FakeTensorMode + MemTracker): tests/costs/test_costs_plan.py.
 """
 
 from __future__ import annotations
@@ -128,24 +129,42 @@ def _train(recipe, key: str, default):
     return train.get(key, default) if train is not None else default
 
 
-def _autocast_cast_params(cfg, ep: int) -> float:
-    """Parameters autocast casts to bf16 for the matmuls: every linear weight but the routers' (fp32 math),
-    the routed experts' matrices (this rank's: 1/ep), a tied LM head's table (the embedding itself is looked
-    up, not cast)."""
+def _cast_count(module, ep: int) -> float:
+    """Parameters of ``module`` autocast casts to bf16 for its matmuls: every linear weight but the routers'
+    (fp32 math), the routed experts' matrices (this rank's: 1/ep)."""
     from torch import nn
 
+    total = 0.0
+    for name, sub in module.named_modules():
+        if isinstance(sub, nn.Linear) and "router" not in name.split("."):
+            total += sub.weight.numel()
+        elif hasattr(sub, "w_up"):  # routed experts: (E, ...) matrices
+            total += sum(p.numel() for p in sub.parameters(recurse=False) if p.dim() >= 2) / ep
+    return total
+
+
+def _param_split(module) -> tuple[float, float]:
+    """(dense, routed experts) parameters of ``module``."""
+    experts = sum(p.numel() for sub in module.modules() if hasattr(sub, "w_up") for p in sub.parameters(recurse=False))
+    return sum(p.numel() for p in module.parameters()) - experts, float(experts)
+
+
+def _blocks(cfg, ep: int, n_layers: int) -> tuple[list[tuple[float, float]], list[float], float]:
+    """Per block in forward order: (dense, expert) parameters and autocast-cast parameters; and the cast
+    parameters of the whole model (a tied LM head's table included: the embedding is looked up, not cast).
+    A model whose blocks do not line up with ``n_layers`` activation entries: the block totals split evenly."""
     from archlab.model import build_model
 
     model = build_model(cfg, device="meta")
-    total = 0.0
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Linear) and "router" not in name.split("."):
-            total += module.weight.numel()
-        elif hasattr(module, "w_up"):  # routed experts: (E, ...) matrices
-            total += sum(p.numel() for p in module.parameters(recurse=False) if p.dim() >= 2) / ep
-    if cfg.tie_embeddings:
-        total += cfg.vocab_size * cfg.d_model
-    return total
+    blocks = [*getattr(model, "encoder_blocks", []), *getattr(model, "blocks", [])]
+    casts = [_cast_count(b, ep) for b in blocks]
+    params = [_param_split(b) for b in blocks]
+    total_cast = _cast_count(model, ep) + (cfg.vocab_size * cfg.d_model if cfg.tie_embeddings else 0)
+    if len(blocks) != n_layers:
+        dense, experts = sum(p[0] for p in params), sum(p[1] for p in params)
+        params = [(dense / n_layers, experts / n_layers)] * n_layers
+        casts = [sum(casts) / n_layers] * n_layers
+    return params, casts, total_cast
 
 
 # the parts of the activations that hold the residual stream: fp32 under autocast
@@ -164,7 +183,7 @@ class MemoryPlan:
     grad_buckets: float  # DDP's gradient buckets (world > 1)
     activations: float  # saved for backward by one micro-batch, + one block's recomputation
     step_temp: float  # optimizer step: fp32 temporaries (the largest parameter's, a ZeRO gradient partition)
-    grads_in_forward: bool  # grad_accum > 1: the gradients live through the next micro-batches
+    backward: float  # the forward/backward peak beyond weights, optimizer state and buckets
 
     @property
     def states(self) -> float:
@@ -173,13 +192,13 @@ class MemoryPlan:
     @property
     def peak(self) -> float:
         held = self.weights + self.optimizer + self.grad_buckets
-        forward = held + self.weight_copies + self.activations + (self.grads if self.grads_in_forward else 0.0)
-        return max(forward, held + self.grads + self.step_temp)
+        return held + max(self.backward, self.grads + self.step_temp)
 
     def as_dict(self) -> dict[str, float]:
         return {"weights": self.weights, "grads": self.grads, "optimizer": self.optimizer,
                 "weight_copies": self.weight_copies, "grad_buckets": self.grad_buckets,
-                "activations": self.activations, "step_temp": self.step_temp, "peak": self.peak}
+                "activations": self.activations, "step_temp": self.step_temp, "backward": self.backward,
+                "peak": self.peak}
 
     def summary(self, where: str = "GPU") -> str:
         """One line: ``X GiB per GPU at peak (regime; GiB: weights a, grads b, optimizer c, activations d, ...)``
@@ -233,13 +252,30 @@ def memory_plan(recipe, launch: Launch = Launch(), precision: Optional[str] = No
     states = model_state_memory(recipe, "fp32" if autocast else precision, stage, launch.world, ep)
     sharded_params = counts.dense + counts.mtp + counts.routed_experts / ep  # held by this rank
     acts = activation_memory(recipe, batch, seq_len, dtype=precision, device=device, checkpointing=mode)
-    saved, recompute = acts.total, acts.recompute_peak
-    copies = 0.0
-    if autocast:  # the residual stream in fp32, the matmuls' weights cast
+    layers = [dict(layer) for layer in acts.layers]
+    if autocast:  # the residual stream in fp32
         wide = activation_memory(recipe, batch, seq_len, dtype="fp32", device=device, checkpointing=mode)
-        narrow, fp32 = acts.by_component(), wide.by_component()
-        saved += sum(fp32.get(k, 0.0) - narrow.get(k, 0.0) for k in RESIDUAL_PARTS)
-        copies = 2.0 * _autocast_cast_params(cfg, ep)
+        for layer, fp32 in zip(layers, wide.layers):
+            for k in RESIDUAL_PARTS:
+                if k in layer:
+                    layer[k] = fp32[k]
+        model_acts = {k: (wide.model[k] if k in RESIDUAL_PARTS else v) for k, v in acts.model.items()}
+    else:
+        model_acts = dict(acts.model)
+    params, casts, total_cast = _blocks(cfg, ep, len(layers))
+    copies = 2.0 * total_cast if autocast else 0.0
+    layer_copies = [2.0 * c for c in casts] if autocast and mode == "none" else [0.0] * len(layers)
+    # gradient bytes per block: the precision's, sharded at ZeRO-2/3 over the data-parallel (experts: their) ranks
+    per_param = states.grads / max(sharded_params, 1.0)
+    grads = [per_param * (dense + experts / ep) for dense, experts in params]
+    saved = [sum(layer.values()) for layer in layers]
+    # backward runs the blocks last to first: after k blocks' backward their activations (and the weight
+    # copies they saved) are gone and their gradients exist; with accumulation every gradient exists throughout
+    base = sum(model_acts.values()) + acts.recompute_peak + (copies - sum(layer_copies) if mode == "none" else 0)
+    accumulated = states.grads if grad_accum > 1 else 0.0
+    backward = max(base + sum(saved[:i]) + sum(layer_copies[:i])
+                   + (accumulated if accumulated else sum(grads[i:])) for i in range(len(layers) + 1))
+    forward_end = sum(model_acts.values()) + sum(saved) + copies + accumulated  # checkpointing: autocast's cache
     largest = max(cfg.vocab_size * cfg.d_model, _largest_matrix(cfg))
     if deepspeed and precision == "bf16":  # the fp32 gradient partition the step builds
         step_temp = 4.0 * sharded_params / (launch.world if stage >= 1 else 1)
@@ -248,8 +284,9 @@ def memory_plan(recipe, launch: Launch = Launch(), precision: Optional[str] = No
     buckets = 4.0 * sharded_params if (not deepspeed and launch.world > 1) else 0.0
     regime = "autocast" if autocast else ("deepspeed bf16" if deepspeed and precision == "bf16" else precision)
     return MemoryPlan(regime=regime, weights=states.weights, grads=states.grads, optimizer=states.optimizer,
-                      weight_copies=copies, grad_buckets=buckets, activations=saved + recompute,
-                      step_temp=step_temp, grads_in_forward=grad_accum > 1)
+                      weight_copies=copies, grad_buckets=buckets,
+                      activations=sum(model_acts.values()) + sum(saved) + acts.recompute_peak,
+                      step_temp=step_temp, backward=max(backward, forward_end))
 
 
 def _largest_matrix(cfg) -> int:

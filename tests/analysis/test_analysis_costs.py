@@ -77,7 +77,9 @@ def test_zero_and_expert_parallel_shard_the_states(capsys):
 def test_folder_stands_for_its_recipes(capsys):
     rc, out, _ = _run(["recipes/mixtral", "--format", "json"], capsys)
     assert rc == 0
-    assert {r["recipe"] for r in json.loads(out)} == {"mixtral-tiny", "mixtral-mini", "mixtral-xs", "mixtral-s"}
+    names = {r["recipe"] for r in json.loads(out)}
+    assert names == {archlab.load_recipe(p).name for p in Path("recipes/mixtral").glob("*.yaml")}  # every file once
+    assert {"mixtral-tiny", "mixtral-mini", "mixtral-xs", "mixtral-s"} <= names
 
 
 def test_folders_are_searched_recursively_and_launch_configs_skipped_with_a_note(capsys):
@@ -226,3 +228,50 @@ def test_one_footnote_per_reason_and_nothing_computed_exits_1(monkeypatch, capsy
     assert rc == 1 and "nothing could be computed" in err
     assert out.startswith("recipe") and out.count("not modelled [") == 8  # the table is still printed
     assert "[1] dense-tiny: params, embedding, non-emb., active not modelled: no params model: nothing here" in out
+
+
+def test_plan_prints_memory_fit_throughput_and_hours(capsys):
+    """``plan``: the numbers of archlab.costs.plan for the launch; the table names every part and the verdict."""
+    from archlab.costs.plan import read_launch, training_plan
+
+    rc, out, err = _run(["plan", "recipes/dense/125m.yaml", "--gpus", "8", "--gpu", "h200", "--mfu", "30%",
+                         "--format", "json"], capsys)
+    assert rc == 0 and err == ""
+    want = training_plan(archlab.load_recipe("recipes/dense/125m.yaml"), read_launch(None, 8), gpu="h200", mfu=0.3)
+    assert json.loads(out) == json.loads(json.dumps(want.as_dict()))
+    assert json.loads(out)["launch"].startswith("8 GPUs, DDP")
+    rc, out, _ = _run(["plan", "recipes/dense/125m.yaml", "--launch", "recipes/launch/zero2.yaml", "--gpus", "8"],
+                      capsys)
+    assert rc == 0
+    assert "8 GPUs, DeepSpeed ZeRO-2 (recipes/launch/zero2.yaml), H100 SXM 80GB, deepspeed bf16" in out
+    for part in ("weights", "gradients", "optimizer state", "activations (1 micro-batch)", "peak per GPU",
+                 "(fits:", "tokens/s", "GPU-hours"):
+        assert part in out, part
+
+
+def test_plan_runs_as_a_module_beside_the_table(root):
+    res = subprocess.run([sys.executable, "-m", "analysis.costs", "plan", "recipes/llama/125m.yaml", "--launch",
+                          "recipes/launch/zero1.json", "--gpus", "4", "--gpu", "a100"], cwd=root,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "4 GPUs, DeepSpeed ZeRO-1" in res.stdout and "A100" in res.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["does/not/exist.yaml"], "does/not/exist.yaml: no such recipe file"),
+    (["recipes/launch/ddp.yaml"], "an accelerate launch config, not a recipe; pass it as --launch"),
+    (["recipes/dense/125m.yaml", "--launch", "recipes/dense/tiny.yaml"], "not an accelerate config"),
+    (["recipes/dense/125m.yaml", "--launch", "no/such.yaml"], "no/such.yaml: no such launch config"),
+])
+def test_plan_refuses_bad_input_in_one_line(args, message, capsys):
+    rc, out, err = _run(["plan", *args], capsys)
+    assert rc == 2 and out == ""
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("bad", [["--gpu", "v100"], ["--mfu", "0"], ["--mfu", "150%"], ["--gpus", "0"]])
+def test_plan_refuses_bad_numbers(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["plan", "recipes/dense/125m.yaml", *bad])
+    assert e.value.code == 2
+    assert bad[1] in capsys.readouterr().err
