@@ -60,11 +60,12 @@ def load_checkpoint(trainer, ckpt_dir: Path) -> tuple[dict, Optional[Path]]:
     saved_world = state.get("world_size")
     if saved_world is not None and int(saved_world) != trainer.info.world_size:  # the backend allowed it
         trainer.log(other_world_size_note(int(saved_world), trainer.info.world_size, state.get("global_batch"),
-                                          batch_now))
+                                          batch_now, optimizer_restored=restarts is None))
     return state, None if restarts is not None else ckpt_dir
 
 
-def other_world_size_note(saved: int, now: int, batch_before: Optional[int], batch_now: int) -> str:
+def other_world_size_note(saved: int, now: int, batch_before: Optional[int], batch_now: int,
+                          optimizer_restored: bool = True) -> str:
     """What a resume by another number of processes keeps: the data order (by the global batch) and the RNG."""
     if batch_before in (None, batch_now):
         data = (f"the global batch is unchanged ({batch_now} windows), so every step reads the windows the "
@@ -74,5 +75,10 @@ def other_world_size_note(saved: int, now: int, batch_before: Optional[int], bat
         data = "the global batch changed, so the data order differs from an uninterrupted run"
     missing = ", ".join(str(r) for r in range(saved, now))
     rng = f"; rank {missing}: no RNG state in the checkpoint, its dropout RNG starts from the seed" if missing else ""
-    return (f"note: checkpoint was written by {saved} processes, this run has {now}: weights and optimizer state "
-            f"restored (the same on every process); {data}{rng}")
+    restored = ("weights and optimizer state restored (the same on every process)" if optimizer_restored
+                else "weights restored (the optimizer state restarts, see the warning)")
+    return f"note: checkpoint was written by {processes(saved)}, this run has {now}: {restored}; {data}{rng}"
+
+
+def processes(n: int) -> str:
+    return f"{n} process" if n == 1 else f"{n} processes"

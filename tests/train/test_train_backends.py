@@ -246,3 +246,19 @@ def test_a_checkpoint_of_another_world_size_resumes_where_the_backend_can(tiny_c
                                                    r", this run has 2: .*its experts' state"):
         ep.check_resume(tmp_path, saved)
     assert ep.check_resume(tmp_path, {**saved, "world_size": 2}) is None
+
+
+def test_deepspeed_checks_the_steps_losses_once_before_the_engine_updates(tiny_cfg):
+    """Under DeepSpeed the engine updates inside the last micro batch's backward (accelerate's
+    sync_gradients): the micro batches before it back-propagate without a check, and the last one is
+    refused when any loss of the step was not finite (one all-reduce per step, identity here)."""
+    calls = []
+    zero = _backend(ZeroBackend, tiny_cfg, Launch(deepspeed=True, zero_stage=2, world_size=1))
+    zero.accelerator.backward = calls.append
+    step = [(float("nan"), False), (1.0, True), (2.0, False), (3.0, True)]  # two steps of two micro batches
+    results = []
+    for value, last in step:
+        zero.accelerator.sync_gradients = last
+        results.append(zero.backward(torch.tensor(value)))
+    assert results == [True, False, True, True]
+    assert len(calls) == 3 and calls[0].isnan()  # the non-finite loss reached the gradient, never an update

@@ -417,3 +417,18 @@ def test_ranks_count_their_share_of_the_token_shards_before_rank_0_prepares(tmp_
     assert count_shard_share(cfg, DistInfo(1, 2)) == 0
     with pytest.raises(DataError, match="fw_train_000001.bin: the header says 90 tokens"):
         prepare_data(cfg)
+
+
+def test_several_processes_stop_on_the_flag_their_step_reduced(tiny_cfg, monkeypatch):
+    """Under several processes the stop flag travels in the step's own all-reduce (no collective of
+    its own): a signal that arrives after it (here: after train_step) stops the run after the next
+    step, on every rank alike. One process reads its flag after each step (step 3: the tests above)."""
+    _signal_after(monkeypatch, 3)
+    trainer = Trainer(tiny_cfg())
+    trainer.info = DistInfo(0, 2)  # rank 0 of 2 in one process: the reduction is the identity
+    try:
+        summary = trainer.run()
+    finally:
+        trainer.close()
+    assert summary["status"] == "interrupted" and summary["step"] == 4
+    assert ckpt.verify(ckpt.latest(summary["run_dir"]))["step"] == 4  # rank 0 hashed its share, finish the rest

@@ -112,7 +112,8 @@ class Backend(ABC):
         saved_world, why = state.get("world_size"), self.world_size_refusal()
         if saved_world is not None and int(saved_world) != self.info.world_size and why is not None:
             raise CheckpointError(
-                f"{ckpt_dir}: checkpoint was written by {saved_world} processes ({_launch_name(state)}), this run has "
+                f"{ckpt_dir}: checkpoint was written by {saved_world} process{'es' * (int(saved_world) != 1)} "
+                f"({_launch_name(state)}), this run has "
                 f"{self.info.world_size}: {why}; resume with {saved_world} processes (accelerate launch "
                 f"--num_processes {saved_world})")
         return None
