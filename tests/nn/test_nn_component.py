@@ -1,4 +1,4 @@
-"""The component protocol: the README component table, the schema's comments and the registries
+"""The component protocol: the component table of docs/components.md, the schema's comments and the registries
 name the same variants; every variant states the facts the rest of archlab asks of it; nothing
 in ``archlab.nn`` imports the config package at run time.
 """
@@ -42,11 +42,11 @@ KINDS = {  # recipe key -> (registry, config dataclass holding its `type` field)
 }
 
 
-def _readme_names(key: str, config) -> set[str]:
-    """Backticked names in the second cell of the README row for ``key`` (option keys excluded)."""
-    lines = [line.replace("\\|", "/") for line in (ROOT / "README.md").read_text().splitlines()]
+def _table_names(key: str, config) -> set[str]:
+    """Backticked names in the second cell of the component-table row for ``key`` (option keys excluded)."""
+    lines = [line.replace("\\|", "/") for line in (ROOT / "docs" / "components.md").read_text().splitlines()]
     rows = [line for line in lines if line.startswith("|") and f"`{key}`" in line.split("|")[1]]
-    assert len(rows) == 1, f"README.md needs one component-table row for {key}"
+    assert len(rows) == 1, f"docs/components.md needs one component-table row for {key}"
     cell = rows[0].split("|")[2]
     options = {f.name for c in (config, ModelConfig) for f in dataclasses.fields(c)}
     return {n for n in re.findall(r"`([a-z_0-9]+)`", cell) if n not in options}
@@ -65,17 +65,17 @@ def _schema_comment_names(config) -> set[str]:
     raise AssertionError(f"{config.__name__} has no type field")
 
 
-def test_readme_lists_the_balancing_terms():
+def test_component_table_lists_the_balancing_terms():
     from archlab.nn.moe.balance import BALANCE_TERMS, BalanceConfig
 
-    assert _readme_names("model.moe.balance.*", BalanceConfig) == set(BALANCE_TERMS.names())
+    assert _table_names("model.moe.balance.*", BalanceConfig) == set(BALANCE_TERMS.names())
 
 
 @pytest.mark.parametrize("key", list(KINDS))
-def test_readme_schema_comments_and_registry_list_the_same_names(key):
+def test_component_table_schema_comments_and_registry_list_the_same_names(key):
     registry, config = KINDS[key]
     names = set(registry.names())
-    assert _readme_names(key, config) == names
+    assert _table_names(key, config) == names
     assert _schema_comment_names(config) == names
 
 
