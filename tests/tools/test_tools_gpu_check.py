@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import archlab
-from archlab.costs import activation_memory, model_state_memory
+from archlab.costs.plan import Launch, memory_plan
 from tools import gpu_check
 
 GIB = 2.0**30
@@ -67,14 +67,16 @@ def test_gpu_check_throughput_over_the_timed_rows_only():
         gpu_check.throughput([], 5)
 
 
-def test_gpu_check_memory_plan_is_the_cost_models_fp32_states_plus_activations():
+def test_gpu_check_memory_plan_is_the_cost_models_plan_of_the_runs_launch():
     cfg = archlab.load_recipe(gpu_check.ROOT / "recipes/mixtral/tiny.yaml")
-    acts = activation_memory(cfg, 4, 64, dtype="bf16", device="cuda")
-    expected = model_state_memory(cfg, "fp32").total + acts.total + acts.recompute_peak
-    assert gpu_check.planned_memory(cfg, 4, 64, mixed=True, device="cuda") == pytest.approx(expected)
-    assert gpu_check.planned_memory(cfg, 4, 64, mixed=False, device="cuda") > expected  # fp32 activations
-    ep2 = gpu_check.planned_memory(cfg, 4, 64, mixed=True, device="cuda", world=2, ep=2)
-    assert ep2 < expected  # each rank holds half of the experts
+    one = gpu_check.planned_memory(cfg, 4, 64, mixed=True, device="cuda")
+    assert one.regime == "autocast"
+    assert one.peak == memory_plan(cfg, Launch(), precision="bf16", batch=4, seq_len=64, device="cuda").peak
+    assert gpu_check.planned_memory(cfg, 4, 64, mixed=False, device="cpu").regime == "fp32"
+    ep2 = gpu_check.planned_memory(cfg, 4, 64, mixed=True, device="cuda", ep=2)
+    assert ep2.regime == "deepspeed bf16"  # the expert-parallel launch: DeepSpeed's bf16 engine
+    ep1 = gpu_check.planned_memory(cfg, 4, 64, mixed=True, device="cuda", ep=1)
+    assert ep1.regime == "deepspeed bf16" and ep2.weights < ep1.weights  # each rank holds half of the experts
     assert gpu_check.memory_cell(None, GIB) == "n/a / 1.00"
     assert gpu_check.memory_cell(1.5 * GIB, GIB) == "1.50 / 1.00 (1.50x)"
 

@@ -20,7 +20,8 @@ Columns:
   checkpoints left out: its own definition); MFU the trainer's, tokens/s x flops_per_token / (peak_flops
   x world_size), the peak from env.json (``train.peak_flops``, else its per-device table);
 - peak GiB: ``max_memory_allocated`` of the trainer's last row (``torch.cuda.max_memory_allocated`` over
-  the whole run) against the memory plan (:func:`planned_memory`); n/a off CUDA;
+  the whole run) against the cost model's plan of the run's peak (``archlab.costs.plan.memory_plan`` for its
+  launch and precision, :func:`planned_memory`); n/a off CUDA;
 - SDPA: the attention kernel of the profiled step (aten op names; on CUDA also the kernels' names);
 - grouped GEMM: MoE recipes, whether the routed experts ran ``grouped_mm`` (``aten::_grouped_mm`` or
   ``archlab::grouped_mm`` ops, or a CUDA kernel named grouped) or the padded ``bmm``.
@@ -51,7 +52,8 @@ import torch
 
 import archlab
 from archlab.config import RecipeError
-from archlab.costs import activation_memory, model_state_memory, param_counts
+from archlab.costs import param_counts
+from archlab.costs.plan import Launch, MemoryPlan, memory_plan, read_launch
 from tools.gpu_check.probe import PROBE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,15 +167,13 @@ def throughput(rows: Sequence[dict], log_every: int) -> float:
     return len(rows) / sum(1.0 / r["tokens_per_s"] for r in rows)
 
 
-def planned_memory(cfg, batch: int, seq_len: int, mixed: bool, device: str, world: int = 1, ep: int = 1) -> float:
-    """Bytes the cost model plans for one rank of the trainer's step. The trainer's accelerate autocast
-    keeps fp32 weights, gradients and AdamW state (``model_state_memory(precision='fp32')``), its
-    activations in bf16 under autocast (``activation_memory(dtype='bf16')``), fp32 otherwise.
-    The plan function ``archlab.costs`` is getting replaces this."""
-    states = model_state_memory(cfg, "fp32", zero_stage=0, dp=world, ep=ep)
-    acts = activation_memory(cfg, batch, seq_len, dtype="bf16" if mixed else "fp32", device=device,
-                             checkpointing=str(cfg.train.activation_checkpointing))
-    return states.total + acts.total + acts.recompute_peak
+def planned_memory(cfg, batch: int, seq_len: int, mixed: bool, device: str, ep: Optional[int] = None) -> MemoryPlan:
+    """The cost model's plan of one rank of the run (``archlab.costs.plan.memory_plan``): one process, or
+    (``ep``) ``ep`` processes under the expert-parallel launch (DeepSpeed stage 0) at ``ep_size`` = ep;
+    ``mixed``: the run's bf16 (autocast, or DeepSpeed's bf16 engine), else fp32."""
+    launch = Launch() if ep is None else read_launch(ROOT / EP_LAUNCH, gpus=ep)
+    return memory_plan(cfg, launch, precision="bf16" if mixed else "fp32", batch=batch, seq_len=seq_len,
+                       ep=ep or 1, device=device)
 
 
 def memory_cell(measured: Optional[float], planned: float) -> str:
@@ -336,11 +336,11 @@ def run_case(case: Case, plan: Plan, mode: str, ep: Optional[int] = None, log: C
     out = read_run(plan.runs_dir / name, plan)
     counts = param_counts(archlab.model_config(cfg))
     moe = cfg.model.moe is not None
-    plan_mem = planned_memory(cfg, plan.batch, plan.seq_len, out["mixed_precision"] == "bf16", plan.device,
-                              world=processes, ep=processes)
+    mem = planned_memory(cfg, plan.batch, plan.seq_len, out["mixed_precision"] == "bf16", plan.device, ep)
     log(f"[gpu_check] {name}: {out['tokens_per_s']:,.0f} tokens/s in {time.perf_counter() - t0:.0f} s")
     return {**row, **out, "params": counts.total, "active": counts.active, "batch": plan.batch,
-            "seq_len": plan.seq_len, "plan_mem": plan_mem, "grouped": grouped_gemm(moe, out["ops"], out["kernels"])}
+            "seq_len": plan.seq_len, "plan_mem": mem.peak, "plan_regime": mem.regime,
+            "grouped": grouped_gemm(moe, out["ops"], out["kernels"])}
 
 
 def ep_skip_reason(dry_run: bool, gpus: int, asked: Sequence[int]) -> Optional[str]:
@@ -392,9 +392,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> tuple[i
              f"{plan.steps} timed steps, 1 profiled; {time.perf_counter() - t_start:.0f} s")
     notes = ["tokens/s, MFU: the trainer's own metrics.jsonl rows over the timed steps (MFU = tokens/s x "
              "archlab.costs.training_flops_per_token / the trainer's peak_flops).",
-             "peak: the trainer's max_memory_allocated (whole run) / the plan: archlab.costs model_state_memory"
-             "(precision='fp32': fp32 weights, gradients, AdamW, as under autocast) + activation_memory (bf16 "
-             "under autocast, else fp32).",
+             "peak: the trainer's max_memory_allocated (whole run) / the plan's peak: archlab.costs.plan.memory_plan "
+             "for the run's launch and precision (regime " + ", ".join(sorted({r["plan_regime"] for r in ok})) + ").",
              f"run folders: {plan.runs_dir}"]
     report = format_report(title, rows, ep_rows, skipped, notes)
     status = 1 if any("error" in r for r in rows + ep_rows) else 0
