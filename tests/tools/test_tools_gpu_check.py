@@ -163,6 +163,8 @@ def test_gpu_check_args_and_ep_skip_reasons():
     assert (dry.warmup, dry.steps, dry.log_every, dry.modes) == (1, 2, 1, ["eager", "compiled"])
     gpu = gpu_check.parse_args([])
     assert (gpu.warmup, gpu.steps, gpu.log_every, gpu.ep_sizes) == (5, 20, 5, [1, 2, 4, 8])
+    with pytest.raises(ValueError, match="--only dense-1b: no such case"):
+        gpu_check.parse_args(["--only", "dense-125m", "dense-1b"])
     with pytest.raises(ValueError, match="multiples of --log-every"):
         gpu_check.parse_args(["--steps", "12", "--log-every", "5"])
     assert dry.ep_sizes == [] and "dry run" in gpu_check.ep_skip_reason(True, 0, dry.ep_sizes)

@@ -12,7 +12,9 @@ depend on the text; no BPE to train). Recipes (``CASES``): dense-125m (recipes/d
 Mixtral-style (8 experts, top-2) and a fine-grained DeepSeek-style MoE (64 routed top-6 + 2 shared) of
 about 320M parameters, recipes/{mixtral,deepseek}/s.yaml widened to d_model 768 with GPT-2's vocabulary;
 each at 8 x 2048 tokens a step (``--batch``, ``--seq-len``). A run takes ``--warmup`` steps (compilation
-included), ``--steps`` timed steps, then the profiled step; rows every ``--log-every`` steps.
+included), ``--steps`` timed steps, then the profiled step; rows every ``--log-every`` steps. Every eager
+run goes first; none starts past ``--time-budget-s`` (its row says so). The run folders, and each run's
+output as ``<run>.log``, stay under ``--runs-dir`` (default runs/gpu_check/<date>-<time>/).
 
 Columns:
 
@@ -408,7 +410,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="on CPU, tiny recipes, few steps; n/a where CUDA-only")
     p.add_argument("--out", default=None, help="also write the markdown report to this file")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="default: %(default)s")
-    p.add_argument("--only", nargs="+", default=None, help="only these cases (labels, e.g. dense-125m)")
+    p.add_argument("--only", nargs="+", default=None,
+                   help="only these cases (labels, e.g. dense-125m; none: the expert-parallel scaling alone)")
     p.add_argument("--batch", type=int, default=None, help=f"micro batch (default {GPU_SHAPE[0]}; dry {DRY_SHAPE[0]})")
     p.add_argument("--seq-len", type=int, default=None, help=f"default {GPU_SHAPE[1]}; dry {DRY_SHAPE[1]}")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first, compilation included (5; dry 1)")
@@ -430,6 +433,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     args.ep_sizes = args.ep_sizes if args.ep_sizes is not None else ([] if dry else list(EP_SIZES))
     args.time_budget_s = args.time_budget_s if args.time_budget_s is not None else (1800.0 if dry else 280.0)
     args.run_timeout_s = args.run_timeout_s if args.run_timeout_s is not None else (900.0 if dry else 240.0)
+    unknown = set(args.only or ()) - {c.label for c in CASES + DRY_CASES} - {"none"}
+    if unknown:
+        raise ValueError(f"--only {' '.join(sorted(unknown))}: no such case; cases: "
+                         f"{', '.join(c.label for c in CASES + DRY_CASES)}")
     if args.steps < 1 or args.warmup < 1 or args.log_every < 1:
         raise ValueError("--steps, --warmup and --log-every must be >= 1")
     if args.steps % args.log_every or args.warmup % args.log_every:
