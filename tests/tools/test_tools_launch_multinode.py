@@ -56,6 +56,7 @@ def test_one_job_of_two_tasks_trains_expert_parallel_and_resumes_after_scancel(s
     refused = _launch([*cmd, "--slurm-partition", "no-such-partition"], timeout=60)
     assert refused.returncode == 2 and refused.stderr.startswith("error: sbatch refused the job of ep2: ")
     assert "no-such-partition" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert not list((out / "slurm").glob("*.pkl"))  # nor is the refused job's pickle left behind
 
     first = _launch([*cmd, "--detach"], timeout=60)
     assert first.returncode == 0, first.stderr

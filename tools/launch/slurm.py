@@ -371,10 +371,13 @@ class SlurmLauncher:
                                      max(1, o.gpus_per_node or 0), config)
         else:
             task = TrainJob(cmd, overrides, p.log, p.run_dir, os.getcwd())
+        pickles = set(folder.glob("*.pkl"))
         try:
             with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's refusal: said once, below
                 job = executor.submit(task)
         except Exception as e:  # noqa: BLE001 - sbatch refused (submitit's FailedJobError, a missing client)
+            for left in set(folder.glob("*.pkl")) - pickles:  # the pickled job of a submission that never was
+                left.unlink(missing_ok=True)
             said = [line.strip().removeprefix("sbatch: error: ") for line in str(e).splitlines() if line.strip()]
             raise LaunchError(f"sbatch refused the job of {p.name}: {'; '.join(said) or type(e).__name__}"
                               f" (check the --slurm-* options and --nodes against the cluster: sinfo)") from None
