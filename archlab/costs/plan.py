@@ -182,7 +182,7 @@ class MemoryPlan:
     weight_copies: float  # autocast: the bf16 copies of the matmul weights during the forward
     grad_buckets: float  # DDP's gradient buckets (world > 1)
     activations: float  # saved for backward by one micro-batch, + one block's recomputation
-    step_temp: float  # optimizer step: fp32 temporaries (the largest parameter's, a ZeRO gradient partition)
+    step_temp: float  # optimizer step: fp32 temporaries (foreach AdamW's, DeepSpeed's fp32 gradient partition)
     backward: float  # the forward/backward peak beyond weights, optimizer state and buckets
 
     @property
@@ -264,6 +264,13 @@ def memory_plan(recipe, launch: Launch = Launch(), precision: Optional[str] = No
         model_acts = dict(acts.model)
     params, casts, total_cast = _blocks(cfg, ep, len(layers))
     copies = 2.0 * total_cast if autocast else 0.0
+    recompute = acts.recompute_peak
+    if autocast and mode != "none":  # the block recomputed in backward: its fp32 residual parts, its weight copies
+        full = activation_memory(recipe, batch, seq_len, dtype="bf16", device=device).layers
+        full32 = activation_memory(recipe, batch, seq_len, dtype="fp32", device=device).layers
+        recompute = max(sum(v for k, v in f.items() if k not in RESIDUAL_PARTS)
+                        + sum(v for k, v in f32.items() if k in RESIDUAL_PARTS) + 2.0 * c - sum(kept.values())
+                        for f, f32, c, kept in zip(full, full32, casts, layers))
     layer_copies = [2.0 * c for c in casts] if autocast and mode == "none" else [0.0] * len(layers)
     # gradient bytes per block: the precision's, sharded at ZeRO-2/3 over the data-parallel (experts: their) ranks
     per_param = states.grads / max(sharded_params, 1.0)
@@ -271,31 +278,52 @@ def memory_plan(recipe, launch: Launch = Launch(), precision: Optional[str] = No
     saved = [sum(layer.values()) for layer in layers]
     # backward runs the blocks last to first: after k blocks' backward their activations (and the weight
     # copies they saved) are gone and their gradients exist; with accumulation every gradient exists throughout
-    base = sum(model_acts.values()) + acts.recompute_peak + (copies - sum(layer_copies) if mode == "none" else 0)
+    base = sum(model_acts.values()) + recompute + _working_set(cfg, batch * seq_len, precision, autocast)
+    base += copies - sum(layer_copies) if mode == "none" else 0.0  # the head's copy, freed last
     accumulated = states.grads if grad_accum > 1 else 0.0
     backward = max(base + sum(saved[:i]) + sum(layer_copies[:i])
                    + (accumulated if accumulated else sum(grads[i:])) for i in range(len(layers) + 1))
     forward_end = sum(model_acts.values()) + sum(saved) + copies + accumulated  # checkpointing: autocast's cache
-    largest = max(cfg.vocab_size * cfg.d_model, _largest_matrix(cfg))
+    shard = launch.world if deepspeed and stage >= 1 else 1  # ZeRO partitions what the optimizer steps on
+    # AdamW's kernel (archlab.optim.adamw.adamw_kernel): fused on CUDA, no temporaries; foreach elsewhere, an fp32
+    # tensor the size of its largest parameter group (sqrt of v)
+    step_temp = 0.0 if device == "cuda" else 4.0 * _largest_group(recipe, cfg, ep) / shard
     if deepspeed and precision == "bf16":  # the fp32 gradient partition the step builds
-        step_temp = 4.0 * sharded_params / (launch.world if stage >= 1 else 1)
-    else:
-        step_temp = 4.0 * largest  # AdamW (foreach=False): one parameter's fp32 temporaries at a time
+        step_temp += 4.0 * sharded_params / shard
     buckets = 4.0 * sharded_params if (not deepspeed and launch.world > 1) else 0.0
     regime = "autocast" if autocast else ("deepspeed bf16" if deepspeed and precision == "bf16" else precision)
     return MemoryPlan(regime=regime, weights=states.weights, grads=states.grads, optimizer=states.optimizer,
                       weight_copies=copies, grad_buckets=buckets,
-                      activations=sum(model_acts.values()) + sum(saved) + acts.recompute_peak,
+                      activations=sum(model_acts.values()) + sum(saved) + recompute,
                       step_temp=step_temp, backward=max(backward, forward_end))
 
 
-def _largest_matrix(cfg) -> int:
-    """Elements of the widest block matrix (an FFN's up projection or one expert stack)."""
-    hidden = cfg.ffn_hidden
-    out = 2 * cfg.d_model * hidden
+def _working_set(cfg, n: int, precision: str, autocast: bool) -> float:
+    """What one block's backward holds beside the activations: the gradient of its widest output (the FFN's up
+    projection: N x up_width x F, or the experts' on their routed slots) and of the residual stream (N x D;
+    fp32 under autocast)."""
+    from archlab.nn.ffn import ffn_class
+    from archlab.nn.moe.router import router_class
+
+    act = 4 if precision == "fp32" else 2
+    rows = 0.0
+    if any(not cfg.is_moe_layer(i) for i in range(cfg.n_layers)):
+        rows = float(n * cfg.ffn_hidden)
     if cfg.moe is not None:
-        out = max(out, 2 * cfg.moe.num_experts * cfg.d_model * cfg.moe.expert_hidden)
-    return out
+        rows = max(rows, float(router_class(cfg).kept_slots(cfg, n) * cfg.moe.expert_hidden))
+    return rows * ffn_class(cfg).up_width * act + n * cfg.d_model * (4 if autocast else act)
+
+
+def _largest_group(recipe, cfg, ep: int) -> float:
+    """Parameters (this rank's: routed experts / ep) of AdamW's largest parameter group (decay, readout,
+    no-decay: ``archlab.optim.adamw.adamw_param_groups``)."""
+    from archlab.model import build_model
+    from archlab.optim.adamw import adamw_param_groups
+
+    model = build_model(cfg, device="meta")
+    experts = {id(p) for m in model.modules() if hasattr(m, "w_up") for p in m.parameters(recurse=False)}
+    groups = adamw_param_groups(model, float(_train(recipe, "weight_decay", 0.1)))
+    return max(sum(p.numel() / (ep if id(p) in experts else 1) for p in g["params"]) for g in groups)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 import archlab
 from archlab.costs.measure import real_routed_rows, training_loss
 from archlab.costs.plan import Launch, memory_plan, read_launch, training_plan
-from archlab.optim.adamw import AdamWOptimizer
+from archlab.optim.adamw import AdamWOptimizer, adamw_kernel
 
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 0.10
@@ -69,10 +69,13 @@ def measured_peak(recipe, regime: str = "autocast", checkpointing: str = "none")
         model.checkpointing = checkpointing
         params = list(model.parameters())
         master = [p.detach().float() for p in params] if regime == "deepspeed bf16" else []
-        if master:
-            opt = torch.optim.AdamW(master, lr=1e-4, foreach=False)
+        spec = AdamWOptimizer(recipe.train)
+        if master:  # the trainer's AdamW (its groups, its CPU kernel) over the fp32 copies
+            index = {id(p): m for p, m in zip(params, master)}
+            groups = [{**g, "params": [index[id(p)] for p in g["params"]]} for g in spec.param_groups(model)]
+            opt = torch.optim.AdamW(groups, lr=1e-4, **adamw_kernel(cuda=False))
         else:
-            opt = AdamWOptimizer(recipe.train).build(model)
+            opt = spec.build(model)
         for p in master or params:  # AdamW's m, v exist from the first step on
             p.grad = torch.zeros_like(p)
         opt.step()
