@@ -8,10 +8,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def model_recipes() -> list[Path]:
+# The measured sweeps build each recipe at its shrunk depth with real weights and run it on the CPU; above
+# this many parameters (the recipes at 760M and beyond: 137M-872M parameters even at 1-2 layers) a single
+# test takes minutes and gigabytes. Those recipes repeat the architectures of the ladder measured here; their
+# counts are checked on the meta device (tests/test_recipes_scale.py) and their memory at full size against
+# torch's own accounting under FakeTensorMode (tests/costs/test_costs_plan.py).
+MEASURED_MAX_PARAMS = 100_000_000
+
+
+def model_recipes(measured: bool = True) -> list[Path]:
     """Every model recipe (recipes/launch holds accelerate/DeepSpeed launch configs, not recipes; recipes/finetune
-    fine-tunes its base recipes' models with a classification head, whose cost model is not derived)."""
-    return sorted(p for p in (ROOT / "recipes").glob("*/*.yaml") if p.parent.name not in ("launch", "finetune"))
+    fine-tunes its base recipes' models with a classification head, whose cost model is not derived); with
+    ``measured``, only those whose shrunk model (:func:`shrink`) holds at most ``MEASURED_MAX_PARAMS``."""
+    paths = sorted(p for p in (ROOT / "recipes").glob("*/*.yaml") if p.parent.name not in ("launch", "finetune"))
+    return [p for p in paths if not measured or _shrunk_params(p) <= MEASURED_MAX_PARAMS]
+
+
+def _shrunk_params(path) -> int:
+    import archlab
+    from archlab.costs import param_counts
+
+    return param_counts(archlab.model_config(archlab.load_recipe(path, shrink(path)))).total
 
 
 def shrink(path) -> list[str]:
