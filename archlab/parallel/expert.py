@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from archlab.nn.moe import MoELayer, moe_layers
-from archlab.nn.moe.experts import Dispatch, RowLayout, dispatch, from_rows, to_rows
+from archlab.nn.moe.experts import Dispatch, RowLayout, dispatch, expert_dtype, from_rows, to_rows
 
 
 def expert_group_name(ep_size: int) -> str:
@@ -80,6 +80,7 @@ class ExpertParallelDispatcher:
         self.group, self.ep_size, self.local_experts = group, ep_size, local_experts
 
     def __call__(self, layer: MoELayer, x_ND: Tensor, d: Dispatch) -> Tensor:
+        x_ND = x_ND.to(expert_dtype(x_ND))  # as GroupedExperts.forward: under bf16 autocast, bf16 rows cross
         send_PE, recv_PE, recv_counts_PE = self.exchange_counts(d.counts_E)
         sent = [sum(c) for c in send_PE]  # rows to each rank: input split sizes
         received = [sum(c) for c in recv_PE]  # rows from each rank: output split sizes

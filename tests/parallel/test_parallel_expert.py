@@ -44,14 +44,23 @@ def _worker(rank: int, world: int, capacity_factor, one_sided: bool, out_dir: st
     y_ref.backward(g)
     exchanges = []  # (rows in, input splits, output splits) of every row exchange
 
+    dtypes = []
+
     def recording(rows, output_splits, input_splits, group):
         exchanges.append((rows.shape[0], list(input_splits), list(output_splits)))
+        dtypes.append(rows.dtype)
         return all_to_all(rows, output_splits, input_splits, group)
 
     all_to_all, ep_module.all_to_all_single_autograd = ep_module.all_to_all_single_autograd, recording
     xe = x.clone().requires_grad_(True)
     y_ep, _ = ep(xe)
     y_ep.backward(g)
+    if capacity_factor is None and not one_sided:  # bf16 autocast: the rows cross in bf16, as the experts run
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y16_ref, y16_ep = ref(x)[0], ep(x)[0]
+        assert dtypes[2:] == [torch.bfloat16] * 2 and y16_ep.dtype == y16_ref.dtype == torch.bfloat16
+        torch.testing.assert_close(y16_ep, y16_ref)
+        del exchanges[2:]
     ep_module.all_to_all_single_autograd = all_to_all
 
     # exactly the kept slots cross: to rank p its experts' slots, from rank p its slots for mine
