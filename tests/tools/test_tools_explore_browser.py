@@ -1,8 +1,12 @@
-"""The explorer in a real browser: Debian's chromium driven by playwright. A missing playwright or
-chromium fails these tests with the command that installs it (never a silent skip)."""
+"""The explorer in a real browser: Debian's chromium driven by playwright. A missing chromium is installed
+with apt-get when the tests run as root (as on a fresh Debian machine); otherwise it, or a missing playwright,
+fails these tests at once with the command that installs it (never a silent skip)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -19,18 +23,44 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--no-first-run"]
 PROMPT = "def add(a, b): return a + b"
+INSTALL = "apt-get update && apt-get install -y chromium"
+
+
+def chromium_action(present: bool, uid: int, apt_get: bool) -> tuple[str, str]:
+    """What to do before the browser tests: ("ready", ""), ("install", the command to run) as root with
+    apt-get, or ("fail", the one line to show)."""
+    if present:
+        return "ready", ""
+    if uid != 0:
+        return "fail", f"{CHROMIUM} is missing; run as root: {INSTALL}"
+    if not apt_get:
+        return "fail", f"{CHROMIUM} is missing and there is no apt-get to install it (Debian's chromium package)"
+    return "install", INSTALL
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """Debian's chromium, installed first where it is missing and the tests run as root."""
+    action, text = chromium_action(Path(CHROMIUM).is_file(), os.getuid(), shutil.which("apt-get") is not None)
+    if action == "fail":
+        pytest.fail(text)
+    if action == "install":
+        done = subprocess.run(["bash", "-c", text], capture_output=True, text=True,
+                              env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        if done.returncode != 0 or not Path(CHROMIUM).is_file():
+            last = (done.stderr or done.stdout).strip().splitlines()[-1:]
+            pytest.fail(f"{text} failed (exit {done.returncode}): {last}")
+    return CHROMIUM
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(chromium):
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
         pytest.fail("playwright is missing: pip install -e '.[test]' (playwright==1.65.2)")
-    if not Path(CHROMIUM).is_file():
-        pytest.fail(f"{CHROMIUM} is missing: as root, apt-get update && apt-get install -y chromium")
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        b = p.chromium.launch(executable_path=chromium, headless=True, args=ARGS)
         yield b
         b.close()
 
@@ -156,3 +186,18 @@ def test_exported_page_renders_offline(browser, tmp_path):
     assert all(u.startswith("file:") or u.startswith("data:") for u in requests), requests
     assert page.is_disabled("#sample")
     ctx.close()
+
+
+@pytest.mark.parametrize("present, uid, apt_get, action", [
+    (True, 1000, False, "ready"),
+    (False, 0, True, "install"),
+    (False, 1000, True, "fail"),
+    (False, 0, False, "fail"),
+])
+def test_a_missing_chromium_is_installed_as_root_and_named_otherwise(present, uid, apt_get, action):
+    got, text = chromium_action(present, uid, apt_get)
+    assert got == action
+    if (present, uid) == (False, 1000):
+        assert text == f"{CHROMIUM} is missing; run as root: apt-get update && apt-get install -y chromium"
+    if action == "install":
+        assert text == "apt-get update && apt-get install -y chromium"
