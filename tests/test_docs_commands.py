@@ -304,3 +304,44 @@ def test_installs_are_checked_against_what_is_installed_and_declared():
     assert _problems("pip install torch==0.0.1")[0].endswith("the docs pin 0.0.1")
     assert _problems("source .venv-x/bin/activate", before=["python3 -m venv .venv-x"]) == []
     assert _problems("source .nowhere/bin/activate") == [".nowhere/bin/activate: no virtual environment made before it"]
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return {_slug(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", text, flags=re.M)}
+
+
+def _links() -> list[tuple[str, str, str]]:
+    """(doc, target file, anchor) for every relative link of the README and the guides."""
+    out = []
+    for doc in DOCS:
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+        for m in re.finditer(r"\]\(([^)\s]+)\)", text):
+            target, _, anchor = m.group(1).partition("#")
+            if not re.match(r"^[a-z]+:", target):
+                out.append((str(doc.relative_to(ROOT)), str((doc.parent / (target or doc.name)).resolve()
+                                                                .relative_to(ROOT)), anchor))
+    return out
+
+
+WRITTEN_ELSEWHERE = {"docs/gpus.md": "On GPUs and clusters: its own guide, not yet in this tree"}
+
+
+@pytest.mark.parametrize("doc, target, anchor", _links(), ids=lambda v: v)
+def test_every_link_resolves(doc, target, anchor):
+    if target in WRITTEN_ELSEWHERE and not (ROOT / target).exists():
+        pytest.xfail(WRITTEN_ELSEWHERE[target])
+    assert (ROOT / target).exists(), f"{doc} links to {target}, which does not exist"
+    if anchor:
+        assert anchor in _anchors(ROOT / target), f"{doc} links to {target}#{anchor}: no such heading"
+
+
+def test_the_slug_is_githubs():
+    assert _slug("Several processes on one machine: DDP, ZeRO, expert parallelism") == \
+        "several-processes-on-one-machine-ddp-zero-expert-parallelism"
+    assert _slug("`model.moe`") == "modelmoe"
