@@ -24,7 +24,7 @@ from tests.tools.test_tools_launch_slurm import slurm_cluster  # noqa: F401 - th
 from tests.train.conftest import TINY
 from tools import launch
 from tools.launch import multinode
-from tools.launch.slurm import SlurmOptions
+from tools.launch.slurm import SlurmLauncher, SlurmOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 MIXTRAL = ["model.moe.num_experts=4", "model.moe.expert_hidden=32", "train.max_steps=30", "train.ckpt_every=5",
@@ -132,7 +132,9 @@ def test_job_shape_and_each_machines_accelerate_command():
     assert multinode.port_of("123") == multinode.port_of("123") != multinode.port_of("124")
 
 
-def test_every_machines_processes_count_in_a_sweeps_steps_and_experiments_refuse(tmp_path, capsys):
+def test_every_machines_processes_count_in_a_sweeps_and_an_experiments_steps(tmp_path, capsys):
+    import re
+
     from tools.experiment.cli import main as experiment
     from tools.sweep.cli import main as sweep
 
@@ -142,6 +144,13 @@ def test_every_machines_processes_count_in_a_sweeps_steps_and_experiments_refuse
     assert "train.max_steps=32" in capsys.readouterr().out  # 8192 tokens / 256 per step
     assert sweep([*base, "--launcher", "slurm", "--nodes", "2", "--gpus-per-node", "8"]) == 0
     assert "train.max_steps=2" in capsys.readouterr().out  # 16 processes: 4096 tokens per step
-    assert experiment(["run", "experiments/balancing.yaml", "--quick", "--out", str(tmp_path / "x"), "--launcher",
-                       "slurm", "--nodes", "2"]) == 2
-    assert "--nodes 2: an experiment plans each run's steps for one process" in capsys.readouterr().err
+
+    plan = ["plan", "experiments/balancing.yaml", "--quick", "--out", str(tmp_path / "x")]
+    assert experiment(plan) == 0
+    one = {int(m) for m in re.findall(r"train\.max_steps=(\d+) \S+ train\.run_name=mixtral-\w+-seed0-tok",
+                                      capsys.readouterr().out)}
+    with launch.use(SlurmLauncher(SlurmOptions(nodes=1, extra={"ntasks_per_node": 2}))):  # 2 machines
+        assert experiment(plan) == 0
+    two = {int(m) for m in re.findall(r"train\.max_steps=(\d+) \S+ train\.run_name=mixtral-\w+-seed0-tok",
+                                      capsys.readouterr().out)}
+    assert one and two == {s // 2 for s in one}  # each step holds both machines' tokens

@@ -213,11 +213,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "run":
             if args.jobs < 1 or (args.threads is not None and args.threads < 1):
                 raise RecipeError("--jobs and --threads must be >= 1")
-            if launch.world_size(args) > 1:  # the stages plan each run's steps for one process
-                raise RecipeError(f"--nodes {args.nodes}: an experiment plans each run's steps for one process, so "
-                                  f"{launch.world_size(args)} processes would train that many times its budgets; "
-                                  "train its runs one node-process each (drop --nodes/--gpus-per-node), or run a "
-                                  "sweep (python -m tools.sweep ... --launcher slurm --nodes N), which counts them")
             with launch.use(launch.from_args(args)):
                 record = run_experiment(spec, jobs=args.jobs, threads=args.threads,
                                         command=regenerate_command(spec, args))

@@ -80,6 +80,10 @@ def run_sweep(spec: dict, *, launcher: str = "python", processes: int = 1, accel
     (a dry run only) lists the commands without comparing them with the runs already in the folder. ``via``:
     where the runs train (``tools.launch``; default the one :func:`tools.launch.use` set, else this machine)."""
     out_dir = Path(spec.get("out") or "runs/sweep").resolve()
+    via = via or launch.current()
+    # a multi-node launcher (--launcher slurm --nodes N) runs each point on all its machines' processes: they
+    # count in every step's tokens, so a budget plans that many fewer steps (sweeps and experiments alike)
+    processes = max(processes, getattr(getattr(via, "options", None), "world_size", 1))
     points = [plan_point(p, out_dir, processes, evals) for p in build_points(spec)]
     if check or not dry_run:
         check_consistent(out_dir, points)
@@ -99,7 +103,7 @@ def run_sweep(spec: dict, *, launcher: str = "python", processes: int = 1, accel
     todo = [p for p in points if p.status not in ("finished", "diverged")]
     log(f"sweep {out_dir}: {len(points)} points, {len(points) - len(todo)} already done")
     _schedule(todo, points, out_dir, spec, jobs, _child_env(threads), stop_on_failure, log,
-              lambda p: command(p, launcher, processes, accelerate_args), progress, hours, via or launch.current())
+              lambda p: command(p, launcher, processes, accelerate_args), progress, hours, via)
     return points
 
 
