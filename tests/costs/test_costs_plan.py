@@ -172,7 +172,7 @@ def test_regimes_bytes_per_parameter():
     assert memory_plan(recipe, Launch(), precision="bf16", checkpointing="full").activations < auto.activations
     accum = memory_plan(recipe, Launch(), precision="bf16", grad_accum=2)
     assert accum.peak == pytest.approx(auto.peak + auto.grads)  # the gradients live through the next micro-batch
-    assert auto.backward == pytest.approx(auto.weight_copies + auto.activations)  # activations dominate at 125M
+    assert auto.backward > auto.weight_copies + auto.activations  # + one block's backward working set
 
 
 def test_read_launch_from_accelerate_and_deepspeed_configs():
