@@ -35,7 +35,8 @@ LONG = {
     "archlab.train": "print-config",  # trains: the resolved, validated recipe instead (trains nothing)
     "accelerate launch": "launch",  # `accelerate launch --help`, its --config_file exists, the trainer's --print-config
     "tools.experiment": "help",  # trains arms x seeds (even `plan` tokenises the corpus first)
-    "tools.sweep": "help",  # trains a grid (its --check tokenises the corpus first)
+    "tools.sweep": "help",  # trains a grid
+    "tools.launch": "help",  # trains one run (locally or as a SLURM job) (its --check tokenises the corpus first)
     "tools.mup_sweep": "help",  # trains a grid
     "tools.bench": "help",  # times training steps
     "tools.gpu_check": "help",  # needs a GPU
