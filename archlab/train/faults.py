@@ -12,7 +12,10 @@ class NonFiniteError(RuntimeError):
 
 
 class StopSignal:
-    """Turns SIGINT/SIGTERM into a flag the loop checks between steps (save, then exit).
+    """Turns SIGINT/SIGTERM into a flag the loop checks between steps (save, then exit). Under several
+    processes the flag rides the step's own all-reduce (``Trainer.train_step``), so every rank stops
+    after the same step: the step whose reduction saw it on some rank (a signal that arrives after
+    the reduction stops the run one step later).
 
     A second signal while stopping falls back to the default behaviour, so a user can still
     force an exit. Handlers are restored on ``close``. Only the main thread can install them.

@@ -12,7 +12,7 @@ evaluation runs through the engine and ``model.safetensors`` is gathered onto ra
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 from omegaconf import DictConfig
@@ -89,10 +89,11 @@ class DeepSpeedBackend(Backend):
         return ("DeepSpeed keeps one optimizer file per process (its ZeRO partition; under expert parallelism "
                 "its experts' state), read back by the same process only")
 
-    def clip_grad_norm(self) -> float:
-        """The engine clipped inside its step; it reports the norm before clipping."""
+    def clip_grad_norm(self) -> Union[float, Tensor]:
+        """The engine clipped inside its step; it reports the norm before clipping (a float, or a tensor
+        the trainer reads with the step's other numbers)."""
         norm = self.engine.get_global_grad_norm()
-        return 0.0 if norm is None else float(norm)
+        return 0.0 if norm is None else norm
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "deepspeed_config": self.accelerator.state.deepspeed_plugin.deepspeed_config}
