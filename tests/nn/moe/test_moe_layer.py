@@ -308,3 +308,34 @@ def test_moe_compiled_fallback_pads_to_the_real_largest_load(monkeypatch):
     torch.testing.assert_close(y, ref)
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a, b)
+
+
+class HostReads(TorchDispatchMode):
+    """Counts reads of a tensor's value on the host (``aten._local_scalar_dense``: a sync on CUDA)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_moe_static_capacity_rows_read_nothing_and_keep_at_most_e_times_c(monkeypatch):
+    """The capacity layout compiled (and off CPU): R = min(N*K, E*C) packed rows, built without
+    reading the routing on the host; the rows past the kept slots are padding no slot reads."""
+    layer = MoELayer(make_cfg(capacity_factor=0.5, min_capacity=1))
+    x_ND = torch.randn(16, 32)
+    d = layer.router.dispatch(layer.router(x_ND), 16)
+    C = experts_mod.capacity_for(16, layer.moe)
+    assert int(d.dropped) > 0 and 8 * C < 16 * 2
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    reads = HostReads()
+    with reads:
+        layout = experts_mod.row_layout(d, padded=False)
+    assert reads.count == 0
+    kept = 16 * 2 - int(d.dropped)
+    assert layout.slot_R.numel() == 8 * C and int(layout.rows_E.sum()) == 8 * C
+    assert sorted(layout.row_S[layout.row_S < 8 * C].tolist()) == list(range(kept))  # kept slots first, once each
+    assert (layout.slot_R[kept:] == 16 * 2).all()  # then padding rows that hold no slot
