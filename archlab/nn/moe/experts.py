@@ -379,9 +379,9 @@ class GroupedExperts(nn.Module):
         """Which batched form runs. Measured on a 2-core CPU, fwd+bwd of one layer (B*S = 2048):
         one thread: grouped 10-25% faster (no padding work); two threads: the padded bmm
         1.3-3x faster (one parallel region instead of one per expert), while padding is small.
-        While compiling, grouped wherever it has a kernel: the padding ratio is data, and the
-        static grid would be E/K times the packed rows; where grouped_mm has no kernel the opaque
-        op pads to the real largest load (:func:`padded_grouped_mm`)."""
+        While compiling, always packed (the padding ratio is data, and a static grid would be E/K
+        times the packed rows): grouped_mm, or where it has no kernel the opaque op's grid padded
+        to the real largest load (:func:`padded_grouped_mm`)."""
         if self.mode == "padded":
             return False
         if torch.compiler.is_compiling():
