@@ -103,10 +103,12 @@ def closing_lines(summary: dict) -> str:
     """What a user wants at the end: where the run is, how good it got, how long and how fast, where the plot is."""
     run = summary["run_dir"]
     lines = [f"[archlab] {summary['status']}: step {summary['step']}, run folder {run}"]
-    val = summary.get("final_val_loss") or {}
+    key = summary.get("val_loss_key") or "loss"  # masked LM: mlm_loss; span corruption: span_loss
+    val = summary.get("final_val_loss" if key == "loss" else f"final_val_{key}") or {}
     if val:
         by_len = ", ".join(f"{loss:.3f} at {ctx} tokens" for ctx, loss in val.items())
-        lines.append(f"[archlab] final validation loss (nats/token): {by_len}")
+        what = "loss" if key == "loss" else key
+        lines.append(f"[archlab] final validation {what} (nats/token): {by_len}")
     if summary.get("unigram_entropy_train") is not None:
         lines.append(f"[archlab] unigram entropy of the training split: {summary['unigram_entropy_train']:.3f}")
     if summary.get("elapsed_s") is not None:

@@ -124,12 +124,15 @@ def summarize(trainer, status: str, message: str, elapsed: float) -> dict[str, A
     rows = read_jsonl(run / METRICS)
     train = [r for r in rows if r.get("kind") == "train"]
     final_val = [r for r in rows if r.get("kind") == "val" and r.get("final")]
+    key = trainer.objective.eval_loss_key
     summary.update({
         "final_train_loss": train[-1]["loss"] if train else None,
+        # the causal next-token loss only (comparable across runs): {} for another objective, whose own loss
+        # (masked LM: mlm_loss; span corruption: span_loss) is final_val_<val_loss_key>
+        "val_loss_key": key,
         "final_val_loss": {str(r["context_len"]): r.get("loss") for r in final_val if "loss" in r},
-        # another objective's own loss (masked LM: mlm_loss; span corruption: span_loss), never under "loss"
         **({f"final_val_{key}": {str(r["context_len"]): r[key] for r in final_val if key in r}}
-           if (key := trainer.objective.eval_loss_key) != "loss" and any(key in r for r in final_val) else {}),
+           if key != "loss" and any(key in r for r in final_val) else {}),
         "final_val_skipped": {str(r["context_len"]): r["skipped"] for r in final_val if "skipped" in r},
         "unigram_entropy_train": trainer.unigram_entropy,
         "mean_tokens_per_s": (sum(r["tokens_per_s"] for r in train) / len(train)) if train else None,

@@ -172,7 +172,8 @@ def plot_losses(run_dir: Path, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     # loss_avg: mean over the steps since the previous row, smoother than the single-step loss
     ax.plot([r["tokens"] for r in train], [r.get("loss_avg", r["loss"]) for r in train], label="train", lw=1)
-    for key, label in (("loss", "validation"), ("mlm_loss", "validation (masked tokens)")):
+    for key, label in (("loss", "validation"), ("mlm_loss", "validation (masked tokens)"),
+                       ("span_loss", "validation (masked spans)")):
         points = [r for r in val if key in r]
         if points:
             ax.plot([r["tokens"] for r in points], [r[key] for r in points], "o-", label=label)
