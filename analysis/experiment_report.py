@@ -238,8 +238,8 @@ def excluded_runs(ctx: Context) -> list[dict]:
         if r["status"] != "finished":
             why = f"{r['status']}" + (f" ({r['reason']})" if r["reason"] else "")
         elif not r["learned"]:
-            why = (f"near-unigram: final loss {r['val_loss']:.3f} within {LEARN_MARGIN} nats of the unigram entropy "
-                   f"{r['unigram_entropy']:.3f}" if _finite(r["val_loss"]) and _finite(r["unigram_entropy"])
+            why = (unlearned_why(r["val_loss"], r["unigram_entropy"])
+                   if _finite(r["val_loss"]) and _finite(r["unigram_entropy"])
                    else "no final loss to compare with the unigram entropy")
         if why:
             out.append({"run": r["point"], "stage": "compute curve", "arm": r["arm"], "seed": r["seed"],
@@ -253,6 +253,15 @@ def excluded_runs(ctx: Context) -> list[dict]:
                             "why": f"{' and '.join(flags)} at lr {t['lrs'][i]:g}: scored as the worst lr, "
                                    "not in the lr fit"})
     return out
+
+
+def unlearned_why(loss: float, unigram: float) -> str:
+    """Why a run counts as not learned: its final loss is not ``LEARN_MARGIN`` nats below the unigram entropy
+    (``analysis.experiments``: learned = loss < unigram - margin), with how far from it the loss is."""
+    gap = loss - unigram
+    where = f"{gap:.3f} nats above it" if gap >= 0 else f"only {-gap:.3f} nats below it"
+    return (f"near-unigram: final loss {loss:.3f} is not {LEARN_MARGIN} nats below the unigram entropy "
+            f"{unigram:.3f} ({where})")
 
 
 def excluded_table(ctx: Context) -> str:
@@ -289,6 +298,16 @@ def _relative(path: str) -> str:
         return str(path)
 
 
+QUICK_NOTE = ("**Smoke test (`--quick`).** Tiny models trained for a few steps on a small corpus, one seed: this "
+              "report shows that the pipeline runs end to end. Its losses, lrs and verdicts are not results.")
+
+
+def report_title(spec) -> str:
+    """The report's title; a quick run's says it is a smoke test."""
+    title = spec.title or spec.name
+    return f"Smoke test (--quick): {title}" if spec.quick else title
+
+
 def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
     """Write report.md, report.json and the figures under ``out``; returns their paths."""
     out = Path(out)
@@ -298,7 +317,9 @@ def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
         ctx.comparison = ceg_report.compare(ctx)
     spec = ctx.spec
     figures = []
-    md = [f"# {spec.title or spec.name}", ""]
+    md = [f"# {report_title(spec)}", ""]
+    if spec.quick:
+        md += [f"{QUICK_NOTE}", ""]
     if spec.description:
         md += [spec.description.strip(), ""]
     if spec.claim:

@@ -19,8 +19,9 @@ whatever else ran beside them), peak resident
 memory of the trainer process (``peak_rss_bytes`` of the sweep manifest, the largest over seeds)
 and the KV-cache bytes per token of context at inference in bf16 (``archlab.costs.kv_cache_bytes``).
 
-A run whose final validation loss stays within :data:`LEARN_MARGIN` nats of the unigram entropy
-of its training split is marked "did not learn": it learned no more than token frequencies.
+A run whose final validation loss is not at least :data:`LEARN_MARGIN` nats below the unigram entropy
+of its training split (near it, or above it) is marked "did not learn": it learned no more than token
+frequencies.
 """
 
 from __future__ import annotations
@@ -277,9 +278,13 @@ def context_from_rows(record: dict, rows: list[dict], curve_rows: list[dict], me
 
 
 def fmt_ci(iv: Optional[dict], digits: int = 3, signed: bool = False) -> str:
-    """'4.512 [4.480, 4.544]', '+0.012 [-0.030, +0.054]', '4.512 (1 seed)', or '-'."""
+    """'4.512 [4.480, 4.544]', '+0.012 [-0.030, +0.054]', '4.512 (1 seed)', or '-'; ``digits`` decimals, more
+    where they would round a mean that is not 0 to 0 ('0.43 (1 seed)' at ``digits=0``)."""
     if not iv or iv.get("mean") is None:
         return "-"
+    mean = abs(float(iv["mean"]))
+    if 0 < mean < 0.5 * 10 ** -digits:  # never '0' for a value that is not 0: two significant figures
+        digits = 1 - math.floor(math.log10(mean))
     f = f"{{:{'+' if signed else ''}.{digits}f}}"
     if iv.get("low") is None:
         return f.format(iv["mean"]) + " (1 seed)"

@@ -11,6 +11,7 @@ from typing import Optional
 from analysis import lr_choice
 from analysis.experiments import Section, figure_md, table
 from analysis.plotting import COLORS, pyplot, save_figure, style_axes, wrap_label
+from analysis.runs import LEARN_MARGIN
 
 
 def section(ctx):
@@ -44,8 +45,9 @@ def section(ctx):
              else f"{tune.budget_fraction:g} x the arm's budget")
     md = (f"Each arm's lr is chosen on its own (`tools/experiment_tuning.py`): a log grid at {share}, one run per lr "
           f"at seed {tune.seed} (not one of the "
-          "reported seeds); a run that diverged or did not learn (within "
-          "0.1 nats of the unigram entropy) counts as worst, and when no lr learned the grid extends downwards; "
+          "reported seeds); a run that diverged or did not learn (final loss not "
+          f"{LEARN_MARGIN} nats below the unigram entropy) counts as worst, and when no lr learned the grid extends "
+          "downwards (when it may not, the lowest loss of the runs that did not diverge is chosen); "
           "the grid extends by its own ratio until the best lr is interior. The chosen lr is not the grid's best "
           "run alone, which follows its seed's luck: it is the minimum of a parabola in log lr through the best "
           "run and up to two neighbours on each side, kept inside the bracket (`analysis/lr_choice.py`; the "
@@ -92,12 +94,20 @@ def _flat_text(fit: Optional[dict]) -> str:
     return f"{lo} .. {hi}"
 
 
+def plot_key(stars: int, unstarred: list[str]) -> str:
+    """What the tuning plot marks: a star per arm with a learned best run, a dashed line per chosen lr."""
+    parts = ["star: the grid's best run"] if stars else []
+    if unstarred:
+        parts.append(f"no star for {', '.join(unstarred)}: no lr learned")
+    return "; ".join(parts + ["dashed: the chosen lr"])
+
+
 def plot(ctx, tuning: dict, path: Path):
     from matplotlib.ticker import NullFormatter
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    finite, chosen, tried = [], [], set()
+    finite, chosen, tried, stars, unstarred = [], [], set(), 0, []
     for i, (arm, t) in enumerate(tuning.items()):
         pts = [(lr, v) for lr, v in zip(t["lrs"], t["losses"]) if v is not None]
         if not pts:
@@ -113,8 +123,10 @@ def plot(ctx, tuning: dict, path: Path):
             chosen.append(t["loss"])
             best = t.get("grid_lr", t["lr"])  # the grid's best run; the chosen lr may lie between grid points
             ax.plot([best], [t["loss"]], "*", color=color, markersize=14, markeredgecolor="black", zorder=5)
-            if not math.isclose(best, t["lr"], rel_tol=1e-3):
-                ax.axvline(t["lr"], color=color, ls="--", lw=1.2)
+            stars += 1
+        else:
+            unstarred.append(arm)
+        ax.axvline(t["lr"], color=color, ls="--", lw=1.2)  # the chosen lr, on or between the grid's points
         for lr, d in zip(t["lrs"], t["diverged"]):
             if d:
                 ax.axvline(lr, color=color, ls=":", lw=1)
@@ -129,7 +141,7 @@ def plot(ctx, tuning: dict, path: Path):
     top = min(hi, max(lo + 4 * (sorted(finite)[len(finite) // 2] - lo) + 0.05, max(chosen, default=lo) + 0.1))
     ax.set_ylim(lo - 0.02 * max(top - lo, 0.05), top + 0.02 * max(top - lo, 0.05))
     style_axes(ax, f"{ctx.spec.name}: tuning runs, final validation loss against peak lr\n"
-               "(star: the grid's best run; dashed: the chosen lr)",
+               f"({plot_key(stars, unstarred)})",
                "peak learning rate (log scale)", "final validation loss (nats/token)", grid="both",
                legend_outside=True)
     return save_figure(fig, path)

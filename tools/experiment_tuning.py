@@ -15,8 +15,9 @@ Procedure: a log grid at the arm's full budget (``budget_fraction: 1``), one run
 halving from shorter budgets was not chosen: the optimal lr shifts with the number of steps
 (longer runs prefer a lower peak lr), and at the budgets a CPU experiment trains (a few hundred
 steps) a shorter budget is exactly where that shift is largest. The best grid point is the one with
-the lowest final validation loss (a run that diverged, or did not learn: within 0.1 nats of its training
-split's unigram entropy, counts as +inf; when every lr does, the grid extends downwards). When that
+the lowest final validation loss (a run that diverged, or did not learn: not 0.1 nats below its training
+split's unigram entropy, counts as +inf; when every lr does, the grid extends downwards, and when it may not,
+the lowest loss of the runs that did not diverge is the choice). When that
 point is at an end of the grid, the grid extends on that side by the grid's own ratio (``lr[1] / lr[0]``) and the new
 point is trained; this repeats until the best point is interior (``bracketed``) or ``max_extend``
 points were added on that side (reported: "at the edge, limit hit"). The chosen lr is then the minimum
@@ -141,8 +142,8 @@ def final_loss(run_dir: str) -> Optional[float]:
 
 
 def did_not_learn(run_dir: str) -> bool:
-    """A finished run whose final validation loss is within ``LEARN_MARGIN`` of its training split's
-    unigram entropy: it learned token frequencies and nothing more (``analysis.experiments``)."""
+    """A finished run whose final validation loss is not ``LEARN_MARGIN`` below its training split's
+    unigram entropy (near it or above it): it learned token frequencies and nothing more (``analysis.experiments``)."""
     run = open_run(run_dir)
     loss, unigram = run.final_val_loss, (run.summary or {}).get("unigram_entropy_train")
     if loss is None or unigram is None or not math.isfinite(loss):
@@ -268,6 +269,10 @@ def summarise(recs: Sequence[dict], tune: Tune) -> dict:
         scores = [score(r["run_dir"]) for r in mine]
         best = choose(lrs, scores)
         fitted = lr_choice.choose(lrs, scores) if best["side"] is None else None
+        if not math.isfinite(best["loss"]) and any(v is not None and math.isfinite(v) for v in losses):
+            # no lr learned and the grid may extend no further: the lowest loss still ranks the lrs
+            _, i = min((v, i) for i, v in enumerate(losses) if v is not None and math.isfinite(v))
+            best = {**best, "lr": lrs[i], "index": i}
         out[arm] = {"lrs": lrs, "losses": [None if v is None or not math.isfinite(v) else v for v in losses],
                     "diverged": [v is not None and not math.isfinite(v) for v in losses],
                     "did_not_learn": [v is not None and math.isfinite(v) and did_not_learn(r["run_dir"])

@@ -38,3 +38,27 @@ def test_a_verdict_against_the_reference_is_printed_alone_in_every_family():
         assert verdict_cell(_ctx(mode), _comparison("vanilla", "better")) == "better"
     assert verdict_cell(_ctx("pairs"), _comparison("learned", "worse")).startswith(
         "worse vs `learned`: +0.500 nats")
+
+
+def test_a_run_above_the_unigram_entropy_is_not_called_within_the_margin_of_it():
+    """learned = loss < unigram - 0.1: a loss 1.1 nats above the unigram entropy did not learn, and the
+    reason says so rather than 'within 0.1 nats'."""
+    from analysis.experiment_report import unlearned_why
+
+    why = unlearned_why(5.951, 4.840)
+    assert "within" not in why and "is not 0.1 nats below the unigram entropy 4.840 (1.111 nats above it)" in why
+
+
+def test_a_quick_report_is_titled_a_smoke_test():
+    from analysis.experiment_report import report_title
+
+    assert report_title(SimpleNamespace(title="MoE against dense", name="m", quick=True)).startswith("Smoke test")
+    assert report_title(SimpleNamespace(title="MoE against dense", name="m", quick=False)) == "MoE against dense"
+
+
+def test_seconds_under_one_print_with_their_digits_not_as_zero():
+    """The report's training seconds (``fmt_ci(..., 0)``): a quick run's 0.43 s is not '0'."""
+    from analysis.experiments import fmt_ci, t_interval
+
+    assert fmt_ci(t_interval([0.43]), 0) == "0.43 (1 seed)"
+    assert fmt_ci(t_interval([89.2]), 0) == "89 (1 seed)" and fmt_ci(t_interval([0.0]), 0) == "0 (1 seed)"

@@ -372,7 +372,8 @@ def test_the_report_lists_every_excluded_run_and_why():
     out = {r["run"]: r for r in excluded_runs(ctx)}
     assert set(out) == {"a-seed1", "b025", "a-lr2"}  # the trunk is not a curve point: not excluded, by design
     assert out["a-seed1"]["why"].startswith("failed (exit 1): not in the loss table")
-    assert "near-unigram: final loss 5.950 within 0.1 nats of the unigram entropy 6.000" in out["b025"]["why"]
+    assert "near-unigram: final loss 5.950 is not 0.1 nats below the unigram entropy 6.000 (only 0.050 nats " \
+        "below it)" in out["b025"]["why"]
     assert out["a-lr2"]["why"].startswith("diverged at lr 0.01: scored as the worst lr")
     assert "`b025`" in excluded_table(ctx)
     assert excluded_table(SimpleNamespace(rows=[], curve_rows=[], record={})).startswith("None")

@@ -183,6 +183,16 @@ def test_runs_that_did_not_learn_count_as_worst_and_send_the_grid_down(tmp_path,
     assert not tuned["b"]["learned"] and tuned["b"]["loss"] is None
 
 
+def test_when_no_lr_learned_and_the_grid_may_not_extend_the_lowest_loss_is_chosen(tmp_path, monkeypatch):
+    """--quick: no extension; nothing learns in a few steps, yet the lower loss still ranks the lrs."""
+    spec = load_spec(_spec(tmp_path, tune={"lr": [1e-3, 2e-3, 4e-3], "max_extend": 0}))
+    spec = replace(spec, out=str(tmp_path / "out"))
+    _fake_sweep(monkeypatch, {"a": 8e-3, "b": 2e-3}, learns_below=0.0)
+    tuned, _ = experiment_tuning.run(spec, resolve_arms(spec), log=lambda *a: None)
+    assert tuned["a"]["lr"] == 4e-3 and tuned["b"]["lr"] == 2e-3
+    assert not tuned["a"]["learned"] and tuned["a"]["loss"] is None
+
+
 def test_plan_lists_the_tuning_runs_the_seeded_runs_and_the_compute_curve(tmp_path):
     spec = load_spec(_spec(tmp_path, budget={"tokens": 4.0e4}, ceg={"fractions": [0.25, 0.5, 1.0, 2.0], "seeds": [0]}))
     spec = replace(spec, out=str(tmp_path / "out"))
