@@ -9,12 +9,19 @@ checkpoint's run folder holds its tokenizer (``tokenizer.json``), and the text i
 token shards (``data.source=tokens``) keeps the tokenizer it was given or found beside the shards;
 one trained without any needs ``--tokenizer PATH/tokenizer.json`` (the tokenizer the shards were made
 with), which also replaces the run's own.
+An encoder-decoder (T5, ``model.type: encoder_decoder``) fills spans: mark each with ``<extra_id_0>``,
+``<extra_id_1>``, ...; the encoder reads the prompt, the decoder writes each span behind its sentinel, and the
+prompt is printed with every mark replaced by ``[its span]``:
+
+    python -m tools.sample --checkpoint runs/t5-tiny --prompt "def f(x): <extra_id_0> x" --temperature 0
+
 A bad recipe, override or argument prints one line on stderr and exits with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Optional, Protocol, Sequence
@@ -25,8 +32,13 @@ import archlab
 from archlab.config import RecipeError
 from archlab.data import Tokenizer
 from archlab.data.tokenizer import BYTE_VOCAB_SIZE, byte_tokenizer
+from archlab.model import generate_seq2seq
 from archlab.nn.positions import position_class
+from archlab.objectives.span_corruption import sentinel_ids
 from archlab.train import checkpoint
+
+SENTINEL = re.compile(r"<extra_id_(\d+)>")  # T5's span marks in a prompt
+MAX_SENTINELS = 100  # ids from vocab_size - 2 - MAX_SENTINELS up are reserved (sentinels, start), never text
 
 
 class TextCodec(Protocol):
@@ -147,13 +159,77 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--num-samples={args.num_samples}: must be >= 1")
 
 
+def encode_spans(codec: TextCodec, prompt: str, vocab_size: int) -> tuple[list[int], list[int]]:
+    """(encoder ids, sentinel ids in prompt order) of a span-filling prompt: each ``<extra_id_N>`` becomes
+    sentinel N (``vocab_size - 2 - N``), the text between the marks the codec's ids."""
+    marks = list(SENTINEL.finditer(prompt))
+    if not marks:
+        raise ValueError("--prompt has no <extra_id_N> mark: an encoder-decoder (model.type=encoder_decoder) fills "
+                         "spans, e.g. --prompt 'def f(x): <extra_id_0> x'")
+    ids: list[int] = []
+    sentinels: list[int] = []
+    at = 0
+    for mark in marks:
+        n = int(mark.group(1))
+        if n >= MAX_SENTINELS:
+            raise ValueError(f"{mark.group(0)}: sentinels are numbered <extra_id_0> to <extra_id_{MAX_SENTINELS - 1}>")
+        ids += codec.encode(prompt[at:mark.start()])
+        sentinels.append(int(sentinel_ids(vocab_size, n + 1)[-1]))
+        ids.append(sentinels[-1])
+        at = mark.end()
+    return ids + codec.encode(prompt[at:]), sentinels
+
+
+def fill_spans(codec: TextCodec, prompt: str, out_ids: list[int], vocab_size: int) -> str:
+    """The prompt with each ``<extra_id_N>`` replaced by ``[the decoder's ids behind sentinel N]``; the decoder's
+    output ends at end of text or at a reserved id the prompt does not hold (another sentinel, the start id)."""
+    marked = {int(sentinel_ids(vocab_size, int(m.group(1)) + 1)[-1]) for m in SENTINEL.finditer(prompt)}
+    spans: dict[int, list[int]] = {}
+    current = None
+    for i in out_ids[1:]:  # out_ids[0]: the start id
+        if i in marked:
+            current = i
+            spans[i] = []
+        elif (codec.eos_id is not None and i == codec.eos_id) or i >= vocab_size - 2 - MAX_SENTINELS:
+            break
+        elif current is not None:
+            spans[current].append(i)
+    return SENTINEL.sub(lambda m: "[" + codec.decode(spans.get(vocab_size - 2 - int(m.group(1)), [])) + "]", prompt)
+
+
+def sample_spans(args: argparse.Namespace, model, cfg, codec: TextCodec) -> list[str]:
+    """An encoder-decoder's span filling: the prompt with each ``<extra_id_N>`` replaced by ``[its span]``."""
+    V = cfg.model.vocab_size
+    ids, _ = encode_spans(codec, args.prompt, V)
+    too_big = [i for i in ids if i >= V]
+    if too_big:
+        raise ValueError(f"prompt token ids {too_big[:5]} are outside model.vocab_size={V}")
+    limit = position_class(cfg.model).max_length(cfg.model)
+    if limit is not None and max(len(ids), args.max_new_tokens) > limit:
+        raise ValueError(f"prompt ({len(ids)} tokens) or --max-new-tokens={args.max_new_tokens} exceeds the "
+                         f"{cfg.model.position.type} positions (up to model.max_seq_len={limit}); shorten it")
+    gen = torch.Generator().manual_seed(args.seed)
+    out = generate_seq2seq(model, torch.tensor([ids] * args.num_samples), args.max_new_tokens,
+                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                           eos_id=codec.eos_id, generator=gen)
+    return [fill_spans(codec, args.prompt, row, V) for row in out.tolist()]
+
+
 def sample(args: argparse.Namespace) -> list[str]:
-    """The continuations (prompt excluded), one per sample."""
+    """The continuations (prompt excluded), one per sample; an encoder-decoder's: the prompt with its spans
+    filled."""
+    return _sample(args)[0]
+
+
+def _sample(args: argparse.Namespace) -> tuple[list[str], bool]:
+    """(the texts, whether each is the whole prompt with its spans filled rather than a continuation)."""
     check_args(args)
     torch.manual_seed(args.seed)
     model, cfg, tok_file = load_model(args)
     check_codec_source(args, cfg, tok_file)
     codec = load_codec(tok_file, recipe_eot_id(cfg))
+    if cfg.model.get("type") == "encoder_decoder":
+        return sample_spans(args, model, cfg, codec), True
     prompt = codec.encode(args.prompt)
     if not prompt:
         raise ValueError("--prompt encodes to no tokens; give at least one character")
@@ -174,20 +250,20 @@ def sample(args: argparse.Namespace) -> list[str]:
         if codec.eos_id is not None and codec.eos_id in row:
             row = row[: row.index(codec.eos_id)]
         texts.append(codec.decode(row))
-    return texts
+    return texts, False
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     try:
-        texts = sample(args)
+        texts, filled = _sample(args)
     except (RecipeError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for i, text in enumerate(texts):
         if len(texts) > 1:
             print(f"--- sample {i}")
-        print(args.prompt + text)
+        print(text if filled else args.prompt + text)
     return 0
 
 

@@ -60,6 +60,9 @@ def generate(
     temperature 0 is greedy decoding. The prompt is processed once, then one token per step
     against the KV cache.
     """
+    if getattr(model.cfg, "type", None) == "encoder_decoder":
+        raise ValueError("model.type=encoder_decoder: generate() continues a decoder-only model; an encoder-"
+                         "decoder fills spans: generate_seq2seq(model, input_ids, ...) encodes input_ids and decodes")
     was_training = model.training
     model.eval()
     cache = model.new_kv_cache()

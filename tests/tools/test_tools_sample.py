@@ -1,10 +1,12 @@
 """``python -m tools.sample``: continuation from a recipe; user mistakes exit 2 without a traceback."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tools import sample
 
@@ -88,3 +90,35 @@ def test_export_from_checkpoint_carries_the_tokenizer(tmp_path, monkeypatch, cap
     assert export_hf.main(["--checkpoint", str(run), "--out", str(out), "--verify"]) == 0
     tok = AutoTokenizer.from_pretrained(out)
     assert tok("hé").input_ids == list("hé".encode()) and tok.eos_token_id == 256
+
+
+T5 = str(ROOT / "recipes/t5/tiny.yaml")
+
+
+def test_an_encoder_decoder_fills_the_prompts_spans(capsys):
+    rc = sample.main(["--recipe", T5, "--prompt", "def f(x): <extra_id_0> x <extra_id_1>", "--max-new-tokens", "8",
+                      "--num-samples", "2", "model.vocab_size=300"])
+    out = capsys.readouterr()
+    assert rc == 0 and "Traceback" not in out.err
+    samples = [line for line in out.out.splitlines() if not line.startswith("--- sample")]
+    assert len(samples) == 2 and all(re.fullmatch(r"def f\(x\): \[.*\] x \[.*\]", s, re.S) for s in samples)
+
+
+def test_span_filling_reads_each_span_behind_its_sentinel():
+    codec, V = sample.ByteCodec(), 300
+    ids, sentinels = sample.encode_spans(codec, "a<extra_id_0>b<extra_id_1>", V)
+    assert ids == [ord("a"), V - 2, ord("b"), V - 3] and sentinels == [V - 2, V - 3]
+    out = [V - 1, V - 2, ord("x"), ord("y"), V - 3, ord("z"), V - 4, ord("w")]  # a third sentinel ends the output
+    assert sample.fill_spans(codec, "a<extra_id_0>b<extra_id_1>", out, V) == "a[xy]b[z]"
+
+
+def test_an_encoder_decoder_prompt_without_a_mark_is_refused(capsys):
+    assert sample.main(["--recipe", T5, "--prompt", "def f(x):", "model.vocab_size=300"]) == 2
+    err = capsys.readouterr().err
+    assert "--prompt has no <extra_id_N> mark" in err and "Traceback" not in err
+
+
+def test_generate_names_generate_seq2seq_for_an_encoder_decoder():
+    model = sample.archlab.build_model(sample.archlab.load_recipe(T5, ["model.vocab_size=300"]))
+    with pytest.raises(ValueError, match="generate_seq2seq"):
+        sample.archlab.generate(model, torch.tensor([[1, 2]]), 2)
