@@ -24,6 +24,7 @@ import torch
 
 from archlab.config import RecipeError
 from archlab.export import export_hf, find_exporter
+from archlab.export.hf import EXPORTERS
 from tools.sample import add_model_args, load_codec, load_model, recipe_eot_id
 
 
@@ -52,8 +53,33 @@ def verify(model, out: Path, seq_len: int = 32) -> float:
     return float((ours - theirs).abs().max())
 
 
+def family_refusal(cfg, model_cfg) -> Optional[str]:
+    """One line for a recipe whose family has an exporter that refuses it: the exporter's reason and the family's
+    recipes that export (e.g. deepseek tiny..s: grouped-query attention; recipes/deepseek/v3-tiny.yaml: MLA)."""
+    family = cfg.get("family") if hasattr(cfg, "get") else None
+    for name in EXPORTERS.names():
+        exporter = EXPORTERS.get(name)()
+        if family is None or getattr(exporter, "recipe_family", None) != family:
+            continue
+        why = exporter.matches(model_cfg)
+        if why is None:
+            return None
+        ok = getattr(exporter, "exportable_recipes", ())
+        hint = (f"; the exportable {family} recipes: {', '.join(ok)} (train one, e.g. python -m archlab.train "
+                f"{ok[0]}, and export its run)") if ok else ""
+        return f"{cfg.get('name', 'this model')} cannot be exported as {exporter.hf_class_name}: {why}{hint}"
+    return None
+
+
 def export(args: argparse.Namespace) -> str:
     model, cfg, tok_file = load_model(args)
+    try:
+        find_exporter(model.cfg)
+    except ValueError:
+        refusal = family_refusal(cfg, model.cfg)
+        if refusal is None:
+            raise
+        raise ValueError(refusal) from None
     eos_id = None
     if tok_file is not None:  # the run's tokenizer.json, or --tokenizer
         eos_id = load_codec(tok_file, recipe_eot_id(cfg)).eos_id

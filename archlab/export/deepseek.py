@@ -95,6 +95,10 @@ class DeepseekV3Exporter(HFExporter):
 
     hf_class_name = "DeepseekV3ForCausalLM"
     family = "deepseek_v3"
+    recipe_family = "deepseek"  # the recipes' ``family``: a refused one is pointed at the exportable recipes
+    # DeepseekV3ForCausalLM has latent attention (MLA) only: deepseek tiny..s use grouped-query attention
+    exportable_recipes = ("recipes/deepseek/v3-tiny.yaml", "recipes/deepseek/v3-mini.yaml",
+                          "recipes/deepseek/v2-lite.yaml")
 
     def matches(self, cfg: ModelConfig) -> Optional[str]:
         why = component_reasons(cfg, self.family)

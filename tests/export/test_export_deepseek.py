@@ -7,6 +7,7 @@ Shape legend: B batch, S sequence, V vocabulary, N tokens, E experts, K experts 
 """
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ from archlab.config.schema import (
     RouterConfig,
 )
 from archlab.export import EXPORTERS, export_hf, find_exporter, to_hf_model
-from archlab.export.deepseek import rope_rows
+from archlab.export.deepseek import DeepseekV3Exporter, rope_rows
 
 V = 97
 # HF builds a shared-expert MLP of width 0 when a model has no shared experts (exact: it adds zeros)
@@ -221,3 +222,16 @@ def test_mha_models_are_not_taken_and_mla_only_by_deepseek_v3():
     for family in ("gpt2", "llama", "mistral"):
         assert "attention.type=mla" in EXPORTERS.get(family)().matches(deepseek(1, moe=False)), family
     assert type(find_exporter(c)).__name__ == "DeepseekV3Exporter"
+
+
+def test_the_exportable_recipes_it_names_are_the_deepseek_recipes_that_export():
+    root = Path(__file__).resolve().parents[2]
+    exportable = []
+    for path in sorted((root / "recipes/deepseek").glob("*.yaml")):
+        try:
+            find_exporter(archlab.model_config(archlab.load_recipe(path)))
+        except ValueError:
+            continue
+        exportable.append(f"recipes/deepseek/{path.name}")
+    assert sorted(DeepseekV3Exporter.exportable_recipes) == exportable
+    assert DeepseekV3Exporter.exportable_recipes[0] == "recipes/deepseek/v3-tiny.yaml"  # the one a refusal suggests

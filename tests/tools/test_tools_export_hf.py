@@ -27,6 +27,15 @@ def test_inexpressible_model_exits_2_with_the_reason(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("recipe", ["tiny", "s"])
+def test_a_refused_deepseek_recipe_is_pointed_at_v3_tiny_in_one_line(tmp_path, capsys, recipe):
+    rc = export_hf.main(["--recipe", str(ROOT / f"recipes/deepseek/{recipe}.yaml"), "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"deepseek-{recipe} cannot be exported as DeepseekV3ForCausalLM: attention.type=" in err
+    assert "python -m archlab.train recipes/deepseek/v3-tiny.yaml" in err
+
+
 def test_help_says_it_exports_dense_and_moe_families(capsys):
     from tools.export_hf import parse_args
 
