@@ -15,11 +15,12 @@ from typing import Optional, Sequence
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, ProjectConfiguration, parse_flag_from_env
+from accelerate.utils import DistributedType, InitProcessGroupKwargs, ProjectConfiguration, parse_flag_from_env
 from torch import nn
 
 from archlab.config.validate import RecipeError
 from archlab.trackers import check_accepted
+from archlab.train.dist import process_group_timeout
 
 
 def resolve_precision(precision: str) -> str:
@@ -57,11 +58,19 @@ def make_accelerator(train_cfg, trackers: Sequence[str] = ()) -> Accelerator:
         mixed_precision=resolve_precision(train_cfg.precision),
         gradient_accumulation_steps=train_cfg.grad_accum,
         step_scheduler_with_optimizer=False,  # the lr is set from the step (archlab.train.optim.lr_at)
+        kwargs_handlers=_timeout_handlers(train_cfg),
         **logging,
     )
     if trackers:
         check_accepted(accelerator, trackers)
     return accelerator
+
+
+def _timeout_handlers(train_cfg) -> list:
+    """``train.dist_timeout_s`` as the process group's timeout (a long first pass over token shards, a slow
+    checkpoint); none set keeps torch's default (NCCL 10 min, gloo 30 min)."""
+    timeout = process_group_timeout(train_cfg)
+    return [] if timeout is None else [InitProcessGroupKwargs(timeout=timeout)]
 
 
 def check_data_parallel(accelerator: Accelerator, world_size: int) -> None:

@@ -58,7 +58,7 @@ RESUME_FREE = frozenset({
     "resume", "resume_allow_changes", "branch_from", "out_dir", "run_name",
     "log_every", "eval_every", "eval_batches", "eval_context_multipliers", "ckpt_every", "ckpt_steps", "keep_last",
     "trackers", "tracker_project", "tensorboard", "routing_every", "router_trace_every", "peak_flops",
-    "compile", "activation_checkpointing", "on_nonfinite", "micro_batch_size", "grad_accum",
+    "compile", "activation_checkpointing", "on_nonfinite", "micro_batch_size", "grad_accum", "dist_timeout_s",
     "warmup_capped_from",  # a record of the recipe's warmup before the cap; warmup_steps itself is checked
 })
 GLOBAL_BATCH = "global batch (train.micro_batch_size x train.grad_accum x processes)"

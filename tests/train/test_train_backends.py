@@ -262,3 +262,14 @@ def test_deepspeed_checks_the_steps_losses_once_before_the_engine_updates(tiny_c
         results.append(zero.backward(torch.tensor(value)))
     assert results == [True, False, True, True]
     assert len(calls) == 3 and calls[0].isnan()  # the non-finite loss reached the gradient, never an update
+
+
+def test_process_group_timeout_comes_from_the_recipe(tiny_cfg):
+    """train.dist_timeout_s reaches torch.distributed through accelerate's InitProcessGroupKwargs; unset keeps
+    torch's default; a non-positive value is refused by name."""
+    from datetime import timedelta
+
+    assert make_accelerator(tiny_cfg("train.dist_timeout_s=123").train).init_handler.timeout == timedelta(seconds=123)
+    assert make_accelerator(tiny_cfg().train).init_handler is None
+    with pytest.raises(RecipeError, match="train.dist_timeout_s"):
+        make_accelerator(tiny_cfg("train.dist_timeout_s=0").train)
