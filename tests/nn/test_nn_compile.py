@@ -29,7 +29,8 @@ def moe_layer(ffn="swiglu", **moe) -> MoELayer:
 
 
 # mode: what GroupedExperts.layout picks while compiling. auto -> packed rows and grouped_mm (R = N*K);
-# padded -> the static grid, C = capacity, or N when dropless; odd width -> no grouped_mm kernel: padded
+# padded -> the static grid, C = capacity, or N when dropless; odd width -> no grouped_mm kernel: packed rows
+# through archlab::grouped_mm's fallback, a grid padded to the step's real largest load inside the opaque op
 CASES = {
     "dropless-grouped": dict(),
     "dropless-padded": dict(mode="padded"),
