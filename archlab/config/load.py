@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import os
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
@@ -13,14 +15,48 @@ from archlab.config.options import check_moe_switch
 from archlab.config.schema import ModelConfig, Recipe, model_config  # noqa: F401  (model_config: re-exported)
 from archlab.config.validate import RecipeError, validate
 
+REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"  # a source checkout's recipes
+
+
+def _recipes_root(path: Path) -> Optional[Path]:
+    """The ``recipes`` folder a missing recipe path was meant to be in: one named so above it, else the checkout's."""
+    for folder in path.absolute().parents:
+        if folder.name == "recipes" and folder.is_dir():
+            return folder
+    return REPO_RECIPES if REPO_RECIPES.is_dir() else None
+
+
+def missing_recipe_message(path: Path) -> str:
+    """``recipe file not found: recipes/lama/tiny.yaml; did you mean recipes/llama/tiny.yaml?`` (the nearest
+    recipe files by their path under ``recipes/``, written relative to the working folder where they lie below it)."""
+    message = f"recipe file not found: {path}"
+    root = _recipes_root(path)
+    if root is None:
+        return message
+    parts = path.parts
+    if "recipes" in parts:
+        tail = "/".join(parts[len(parts) - 1 - parts[::-1].index("recipes"):])
+    else:  # llama/tiny.yaml: a path under recipes/
+        tail = f"recipes/{path.as_posix()}"
+    files = {file.relative_to(root.parent).as_posix(): file for file in root.rglob("*.y*ml")}
+    near = difflib.get_close_matches(tail, sorted(files), n=3, cutoff=0.8)
+    if not near:
+        return f"{message} (the recipes are under {root})"
+
+    def shown(file: Path) -> str:
+        rel = os.path.relpath(file)
+        return file.as_posix() if path.is_absolute() or rel.startswith("..") else rel
+
+    return f"{message}; did you mean {', '.join(shown(files[n]) for n in near)}?"
+
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
     """Read one YAML file, merging the chain of ``base:`` files under it."""
-    path = path.resolve()
+    given, path = path, path.resolve()
     if path in seen:
         raise RecipeError(f"{path}: 'base' chain loops back to itself")
     if not path.is_file():
-        raise RecipeError(f"recipe file not found: {path}")
+        raise RecipeError(missing_recipe_message(given))
     try:
         node = OmegaConf.load(path)
     except Exception as e:  # yaml.YAMLError and friends

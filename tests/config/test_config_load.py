@@ -2,7 +2,10 @@
 
 from pathlib import Path
 
+import pytest
+
 import archlab
+from archlab.config import RecipeError
 from archlab.config.schema import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,3 +42,15 @@ def test_recipe_is_editable_after_loading():
     cfg = archlab.load_recipe(ROOT / "recipes/dense/tiny.yaml")
     cfg.train.max_steps = 5
     assert cfg.train.max_steps == 5
+
+
+def test_a_missing_recipe_gets_the_nearest_recipe_files(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    for typo in ("recipes/llama/tiny.yml", "recipes/lama/tiny.yaml", "llama/tiny.yaml"):
+        with pytest.raises(RecipeError, match=r"did you mean recipes/llama/tiny\.yaml(,|\?)") as e:
+            archlab.load_recipe(typo)
+        assert str(e.value).startswith(f"recipe file not found: {typo}; ")
+    with pytest.raises(RecipeError, match=f"did you mean {ROOT}/recipes/mixtral/tiny.yaml"):
+        archlab.load_recipe(ROOT / "recipes/mixtral/tinny.yaml")  # an absolute path: absolute suggestions
+    with pytest.raises(RecipeError, match=r"^recipe file not found: recipes/zzzz\.yaml \(the recipes are under "):
+        archlab.load_recipe("recipes/zzzz.yaml")
