@@ -88,6 +88,7 @@ def measured_peak(recipe, regime: str = "autocast", checkpointing: str = "none")
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=regime == "autocast"):
                     loss = training_loss(model, x)
                 loss.backward()
+                tracker.reset_mod_stats()  # per-module stats only (one forward each); the peak is kept
             for m, p in zip(master, params):  # the bf16 gradients stay until the step is done
                 m.grad = p.grad.float()
             opt.step()
