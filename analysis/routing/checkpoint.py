@@ -66,7 +66,7 @@ def inspect_checkpoint(run: Run, ckpt: Path, compare: Sequence[Path], text: Sequ
         t2 = capture_topk(m2, windows)
         sat[checkpoint_step(other)] = {layer: saturation(t2[layer], topk[layer]) for layer in topk}
     return {"checkpoint": str(ckpt), "step": checkpoint_step(ckpt), "tokens": int(len(tokens_N)), "source": source,
-            "spec": spec, "coact": coact, "saturation": sat,
+            "spec": spec, "coact": coact, "saturation": sat, "top_k": int(next(iter(topk.values())).shape[1]),
             "top_tokens": {layer: top_tokens(spec[layer], decode, min_count=min_count) for layer in spec}}
 
 

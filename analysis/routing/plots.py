@@ -84,10 +84,16 @@ def plot_balance(series: dict[str, dict], run_name: str, path: Path) -> Optional
             if E:
                 ax.axhline(math.log(E), color="gray", ls=":", lw=1, label=f"uniform over E={E}: ln E")
         style_axes(ax, title, "training step", ylabel, legend=False)
-        ax.legend(fontsize=8, title="MoE layer", title_fontsize=8, loc="upper right", framealpha=0.7)
     note = "\nno token-slot dropped in any record (dropless routing or ample capacity)" if none_dropped else ""
     fig.suptitle(f"{run_name}: load balance over training{note}")
     fig.tight_layout()
+    # one legend under the panels: inside one, it covered the curves' ends (they end at the right edge)
+    entries: dict[str, object] = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    fig.legend(list(entries.values()), list(entries), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=min(len(entries), 6), fontsize=8, title="MoE layer", title_fontsize=8)
     return save_figure(fig, path)
 
 

@@ -54,7 +54,11 @@ def _markdown(run: Run, train: dict, ck: Optional[dict], files: list[str], healt
             lines += ["", "Router saturation against this checkpoint:", ""]
             for step, per in sorted(ck["saturation"].items()):
                 lines.append(f"- step {step}: " + ", ".join(f"{layer} {v:.3f}" for layer, v in per.items()))
-        lines += ["", "Top tokens per expert (first MoE layer):", ""]
+        K = ck.get("top_k")
+        lines += ["", "Top tokens per expert (first MoE layer), each as 'token' (occurrences routed to the expert, "
+                  "share of this token's occurrences routed to the expert"
+                  + (f"; top-{K}: every occurrence goes to {K} experts, so a token reaches up to 100% in each of "
+                     f"{K} experts" if K and K > 1 else "") + "):", ""]
         first = next(iter(ck["top_tokens"]))
         for e, toks in enumerate(ck["top_tokens"][first]):
             shown = ", ".join(f"{t['text']!r} ({t['count']}, {t['share_of_id']:.0%})" for t in toks[:6])

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from analysis.routing import plots
 from analysis.routing.capture import capture_topk, moe_routers
 from analysis.routing.checkpoint import held_out_maxvio
 from analysis.routing.cli import main
-from analysis.routing.report import analyse
+from analysis.routing.report import _markdown, analyse
 from analysis.routing.series import load_matrix, training_series
 from analysis.routing.stats import coactivation, maxvio_of_choices, saturation, specialisation
 from analysis.runs import open_run
@@ -177,3 +179,37 @@ def test_held_out_maxvio_reads_the_final_weights_on_the_validation_split(analysi
     e = capture_topk(model, windows)["layer1"]
     assert got["layers"]["layer1"] == maxvio_of_choices(e, cfg.model.moe.num_experts, got["batch_tokens"])
     assert got["tokens"] == windows.numel() and got["global"] == got["layers"]["layer1"]["global"] >= 0
+
+
+# ------------------------------------------------------------------ what the figures and summary say
+
+
+def test_the_balance_legend_covers_no_panel(monkeypatch, tmp_path):
+    saved = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: saved.append(fig) or path)
+    steps = np.array([10, 20, 30])
+    series = {f"layer{i}": {"step": steps, "maxvio": np.array([0.9, 0.4, 0.5]),
+                            "router_entropy": np.array([2.06, 2.07, 2.076]),
+                            "load_fraction": np.full((3, 8), 1 / 8)} for i in range(4)}
+    plots.plot_balance(series, "run", tmp_path / "balance.png")
+    fig = saved[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+    labels = [t.get_text() for lg in legends for t in lg.get_texts()]
+    assert labels.count("layer0") == 1 and "uniform over E=8: ln E" in labels  # one legend for the panels
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
+
+
+def test_top_tokens_say_what_the_share_is_under_top_k():
+    run = SimpleNamespace(name="moe", family="mixtral", status="finished", reason="")
+    ck = {"step": 30, "tokens": 100, "source": "validation split", "top_k": 2, "saturation": {},
+          "spec": {"layer0": {"mean": 0.9, "weighted_mean": 0.9, "n_token_ids": 3, "uniform_baseline": 0.25}},
+          "top_tokens": {"layer0": [[{"text": ":", "count": 649, "share_of_id": 1.0}],
+                                    [{"text": ":", "count": 649, "share_of_id": 1.0}]]}}
+    md = _markdown(run, {}, ck, [])
+    assert "share of this token's occurrences routed to the expert" in md
+    assert "top-2: every occurrence goes to 2 experts, so a token reaches up to 100% in each of 2 experts" in md
+    assert "- expert 0: ':' (649, 100%)" in md and "- expert 1: ':' (649, 100%)" in md
