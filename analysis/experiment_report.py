@@ -204,7 +204,7 @@ def _setup(ctx: Context) -> str:
              f"- Seeds: {_seeds(spec)} (`train.seed`: initial weights and data order; the corpus split is fixed)."
              + (" Quick mode: tiny models, a few steps: the numbers only show that the pipeline works."
                 if spec.quick else ""),
-             *([f"- Quick defaults (keys the spec's `quick:` does not set): {'; '.join(spec.quick_defaults)}."]
+             *([f"- Quick mode's own changes (beyond the spec's `quick:`): {'; '.join(spec.quick_defaults)}."]
                if spec.quick_defaults else []),
              f"- Every arm: `{' '.join(spec.set)}`" if spec.set else "- Every arm: the recipe as it is.",
              f"- Reference arm: `{ctx.reference}`."]

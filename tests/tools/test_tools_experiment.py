@@ -354,6 +354,27 @@ def test_quick_without_a_quick_block_shrinks_budget_tuning_grid_and_curve_seeds(
     assert "budget -> {tokens: 4096}" in " ".join(capsys.readouterr().out.split())
 
 
+def test_a_quick_budget_keeps_the_specs_comparison_at_equal_flops(tmp_path):
+    """A spec at equal FLOPs whose quick: block gives tokens trains its quick runs at equal FLOPs too: the
+    tokens of the reference arm, in FLOPs (a MoE arm with more FLOPs per token trains fewer tokens)."""
+    from archlab.config import load_recipe, model_config
+    from archlab.costs import training_flops_per_token
+
+    arms = [{"name": "dense", "recipe": "recipes/llama/tiny.yaml"},
+            {"name": "moe", "recipe": "recipes/mixtral/tiny.yaml"}]
+    spec = load_spec(_write_spec(tmp_path, budget={"flops": 4.2e12}, arms=arms,
+                                 quick={"budget": {"tokens": 2048}}), quick=True)
+    ref = next(a for a in resolve_arms(spec) if a.name == "dense")
+    cfg = load_recipe(ref.recipe, ref.overrides)
+    fpt = training_flops_per_token(model_config(cfg), int(cfg.train.seq_len))
+    assert spec.budget.kind == "flops" and spec.budget.value == pytest.approx(2048 * fpt, rel=1e-3)
+    assert any("equal training FLOPs" in line for line in spec.quick_defaults)
+    # without a quick: budget the default tokens become FLOPs as well; a tokens spec stays at tokens
+    spec = load_spec(_write_spec(tmp_path, budget={"flops": 4.2e12}, arms=arms), quick=True)
+    assert spec.budget.kind == "flops" and spec.budget.value == pytest.approx(4096 * fpt, rel=1e-3)
+    assert load_spec(_write_spec(tmp_path, arms=arms), quick=True).budget.to_dict() == {"tokens": 4096}
+
+
 def test_the_report_lists_every_excluded_run_and_why():
     from types import SimpleNamespace
 

@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from analysis.experiment_spec import ArmSpec, Budget, Spec, budget_arm, budget_tag, budget_words
 from analysis.measurements import MEASUREMENTS
-from archlab.config import RecipeError
+from archlab.config import RecipeError, load_recipe, model_config
+from archlab.costs import training_flops_per_token
 from tools import experiment_ceg, experiment_finetune, experiment_seeds, experiment_tuning, sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +34,23 @@ QUICK_TUNE = {"max_extend": 0}
 
 def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> Spec:
     """Read an experiment spec, apply ``quick:`` when asked (and ``extra_set``, overrides for every
-    arm after the spec's ``set``), and check every key."""
+    arm after the spec's ``set``), and check every key. A quick budget of the other kind than the spec's
+    (``{tokens: T}`` for a spec at equal FLOPs) keeps the spec's comparison: it becomes the FLOPs (or tokens)
+    of T tokens (or C FLOPs) of the reference arm as the quick settings build it."""
+    spec, convert = _load(path, quick, extra_set)
+    if not convert:
+        return spec
+    from tools.experiment.arms import resolve_arms  # the arms' recipes, as the quick settings build them
+
+    ref = next(a for a in resolve_arms(spec) if a.name == spec.reference)
+    cfg = load_recipe(ref.recipe, ref.overrides)
+    fpt = float(training_flops_per_token(model_config(cfg), int(cfg.train.seq_len)))
+    return _load(path, quick, extra_set, (ref.name, fpt))[0]
+
+
+def _load(path: str, quick: bool, extra_set: Sequence[str], convert_at=None) -> tuple[Spec, bool]:
+    """:func:`load_spec`'s reading; returns the spec and whether its quick budget is of another kind than the
+    spec's, so that it must be converted at ``convert_at`` ((reference arm, its FLOPs per token))."""
     p = Path(path)
     if not p.is_file():
         raise RecipeError(f"{path}: experiment spec not found (experiments live in experiments/<name>.yaml)")
@@ -47,13 +64,19 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
     quick_part = raw.pop("quick", None) or {}
     _check_keys(quick_part, QUICK_KEYS, f"{path}: quick")
     _check_measurements(quick_part.get("measurements"), f"{path}: quick.measurements")
+    convert = False
     if quick:
+        kind = _budget_kind(raw)
         raw["set"] = list(raw.get("set") or []) + QUICK_SET + list(quick_part.get("set") or [])
         raw["seeds"] = quick_part.get("seeds", [0])
         for key in ("budget", "budgets", "grid", "tune", "ceg", "finetune"):
             if key in quick_part:
                 raw[key] = quick_part[key]
         raw["quick_defaults"] = quick_defaults(raw, quick_part, raw["seeds"])
+        quick_kind = _budget_kind(raw)
+        convert = kind in ("tokens", "flops") and quick_kind in ("tokens", "flops") and quick_kind != kind
+        if convert and convert_at:
+            raw["quick_defaults"].append(_convert_budgets(raw, kind, *convert_at))
         wanted = raw.get("measurements") or {}
         quick_measures = _merge({n: m.quick for n, m in MEASUREMENTS.items() if m.quick},
                                 quick_part.get("measurements") or {})
@@ -115,7 +138,33 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
     for name in [n for p in pairs for n in p if n not in bases]:
         raise RecipeError(f"{path}: measurements.finetune.pairs names {name!r}, not an arm (the arms: "
                           f"{', '.join(sorted(bases))})")
-    return spec
+    return spec, convert
+
+
+def _budget_kind(raw: dict) -> Optional[str]:
+    """The kind (tokens | flops) of a raw spec's ``budget:`` or first of its ``budgets:``; None when neither."""
+    b = raw.get("budget") or (raw.get("budgets") or [None])[0]
+    return next(iter(b)) if isinstance(b, dict) and len(b) == 1 else None
+
+
+def _convert_budgets(raw: dict, kind: str, reference: str, fpt: float) -> str:
+    """The quick budgets (in place) in the spec's own ``kind``, at the reference arm's FLOPs per token ``fpt``;
+    returns the line that says so."""
+    def convert(b: dict) -> dict:
+        if not isinstance(b, dict) or len(b) != 1 or next(iter(b)) == kind:
+            return b
+        value = float(next(iter(b.values())))
+        return {kind: float(f"{value * fpt if kind == 'flops' else value / fpt:.4g}")}
+
+    was = raw.get("budget") or raw.get("budgets")
+    if raw.get("budget"):
+        raw["budget"] = convert(raw["budget"])
+    if raw.get("budgets"):
+        raw["budgets"] = [convert(b) for b in raw["budgets"]]
+    now = raw.get("budget") or raw.get("budgets")
+    words = "equal training FLOPs" if kind == "flops" else "equal tokens"
+    return (f"quick budget {was} -> {now}: the spec compares at {words}, so the quick runs do too (at the "
+            f"reference arm {reference}'s {fpt:.4g} training FLOPs per token)")
 
 
 def expand_budgets(raw: dict, path) -> Optional[list[Budget]]:
