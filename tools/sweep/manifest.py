@@ -19,6 +19,19 @@ def write_manifest(out_dir: Path, spec: dict, points: list[Point]) -> None:
                                            "points": [asdict(p) for p in points]}, sort_keys=False)
 
 
+def record_refusal(out_dir: Path, name: str, message: str) -> None:
+    """Point ``name`` as the launcher left it when its submission was refused (sbatch: a partition or memory the
+    cluster has not): ``status: refused`` and the refusal under ``refused``, not ``pending``. Running the same
+    command again (the option fixed) submits it anew."""
+    m = read_manifest(out_dir)
+    if m is None:
+        return
+    for q in m.get("points", []):
+        if q.get("name") == name:
+            q["status"], q["refused"] = "refused", message
+    write_json_atomic(Path(out_dir) / MANIFEST, m, sort_keys=False)
+
+
 def read_manifest(out_dir: Path) -> Optional[dict]:
     path = Path(out_dir) / MANIFEST
     if not path.is_file():
