@@ -4,6 +4,7 @@ structure, its numbers, and a second call that skips the finished runs."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from dataclasses import replace
@@ -398,3 +399,21 @@ def test_the_report_lists_every_excluded_run_and_why():
     assert out["a-lr2"]["why"].startswith("diverged at lr 0.01: scored as the worst lr")
     assert "`b025`" in excluded_table(ctx)
     assert excluded_table(SimpleNamespace(rows=[], curve_rows=[], record={})).startswith("None")
+
+
+def test_the_plans_estimate_counts_each_runs_measured_overhead(tmp_path, monkeypatch):
+    """A quick run's time is mostly start-up and evaluation: the estimate adds the measured seconds a run costs
+    beyond its steps to the FLOPs' time, and prints '<1 CPU-min' rather than '~0'."""
+    plan_mod = importlib.import_module("tools.experiment.plan")  # the module, not the package's plan()
+
+    monkeypatch.setattr(plan_mod, "_flops_per_s", lambda arm: 1e9)
+    monkeypatch.setattr(plan_mod, "run_overhead", lambda arm, speed: 6.0)
+    spec = replace(load_spec(_write_spec(tmp_path, ceg={"fractions": [0.25, 0.5, 1.0, 2.0]}), quick=True),
+                   out=str(tmp_path / "out"))
+    lines = []
+    out = plan_mod.plan(spec, log=lines.append)
+    for o in out["stages"].values():
+        assert o["cpu_s"] == pytest.approx(o["runs"] * 6.0 + o["flops"] / 1e9)
+    text = "\n".join(lines)
+    assert "~0 CPU-min" not in text and "<1 CPU-min" in text and "6.0 s a run of start-up" in text
+    assert [plan_mod.cpu_minutes(s) for s in (30, 99, 1200)] == ["<1", "~1.6", "~20"]

@@ -3,6 +3,11 @@ commands of each stage and an estimate of their CPU time; trains nothing."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 from typing import Optional
 
 from analysis.experiment_spec import Arm, Spec
@@ -12,6 +17,9 @@ from archlab.costs import kv_cache_bytes, param_counts, training_flops_per_token
 from tools import experiment_ceg, experiment_finetune, experiment_seeds, experiment_tuning, sweep
 from tools.experiment.arms import resolve_arms
 from tools.experiment.run import grid_of, planned_points, record_runs, sweep_spec
+from tools.sweep.schedule import _child_env
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def plan(spec: Spec, log=print, estimate: bool = True) -> dict:
@@ -55,15 +63,41 @@ def plan(spec: Spec, log=print, estimate: bool = True) -> dict:
     stages.update(experiment_finetune.plan(spec, fixed, seeded, log=log))
     out = {name: {"runs": len(pts), "flops": sum(_new_flops(p) for p in pts)} for name, pts in stages.items()}
     speed = _flops_per_s(ref) if estimate else None
+    overhead = run_overhead(ref, speed) if estimate else None
     log("\n== cost" + (f" (estimated at {speed / 1e9:.2f} GFLOP/s of training, the reference arm's step timed here "
-                       "on 1 thread; a run per core)" if speed else ""))
+                       f"on 1 thread, plus {overhead:.1f} s a run of start-up, evaluation and checkpoints, measured "
+                       "on a 2-step run of the reference arm; a run per core)" if speed else ""))
     for name, o in out.items():
-        est = f", ~{o['flops'] / speed / 60:.0f} CPU-min" if speed else ""
+        o["cpu_s"] = o["runs"] * overhead + o["flops"] / speed if speed else None
+        est = f", {cpu_minutes(o['cpu_s'])} CPU-min" if speed else ""
         log(f"- {name}: {o['runs']} runs, {o['flops']:.3g} training FLOPs{est}")
-    total = sum(o["flops"] for o in out.values())
     if speed:
-        log(f"- total: ~{total / speed / 60:.0f} CPU-min (~{total / speed / 120:.0f} min wall with --jobs 2)")
-    return {"stages": out, "flops_per_s": speed}
+        total = sum(o["cpu_s"] for o in out.values())
+        log(f"- total: {cpu_minutes(total)} CPU-min ({cpu_minutes(total / 2)} min wall with --jobs 2)")
+    return {"stages": out, "flops_per_s": speed, "run_overhead_s": overhead}
+
+
+def cpu_minutes(seconds: float) -> str:
+    """Minutes as the plan prints them: '<1' under a minute, '~1.5' under ten, else '~12'."""
+    m = seconds / 60
+    return "<1" if m < 1 else f"~{m:.1f}" if m < 10 else f"~{m:.0f}"
+
+
+def run_overhead(arm: Arm, flops_per_s: float, steps: int = 2) -> float:
+    """Seconds a training run of ``arm`` costs beyond its steps (start-up, data, evaluation, checkpoints): the
+    wall time of a ``steps``-step run of it (evaluating every step, as a short run does) less its steps'
+    FLOPs at ``flops_per_s``."""
+    cfg = load_recipe(arm.recipe, arm.overrides)
+    step_flops = (training_flops_per_token(model_config(cfg), int(cfg.train.seq_len)) * int(cfg.train.seq_len)
+                  * int(cfg.train.micro_batch_size) * int(cfg.train.grad_accum))
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "archlab.train", arm.recipe, *arm.overrides, f"train.max_steps={steps}",
+               "train.eval_every=1", f"train.ckpt_every={steps}", f"train.out_dir={tmp}", "train.run_name=overhead",
+               "train.warmup_steps=0"]
+        start = time.perf_counter()
+        subprocess.run(cmd, env=_child_env(1), cwd=REPO_ROOT, check=True, capture_output=True)
+        wall = time.perf_counter() - start
+    return max(0.0, wall - steps * step_flops / flops_per_s)
 
 
 def _new_flops(p: sweep.Point) -> float:
