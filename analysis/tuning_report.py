@@ -28,7 +28,7 @@ def section(ctx):
     for arm, t in tuning.items():
         where = "bracketed" if t["bracketed"] else "at the edge of the grid, extension limit hit"
         if not t.get("learned", True):
-            where = "no lr of the grid learned (extension limit hit on the low side)"
+            where = "no lr of the grid learned (extension limit hit on the low side; the lowest loss chosen)"
         dnl = t.get("did_not_learn") or [False] * len(t["lrs"])
         losses = ", ".join("diverged" if d else f"{v:.3f} (did not learn)" if n else f"{v:.3f}" if v is not None
                            else "-" for v, d, n in zip(t["losses"], t["diverged"], dnl))
