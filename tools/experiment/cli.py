@@ -126,6 +126,7 @@ from tools.experiment.arms import resolve_arms
 from tools.experiment.load import load_spec
 from tools.experiment.plan import plan
 from tools.experiment.run import RECORD, Stopped, measure, read_record, run_experiment, with_current_words
+from tools.sweep.manifest import RefusalRecorder, refusal_line
 
 
 def regenerate_command(spec: Spec, args) -> str:
@@ -198,6 +199,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
+    via = None
     try:
         spec = load_spec(args.spec, quick=args.quick, extra_set=args.set)
         if args.out:
@@ -213,7 +215,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "run":
             if args.jobs < 1 or (args.threads is not None and args.threads < 1):
                 raise RecipeError("--jobs and --threads must be >= 1")
-            with launch.use(launch.from_args(args)):
+            via = RefusalRecorder(launch.from_args(args))  # a refused point: refused in its sweep's manifest
+            with launch.use(via):
                 record = run_experiment(spec, jobs=args.jobs, threads=args.threads,
                                         command=regenerate_command(spec, args))
         else:
@@ -230,7 +233,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"stopped: {e}", file=sys.stderr)
         return 1
     except (RecipeError, RunError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {refusal_line(via, e)}", file=sys.stderr)
         return 2
     print(f"report: {paths['markdown']}")
     for name in paths["unfinished"]:

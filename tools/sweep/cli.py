@@ -105,7 +105,7 @@ from omegaconf import OmegaConf
 from archlab.config import RecipeError
 from tools import launch
 from tools.sweep.archive import archive_sweep, restore_sweep
-from tools.sweep.manifest import read_manifest, record_refusal
+from tools.sweep.manifest import RefusalRecorder, read_manifest, refusal_line
 from tools.sweep.plan import build_points, plan_point
 from tools.sweep.point import _safe
 from tools.sweep.schedule import run_sweep
@@ -186,33 +186,6 @@ def _design_check(spec: dict, args) -> Optional[int]:
     return None
 
 
-class RefusalRecorder:
-    """A launcher (``tools.launch``) that remembers the point whose submission it refused (LaunchError: sbatch
-    said no) and removes the submission script submitit left for it, so that the refusal is one line, the
-    manifest records the point as refused (:func:`record_refusal`) and nothing of the submission stays."""
-
-    def __init__(self, via):
-        self.via = via
-        self.refused = None  # the point whose start was refused
-
-    def __getattr__(self, name):
-        return getattr(self.via, name)
-
-    def start(self, p, cmd: list[str], env: dict):
-        folder = Path(p.run_dir).parent / "slurm"
-        before = set(folder.iterdir()) if folder.is_dir() else set()
-        try:
-            return self.via.start(p, cmd, env)
-        except launch.LaunchError:
-            self.refused = p
-            for left in set(folder.iterdir() if folder.is_dir() else ()) - before:
-                if left.is_file() and left.name.startswith(".submission_file_"):  # submitit's sbatch script
-                    left.unlink(missing_ok=True)
-            if folder.is_dir() and not before and not any(folder.iterdir()):
-                folder.rmdir()
-            raise
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.sweep", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -257,7 +230,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     via = None
     try:
         via = launch.from_args(args) if not (args.status or args.archive or args.dry_run) else None
-        via = RefusalRecorder(via) if via is not None else None
+        via = RefusalRecorder(via) if via is not None else None  # a refused point: refused in the manifest
         if args.num_processes < 1:
             raise RecipeError(f"--num-processes {args.num_processes}: must be >= 1")
         if args.jobs < 1 or (args.threads is not None and args.threads < 1):
@@ -295,11 +268,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                            dry_run=args.dry_run, stop_on_failure=args.stop_on_failure, jobs=args.jobs,
                            threads=args.threads, hours=args.hours)
     except (RecipeError, ValueError) as e:
-        refused = getattr(via, "refused", None)
-        if refused is not None:  # a point's submission refused: the manifest says so, not "pending"
-            record_refusal(Path(refused.run_dir).parent, refused.name, str(e))
-            e = f"{e}; manifest.json records {refused.name} as refused: run the same command again once fixed"
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {refusal_line(via, e)}", file=sys.stderr)
         return 2
     if args.dry_run:
         return 0

@@ -1,4 +1,5 @@
-"""The sweep folder's ``manifest.json`` (every point and what became of it) and what a run folder says of a point."""
+"""The sweep folder's ``manifest.json`` (every point and what became of it), what a run folder says of a point,
+and a point whose submission the launcher refused (:class:`RefusalRecorder`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Optional
 
 from archlab.io import write_json_atomic
 from archlab.train.run_folder import SUMMARY
+from tools import launch
 from tools.sweep.point import Point
 
 MANIFEST = "manifest.json"
@@ -83,3 +85,40 @@ def run_dir_state(run_dir) -> str:
 
 def is_done(p: Point) -> bool:
     return run_state(p) in ("finished", "diverged")
+
+
+class RefusalRecorder:
+    """A launcher (``tools.launch``) that remembers the point whose submission it refused (LaunchError: sbatch
+    said no) and removes the submission script submitit left for it, so that the refusal is one line, the
+    manifest records the point as refused (:func:`record_refusal`) and nothing of the submission stays."""
+
+    def __init__(self, via):
+        self.via = via
+        self.refused = None  # the point whose start was refused
+
+    def __getattr__(self, name):
+        return getattr(self.via, name)
+
+    def start(self, p, cmd: list[str], env: dict):
+        folder = Path(p.run_dir).parent / "slurm"
+        before = set(folder.iterdir()) if folder.is_dir() else set()
+        try:
+            return self.via.start(p, cmd, env)
+        except launch.LaunchError:
+            self.refused = p
+            for left in set(folder.iterdir() if folder.is_dir() else ()) - before:
+                if left.is_file() and left.name.startswith(".submission_file_"):  # submitit's sbatch script
+                    left.unlink(missing_ok=True)
+            if folder.is_dir() and not before and not any(folder.iterdir()):
+                folder.rmdir()
+            raise
+
+
+def refusal_line(via, error: Exception) -> str:
+    """The error's line; when ``via`` (a :class:`RefusalRecorder`) refused a point's submission, the point is
+    recorded as refused in its sweep's manifest and the line says so."""
+    refused = getattr(via, "refused", None)
+    if refused is None:
+        return str(error)
+    record_refusal(Path(refused.run_dir).parent, refused.name, str(error))
+    return f"{error}; manifest.json records {refused.name} as refused: run the same command again once fixed"
