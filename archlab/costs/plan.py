@@ -35,11 +35,16 @@ from pathlib import Path
 from typing import Optional
 
 from omegaconf import OmegaConf
+from torch import nn
 
 from archlab.config.schema import model_config
 from archlab.costs.flops import training_flops_per_token
 from archlab.costs.memory import CHECKPOINTING, activation_memory, checkpoint_mode, model_state_memory
 from archlab.costs.params import param_counts
+from archlab.model import build_model
+from archlab.nn.ffn import ffn_class
+from archlab.nn.moe.router import router_class
+from archlab.optim.adamw import adamw_param_groups
 
 
 @dataclass(frozen=True)
@@ -132,8 +137,6 @@ def _train(recipe, key: str, default):
 def _cast_count(module, ep: int) -> float:
     """Parameters of ``module`` autocast casts to bf16 for its matmuls: every linear weight but the routers'
     (fp32 math), the routed experts' matrices (this rank's: 1/ep)."""
-    from torch import nn
-
     total = 0.0
     for name, sub in module.named_modules():
         if isinstance(sub, nn.Linear) and "router" not in name.split("."):
@@ -153,8 +156,6 @@ def _blocks(cfg, ep: int, n_layers: int) -> tuple[list[tuple[float, float]], lis
     """Per block in forward order: (dense, expert) parameters and autocast-cast parameters; and the cast
     parameters of the whole model (a tied LM head's table included: the embedding is looked up, not cast).
     A model whose blocks do not line up with ``n_layers`` activation entries: the block totals split evenly."""
-    from archlab.model import build_model
-
     model = build_model(cfg, device="meta")
     blocks = [*getattr(model, "encoder_blocks", []), *getattr(model, "blocks", [])]
     casts = [_cast_count(b, ep) for b in blocks]
@@ -302,9 +303,6 @@ def _working_set(cfg, n: int, precision: str, autocast: bool) -> float:
     """What one block's backward holds beside the activations: the gradient of its widest output (the FFN's up
     projection: N x up_width x F, or the experts' on their routed slots) and of the residual stream (N x D;
     fp32 under autocast)."""
-    from archlab.nn.ffn import ffn_class
-    from archlab.nn.moe.router import router_class
-
     act = 4 if precision == "fp32" else 2
     rows = 0.0
     if any(not cfg.is_moe_layer(i) for i in range(cfg.n_layers)):
@@ -317,9 +315,6 @@ def _working_set(cfg, n: int, precision: str, autocast: bool) -> float:
 def _largest_group(recipe, cfg, ep: int) -> float:
     """Parameters (this rank's: routed experts / ep) of AdamW's largest parameter group (decay, readout,
     no-decay: ``archlab.optim.adamw.adamw_param_groups``)."""
-    from archlab.model import build_model
-    from archlab.optim.adamw import adamw_param_groups
-
     model = build_model(cfg, device="meta")
     experts = {id(p) for m in model.modules() if hasattr(m, "w_up") for p in m.parameters(recurse=False)}
     groups = adamw_param_groups(model, float(_train(recipe, "weight_decay", 0.1)))

@@ -14,6 +14,7 @@ import pytest
 import archlab
 from analysis import costs as cli
 from archlab.costs import kv_cache_bytes, param_counts, training_flops_per_token, training_memory
+from archlab.costs.plan import read_launch, training_plan
 
 TINY = ["recipes/dense/tiny.yaml", "recipes/llama/tiny.yaml", "recipes/mixtral/tiny.yaml", "recipes/deepseek/tiny.yaml"]
 
@@ -232,8 +233,6 @@ def test_one_footnote_per_reason_and_nothing_computed_exits_1(monkeypatch, capsy
 
 def test_plan_prints_memory_fit_throughput_and_hours(capsys):
     """``plan``: the numbers of archlab.costs.plan for the launch; the table names every part and the verdict."""
-    from archlab.costs.plan import read_launch, training_plan
-
     rc, out, err = _run(["plan", "recipes/dense/125m.yaml", "--gpus", "8", "--gpu", "h200", "--mfu", "30%",
                          "--format", "json"], capsys)
     assert rc == 0 and err == ""

@@ -9,6 +9,7 @@ configs; bad input refused.
 from __future__ import annotations
 
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.nn.parallel import DistributedDataParallel
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import archlab
 from archlab.costs.measure import real_routed_rows, training_loss
@@ -136,9 +139,6 @@ def test_plan_peak_deepspeed_regime_at_1b_moe():
 
 def test_ddp_gradient_buckets_are_what_torch_allocates():
     """DDP over a fake process group of 8: the buffers its reducer allocates are the plan's grad_buckets."""
-    from torch.nn.parallel import DistributedDataParallel
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     recipe = archlab.load_recipe(ROOT / "recipes/llama/tiny.yaml")
     model = archlab.build_model(archlab.model_config(recipe))
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
@@ -229,8 +229,6 @@ def test_expert_parallelism_needs_deepspeed_and_a_dividing_world():
 
 
 if __name__ == "__main__":  # python tests/costs/test_costs_plan.py [CASE ...]: the table (every case by default)
-    import sys
-
     rows = [(case, regime, "none") for case in CASES for regime in REGIMES]
     rows += [("125m-dense", "autocast", "full"), ("125m-dense", "autocast", "selective")]
     print("| case | regime | checkpointing | plan peak GiB | torch peak GiB | plan / torch | seconds |")
