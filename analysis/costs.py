@@ -3,6 +3,7 @@
     python -m analysis.costs recipes/dense/tiny.yaml recipes/llama/tiny.yaml --seq-len 1024
     python -m analysis.costs recipes/mixtral --format csv --out docs/costs
     python -m analysis.costs plan recipes/dense/350m.yaml --launch recipes/launch/zero1.yaml --gpus 8 --gpu h100
+    python -m analysis.costs plan recipes/mixtral/1b.yaml model.moe.ep_size=8 --launch recipes/launch/zero2.yaml
 
 ``plan RECIPE``: one recipe before a GPU is rented (archlab.costs.plan): per-GPU bytes of its training step
 under a launch config (accelerate YAML or DeepSpeed JSON: processes, DeepSpeed, ZeRO stage; --gpus overrides
@@ -419,6 +420,8 @@ def build_plan_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m analysis.costs plan",
                                  description="Per-GPU memory, fit, throughput and hours of one recipe's training.")
     ap.add_argument("recipe", help="recipe YAML file")
+    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                    help="recipe overrides as archlab.train takes them, e.g. model.moe.ep_size=8")
     ap.add_argument("--launch", type=Path,
                     help="accelerate config (recipes/launch/*.yaml) or DeepSpeed config (zero*.json); default: "
                          "one process, DDP with --gpus > 1")
@@ -446,7 +449,7 @@ def plan_main(argv: Sequence[str]) -> int:
             raise RecipeError(f"{path}: no such recipe file")
         if _launch_config(path):
             raise RecipeError(f"{path}: an accelerate launch config, not a recipe; pass it as --launch {path}")
-        recipe = archlab.load_recipe(path)
+        recipe = archlab.load_recipe(path, args.overrides)
         launch = read_launch(args.launch, args.gpus)
         plan = training_plan(recipe, launch, gpu=args.gpu, mfu=args.mfu, headroom=args.headroom, tokens=args.tokens,
                              precision=args.precision, checkpointing=args.checkpointing, batch=args.batch,

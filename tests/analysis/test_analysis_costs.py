@@ -248,6 +248,21 @@ def test_plan_prints_memory_fit_throughput_and_hours(capsys):
         assert part in out, part
 
 
+def test_plan_takes_recipe_overrides(capsys):
+    """KEY=VALUE overrides reach the plan as they reach the trainer: expert parallelism shards the experts'
+    weights; an unknown key is refused by name."""
+    base = ["plan", "recipes/mixtral/s.yaml", "--launch", "recipes/launch/zero2.yaml", "--gpus", "8", "--format",
+            "json"]
+    rc, out, _ = _run(base, capsys)
+    rc_ep, out_ep, _ = _run([*base[:2], "model.moe.ep_size=8", *base[2:]], capsys)
+    assert rc == rc_ep == 0
+    want = training_plan(archlab.load_recipe("recipes/mixtral/s.yaml", ["model.moe.ep_size=8"]),
+                         read_launch(Path("recipes/launch/zero2.yaml"), 8))
+    assert json.loads(out_ep) == json.loads(json.dumps(want.as_dict())) != json.loads(out)
+    rc, out, err = _run(["plan", "recipes/mixtral/s.yaml", "model.moe.ep_sise=8"], capsys)
+    assert rc == 2 and "model.moe.ep_sise" in err and "did you mean model.moe.ep_size" in err
+
+
 def test_plan_runs_as_a_module_beside_the_table(root):
     res = subprocess.run([sys.executable, "-m", "analysis.costs", "plan", "recipes/llama/125m.yaml", "--launch",
                           "recipes/launch/zero1.json", "--gpus", "4", "--gpu", "a100"], cwd=root,
