@@ -1,8 +1,10 @@
 """Scaling sweeps: train a grid of recipes x sizes x overrides at token or FLOP budgets.
 
-    # a family's size ladder at two token budgets
-    python -m tools.sweep --recipes recipes/dense/tiny.yaml recipes/dense/mini.yaml \
-        --tokens 2e6 8e6 --out runs/sweep-dense
+    # the quick path: a scaling smoke test that fits all three approaches in minutes (tools/sweep/quick.yaml)
+    python -m tools.sweep --quick --jobs 2 --threads 1
+    python -m analysis.scaling runs/sweep-quick --out runs/sweep-quick/report
+    # the smallest sweep of the CPU study's setting that fits all three approaches
+    python -m tools.sweep --spec docs/scaling/design/sweep-smallest.yaml --jobs 2 --threads 1
     # a sweep described in a file (ladders x sizes x grid x budgets), e.g. the LLaMA scaling study
     python -m tools.sweep --spec docs/scaling/design/sweep-llama.yaml --jobs 2 --threads 1
     # where it stands: points and FLOPs done, each size's measured speed, the time left at --jobs 2
@@ -112,6 +114,8 @@ from tools.sweep.schedule import run_sweep
 from tools.sweep.status import status_text, sweep_status
 from tools.sweep_check import design_checks
 
+QUICK_SPEC = "tools/sweep/quick.yaml"  # --quick's spec (its file beside this one)
+
 
 def _load_spec(path: Optional[str]) -> dict:
     if path is None:
@@ -191,6 +195,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--spec", help="YAML sweep spec (ladders, sizes, grid, budgets, out)")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"the quick scaling sweep, {QUICK_SPEC}: tiny widths, three budgets, minutes on 2 cores; "
+                         "a smoke test of sweep and analysis.scaling, not a study (out: runs/sweep-quick)")
     ap.add_argument("--recipes", nargs="+", metavar="RECIPE", help="recipe files, one ladder entry each")
     ap.add_argument("--tokens", nargs="+", type=float, metavar="T", help="token budgets per run (e.g. 1e6 4e6)")
     ap.add_argument("--flops", nargs="+", type=float, metavar="C", help="training FLOPs budgets per run")
@@ -229,6 +236,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     via = None
     try:
+        if args.quick:
+            if args.spec or args.recipes:
+                raise RecipeError("--quick is its own spec (tools/sweep/quick.yaml); give it without --spec and "
+                                  "--recipes")
+            args.spec = str(Path(__file__).with_name("quick.yaml"))
         via = launch.from_args(args) if not (args.status or args.archive or args.dry_run) else None
         via = RefusalRecorder(via) if via is not None else None  # a refused point: refused in the manifest
         if args.num_processes < 1:
