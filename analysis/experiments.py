@@ -278,13 +278,14 @@ def context_from_rows(record: dict, rows: list[dict], curve_rows: list[dict], me
 
 
 def fmt_ci(iv: Optional[dict], digits: int = 3, signed: bool = False) -> str:
-    """'4.512 [4.480, 4.544]', '+0.012 [-0.030, +0.054]', '4.512 (1 seed)', or '-'; ``digits`` decimals, more
-    where they would round a mean that is not 0 to 0 ('0.43 (1 seed)' at ``digits=0``)."""
+    """'4.512 [4.480, 4.544]', '+0.012 [-0.030, +0.054]', '4.512 (1 seed)', or '-'; ``digits`` decimals, and two
+    significant figures where they would round a mean that is not 0 to 0, or (``digits=0``) one under 10: '0.58',
+    '3.4'."""
     if not iv or iv.get("mean") is None:
         return "-"
     mean = abs(float(iv["mean"]))
-    if 0 < mean < 0.5 * 10 ** -digits:  # never '0' for a value that is not 0: two significant figures
-        digits = 1 - math.floor(math.log10(mean))
+    if 0 < mean < (10 if digits == 0 else 0.5 * 10 ** -digits):  # whole units under 10, or a value not 0
+        digits = 1 - math.floor(math.log10(mean))  # rounded to 0: two significant figures
     f = f"{{:{'+' if signed else ''}.{digits}f}}"
     if iv.get("low") is None:
         return f.format(iv["mean"]) + " (1 seed)"

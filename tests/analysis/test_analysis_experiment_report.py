@@ -60,5 +60,6 @@ def test_seconds_under_one_print_with_their_digits_not_as_zero():
     """The report's training seconds (``fmt_ci(..., 0)``): a quick run's 0.43 s is not '0'."""
     from analysis.experiments import fmt_ci, t_interval
 
-    assert fmt_ci(t_interval([0.43]), 0) == "0.43 (1 seed)"
-    assert fmt_ci(t_interval([89.2]), 0) == "89 (1 seed)" and fmt_ci(t_interval([0.0]), 0) == "0 (1 seed)"
+    assert fmt_ci(t_interval([0.43]), 0) == "0.43 (1 seed)" and fmt_ci(t_interval([0.58]), 0) == "0.58 (1 seed)"
+    assert fmt_ci(t_interval([3.42]), 0) == "3.4 (1 seed)" and fmt_ci(t_interval([89.2]), 0) == "89 (1 seed)"
+    assert fmt_ci(t_interval([0.0]), 0) == "0 (1 seed)" and fmt_ci(t_interval([0.0004]), 3) == "0.00040 (1 seed)"
