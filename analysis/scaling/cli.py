@@ -1,8 +1,10 @@
 """Scaling laws from run folders: L(C) per family, the parametric L(N, D), IsoFLOP profiles,
 the compute-optimal allocation and three estimates of its exponent, with seed noise.
 
-    python -m analysis.scaling runs/sweep-demo --out docs/scaling [--n-kind total|non_embedding|with_head|active]
-    python -m analysis.scaling design SPEC [--propose C_MIN C_MAX]   # before training: analysis.scaling.design
+    python -m analysis.scaling docs/scaling/runs/llama --out reports/scaling-llama   # N: --n-kind total (default),
+    #     non_embedding, with_head or active
+    python -m analysis.scaling runs/sweep-quick --out runs/sweep-quick/report   # the quick path: tools.sweep --quick
+    python -m analysis.scaling design docs/scaling/design/llama.yaml   # before training (also --propose C_MIN C_MAX)
 
 Outputs (``--out DIR``): loss_vs_flops.png, loss_vs_tokens.png, dense_vs_moe.png, isoflop.png
 (loss against N per budget with parabolas and minima; N* against C), loss_nd.png (loss against D

@@ -417,3 +417,25 @@ def test_the_plans_estimate_counts_each_runs_measured_overhead(tmp_path, monkeyp
     text = "\n".join(lines)
     assert "~0 CPU-min" not in text and "<1 CPU-min" in text and "6.0 s a run of start-up" in text
     assert [plan_mod.cpu_minutes(s) for s in (30, 99, 1200)] == ["<1", "~1.6", "~20"]
+
+
+def _help_examples(doc: str, module: str) -> list[list[str]]:
+    """The argument lists of the ``python -m <module>`` commands in a help text (comments dropped)."""
+    import shlex
+
+    lines = [ln.split("#", 1)[0].strip() for ln in doc.replace("\\\n", " ").splitlines()]
+    return [shlex.split(ln)[3:] for ln in lines if ln.startswith(f"python -m {module} ")]
+
+
+@pytest.mark.slow
+def test_every_help_example_plans_without_a_refusal(tmp_path):
+    """Each spec the help's examples name loads and plans (with --quick where the example has it): the help
+    shows no command that the tool would refuse."""
+    from tools.experiment import cli
+
+    examples = _help_examples(cli.__doc__, "tools.experiment")
+    assert len(examples) >= 5 and ["run", "experiments/evolution.yaml", "--quick"] in examples
+    for spec_path, quick in dict.fromkeys((a[1], "--quick" in a) for a in examples):
+        spec = replace(load_spec(spec_path, quick=quick), out=str(tmp_path / "out"))
+        out = experiment.plan(spec, log=lambda *a: None, estimate=False)
+        assert out["stages"]["seeded runs"]["runs"] > 0

@@ -617,3 +617,28 @@ def test_scaling_figures_have_no_overlapping_tick_labels(fake_sweep, tmp_path, t
     names = {n for n, _ in tick_overlaps}  # compute_multiplier.png: one-size MoE here, so not written
     assert {"loss_vs_flops.png", "loss_vs_tokens.png", "dense_vs_moe.png", "isoflop.png", "loss_nd.png"} <= names
     assert [(n, o) for n, o in tick_overlaps if o] == []
+
+
+def test_every_help_example_reads_its_runs_or_checks_its_design(capsys):
+    """The examples in ``python -m analysis.scaling --help``: a runs folder the repository holds (read: finished
+    runs), the quick sweep's folder (``tools.sweep --quick``'s out) or a design spec that the designer runs."""
+    import shlex
+
+    from omegaconf import OmegaConf
+
+    from analysis.runs import expand_inputs
+    from analysis.scaling import cli
+    from analysis.scaling.design.cli import main as design_main
+    from analysis.scaling.read import collect
+
+    lines = [ln.split("#", 1)[0].strip() for ln in cli.__doc__.splitlines()]
+    examples = [shlex.split(ln)[3:] for ln in lines if ln.startswith("python -m analysis.scaling ")]
+    assert len(examples) >= 3
+    quick_out = OmegaConf.load("tools/sweep/quick.yaml").out
+    for argv in examples:
+        if argv[0] == "design":
+            assert design_main([*argv[1:], "--sims", "4"]) == 0, capsys.readouterr()
+        elif argv[0] != quick_out:
+            runs, problems = expand_inputs([argv[0]])
+            assert not problems and collect(runs)[0], argv
+    assert any(a[0] == quick_out for a in examples)
