@@ -1,8 +1,8 @@
 """Scaling-study designer: before any run trains, how precisely will a planned grid determine the exponents?
 
-    python -m analysis.scaling design SPEC [--sims 200] [--seed 0] [--out design.json]
-    python -m analysis.scaling design [SPEC] --propose C_MIN C_MAX [--budgets 5] [--sizes 7] [--spread 4]
-                                      [--ladder N ...] [--write-spec proposed.yaml]
+    python -m analysis.scaling design docs/scaling/design/llama.yaml --sims 200 --seed 0   # --out design.json
+    python -m analysis.scaling design docs/scaling/design/llama.yaml --propose 3e10 3e11   # a grid from C_MIN to
+    #     C_MAX (--budgets 5 --sizes 7 --spread 4, --ladder N ..., --write-spec proposed.yaml; the SPEC is optional)
 
 The designer simulates the whole analysis of :mod:`analysis.scaling` many times: it draws losses from
 an assumed law L(N, D) on the planned grid with a seed-noise model, fits every draw as the real study

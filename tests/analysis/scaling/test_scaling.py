@@ -628,16 +628,18 @@ def test_every_help_example_reads_its_runs_or_checks_its_design(capsys):
 
     from analysis.runs import expand_inputs
     from analysis.scaling import cli
+    from analysis.scaling.design import cli as design_cli
     from analysis.scaling.design.cli import main as design_main
     from analysis.scaling.read import collect
 
-    lines = [ln.split("#", 1)[0].strip() for ln in cli.__doc__.splitlines()]
+    lines = [ln.split("#", 1)[0].strip() for ln in (cli.__doc__ + design_cli.__doc__).splitlines()]
     examples = [shlex.split(ln)[3:] for ln in lines if ln.startswith("python -m analysis.scaling ")]
-    assert len(examples) >= 3
+    assert len(examples) >= 5
     quick_out = OmegaConf.load("tools/sweep/quick.yaml").out
     for argv in examples:
         if argv[0] == "design":
-            assert design_main([*argv[1:], "--sims", "4"]) == 0, capsys.readouterr()
+            argv = [*argv[1:argv.index("--sims")]] if "--sims" in argv else argv[1:]  # fewer simulations
+            assert design_main([*argv, "--sims", "4"]) == 0, capsys.readouterr()
         elif argv[0] != quick_out:
             runs, problems = expand_inputs([argv[0]])
             assert not problems and collect(runs)[0], argv
