@@ -49,10 +49,12 @@ class RunTimes:
     """Each (ladder, size)'s wall time fitted as start-up + FLOPs / speed (:func:`_time_model`) to its
     finished runs, and the seconds a run still needs: its own size's model, else the fitted sizes' speed as a
     power law of the FLOPs per token (wider models use the cores better), kept within the fitted speeds (a
-    trend of a few sizes is not extrapolated), with the median start-up time; None before any size is fitted."""
+    trend of a few sizes is not extrapolated), with the median start-up time. Before any size is fitted, one line
+    through the finished runs of all sizes (``pooled``, when they span >= 3x in FLOPs); None before that."""
 
     models: dict  # (ladder, size) -> (start-up s, FLOPs/s)
     flops_per_token: dict  # (ladder, size) -> training FLOPs per token
+    pooled: Optional[tuple] = None  # before any size has a fit: one (start-up s, FLOPs/s) over every size's runs
 
     @classmethod
     def fit(cls, points: list[Point], elapsed: dict) -> RunTimes:
@@ -62,7 +64,8 @@ class RunTimes:
             if elapsed.get(p.name) and run_state(p) == "finished":
                 timed.setdefault((p.ladder, p.size), []).append((own_flops(p), float(elapsed[p.name])))
         models = {k: m for k, runs in timed.items() if (m := _time_model(runs)) is not None}
-        return cls(models, {(p.ladder, p.size): p.flops_per_token for p in points})
+        pooled = None if models else _time_model([r for runs in timed.values() for r in runs])
+        return cls(models, {(p.ladder, p.size): p.flops_per_token for p in points}, pooled)
 
     def seconds(self, p: Point, flops_left: Optional[float] = None) -> Optional[float]:
         key = (p.ladder, p.size)
@@ -77,6 +80,8 @@ class RunTimes:
                 speed = float(np.exp(np.clip(icpt + slope * math.log(p.flops_per_token), y.min(), y.max())))
             else:  # one fitted size (or several of one width): its speed
                 speed = float(np.exp(np.median(y)))
+        elif self.pooled:  # no size fitted yet: one line through the finished runs of every size
+            start, speed = self.pooled
         else:
             return None
         left = own_flops(p) * (1 - steps_done(p) / max(1, own_steps(p))) if flops_left is None else flops_left
@@ -109,12 +114,13 @@ def sweep_status(spec: dict, jobs: int = 1, processes: int = 1, evals: int = 8) 
                      "flops_done": done, "flops_per_token": p.flops_per_token, "job": job})
         if state not in ("finished", "diverged"):
             left.append(times.seconds(p, flops - done))
-    seconds = sum(left) / jobs if models and None not in left else None
+    seconds = sum(left) / jobs if (models or times.pooled) and None not in left else None
     count = {s: sum(r["state"] == s for r in rows) for s in ("finished", "diverged", "started")}
     return {"out": str(out_dir), "points": len(rows), **count,
             "flops_total": sum(r["flops"] for r in rows), "flops_done": sum(r["flops_done"] for r in rows),
             "speed": {f"{k[0]}/{k[1]}": {"flops_per_s": m[1], "start_s": m[0]}
                       for k, m in sorted(models.items(), key=lambda km: fpt[km[0]])},
+            "pooled": None if times.pooled is None else {"flops_per_s": times.pooled[1], "start_s": times.pooled[0]},
             "jobs": jobs, "seconds_left": seconds, "rows": rows}
 
 
@@ -128,12 +134,18 @@ def status_text(st: dict) -> str:
     if st["speed"]:
         lines.append("speed fitted to the finished runs (FLOPs/s per run + start-up s): "
                      + ", ".join(f"{k} {v['flops_per_s']:.3g} + {v['start_s']:.0f} s" for k, v in st["speed"].items()))
+    if st.get("pooled"):
+        lines.append("speed fitted to the finished runs of every size together, until a size has runs of >= 3x "
+                     f"different lengths: {st['pooled']['flops_per_s']:.3g} FLOPs/s per run + "
+                     f"{st['pooled']['start_s']:.0f} s")
     if st["seconds_left"] is not None:
-        lines.append(f"time left at --jobs {st['jobs']}: about {st['seconds_left'] / 3600:.2g} h (each run by its "
-                     "size's fit, or the fitted sizes' speed trend; an estimate, not a promise)")
+        how = ("that one fit for every run" if st.get("pooled")
+               else "each run by its size's fit, or the fitted sizes' speed trend")
+        lines.append(f"time left at --jobs {st['jobs']}: about {st['seconds_left'] / 3600:.2g} h ({how}; an "
+                     "estimate, not a promise)")
     elif to_go:
-        lines.append("time left: unknown until some size has finished runs of >= 3x different lengths "
-                     "(their wall times give its speed and start-up time)")
+        lines.append("time left: unknown until finished runs span >= 3x in FLOPs (their wall times give the speed "
+                     "and start-up time)")
     jobs = [r for r in st["rows"] if r.get("job") and r["state"] not in ("finished", "diverged")]
     if jobs:
         lines.append("SLURM jobs of the runs to go (the scheduler's state): "

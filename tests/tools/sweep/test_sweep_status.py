@@ -66,3 +66,27 @@ def test_time_model_needs_runs_of_different_lengths():
     assert _time_model([(1e9, 12.0), (2e9, 22.0)]) is None  # 2x apart: start-up and speed not separable
     assert _time_model([(1e9, 12.0), (4e9, 10.0)]) is None  # longer runs faster: no speed to read
     assert _time_model([(1e9, 12.0)]) is None
+
+
+def test_before_any_size_is_fitted_the_runs_of_all_sizes_give_the_time_left(tmp_path):
+    """One finished run of each of two sizes (3x apart in FLOPs): no size has a fit of its own, yet one line
+    through both gives every run to go a time, instead of 'unknown'."""
+    from dataclasses import replace
+
+    from tools.sweep.status import status_text
+
+    _, spec = write_cooldown_spec(tmp_path)
+    points = {p.name: plan_point(p, tmp_path / "sweep", 1, 4) for p in build_points(spec)}
+    trunk, short = points["ok-stable"], points["ok-cd2048"]
+    per_step = trunk.tokens_per_step * trunk.flops_per_token
+    for p in (trunk, short):  # finished, in 10 s + FLOPs / 1e6 FLOPs/s
+        (tmp_path / "sweep" / p.name).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "sweep" / p.name / "summary.json").write_text(json.dumps({"status": "completed"}))
+    two = [replace(trunk, size="s1"), replace(short, size="s2")]  # as if two sizes, one run each
+    times = RunTimes.fit(two, {p.name: 10.0 + own_steps(p) * per_step / 1e6 for p in two})
+    assert times.models == {} and times.pooled == pytest.approx((10.0, 1e6))
+    assert times.seconds(replace(points["ok-cd4096"], size="s3")) == pytest.approx(10.0 + 3 * per_step / 1e6)
+    st = {"out": "o", "points": 3, "finished": 2, "diverged": 0, "started": 0, "flops_done": 1.0, "flops_total": 2.0,
+          "speed": {}, "pooled": {"flops_per_s": 1e6, "start_s": 10.0}, "seconds_left": 40.0, "jobs": 1, "rows": []}
+    text = status_text(st)
+    assert "every size together" in text and "time left at --jobs 1" in text and "unknown" not in text
