@@ -40,7 +40,8 @@ def loss_note(g: Group, ctx: Optional["Context"] = None) -> str:
     if g.vs_compare is not None and ctx is not None:
         notes.append(f"vs `{ctx.arms[g.arm].compare}` (paired): {fmt_ci(g.vs_compare, signed=True)}")
     if m["did_not_learn"]:
-        notes.append(f"{m['did_not_learn']} of {len(g.runs)} did not learn (loss ~ unigram entropy)")
+        notes.append(f"{m['did_not_learn']} of {len(g.runs)} did not learn (final loss not {LEARN_MARGIN} nats below "
+                     "the unigram entropy)")
     bad = [r for r in g.runs.values() if r["status"] != "finished"]
     for r in bad:
         notes.append(f"seed {r['seed']} {r['status']}" + (f": {r['reason']}" if r["reason"] else ""))

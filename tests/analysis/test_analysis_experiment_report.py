@@ -63,3 +63,11 @@ def test_seconds_under_one_print_with_their_digits_not_as_zero():
     assert fmt_ci(t_interval([0.43]), 0) == "0.43 (1 seed)" and fmt_ci(t_interval([0.58]), 0) == "0.58 (1 seed)"
     assert fmt_ci(t_interval([3.42]), 0) == "3.4 (1 seed)" and fmt_ci(t_interval([89.2]), 0) == "89 (1 seed)"
     assert fmt_ci(t_interval([0.0]), 0) == "0 (1 seed)" and fmt_ci(t_interval([0.0004]), 3) == "0.00040 (1 seed)"
+
+
+def test_the_loss_note_states_the_did_not_learn_rule():
+    from analysis.experiment_report import loss_note
+
+    g = SimpleNamespace(measured=lambda: {"did_not_learn": 1}, vs_compare=None, runs={0: {"status": "finished"}})
+    note = loss_note(g)
+    assert "1 of 1 did not learn (final loss not 0.1 nats below the unigram entropy)" == note
