@@ -79,8 +79,26 @@ def data_line(data) -> str:
             f"{data.tokenizer.vocab_size:,} ids ({data.cache_path})")
 
 
+def routing_fields(row: dict[str, Any]) -> dict[str, str]:
+    """An MoE row's routing health for the bar: ``aux`` (the row's auxiliary loss), ``maxvio p90`` (the row's
+    ``moe/maxvio_p90`` over the MoE layers) and ``dropped`` (dropped slots / tokens * top_k, summed over the
+    layers' ``moe/<layer>/...``; 0 when dropless). Empty for a row without routing statistics (dense)."""
+    if "moe/maxvio_p90" not in row:
+        return {}
+    dropped = slots = 0.0
+    for key, value in row.items():
+        if key.startswith("moe/") and key.endswith("/dropped_slots"):
+            layer = key[:-len("dropped_slots")]
+            dropped += value
+            slots += row[layer + "tokens"] * row[layer + "top_k"]
+    frac = dropped / slots if slots else 0.0
+    return {"aux": f"{row['aux_loss']:.3g}", "maxvio p90": f"{row['moe/maxvio_p90']:.3f}",
+            "dropped": f"{100 * frac:.2f}%" if frac else "0%"}
+
+
 class BarFields:
-    """The progress bar's fields: loss, lr, tokens/s and MFU of the latest metrics row, the latest validation loss."""
+    """The progress bar's fields: loss, lr, tokens/s and MFU of the latest metrics row, the latest validation loss;
+    on an MoE run the row's routing health (:func:`routing_fields`)."""
 
     def __init__(self, val_key: str = "loss") -> None:
         self.val_key = val_key  # the objective's validation loss (causal LM: loss; masked LM: mlm_loss)
@@ -96,6 +114,7 @@ class BarFields:
                "mfu": f"{100 * row['mfu']:.2f}%" if math.isfinite(row["mfu"]) else "-"}
         if self.val is not None:
             out["val"] = f"{self.val:.3f}"
+        out.update(routing_fields(row))
         return out
 
 

@@ -11,7 +11,7 @@ import archlab
 from archlab.config.keys import key_groups
 from archlab.costs.plan import Launch, memory_plan
 from archlab.train import train
-from archlab.train.console import BarFields, closing_lines, duration
+from archlab.train.console import BarFields, closing_lines, duration, routing_fields
 
 
 def _lines(err: str) -> str:
@@ -81,6 +81,50 @@ def test_bar_fields_and_the_objectives_validation_loss():
     mlm = BarFields("mlm_loss")
     mlm.saw({"kind": "val", "context_multiplier": 1, "mlm_loss": 2.25})
     assert mlm.postfix(row)["val"] == "2.250"
+
+
+def _routing_health(row: dict) -> tuple[float, float]:
+    """MaxVio p90 over the layers and the dropped fraction, recomputed from the row's per-layer counts."""
+    layers = sorted({k.split("/")[1] for k in row if k.startswith("moe/layer")})
+    maxvio = []
+    for name in layers:
+        counts = row[f"moe/{name}/tokens_per_expert"]
+        mean = sum(counts) / len(counts)
+        maxvio.append((max(counts) - mean) / mean)
+    v, pos = sorted(maxvio), 0.9 * (len(maxvio) - 1)  # linear interpolation between order statistics
+    lo = int(pos)
+    p90 = v[lo] + (pos - lo) * (v[min(lo + 1, len(v) - 1)] - v[lo])
+    dropped = sum(row[f"moe/{n}/dropped_slots"] for n in layers)
+    slots = sum(row[f"moe/{n}/tokens"] * row[f"moe/{n}/top_k"] for n in layers)
+    return p90, dropped / slots
+
+
+def test_bar_shows_routing_health_of_an_moe_row_and_nothing_for_a_dense_one():
+    dense = {"loss": 3.0, "lr": 1e-3, "tokens_per_s": 100.0, "mfu": 0.01, "aux_loss": 0.0}
+    assert routing_fields(dense) == {} and set(BarFields().postfix(dense)) == {"loss", "lr", "tok/s", "mfu"}
+    moe = {**dense, "aux_loss": 0.0213, "moe/maxvio_p90": 0.82}
+    for i, (counts, dropped) in enumerate((([30, 10, 10, 14], 0), ([40, 4, 8, 12], 16))):  # 40 tokens, top-2
+        moe.update({f"moe/layer{i}/tokens_per_expert": counts, f"moe/layer{i}/tokens": 40.0,
+                    f"moe/layer{i}/top_k": 2, f"moe/layer{i}/dropped_slots": float(dropped)})
+    moe["moe/maxvio_p90"] = _routing_health(moe)[0]
+    fields = BarFields().postfix(moe)
+    assert fields["aux"] == "0.0213" and fields["maxvio p90"] == f"{moe['moe/maxvio_p90']:.3f}"
+    assert fields["dropped"] == "10.00%"  # 16 of 2 x 40 x 2 slots
+    assert routing_fields({**moe, "moe/layer1/dropped_slots": 0.0})["dropped"] == "0%"  # dropless
+
+
+def test_moe_run_bar_shows_aux_maxvio_and_dropped_of_its_last_row(tiny_cfg, rows, capsys):
+    """A capacity-limited Mixtral run: the bar's routing fields are the last row's, recomputed from its layers."""
+    cfg = tiny_cfg("train.max_steps=4", "train.log_every=2", "train.eval_every=100", "model.moe.capacity_factor=1.0",
+                   recipe="mixtral/tiny")
+    summary = train(cfg)
+    bar = [line for line in _lines(capsys.readouterr().err).splitlines() if "4/4" in line][-1]
+    last = rows(summary["run_dir"])[-1]
+    p90, dropped = _routing_health(last)
+    assert dropped > 0  # capacity 1.0 drops slots, so the field is tested on a non-zero value
+    assert f"aux={last['aux_loss']:.3g}," in bar and last["aux_loss"] > 0, bar
+    assert f"maxvio p90={p90:.3f}," in bar, bar
+    assert f"dropped={100 * dropped:.2f}%" in bar, bar
 
 
 def test_closing_lines_give_wall_time_tokens_speed_and_mfu():

@@ -67,7 +67,7 @@ class MetricsLogger(Callback):
                    "mfu": tok_s * trainer.flops_per_token / (trainer.peak_flops * trainer.info.world_size),
                    "elapsed_s": trainer.elapsed(), **memory_fields(trainer.device), **r["extra"]}
             trainer.write(row)
-            self.bar.set_postfix(self.fields.postfix(row), refresh=False)  # loss, lr, tokens/s, MFU, val loss
+            self.bar.set_postfix(self.fields.postfix(row), refresh=False)  # loss, lr, tok/s, MFU, val, MoE routing
         self.bar.update(1)
 
     def on_eval(self, trainer: Trainer, row: dict[str, Any]) -> None:
