@@ -18,7 +18,10 @@ count the full S x S square (the causally useful part is reported beside it); tr
 forward; activations are what autograd keeps for backward on the chosen device.
 
 ``--out DIR`` writes flops_breakdown.png (training FLOPs per token by component, stacked, and as
-shares), memory_breakdown.png (training memory per rank by part) and costs.<format>.
+shares), memory_breakdown.png (training memory per rank by part, and its activations by component) and
+costs.<format>. The charts draw every component the cost model counts. A recipe whose memory has a
+reason to state (a sliding window's banded attention kernel) is marked [a], with the note below the
+table and the chart (csv: the ``memory_notes`` column; json: ``memory_notes``).
 A folder argument stands for the recipes (*.yaml) in it.
 
 A cell that a component cannot model (it raises NotImplementedError rather than guess, e.g. a
@@ -49,21 +52,29 @@ from archlab.costs import activation_memory, kv_cache_bytes, param_counts, train
 from archlab.costs.flops import forward_flops
 from archlab.costs.plan import GPUS, format_plan, read_launch, training_plan
 from archlab.io import write_text_atomic
+from archlab.nn.attention.base import ATTENTIONS, attention_class
+from archlab.nn.component import ActShape
 from archlab.nn.positions import position_class
 
 FLOPS_LABELS = {
     "qkv_proj": "QKV projection", "out_proj": "attention output projection",
     "attn_scores": "attention scores (Q K^T)", "attn_values": "attention-weighted V",
     "mlp": "dense MLP", "experts": "MoE experts (K routed + shared)", "router": "MoE router",
-    "lm_head": "LM head (logits)",
+    "lm_head": "LM head (logits)", "mtp": "MTP modules", "head_transform": "MLM head transform (dense D x D)",
+    "cross_attention": "cross-attention (decoder; K/V of the encoder output)",
 }
 MEMORY_LABELS = {"weights": "weights", "grads": "gradients", "optimizer": "AdamW states",
                  "activations": "activations (1 micro-batch)"}
 ACTIVATION_LABELS = {"embedding": "token ids, embedding", "positions": "RoPE tables", "norms": "norms",
-                     "attention": "attention", "ffn": "dense MLP", "moe": "MoE (router + experts)",
+                     "attention": "self-attention", "ffn": "dense MLP", "moe": "MoE (router + experts)",
                      "dropout": "dropout masks", "checkpoint": "checkpointed layer inputs",
-                     "head": "final norm", "loss": "LM head + loss (fused: grads of h, W; logits: h, log-softmax)",
+                     "cross_attention": "cross-attention (decoder)",
+                     "memory": "encoder output (cross-attention K/V input)", "head": "final norm(s)",
+                     "embed_norm": "embedding norm", "head_transform": "MLM head transform", "mtp": "MTP modules",
+                     "loss": "LM head + loss (fused: grads of h, W; logits: h, log-softmax)",
                      "recompute_peak": "one block recomputed (backward peak)"}
+# an encoder-decoder's per-stack parts, drawn with the component they are (the cost model's names -> a label's key)
+ACTIVATION_GROUPS = {"cross_norm": "norms", "cross_dropout": "dropout"}
 FLOP_UNITS = [(1.0, "FLOP"), (1e3, "kFLOP"), (1e6, "MFLOP"), (1e9, "GFLOP"), (1e12, "TFLOP")]
 BYTE_UNITS = [(1.0, "B"), (2.0**10, "KiB"), (2.0**20, "MiB"), (2.0**30, "GiB"), (2.0**40, "TiB")]
 
@@ -115,6 +126,42 @@ CELL_GROUPS = {
 }
 
 
+BANDED_KERNELS = {  # why a sliding window's banded blocks keep more than full causal attention, by SDPA kernel
+    "math": "its banded blocks need an explicit band mask{why}, so SDPA's math kernel runs them: fp32 copies of "
+            "q, k and v over all {H} heads and the fp32 probabilities of each 2W-key block are kept",
+    "efficient": "memory-efficient attention runs its banded blocks with an additive band mask: the padded "
+                 "blocks, the mask tiles and the padded log-sum-exp are kept",
+    "flash": "SDPA's flash kernel runs its padded banded blocks with an explicit band mask (one per block), "
+             "kept with the blocks and a copy of the output",
+}
+
+
+def attention_notes(cfg, batch: int, seq_len: int, precision: str, device: str) -> list[str]:
+    """Why a recipe's attention keeps more activation memory than full causal attention (``mha``) at the
+    same shape, when it does: a sliding window's banded path (``banded_kernel``) and the SDPA kernel that
+    runs it on ``device``. Empty otherwise."""
+    attention = attention_class(cfg)
+    band_shape, kernel = getattr(attention, "_band_shape", None), getattr(attention, "banded_kernel", None)
+    act = 2 if precision == "bf16" else 4
+    s = ActShape(cfg, batch, seq_len, act, act if device == "cpu" else 1, device)
+    if band_shape is None or kernel is None or all(band_shape(s, i) is None for i in range(cfg.n_layers)):
+        return []
+    own = sum(attention.saved_bytes(s, layer=i) for i in range(cfg.n_layers))
+    full = sum(ATTENTIONS.get("mha").saved_bytes(s, layer=i) for i in range(cfg.n_layers))
+    if own <= full:
+        return []
+    name, H, G = kernel(s), cfg.n_heads, cfg.kv_heads
+    why = ""
+    if name == "math" and device == "cuda":
+        why = (" (CUDA's flash kernel takes no mask" + (f"; memory-efficient attention takes no grouped K/V heads, "
+                                                         f"{H} query / {G} KV heads)" if G != H else ")"))
+    reason = BANDED_KERNELS[name].format(why=why, H=H)
+    return [f"its attention keeps {_human(own, BYTE_UNITS)} for backward (no checkpointing), full causal "
+            f"attention {_human(full, BYTE_UNITS)} at batch {batch}, seq {seq_len}: the sliding window "
+            f"({cfg.attention.window} < seq {seq_len}) runs banded; on {device} {reason}"
+            + (" (derived from torch's SDPA dispatch, not measured on a GPU)" if device == "cuda" else "")]
+
+
 def recipe_costs(path: Path, seq_len: Optional[int], batch: Optional[int], precision: str, zero_stage: int,
                  dp: int, device: str, checkpointing="none", ep: Optional[int] = None, loss: str = "fused") -> dict:
     """All the numbers of one recipe (raw units: parameters, FLOPs, bytes).
@@ -152,7 +199,8 @@ def recipe_costs(path: Path, seq_len: Optional[int], batch: Optional[int], preci
                               checkpointing=checkpointing, loss=loss)
         acts = activation_memory(cfg, B, S, dtype=precision, device=device, checkpointing=checkpointing, loss=loss)
         return {"train_memory_bytes": mem["total"], "memory_breakdown": {k: mem[k] for k in MEMORY_LABELS},
-                "activation_breakdown": {**acts.by_component(), "recompute_peak": acts.recompute_peak}}
+                "activation_breakdown": {**acts.by_component(), "recompute_peak": acts.recompute_peak},
+                "memory_notes": attention_notes(cfg, B, S, precision, device)}
 
     row: dict = {"recipe": recipe.name, "path": str(path), "family": recipe.family, "seq_len": S, "batch": B}
     not_modelled: dict[str, str] = {}
@@ -214,15 +262,30 @@ HEADERS = ["recipe", "params", "embedding", "non-emb.", "active", "fwd FLOP/tok"
            "KV cache/tok (bf16)", "train mem/rank"]
 
 
+def memory_notes(rows: list[dict]) -> tuple[dict[int, str], list[str]]:
+    """({row index: mark}, note lines) for the rows whose memory has a note (:func:`attention_notes`): marks
+    [a], [b], ... so that they differ from the numbered not-modelled footnotes."""
+    marks: dict[int, str] = {}
+    lines: list[str] = []
+    for i, r in enumerate(rows):
+        if r.get("memory_notes"):
+            marks[i] = f"[{chr(ord('a') + len(marks) % 26)}]"
+            lines += [f"{marks[i]} {r['recipe']}: train mem/rank: {note}" for note in r["memory_notes"]]
+    return marks, lines
+
+
 def format_table(rows: list[dict]) -> str:
     """An aligned text table with readable units; a cell not modelled reads ``not modelled [n]``,
-    footnote n below the table says why."""
+    footnote n below the table says why; a memory cell marked [a] has a note below saying why it is large."""
     numbers, notes = footnotes(rows)
+    marks, mem_notes = memory_notes(rows)
     formats = [_count] * 4 + [lambda x: _human(x, FLOP_UNITS)] * 2 + [lambda x: _human(x, BYTE_UNITS)] * 2
 
     def cell(i: int, key: str, fmt) -> str:
         value = rows[i].get(key)
-        return fmt(value) if value is not None else f"not modelled [{numbers[(i, key)]}]"
+        if value is None:
+            return f"not modelled [{numbers[(i, key)]}]"
+        return fmt(value) + (f" {marks[i]}" if key == "train_memory_bytes" and i in marks else "")
 
     header = HEADERS[:1] + ["seq_len"] + HEADERS[1:]  # each row's own context length
     cells = [header] + [[r["recipe"], str(r["seq_len"])] + [cell(i, k, f) for k, f in zip(COLUMNS[1:], formats)]
@@ -235,7 +298,7 @@ def format_table(rows: list[dict]) -> str:
     lines.append("\nseq_len: each recipe's train.seq_len unless --seq-len; memory: batch "
                  f"{', '.join(map(str, batches))} per rank (each recipe's train.micro_batch_size unless --batch); "
                  "full attention counts the S x S square, a sliding window its band.")
-    return "\n".join(lines + notes)
+    return "\n".join(lines + notes + mem_notes)
 
 
 def format_csv(rows: list[dict]) -> str:
@@ -243,12 +306,13 @@ def format_csv(rows: list[dict]) -> str:
     writer = csv.writer(buf)
     flops_keys = list(FLOPS_LABELS)
     writer.writerow(COLUMNS + ["seq_len", "batch"] + [f"train_flops_{k}" for k in flops_keys]
-                    + [f"memory_{k}" for k in MEMORY_LABELS] + ["not_modelled"])
+                    + [f"memory_{k}" for k in MEMORY_LABELS] + ["not_modelled", "memory_notes"])
     for r in rows:  # a cell not modelled is empty; not_modelled says why ("column: reason; ...")
         flops, memory = r.get("flops_breakdown") or {}, r.get("memory_breakdown") or {}
         writer.writerow([r.get(c) for c in COLUMNS] + [r["seq_len"], r["batch"]]
                         + [flops.get(k) for k in flops_keys] + [memory.get(k) for k in MEMORY_LABELS]
-                        + ["; ".join(f"{k}: {why}" for k, why in r.get("not_modelled", {}).items())])
+                        + ["; ".join(f"{k}: {why}" for k, why in r.get("not_modelled", {}).items()),
+                           "; ".join(r.get("memory_notes") or [])])
     return buf.getvalue()
 
 
@@ -258,6 +322,52 @@ def format_rows(rows: list[dict], fmt: str) -> str:
     if fmt == "csv":
         return format_csv(rows)
     return format_table(rows) + "\n"
+
+
+def flops_parts(rows: list[dict]) -> dict[str, list[float]]:
+    """The FLOPs charts' data: label -> training FLOPs per token of each row, one series per component of the
+    cost model's breakdown (``FlopsBreakdown.components()``; a component without a label is drawn under its
+    own name), so that the series of a row sum to its total."""
+    keys = list(FLOPS_LABELS) + [k for r in rows for k in r["flops_breakdown"] if k not in FLOPS_LABELS]
+    return {FLOPS_LABELS.get(k, k.replace("_", " ")): [r["flops_breakdown"].get(k, 0.0) for r in rows]
+            for k in dict.fromkeys(keys)}
+
+
+def flops_shares(rows: list[dict]) -> dict[str, list[float]]:
+    """The share chart's data: :func:`flops_parts` as % of each row's training FLOPs per token (sum: 100)."""
+    return {k: [100 * v / r["train_flops_per_token"] for v, r in zip(values, rows)]
+            for k, values in flops_parts(rows).items()}
+
+
+def activation_parts(rows: list[dict]) -> dict[str, list[float]]:
+    """The activation panel's data: label -> bytes of each row. Every key of the cost model's
+    ``activation_breakdown`` is drawn: an encoder-decoder's ``encoder_X`` and ``decoder_X`` under X (both
+    stacks), its cross-attention norm and dropout with the norms and dropout, a key without a label under its
+    own name; so each row's series sum to the memory panel's activations."""
+    def group(key: str) -> str:
+        for prefix in ("encoder_", "decoder_"):
+            if key.startswith(prefix) and key[len(prefix):] in ACTIVATION_LABELS:
+                return key[len(prefix):]
+        return ACTIVATION_GROUPS.get(key, key)
+
+    keys = list(ACTIVATION_LABELS) + [group(k) for r in rows for k in r["activation_breakdown"]]
+    parts = {k: [0.0] * len(rows) for k in dict.fromkeys(keys)}
+    for i, r in enumerate(rows):
+        for k, v in r["activation_breakdown"].items():
+            parts[group(k)][i] += v
+    return {ACTIVATION_LABELS.get(k, k.replace("_", " ")): v for k, v in parts.items()}
+
+
+def _stack(ax, labels: list[str], parts: dict[str, list[float]], headroom: float = 1.0) -> None:
+    """:func:`stacked_bars` of the series that are not zero everywhere, each in its own colour (tab20 when
+    there are more series than the palette)."""
+    parts = {k: v for k, v in parts.items() if any(v)}
+    stacked_bars(ax, labels, parts, headroom=headroom)
+    if len(parts) > len(COLORS):
+        cmap = pyplot().get_cmap("tab20")
+        for i, bars in enumerate(ax.containers):
+            for patch in bars:
+                patch.set_facecolor(cmap(i % 20))
 
 
 def _labels(rows: list[dict], keys: Sequence[str]) -> tuple[list[str], str]:
@@ -272,7 +382,8 @@ def _labels(rows: list[dict], keys: Sequence[str]) -> tuple[list[str], str]:
 MANY = 8  # more recipes than this: one horizontal bar per recipe (names readable), totals on a log scale
 
 
-def _many(rows: list[dict], labels: list[str], panels: list[tuple], title: str, path: Path) -> Path:
+def _many(rows: list[dict], labels: list[str], panels: list[tuple], title: str, path: Path,
+          notes: Sequence[str] = ()) -> Path:
     """A chart of many recipes: one row per recipe, each panel ``(kind, title, xlabel, data)``: kind "log", data
     the totals (a log scale, so that recipes 1000x apart are all readable), or "share", data {component: % per
     recipe} stacked to 100%."""
@@ -300,7 +411,7 @@ def _many(rows: list[dict], labels: list[str], panels: list[tuple], title: str, 
     axes[0][0].set_yticks(y, [label.replace("\n", ", ") for label in labels], fontsize=8)
     axes[0][0].set_ylim(len(rows) - 0.5, -0.5)
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=_footer(fig, list(notes), fig.get_figheight()))
     return save_figure(fig, path)
 
 
@@ -313,32 +424,50 @@ def plot_flops(rows: list[dict], path: Path) -> Path:
         return _many(rows, labels, [
             ("log", "Training FLOPs per token (log scale)", f"training FLOPs per token ({unit})",
              [r["train_flops_per_token"] / factor for r in rows]),
-            ("share", "Share of each component", "share of training FLOPs (%)",
-             {FLOPS_LABELS[k]: [100 * r["flops_breakdown"][k] / r["train_flops_per_token"] for r in rows]
-              for k in FLOPS_LABELS})], f"Training FLOPs per token of {len(rows)} recipes"
+            ("share", "Share of each component", "share of training FLOPs (%)", flops_shares(rows))],
+            f"Training FLOPs per token of {len(rows)} recipes"
             + (f" ({shape})" if shape else ""), path)
     plt = pyplot()
     labels, shape = _labels(rows, ["seq_len"])
-    keys = list(FLOPS_LABELS)
     factor, unit = unit_scale([r["train_flops_per_token"] for r in rows], FLOP_UNITS)
     fig, (ax, ax_share) = plt.subplots(1, 2, figsize=(max(9.0, 1.6 * len(rows) + 6), 4.8))
-    stacked_bars(ax, labels, {FLOPS_LABELS[k]: [r["flops_breakdown"][k] / factor for r in rows] for k in keys})
+    _stack(ax, labels, {k: [v / factor for v in values] for k, values in flops_parts(rows).items()})
     style_axes(ax, "Training FLOPs per token" + (f" ({shape})" if shape else ""), "recipe",
                f"training FLOPs per token ({unit})", legend=False)
-    stacked_bars(ax_share, labels, {FLOPS_LABELS[k]: [100 * r["flops_breakdown"][k] / r["train_flops_per_token"]
-                                                      for r in rows] for k in keys})
+    _stack(ax_share, labels, flops_shares(rows))
     style_axes(ax_share, "Share of each component", "recipe", "share of training FLOPs (%)",
                legend_title="component", legend_outside=True, legend_reversed=True)
     fig.tight_layout()
     return save_figure(fig, path)
 
 
-def plot_memory(rows: list[dict], path: Path, precision: str, zero_stage: int, dp: int) -> Path:
+def _footer(fig, notes: list[str], height: float) -> tuple[float, float, float, float]:
+    """Write ``notes`` under the axes of ``fig`` (wrapped to its width); the ``tight_layout`` rect that leaves
+    them room (``height``: the figure's height in inches before the notes)."""
+    import textwrap
+
+    if not notes:
+        return (0, 0, 1, 1)
+    width = int(fig.get_figwidth() * 14)  # characters of 8 pt text per line
+    text = "\n".join(line for note in notes for line in textwrap.wrap(note, width, subsequent_indent="    "))
+    lines = text.count("\n") + 1
+    fig.set_figheight(height + 0.17 * lines + 0.2)
+    fig.text(0.01, 0.01, text, fontsize=8, ha="left", va="bottom")
+    return (0, (0.17 * lines + 0.2) / fig.get_figheight(), 1, 1)
+
+
+def plot_memory(rows: list[dict], path: Path, precision: str, zero_stage: int, dp: int,
+                device: Optional[str] = None) -> Path:
     """Training memory per rank by part (weights, gradients, AdamW states, activations), and the
-    activations of one micro-batch by component (with more than :data:`MANY` recipes: one row each, the
-    totals on a log scale beside the shares of the parts)."""
+    activations of one micro-batch by component, every component of the cost model drawn (with more than
+    :data:`MANY` recipes: one row each, the totals on a log scale beside the shares of the parts). A recipe
+    with a memory note (:func:`memory_notes`) is marked [a] and the note is written under the chart."""
+    marks, notes = memory_notes(rows)
+    on = f", {device} kernels" if device else ""
     if len(rows) > MANY:
         labels, shape = _labels(rows, ["batch", "seq_len"])
+        labels = [r["recipe"] + (f" {marks[i]}" if i in marks else "") + label[len(r["recipe"]):]
+                  for i, (r, label) in enumerate(zip(rows, labels))]
         factor, unit = unit_scale([r["train_memory_bytes"] for r in rows], BYTE_UNITS)
         a_factor, a_unit = unit_scale([sum(r["activation_breakdown"].values()) for r in rows], BYTE_UNITS)
         return _many(rows, labels, [
@@ -349,24 +478,26 @@ def plot_memory(rows: list[dict], path: Path, precision: str, zero_stage: int, d
               for k in MEMORY_LABELS}),
             ("log", "Activations kept for backward\n(one micro-batch, all layers; log scale)",
              f"activation memory ({a_unit})", [sum(r["activation_breakdown"].values()) / a_factor for r in rows])],
-            f"Training memory of {len(rows)} recipes ({precision} AdamW, ZeRO-{zero_stage}, dp {dp}"
-            + (f", {shape})" if shape else ")"), path)
+            f"Training memory of {len(rows)} recipes ({precision} AdamW, ZeRO-{zero_stage}, dp {dp}{on}"
+            + (f", {shape})" if shape else ")"), path, notes)
     plt = pyplot()
     labels, shape = _labels(rows, ["batch", "seq_len"])
-    fig, (ax, ax_act) = plt.subplots(1, 2, figsize=(max(11.0, 2.0 * len(rows) + 7), 4.8))
+    labels = [r["recipe"] + (f" {marks[i]}" if i in marks else "") + label[len(r["recipe"]):]
+              for i, (r, label) in enumerate(zip(rows, labels))]
+    height = 4.8
+    fig, (ax, ax_act) = plt.subplots(1, 2, figsize=(max(11.0, 2.0 * len(rows) + 7), height))
     factor, unit = unit_scale([r["train_memory_bytes"] for r in rows], BYTE_UNITS)
-    stacked_bars(ax, labels, {MEMORY_LABELS[k]: [r["memory_breakdown"][k] / factor for r in rows]
-                              for k in MEMORY_LABELS}, headroom=1.45)
-    style_axes(ax, f"Training memory per rank\n({precision} AdamW, ZeRO-{zero_stage}, dp {dp}"
+    _stack(ax, labels, {MEMORY_LABELS[k]: [r["memory_breakdown"][k] / factor for r in rows]
+                        for k in MEMORY_LABELS}, headroom=1.45)
+    style_axes(ax, f"Training memory per rank\n({precision} AdamW, ZeRO-{zero_stage}, dp {dp}{on}"
                + (f", {shape})" if shape else ")"), "recipe", f"memory per rank ({unit})",
                legend_title="part", legend_reversed=True)
-    acts = [r["activation_breakdown"] for r in rows]
-    factor, unit = unit_scale([sum(a.values()) for a in acts], BYTE_UNITS)
-    stacked_bars(ax_act, labels, {ACTIVATION_LABELS[k]: [a.get(k, 0.0) / factor for a in acts]
-                                  for k in ACTIVATION_LABELS})
-    style_axes(ax_act, "Activations kept for backward\n(one micro-batch, all layers)", "recipe",
-               f"activation memory ({unit})", legend_title="component", legend_outside=True, legend_reversed=True)
-    fig.tight_layout()
+    # the same unit as the left panel, so that each bar here reads as the red part of the bar there
+    _stack(ax_act, labels, {k: [v / factor for v in values] for k, values in activation_parts(rows).items()})
+    style_axes(ax_act, "Activations kept for backward, by component\n(the left panel's activations: one "
+               "micro-batch, all layers)", "recipe", f"activation memory ({unit})", legend_title="component",
+               legend_outside=True, legend_reversed=True)
+    fig.tight_layout(rect=_footer(fig, notes, height))
     return save_figure(fig, path)
 
 
@@ -483,7 +614,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for key, what, draw in (
                 ("train_flops_per_token", "flops_breakdown.png", lambda rs, p: plot_flops(rs, p)),
                 ("train_memory_bytes", "memory_breakdown.png",
-                 lambda rs, p: plot_memory(rs, p, args.precision, args.zero_stage, args.dp))):
+                 lambda rs, p: plot_memory(rs, p, args.precision, args.zero_stage, args.dp, args.device))):
             drawn = modelled(rows, key)
             left_out = [r["recipe"] for r in rows if r not in drawn]
             if drawn:

@@ -13,7 +13,7 @@ import pytest
 
 import archlab
 from analysis import costs as cli
-from archlab.costs import kv_cache_bytes, param_counts, training_flops_per_token, training_memory
+from archlab.costs import kv_cache_bytes, param_counts, training_flops, training_flops_per_token, training_memory
 from archlab.costs.plan import read_launch, training_plan
 
 TINY = ["recipes/dense/tiny.yaml", "recipes/llama/tiny.yaml", "recipes/mixtral/tiny.yaml", "recipes/deepseek/tiny.yaml"]
@@ -121,6 +121,93 @@ def test_every_chart_has_title_units_and_legend(monkeypatch, capsys):
             bars = {p.get_height() for p in ax.patches}
             assert bars and max(bars) > 0
         assert any(ax.get_legend() is not None for ax in fig.axes)
+
+
+FAMILIES = [f"recipes/{name}/tiny.yaml" for name in ("llama", "mixtral", "deepseek", "mistral", "t5", "bert")]
+
+
+def _figures(monkeypatch) -> list:
+    figures: list = []
+    monkeypatch.setattr(cli, "save_figure", lambda fig, path: figures.append(fig) or path)
+    return figures
+
+
+def _stacks(ax) -> dict[str, list[float]]:
+    """A stacked-bar panel's series: legend label -> bar heights."""
+    return {c.get_label(): [p.get_height() for p in c.patches] for c in ax.containers}
+
+
+def test_flops_charts_draw_every_component_so_shares_sum_to_100(monkeypatch):
+    """T5's cross-attention and BERT's MLM head transform are drawn and named: each recipe's plotted shares
+    sum to 100% and every non-zero component of the cost model's breakdown has its own series."""
+    figures = _figures(monkeypatch)
+    rows = [cli.recipe_costs(Path(p), None, None, "bf16", 0, 1, "cuda") for p in FAMILIES]
+    cli.plot_flops(rows, "f.png")
+    _, share = figures[0].axes
+    series = _stacks(share)
+    for i, row in enumerate(rows):
+        assert sum(values[i] for values in series.values()) == pytest.approx(100, abs=0.01), row["recipe"]
+        components = training_flops(archlab.load_recipe(FAMILIES[i]), row["seq_len"]).components()
+        for key, flops in components.items():
+            if flops:
+                label = cli.FLOPS_LABELS[key]
+                assert series[label][i] == pytest.approx(100 * flops / row["train_flops_per_token"]), (row, key)
+    legend = {text.get_text() for text in share.get_legend().get_texts()}
+    assert {cli.FLOPS_LABELS["cross_attention"], cli.FLOPS_LABELS["head_transform"]} <= legend
+    assert set(cli.FLOPS_LABELS) == set(components)  # every field of FlopsBreakdown has a label (csv columns)
+    shares = cli.flops_shares(rows)
+    assert all(sum(v[i] for v in shares.values()) == pytest.approx(100) for i in range(len(rows)))
+
+
+@pytest.mark.parametrize("recipe", ["recipes/t5/tiny.yaml", "recipes/bert/tiny.yaml"])
+@pytest.mark.parametrize("checkpointing", ["none", "selective"])
+def test_activation_panel_is_the_memory_panels_activations(recipe, checkpointing, monkeypatch):
+    """The activation panel draws every part of the cost model's activations (T5: both stacks, the
+    cross-attention, the encoder output; BERT: the embedding norm, the head transform) in the memory panel's
+    unit, so each of its bars is as tall as the activations part of the memory panel's bar."""
+    figures = _figures(monkeypatch)
+    rows = [cli.recipe_costs(Path(p), None, None, "bf16", 0, 1, "cuda", checkpointing)
+            for p in ("recipes/llama/tiny.yaml", recipe)]
+    cli.plot_memory(rows, "m.png", "bf16", 0, 1)
+    memory, acts = figures[0].axes[:2]
+    assert memory.get_ylabel() == "memory per rank (MiB)" and acts.get_ylabel() == "activation memory (MiB)"
+    kept = _stacks(memory)[cli.MEMORY_LABELS["activations"]]
+    drawn = [sum(values[i] for values in _stacks(acts).values()) for i in range(2)]
+    assert drawn == pytest.approx(kept, rel=1e-9)
+    r = archlab.load_recipe(recipe)
+    want = training_memory(r, r.train.micro_batch_size, r.train.seq_len, checkpointing=checkpointing)["activations"]
+    assert kept[1] == pytest.approx(want / 2**20) and want > 10 * 2**20
+    parts = cli.activation_parts(rows)
+    assert sum(v[1] for v in parts.values()) == pytest.approx(want)
+    if "t5" in recipe:
+        assert parts[cli.ACTIVATION_LABELS["cross_attention"]][1] > 0 and parts["self-attention"][1] > 0
+
+
+def test_sliding_window_memory_says_why_it_exceeds_full_attention(monkeypatch, capsys):
+    """mistral-tiny keeps more activations than llama-tiny (the same block, full attention) on CUDA: its
+    banded blocks take a mask, and with grouped K/V heads neither flash nor memory-efficient attention runs
+    them, so the math kernel's fp32 copies and probabilities are kept. The table marks the cell and says so,
+    the chart marks the bar and writes the note under it; llama-tiny has no note."""
+    paths = ["recipes/llama/tiny.yaml", "recipes/mistral/tiny.yaml"]
+    rows = [cli.recipe_costs(Path(p), None, None, "bf16", 0, 1, "cuda") for p in paths]
+    assert rows[1]["train_memory_bytes"] > rows[0]["train_memory_bytes"]
+    assert rows[0]["memory_notes"] == [] and len(rows[1]["memory_notes"]) == 1
+    note = rows[1]["memory_notes"][0]
+    assert "math kernel" in note and "4 query / 2 KV heads" in note and "33.4 MiB" in note and "8.38 MiB" in note
+    assert rows[1]["activation_breakdown"]["attention"] == pytest.approx(33.375 * 2**20)
+    rc, out, _ = _run(paths, capsys)
+    lines = out.splitlines()
+    assert rc == 0 and lines[3].startswith("mistral-tiny") and lines[3].endswith("MiB [a]")
+    assert not lines[2].endswith("]") and f"[a] mistral-tiny: train mem/rank: {note}" in lines
+    figures = _figures(monkeypatch)
+    cli.plot_memory(rows, "m.png", "bf16", 0, 1, "cuda")
+    ticks = [t.get_text() for t in figures[0].axes[0].get_xticklabels()]
+    assert ticks[1].startswith("mistral-tiny [a]") and "[a]" not in ticks[0]
+    assert any("[a] mistral-tiny" in t.get_text() and "math kernel" in t.get_text() for t in figures[0].texts)
+    cpu = cli.recipe_costs(Path(paths[1]), None, None, "bf16", 0, 1, "cpu")["memory_notes"]
+    assert len(cpu) == 1 and "on cpu SDPA's flash kernel" in cpu[0]
+    rc, out, _ = _run(paths + ["--format", "csv"], capsys)
+    assert [r["memory_notes"] for r in csv.DictReader(io.StringIO(out))] == ["", note]
 
 
 @pytest.mark.parametrize("args, message", [
