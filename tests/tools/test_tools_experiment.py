@@ -318,7 +318,7 @@ def test_report_takes_the_current_specs_words_but_the_records_runs(quick, root, 
     report = tmp_path / "report"
     assert main(["report", str(edited), "--quick", "--out", str(out), "--report", str(report)]) == 0
     md = (report / "report.md").read_text()
-    assert md.startswith("# Renamed MHA, GQA, MQA and MLA") and "full multi-head (`mha`)" in md
+    assert md.startswith("# Smoke test (--quick): Renamed MHA, GQA, MQA and MLA") and "full multi-head (`mha`)" in md
     record = json.loads((out / "experiment.json").read_text())
     assert [a["name"] for a in record["arms"]] == ["mha", "mqa"]  # the record on disk is unchanged
 

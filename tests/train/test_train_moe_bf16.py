@@ -1,4 +1,4 @@
-"""bf16 experts under the trainer's mixed precision (issue 51): with ``train.precision=bf16`` the
+"""bf16 experts under the trainer's mixed precision: with ``train.precision=bf16`` the
 weights stay fp32 and accelerate runs the forward under autocast, which lowers matmul-type ops
 only; the routed experts must still receive bf16 rows and weights (so that on CUDA the bf16
 grouped GEMM runs). Checked in the real trainer, in one process and under 2-process DDP; and
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import archlab
@@ -26,6 +27,16 @@ from archlab.nn.moe.experts import GroupedExperts
 from archlab.train import Trainer, train
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """accelerate keeps one process-wide state: a trainer built earlier in this process (fp32, the suite's
+    other in-process runs) fixes its mixed precision, and an Accelerator asking for bf16 is then refused."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
 # mixtral/tiny cut down: 4 experts of width 32, dropless, 3 steps
 MIXTRAL = ["model.moe.num_experts=4", "model.moe.expert_hidden=32", "train.max_steps=3", "train.ckpt_every=100",
            "train.eval_every=100", "train.eval_context_multipliers=[1]", "train.precision=bf16"]

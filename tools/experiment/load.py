@@ -14,6 +14,7 @@ from analysis.measurements import MEASUREMENTS
 from archlab.config import RecipeError, load_recipe, model_config
 from archlab.costs import training_flops_per_token
 from tools import experiment_ceg, experiment_finetune, experiment_seeds, experiment_tuning, sweep
+from tools.experiment.arms import resolve_arms
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPEC_KEYS = ("name", "title", "description", "claim", "out", "report", "seeds", "budget", "set", "grid", "reference",
@@ -40,8 +41,6 @@ def load_spec(path: str, quick: bool = False, extra_set: Sequence[str] = ()) -> 
     spec, convert = _load(path, quick, extra_set)
     if not convert:
         return spec
-    from tools.experiment.arms import resolve_arms  # the arms' recipes, as the quick settings build them
-
     ref = next(a for a in resolve_arms(spec) if a.name == spec.reference)
     cfg = load_recipe(ref.recipe, ref.overrides)
     fpt = float(training_flops_per_token(model_config(cfg), int(cfg.train.seq_len)))
