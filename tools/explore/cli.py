@@ -12,7 +12,7 @@ import torch
 
 from tools.explore.export import export
 from tools.explore.load import Explorable, ExploreError, load
-from tools.explore.server import Explorer, serve
+from tools.explore.server import Explorer, serve, unicode_text
 
 DEFAULT_PORT = 8765
 
@@ -56,6 +56,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ExploreError("--prompt is the text of an --export page; the served page takes it in the browser")
         if args.export is not None and not args.prompt:
             raise ExploreError("--export needs --prompt \"...\": the text whose numbers the page holds")
+        if args.prompt is not None:
+            unicode_text(args.prompt, "--prompt")
         torch.set_num_threads(args.threads)
         runs = load_runs(args)
         if args.export is not None:

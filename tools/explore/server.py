@@ -89,7 +89,18 @@ def _field(body: dict, name: str, kind):
     v = body.get(name)
     if not isinstance(v, kind) or isinstance(v, bool):
         raise ExploreError(f"request field {name!r}: missing or of the wrong type")
-    return v
+    return unicode_text(v, f"request field {name!r}") if isinstance(v, str) else v
+
+
+def unicode_text(text: str, what: str) -> str:
+    """``text`` if it is valid Unicode; a lone surrogate (JSON's ``"\\ud800"``, or an undecodable byte of a
+    command line) has no UTF-8 form, so no tokenizer can read it and the reply could not echo it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ExploreError(f"{what}: character {e.start} is a lone surrogate ({text[e.start]!r}), not a "
+                           "character: send valid Unicode text") from None
+    return text
 
 
 async def _body(request) -> dict:
