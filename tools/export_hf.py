@@ -25,6 +25,7 @@ import torch
 from archlab.config import RecipeError
 from archlab.export import export_hf, find_exporter
 from archlab.export.hf import EXPORTERS
+from tools.export_verify import verify
 from tools.sample import add_model_args, load_codec, load_model, recipe_eot_id
 
 
@@ -37,20 +38,6 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--verify", action="store_true", help="reload with transformers and compare logits")
     return p.parse_args(argv)
-
-
-def verify(model, out: Path, seq_len: int = 32) -> float:
-    """Max |logit difference| between archlab and the reloaded HF model; raises if not close."""
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
-
-    auto = AutoModelForCausalLM if getattr(model, "causal", True) else AutoModelForMaskedLM  # an encoder: BERT
-    hf = auto.from_pretrained(out, dtype=torch.float32).eval()
-    model = model.float().eval()
-    ids = torch.randint(0, model.cfg.vocab_size, (2, min(seq_len, model.cfg.max_seq_len)))
-    with torch.no_grad():
-        ours, theirs = model(ids).logits, hf(ids).logits
-    torch.testing.assert_close(theirs, ours)
-    return float((ours - theirs).abs().max())
 
 
 def family_refusal(cfg, model_cfg) -> Optional[str]:
