@@ -20,8 +20,6 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-import torch
-
 from archlab.config import RecipeError
 from archlab.export import export_hf, find_exporter
 from archlab.export.hf import EXPORTERS
