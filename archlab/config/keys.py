@@ -29,6 +29,7 @@ GROUPS: dict[str, str] = {
     "data": "the corpus, its split and the tokenizer; the cache folder",
     "train": "the run: steps, batch, lr schedule, optimizer, objective, logs, checkpoints",
     "train.muon": "the Muon optimizer's settings (train.optimizer=muon)",
+    "train.upcycle": "sparse upcycling: a dense run (train.init_from) turned into this MoE (copy | drop)",
 }
 
 

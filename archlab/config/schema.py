@@ -27,7 +27,8 @@ from archlab.nn.positions import PositionConfig, RopeScalingConfig
 from archlab.optim.muon import MuonConfig
 
 __all__ = ["AttentionConfig", "BalanceConfig", "BlockConfig", "DataConfig", "FFNConfig", "ModelConfig", "MoEConfig",
-           "MuonConfig", "NormConfig", "PositionConfig", "Recipe", "RopeScalingConfig", "RouterConfig", "TrainConfig"]
+           "MuonConfig", "NormConfig", "PositionConfig", "Recipe", "RopeScalingConfig", "RouterConfig", "TrainConfig",
+           "UpcycleConfig"]
 
 
 @dataclass
@@ -136,6 +137,15 @@ class DataConfig:
 
 
 @dataclass
+class UpcycleConfig:
+    # how a dense run's FFN becomes this MoE's experts (archlab/train/upcycle.py): copy (every expert a copy of
+    # the layer's dense FFN; Komatsuzaki et al. 2022) | drop (copy, then a share drop_ratio of each expert's hidden
+    # units re-initialised; Drop-Upcycling, Nakamura et al. 2025)
+    method: str = "copy"
+    drop_ratio: float = 0.5  # method drop: share r of each expert's hidden units re-initialised (paper: 0.5)
+
+
+@dataclass
 class TrainConfig:
     seq_len: int = 256
     micro_batch_size: int = 8  # per process
@@ -172,8 +182,11 @@ class TrainConfig:
     span_mean_length: float = 3.0
     # objective classify (fine-tuning, archlab/objectives/classify.py): a pre-trained run folder (its newest complete
     # checkpoint) or checkpoint folder whose weights the model loads by name, and whose tokenizer the task uses;
-    # null = a fresh init (the no-pre-training control)
+    # null = a fresh init (the no-pre-training control). causal_lm: the run's weights start this one (fresh
+    # optimizer, step 0): loaded by name, or with train.upcycle a dense run's weights upcycled into this MoE
     init_from: Optional[str] = None
+    # objective causal_lm with init_from a dense run and an MoE model: sparse upcycling (archlab/train/upcycle.py)
+    upcycle: Optional[UpcycleConfig] = None
     # objective classify: the state the head reads, first | last | mean; null = the model type's convention
     # (decoder: last; encoder: first, BERT's [CLS] position; encoder_decoder: the encoder's mean)
     classify_pooling: Optional[str] = None

@@ -96,6 +96,27 @@ def validate_train(t, model) -> None:
     if t.router_trace_every < 0:
         fail("train.router_trace_every", t.router_trace_every, "must be >= 0 (0 = off)")
     validate_trackers(t)
+    validate_upcycle(t, model)
+
+
+UPCYCLE_METHODS = ("copy", "drop")  # archlab/train/upcycle.py
+
+
+def validate_upcycle(t, model) -> None:
+    """``train.upcycle``: an MoE model started from a dense run (``train.init_from``) by a known method. What
+    the dense run holds is checked when the weights are read (``archlab.train.upcycle``)."""
+    u = t.upcycle
+    if u is None:
+        return
+    if t.init_from is None:
+        fail("train.upcycle", u, "upcycles a dense run's weights: set train.init_from=<dense run folder>")
+    if model.moe is None:
+        fail("train.upcycle", u, "turns a dense FFN into experts: the recipe's model needs model.moe "
+             "(an MoE recipe, e.g. recipes/mixtral/tiny-upcycled.yaml)")
+    _one_of("train.upcycle.method", u.method, list(UPCYCLE_METHODS))
+    if u.method == "drop" and not 0.0 < u.drop_ratio <= 1.0:
+        fail("train.upcycle.drop_ratio", u.drop_ratio, "must lie in (0, 1]: the share of each expert's hidden "
+             "units re-initialised")
 
 
 def validate_trackers(t) -> None:

@@ -35,6 +35,7 @@ class CausalLM(Objective):
     """Next-token cross-entropy on every position, the LM head and loss fused (no (B, S, V) logits)."""
 
     name = "causal_lm"
+    options = frozenset({"init_from", "upcycle"})  # start from a run's weights (archlab/train/upcycle.py)
 
     @classmethod
     def validate(cls, cfg: Any) -> None:

@@ -50,6 +50,7 @@ from archlab.train.faults import NonFiniteError, StopSignal
 from archlab.train.optim import lr_at, set_lr
 from archlab.train.parallel import make_accelerator
 from archlab.train.run_folder import MetricsLog
+from archlab.train.upcycle import start_from
 
 
 def count_shard_share(cfg: DictConfig, info: DistInfo) -> int:
@@ -108,6 +109,7 @@ class Trainer:
 
         torch.manual_seed(t.seed)  # identical initial weights on every rank
         self.model = self.objective.build_model(cfg)  # the plain module; the wrapped one is self.model_t
+        start_from(self.model, cfg, self.log)  # train.init_from of a causal LM: loaded, or upcycled to an MoE
         self.model.checkpointing = t.activation_checkpointing  # how its blocks keep activations for backward
         self.step, self.tokens, self.elapsed_before, self.paused_s = 0, 0, 0.0, 0.0
         self.stop: Optional[StopSignal] = None  # while run() trains: the signals it stops on
