@@ -20,6 +20,7 @@ from analysis.measurements import MEASUREMENTS
 from archlab.config import RecipeError
 from archlab.io import write_json_atomic
 from tools import experiment_ceg, experiment_finetune, experiment_seeds, experiment_tuning, sweep
+from tools.experiment import init_from
 from tools.experiment.arms import resolve_arms
 from tools.experiment.load import WORDS
 
@@ -133,7 +134,7 @@ def run_experiment(spec: Spec, *, jobs: int = 1, threads: Optional[int] = None, 
     n_cells = len(sweep._grid_items(grid_of(spec)))
     t0 = time.time()
     arms, extra = tune_arms(spec, arms, jobs=jobs, threads=threads, log=log)
-    fixed = [a for a in arms if not a.timed]
+    fixed, later = init_from.split([a for a in arms if not a.timed])  # later: train.init_from=arm:<name>
     timed = [a for a in arms if a.timed]
     phase1 = sweep_spec(spec, fixed, "sweep", {a.name: a.budget for a in fixed})
     points = planned_points(phase1)
@@ -143,6 +144,9 @@ def run_experiment(spec: Spec, *, jobs: int = 1, threads: Optional[int] = None, 
     bar.update(sum(sweep.is_done(p) for p in points))
     check_stopped(sweep.run_sweep(phase1, jobs=jobs, threads=threads, log=write, progress=lambda p: bar.update(1)))
     runs = record_runs(spec, points, "sweep")
+    runs += init_from.run(spec, later, runs, {"sweep_spec": sweep_spec, "record_runs": record_runs,
+                                              "check_stopped": check_stopped}, jobs=jobs, threads=threads, log=write)
+    bar.update(len(later) * n_cells)
     timed_budgets = {}
     if timed:
         bench = None
