@@ -21,10 +21,11 @@ the lowest loss of the runs that did not diverge is the choice). When that
 point is at an end of the grid, the grid extends on that side by the grid's own ratio (``lr[1] / lr[0]``) and the new
 point is trained; this repeats until the best point is interior (``bracketed``) or ``max_extend``
 points were added on that side (reported: "at the edge, limit hit"). The chosen lr is then the minimum
-of a parabola in log lr through the best point and up to two neighbours on each side, inside the bracket
+of a weighted least-squares parabola in log lr through every finite point of the grid, inside the bracket
 (``analysis.lr_choice``: one run per lr carries its seed's luck, which the grid's argmin follows when
-neighbours differ by less than the seed sd); the report gives the range of lrs within the arms' seed sd of
-that minimum. The seeded runs train at the chosen lr.
+neighbours differ by less than the seed sd), with an 80% interval on the optimal lr (its sd here: the parabola's
+residuals; the report refits with the seeded runs' sd) and the fitted loss at the interval's ends; an interval
+open on a side the grid does not bound. The seeded runs train at the chosen lr.
 
 The tuning runs use their own seed (``seed``), different from the seeds of the measured runs:
 choosing the best of several runs and then reporting that same run would bias the arm towards a
@@ -268,7 +269,7 @@ def summarise(recs: Sequence[dict], tune: Tune) -> dict:
         losses = [final_loss(r["run_dir"]) for r in mine]
         scores = [score(r["run_dir"]) for r in mine]
         best = choose(lrs, scores)
-        fitted = lr_choice.choose(lrs, scores) if best["side"] is None else None
+        fitted = lr_choice.choose(lrs, scores)  # at an end of the grid: its end, and an interval open there
         if not math.isfinite(best["loss"]) and any(v is not None and math.isfinite(v) for v in losses):
             # no lr learned and the grid may extend no further: the lowest loss still ranks the lrs
             _, i = min((v, i) for i, v in enumerate(losses) if v is not None and math.isfinite(v))
@@ -281,7 +282,7 @@ def summarise(recs: Sequence[dict], tune: Tune) -> dict:
                     "learned": math.isfinite(best["loss"]), "bracketed": best["side"] is None,
                     "limit_hit": best["side"] is not None, "runs": [r["point"] for r in mine],
                     "grid_lr": best["lr"], "choice": fitted}
-        if fitted is not None and fitted["kind"] == "parabola":  # the whole grid's minimum, inside the bracket
+        if best["side"] is None and fitted["kind"] == "parabola":  # the whole grid's minimum, inside the bracket
             out[arm]["lr"] = float(_lr_text(fitted["lr"]))
     return out
 

@@ -1,6 +1,7 @@
-"""analysis.lr_choice against known optima: a parabola in log lr recovered between grid points, its minimum
-kept inside the bracket, the range within seed noise, the grid's best where no parabola applies, and noisy
-grids on which the fitted choice lands nearer the true optimum than the argmin."""
+"""analysis.lr_choice against known optima: a parabola in log lr through every grid point recovered between grid
+points, its minimum kept inside the bracket, the range within seed noise, the grid's best where no parabola applies,
+noisy grids on which the fitted choice lands nearer the true optimum than the argmin, and the interval on the optimal
+lr covering a known optimum at its nominal rate (one-sided where the best lr is at an end of the grid)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from analysis import lr_choice
+from tools import experiment_tuning
 
 GRID = [1e-3 * 2 ** k for k in range(6)]  # 1e-3 .. 3.2e-2, a factor 2 apart
 
@@ -20,12 +22,12 @@ def bowl(lr: float, opt: float, curvature: float = 0.5, floor: float = 3.0) -> f
 
 def test_a_known_parabola_is_recovered_between_grid_points():
     res = lr_choice.choose(GRID, [bowl(lr, 5.5e-3) for lr in GRID], noise_sd=0.01)
-    assert res["kind"] == "parabola" and res["grid_lr"] == 4e-3 and res["points"] == 5
+    assert res["kind"] == "parabola" and res["grid_lr"] == 4e-3 and res["points"] == 6
     assert res["lr"] == pytest.approx(5.5e-3, rel=1e-9) and res["curvature"] == pytest.approx(0.5)
     # within 0.01 nats of the minimum: |ln(lr / opt)| <= sqrt(0.01 / 0.5)
     r = math.sqrt(0.01 / 0.5)
     assert (res["flat_low"], res["flat_high"]) == pytest.approx((5.5e-3 * math.exp(-r), 5.5e-3 * math.exp(r)))
-    assert "parabola through 5 points" in lr_choice.describe(res)
+    assert "parabola through all 6 points" in lr_choice.describe(res)
     assert lr_choice.regret(res, 4e-3) == pytest.approx(0.5 * math.log(4e-3 / 5.5e-3) ** 2)
 
 
@@ -60,3 +62,65 @@ def test_on_noisy_grids_the_fit_is_nearer_the_optimum_than_the_argmin():
         err_fit.append(abs(math.log(res["lr"] / opt)))
         err_grid.append(abs(math.log(res["grid_lr"] / opt)))
     assert np.mean(err_fit) < 0.8 * np.mean(err_grid)
+
+
+def coverage(rng: np.random.Generator, n: int, sd: float, give_sd: bool) -> float:
+    """The share of ``n`` noisy grids (a parabola of curvature 0.1 per ln(lr)^2, its optimum drawn inside the grid,
+    seed noise ``sd``) whose interval holds the true optimum (an open side holds everything beyond it)."""
+    hits = 0
+    for _ in range(n):
+        opt = math.exp(rng.uniform(math.log(GRID[1]), math.log(GRID[-2])))
+        losses = [bowl(lr, opt, curvature=0.1) + sd * rng.standard_normal() for lr in GRID]
+        res = lr_choice.choose(GRID, losses, noise_sd=sd if give_sd else None)
+        low = 0.0 if res["open_low"] else res["low"]
+        high = math.inf if res["open_high"] else res["high"]
+        hits += low <= opt <= high
+    return hits / n
+
+
+@pytest.mark.parametrize("give_sd", [True, False], ids=["seed-sd-given", "sd-from-residuals"])
+def test_the_interval_covers_a_known_optimum_at_its_nominal_rate(give_sd):
+    """1000 grids with a fixed numpy seed: the measured coverage of the 80% interval lies within 3 binomial sds
+    (0.038) of 0.8, with the seed sd given (the report's case) and estimated from the residuals (the tuning stage's)."""
+    n = 1000
+    measured = coverage(np.random.default_rng(1), n, sd=0.01, give_sd=give_sd)
+    tol = 3 * math.sqrt(lr_choice.LEVEL * (1 - lr_choice.LEVEL) / n)
+    assert abs(measured - lr_choice.LEVEL) < tol, measured
+
+
+def test_the_interval_and_its_costs():
+    rng = np.random.default_rng(2)
+    res = lr_choice.choose(GRID, [bowl(lr, 5.5e-3) + 0.01 * rng.standard_normal() for lr in GRID], noise_sd=0.01)
+    assert res["low"] < res["lr"] < res["high"] and not res["open_low"] and not res["open_high"]
+    assert res["sd_from"] == "the seed sd given" and res["level"] == 0.8
+    # the costs are the fitted parabola's rise at the ends, above its value at the chosen lr
+    assert res["cost_low"] == pytest.approx(lr_choice.regret(res, res["low"]))
+    assert res["cost_high"] > 0 and res["cost_low"] > 0
+    assert "80%" in lr_choice.interval_text(res) and "nats at the ends" in lr_choice.interval_text(res)
+    wider = lr_choice.choose(GRID, [bowl(lr, 5.5e-3) + 0.01 * rng.standard_normal() for lr in GRID], noise_sd=0.05)
+    assert math.log(wider["high"] / wider["low"]) > math.log(res["high"] / res["low"])
+
+
+def test_repeated_lrs_give_the_seed_sd():
+    rng = np.random.default_rng(3)
+    lrs = [lr for lr in GRID for _ in range(3)]  # three seeds at each lr
+    losses = [bowl(lr, 5.5e-3, curvature=0.1) + 0.02 * rng.standard_normal() for lr in lrs]
+    res = lr_choice.choose(lrs, losses, noise_sd=0.5)  # the repeats win over the sd given
+    assert res["sd_from"].startswith("repeated lrs (12 degrees of freedom)")
+    assert res["sd"] == pytest.approx(0.02, rel=0.5) and res["points"] == 18
+
+
+@pytest.mark.parametrize("side", ["low", "high"])
+def test_best_at_an_end_extends_the_grid_and_the_interval_is_open(side):
+    """The optimum beyond the grid: the tuning stage's extend rule still fires on that side, the choice is the grid's
+    end (no extrapolation), and the interval is open on that side."""
+    opt = GRID[0] / 3 if side == "low" else GRID[-1] * 3
+    losses = [bowl(lr, opt, curvature=0.1) + 0.005 * np.random.default_rng(4).standard_normal() for lr in GRID]
+    assert experiment_tuning.choose(GRID, losses)["side"] == side
+    res = lr_choice.choose(GRID, losses, noise_sd=0.005)
+    end = GRID[0] if side == "low" else GRID[-1]
+    assert res["kind"] == "grid" and res["lr"] == end and "not bracketed" in res["reason"]
+    assert res["open_low"] is (side == "low") and res["open_high"] is (side == "high")
+    text = lr_choice.interval_text(res)
+    assert ("<= " if side == "low" else ">= ") + f"{end:.2g}" in text
+    assert f"open {'below' if side == 'low' else 'above'}" in text
