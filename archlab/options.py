@@ -11,7 +11,7 @@ The tables live with what they govern: the model's in ``archlab.model.options``,
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 from omegaconf import ListConfig
 
@@ -41,6 +41,8 @@ class Choice:
     subject: str  # "this recipe's {subject} is {variant}"
     schema: type  # the node's dataclass: its keys and their defaults
     variants: Callable[[], dict[str, frozenset[str]]]  # variant name -> the keys of the node it reads
+    # the variants the section selects when several may be (a layer pattern), else the selector's one
+    chooses: Optional[Callable[[Any], list[str]]] = None
 
     def governed(self) -> Iterator[tuple[str, list[str]]]:
         """(key relative to the node, the variants that read it) for every key some variant reads."""
@@ -102,18 +104,18 @@ def check(section: Any, model: Any, prefix: str, choices: list[Choice], conditio
         node = _get(section, c.node)
         if node is None:  # a dense model has no moe node: none of its keys is set
             continue
-        selected = _get(section, c.selector)
+        selected = c.chooses(section) if c.chooses is not None else [_get(section, c.selector)]
         variants = c.variants()
-        if selected not in variants:  # an unknown type name: its own rule says so
+        if any(s not in variants for s in selected):  # an unknown type name: its own rule says so
             continue
         default = c.schema()
         for key, users in c.governed():
-            if selected in users:
+            if any(s in users for s in selected):
                 continue
             value = plain(_get(node, key))
             if value != plain(_get(default, key)):
                 fail(_join(prefix, c.node, key), value,
-                     f"only used by {c.label} {', '.join(users)}; this recipe's {c.subject} is {selected}")
+                     f"only used by {c.label} {', '.join(users)}; this recipe's {c.subject} is {', '.join(selected)}")
     for k in conditions:
         owner = _get(section, k.key.rpartition(".")[0])
         if owner is None or k.holds(section, model):

@@ -18,6 +18,7 @@ GROUPS: dict[str, str] = {
     "": "the recipe itself: its name, family, base recipe and notes",
     "model": "the network's sizes and switches",
     "model.block": "how a layer composes attention and feed-forward (sequential | parallel)",
+    "model.layers": "which attention type each layer has (a hybrid: a pattern repeated over the depth)",
     "model.norm": "normalisation and where it sits (pre | post)",
     "model.position": "how positions enter",
     "model.position.rope_scaling": "RoPE context extension",

@@ -17,7 +17,7 @@ from typing import Any, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from archlab.nn.attention import AttentionConfig, attention_class
+from archlab.nn.attention import AttentionConfig, attention_classes
 from archlab.nn.ffn import FFNConfig, ffn_class
 from archlab.nn.moe.balance import BalanceConfig
 from archlab.nn.moe.layer import MoEConfig
@@ -26,9 +26,9 @@ from archlab.nn.norms import NormConfig
 from archlab.nn.positions import PositionConfig, RopeScalingConfig
 from archlab.optim.muon import MuonConfig
 
-__all__ = ["AttentionConfig", "BalanceConfig", "BlockConfig", "DataConfig", "FFNConfig", "ModelConfig", "MoEConfig",
-           "MuonConfig", "NormConfig", "PositionConfig", "Recipe", "RopeScalingConfig", "RouterConfig", "TrainConfig",
-           "UpcycleConfig"]
+__all__ = ["AttentionConfig", "BalanceConfig", "BlockConfig", "DataConfig", "FFNConfig", "LayersConfig", "ModelConfig",
+           "MoEConfig", "MuonConfig", "NormConfig", "PositionConfig", "Recipe", "RopeScalingConfig", "RouterConfig",
+           "TrainConfig", "UpcycleConfig"]
 
 
 @dataclass
@@ -37,6 +37,14 @@ class BlockConfig:
     # x), then + ffn(norm .); parallel x + attn(norm x) + ffn(norm x), both branches read the layer's input
     type: str = "sequential"  # sequential (GPT-2, LLaMA) | parallel (GPT-J, PaLM, GPT-NeoX)
     shared_norm: bool = True  # parallel: one norm feeds both branches (GPT-J, PaLM); false: one each (GPT-NeoX)
+
+
+@dataclass
+class LayersConfig:
+    # the token mixer of each layer: attention.type names repeated over the depth (layer i uses pattern[i % len],
+    # n_layers a multiple of len), each reading its own keys of model.attention; a hybrid: Qwen3-Next's
+    # [gated_deltanet, gated_deltanet, gated_deltanet, mha]. [] = every layer attention.type (decoder only)
+    pattern: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -56,6 +64,7 @@ class ModelConfig:
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     ffn: FFNConfig = field(default_factory=FFNConfig)
     block: BlockConfig = field(default_factory=BlockConfig)  # how a layer composes attention and FFN (decoder)
+    layers: LayersConfig = field(default_factory=LayersConfig)  # which attention.type each layer has (a hybrid)
     # set (with moe.num_experts, the switch: any other moe key alone is refused) to replace the FFN of (some)
     # layers by routed experts
     moe: Optional[MoEConfig] = None
@@ -91,8 +100,9 @@ class ModelConfig:
 
     @property
     def rotary_dim(self) -> int:
-        """Channels per head that RoPE rotates (the attention variant says: head dim, MLA's rope dim)."""
-        return attention_class(self).rotary_dim(self)
+        """Channels per head that RoPE rotates (the attention variant says: head dim, MLA's rope dim; a layer
+        pattern: the widest of its variants')."""
+        return max(a.rotary_dim(self) for a in attention_classes(self))
 
     @property
     def ffn_hidden(self) -> int:

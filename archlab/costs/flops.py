@@ -127,8 +127,7 @@ def stack_flops(model_cfg, cfg: ModelConfig, seq_len: int, head: dict, causal: b
     """One stack of ``n_layers`` blocks (a decoder or an encoder) at context ``seq_len``, per token; ``head``:
     the objective's head FLOPs per token. Every attention variant, FFN and MoE layer counts its own."""
     L = cfg.n_layers
-    attention = attention_class(cfg)
-    per_layer = [attention.forward_flops(cfg, seq_len, layer=i) for i in range(L)]  # the variant's own count
+    per_layer = [attention_class(cfg, i).forward_flops(cfg, seq_len, layer=i) for i in range(L)]  # each variant's count
     attn = {k: sum(f[k] for f in per_layer) for k in ATTENTION_KEYS}
     n_moe = sum(cfg.is_moe_layer(i) for i in range(L))
     experts, router = moe_layer_flops(cfg) if n_moe else (0.0, 0.0)

@@ -211,7 +211,7 @@ def _layer_bytes(s: _Shape, layer: int) -> dict[str, float]:
     cfg, n = s.cfg, s.n
     block = model_class(cfg).layer_class(cfg)
     out = {"norms": float(block.norms_saved_bytes(s)),
-           "attention": attention_class(cfg).saved_bytes(s, layer=layer)}
+           "attention": attention_class(cfg, layer).saved_bytes(s, layer=layer)}
     # a parallel block with one norm: the FFN's input is the attention's, kept once (counted with the attention)
     shared = n * cfg.d_model * s.act if block.ffn_reads_attention_input(cfg) else 0
     if cfg.is_moe_layer(layer):
@@ -228,7 +228,7 @@ def _selective_layer_bytes(s: _Shape, layer: int) -> dict[str, float]:
     matmuls and attention kernels (``archlab.model.checkpointing.SAVED_OPS``), by component."""
     cfg, n, a, f = s.cfg, s.n, s.act, STATS_BYTES
     D = cfg.d_model
-    attention = attention_class(cfg).selective_saved_bytes(s, layer=layer)
+    attention = attention_class(cfg, layer).selective_saved_bytes(s, layer=layer)
     out = {"checkpoint": float(n * D * a), "attention": float(attention)}
     ffn = ffn_class(cfg)
     if cfg.is_moe_layer(layer):

@@ -91,7 +91,8 @@ class Block(Exportable, nn.Module):
 
     @classmethod
     def num_params(cls, cfg: ModelConfig, layer: int) -> int:
-        n = cls.n_norms(cfg) * norm_params(cfg, dim=cfg.d_model) + attention_class(cfg).num_params(cfg, layer=layer)
+        n = cls.n_norms(cfg) * norm_params(cfg, dim=cfg.d_model)
+        n += attention_class(cfg, layer).num_params(cfg, layer=layer)
         if cfg.is_moe_layer(layer):
             return n + MoELayer.num_params(cfg)
         return n + ffn_class(cfg).num_params(cfg, hidden=cfg.ffn_hidden)
@@ -211,8 +212,7 @@ class Decoder(Exportable, nn.Module):
         variant keeps it; a model type that generates nothing keeps none."""
         if not cls.causal:
             return 0.0
-        attention = attention_class(cfg)
-        return float(sum(attention.kv_cache_bytes(cfg, context, layer=i, dtype_bytes=dtype_bytes)
+        return float(sum(attention_class(cfg, i).kv_cache_bytes(cfg, context, layer=i, dtype_bytes=dtype_bytes)
                          for i in range(cfg.n_layers)))
 
     @staticmethod

@@ -15,7 +15,7 @@ from archlab.config.schema import (
     RouterConfig,
 )
 from archlab.model.decoder import BLOCKS, MODELS
-from archlab.nn.attention import ATTENTIONS
+from archlab.nn.attention import ATTENTIONS, layer_pattern
 from archlab.nn.ffn import FFNS
 from archlab.nn.moe.router import ROUTERS
 from archlab.nn.mup import PARAMETRIZATION_OPTIONS
@@ -27,7 +27,7 @@ MODEL_CHOICES: list[Choice] = [
     # the model type first: a key of another type is refused before its components are asked
     Choice("", "type", "model.type", "model type", ModelConfig, lambda: registry_options(MODELS)),
     Choice("attention", "attention.type", "attention.type", "attention", AttentionConfig,
-           lambda: registry_options(ATTENTIONS)),
+           lambda: registry_options(ATTENTIONS), chooses=lambda m: layer_pattern(m) or [m.attention.type]),
     Choice("norm", "norm.type", "norm.type", "norm", NormConfig, lambda: registry_options(NORMS)),
     # position first: on a position without RoPE every rope_scaling key is foreign
     Choice("position", "position.type", "position.type", "position", PositionConfig,

@@ -10,7 +10,7 @@ from archlab.errors import one_of as _one_of
 from archlab.errors import positive as _positive
 from archlab.model.decoder import BLOCKS, MODELS, block_type
 from archlab.model.options import check_model_options
-from archlab.nn.attention import ATTENTIONS, attention_class
+from archlab.nn.attention import ATTENTIONS, attention_classes, layer_pattern, validate_pattern
 from archlab.nn.ffn import FFNS, ffn_class
 from archlab.nn.moe.balance import validate_balance
 from archlab.nn.moe.router import ROUTERS, router_class
@@ -26,6 +26,10 @@ def validate_model(m, prefix: str = "model") -> None:
     # every type name first, so that a component's rules may ask another component
     _one_of(f"{prefix}.type", m.type, MODELS.names())
     _one_of(f"{prefix}.attention.type", m.attention.type, ATTENTIONS.names())
+    validate_pattern(m, prefix)  # model.layers.pattern: registered names, a depth it divides
+    if layer_pattern(m) and m.type != "decoder":
+        fail(f"{prefix}.layers.pattern", list(m.layers.pattern),
+             f"a layer pattern needs model.type decoder, not {m.type}")
     _one_of(f"{prefix}.norm.type", m.norm.type, NORMS.names())
     _one_of(f"{prefix}.position.type", m.position.type, POSITIONS.names())
     _one_of(f"{prefix}.position.rope_scaling.type", m.position.rope_scaling.type, ROPE_SCALINGS.names())
@@ -37,7 +41,8 @@ def validate_model(m, prefix: str = "model") -> None:
     if m.moe is not None:
         _one_of(f"{prefix}.moe.router.type", m.moe.router.type, ROUTERS.names())
     check_model_options(m, prefix)  # a key that no chosen variant reads
-    attention_class(m).validate(m, prefix)
+    for attention in attention_classes(m):
+        attention.validate(m, prefix)
     norm_class(m).validate(m, prefix)
     position_class(m).validate(m, prefix)
     ffn_class(m).validate(m, prefix)

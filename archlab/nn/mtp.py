@@ -74,7 +74,7 @@ class MTPModule(nn.Module):
         """Forward matmul FLOPs per token of one module, by part: the projection, the block's attention and
         FFN (or experts and router), and the shared LM head it calls (2 * D * V)."""
         D, layer = cfg.d_model, mtp_layer(cfg)
-        attn = sum(attention_class(cfg).forward_flops(cfg, seq_len, layer=layer).values())
+        attn = sum(attention_class(cfg, layer).forward_flops(cfg, seq_len, layer=layer).values())
         if cfg.is_moe_layer(layer):
             ffn = sum(MoELayer.forward_flops(cfg))
         else:

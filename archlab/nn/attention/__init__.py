@@ -18,7 +18,11 @@ from archlab.nn.attention.base import (
     KVCache,
     LayerKVCache,
     attention_class,
+    attention_classes,
     build_attention,
+    layer_pattern,
+    layer_type,
+    validate_pattern,
 )
 from archlab.nn.attention.gated_deltanet import GatedDeltaNet, GatedDeltaNetOptions, LayerStateCache
 from archlab.nn.attention.mha import CausalSelfAttention
@@ -33,5 +37,6 @@ class AttentionConfig(GatedDeltaNetOptions, MLAOptions, SlidingWindowOptions, At
 
 __all__ = [
     "ATTENTIONS", "Attention", "AttentionConfig", "AttentionOptions", "CausalSelfAttention", "GatedDeltaNet", "KVCache",
-    "LayerKVCache", "LayerStateCache", "SlidingWindowAttention", "attention_class", "build_attention",
+    "LayerKVCache", "LayerStateCache", "SlidingWindowAttention", "attention_class", "attention_classes",
+    "build_attention", "layer_pattern", "layer_type", "validate_pattern",
 ]

@@ -5,8 +5,9 @@ G key/value heads, Dh head dim.
 
 A variant is one class in one module of this package, registered in ``ATTENTIONS``; its
 options are a dataclass in the same module, composed into ``AttentionConfig`` by the package
-``__init__``. Besides ``forward(x_BSD, ctx, cache)`` it states (site arguments: ``layer``, since
-a recipe may give layers different windows, and ``causal``, whether a query sees only the keys at or
+``__init__``. ``model.layers.pattern`` may give layers different variants (a hybrid: :func:`layer_type`).
+Besides ``forward(x_BSD, ctx, cache)`` it states (site arguments: ``layer``, since a recipe may give layers
+different windows or variants, and ``causal``, whether a query sees only the keys at or
 before its position (a decoder) or every key (an encoder); the model type decides, the variant says
 whether it can):
 
@@ -21,7 +22,8 @@ whether it can):
 - ``saved_bytes(s, layer=)`` and ``selective_saved_bytes(s, layer=)``: what one layer keeps for
   backward without checkpointing and under selective checkpointing (``archlab.costs.memory``);
 - ``kv_cache_bytes(cfg, context, layer=, dtype_bytes=)``: one sequence's inference cache;
-- ``new_cache(layer)``: the :class:`LayerKVCache` it fills in generation;
+- ``new_cache(layer)``: the cache it fills in generation (:class:`LayerKVCache`; a linear-attention layer's
+  fixed-size state: ``archlab.nn.attention.gated_deltanet.LayerStateCache``), with ``length`` positions seen;
 - ``hf_export`` / ``hf_unsupported`` (``archlab.nn.component.Exportable``).
 """
 
@@ -147,9 +149,48 @@ class Attention(Capturable, Exportable, nn.Module):
         raise NotImplementedError
 
 
-def attention_class(cfg) -> type[Attention]:
-    return ATTENTIONS.get(cfg.attention.type)
+def layer_pattern(cfg) -> list[str]:
+    """``model.layers.pattern``: the ``attention.type`` names repeated over the depth ([] = none)."""
+    layers = getattr(cfg, "layers", None)
+    return list(layers.pattern) if layers is not None and layers.pattern else []
+
+
+def layer_type(cfg, layer: int) -> str:
+    """The ``attention.type`` of ``layer``: layer i has ``pattern[i % len(pattern)]``, else every layer
+    ``attention.type``."""
+    pattern = layer_pattern(cfg)
+    return pattern[layer % len(pattern)] if pattern else cfg.attention.type
+
+
+def attention_class(cfg, layer: Optional[int] = None) -> type[Attention]:
+    """The variant of ``layer``. Without ``layer`` (a question about the stack as a whole): ``attention.type``,
+    or a layer pattern's first entry; facts that differ by layer are asked per layer."""
+    return ATTENTIONS.get(layer_type(cfg, 0 if layer is None else layer))
+
+
+def attention_classes(cfg) -> list[type[Attention]]:
+    """Every variant the stack uses, once each, in layer order."""
+    return [ATTENTIONS.get(t) for t in dict.fromkeys(layer_pattern(cfg) or [cfg.attention.type])]
+
+
+def validate_pattern(m, prefix: str = "model") -> None:
+    """``model.layers.pattern`` names registered variants, divides the depth and replaces ``attention.type``."""
+    pattern = layer_pattern(m)
+    if not pattern:
+        return
+    for i, name in enumerate(pattern):
+        if name not in ATTENTIONS.names():
+            fail(f"{prefix}.layers.pattern[{i}]", name, f"must be one of {', '.join(ATTENTIONS.names())}")
+    if m.n_layers % len(pattern):
+        fail(f"{prefix}.n_layers", m.n_layers, f"must be a multiple of the layer pattern's length ({len(pattern)}): "
+             "layer i uses pattern[i % len(pattern)]")
+    if m.attention.type != AttentionOptions.type:
+        fail(f"{prefix}.attention.type", m.attention.type,
+             "model.layers.pattern places the mixers by layer: name this type in the pattern instead")
 
 
 def build_attention(cfg: "ModelConfig", *, layer: int, causal: bool = True) -> Attention:
-    return attention_class(cfg)(cfg, layer=layer, causal=causal)
+    """The mixer of ``layer``; ``type_name`` on the module says which (``block.attn.type_name``)."""
+    module = attention_class(cfg, layer)(cfg, layer=layer, causal=causal)
+    module.type_name = layer_type(cfg, layer)
+    return module

@@ -164,7 +164,6 @@ class GatedDeltaNet(Attention):
     rule -> gated RMSNorm -> out projection. No positional encoding: order comes from the conv and the decay."""
 
     options = frozenset({"bias", "scale"}) | option_names(GatedDeltaNetOptions)
-    type_name = "gated_deltanet"
 
     def __init__(self, cfg: "ModelConfig", *, layer: int, causal: bool = True):
         super().__init__(cfg, layer=layer, causal=causal)
