@@ -7,7 +7,9 @@ Shape legend: S prompt tokens, T keys, V vocabulary, H heads, E experts, K exper
 the next-token logits (all V: the page computes softmax(logits / T) after top-k / top-p itself,
 exactly as ``archlab.model.generate.filter_logits``), the data flow, each layer's attention
 weights per head, the MoE routing per token, BERT's masked prediction at every position and T5's
-span filling. ``detail(...)`` adds one head's Q, K, V, scores, bias, mask and output.
+span filling, the residual stream's norm per block, the logit lens and the KV cache.
+``detail(...)`` adds one head's Q, K, V, scores, bias, mask and output, and its block's norms,
+output projection and feed-forward internals.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from archlab.nn.moe.capture import capture_routing
 from archlab.nn.moe.experts import capacity_for, dispatch
 from archlab.objectives.mlm import mask_id
 from archlab.objectives.span_corruption import sentinel_ids, start_id
-from tools.explore.encode import array
+from tools.explore.encode import array, decode
+from tools.explore.kvcache import kv_view
 from tools.explore.load import Explorable, ExploreError
+from tools.explore.steps import block_steps, capture_steps, logit_lens, residual
 
 TOP = 20  # bars of the next-token view
 MAX_CHARS = 20_000  # longest prompt accepted (characters), before tokenizing
@@ -42,6 +46,7 @@ class Analysis:
 
     data: dict
     records: dict[tuple[str, int], AttentionRecord] = field(default_factory=dict)  # (stack, layer) -> record
+    steps: dict[tuple[str, int], dict] = field(default_factory=dict)  # (stack, layer) -> tensors (tools.explore.steps)
 
 
 def token_text(ex: Explorable, i: int) -> str:
@@ -242,10 +247,19 @@ def analyse(ex: Explorable, text: str) -> Analysis:
                 c.records.clear()
             for r in rt.values():
                 r.clear()
-            logits = ex.model(x, decoder_input_ids=torch.tensor([out_ids])).logits[0]
+            with capture_steps(ex.model) as steps:
+                logits = ex.model(x, decoder_input_ids=torch.tensor([out_ids])).logits[0]
         else:
-            logits = ex.model(x).logits[0]  # (S, V)
+            with capture_steps(ex.model) as steps:
+                logits = ex.model(x).logits[0]  # (S, V)
     data["attention"], records = _attention(att)
+    L = ex.model.cfg.n_layers
+    data["residual"] = {stack: residual(steps, stack, L) for stack in ("encoder", "self") if (stack, 0) in steps}
+    data["lens"] = logit_lens(ex.model, steps, L)
+    shown = {int(i) for i in decode(data["lens"]["ids"]).flatten()}
+    data["lens"]["names"] = {int(i): token_text(ex, int(i)) for i in shown}
+    if ex.kind == "decoder":
+        data["kv_cache"] = kv_view(ex.model.cfg, len(ids), ex.max_len)
     data["moe"] = _moe(ex, rt)
     if ex.kind == "encoder":
         data["masked"] = _masked(ex, ids)
@@ -254,11 +268,11 @@ def analyse(ex: Explorable, text: str) -> Analysis:
     if ex.kind == "encoder_decoder":
         data["decoder_tokens"] = _tokens(ex, out_ids)
         data["filled"] = _span_filling(ex, ids, text, out_ids)
-    return Analysis(data, records)
+    return Analysis(data, records, steps)
 
 
 def detail(an: Analysis, stack: str, layer: int, head: int) -> dict:
-    """One head's Q, K, V, scaled scores, bias, mask, softmax and output."""
+    """One head's Q, K, V, scaled scores, bias, mask, softmax and output, and its block's steps."""
     rec = an.records.get((stack, layer))
     if rec is None:
         raise ExploreError(f"no {stack} attention at layer {layer}")
@@ -270,7 +284,8 @@ def detail(an: Analysis, stack: str, layer: int, head: int) -> dict:
             "q": array(rec.q[0, head]), "k": array(rec.k[0, g]), "v": array(rec.v[0, g]),
             "scores": array(rec.scores[0, head]), "bias": None if rec.bias is None else array(rec.bias[head]),
             "allowed": array(rec.allowed, "u8"), "probs": array(rec.probs[0, head]),
-            "out": array(rec.out[0, head])}
+            "out": array(rec.out[0, head]),
+            "block": block_steps(an.steps, "self" if stack == "cross" else stack, layer)}
 
 
 def generate_text(ex: Explorable, text: str, n: int, temperature: float, top_k: int, top_p: float,

@@ -7,9 +7,8 @@ import json
 from importlib import resources
 from typing import Optional
 
-ASSETS = {"style.css": "text/css", "core.js": "text/javascript", "maps.js": "text/javascript",
-          "views.js": "text/javascript"}
-SCRIPTS = ["core.js", "maps.js", "views.js"]
+SCRIPTS = ["i18n.js", "core.js", "maps.js", "views.js", "steps.js"]
+ASSETS = {"style.css": "text/css", **{s: "text/javascript" for s in SCRIPTS}}
 
 
 def asset(name: str) -> bytes:

@@ -9,6 +9,8 @@ const Explore = {
   cols: [],          // per column: {stack, layer, head, moeLayer, maskPos, detail}
   hover: null,       // {col, index}: the token under the pointer
   controls: {temperature: 1, topK: 0, topP: 1},
+  lang: "en",
+  lensPos: null,     // the logit lens's position (null: the last)
 };
 
 // ---------------------------------------------------------------- arrays
@@ -78,7 +80,7 @@ function setStatus(msg) { document.getElementById("status").textContent = msg; }
 
 async function analyze(text) {
   showError("");
-  setStatus("running…");
+  setStatus(t("status.running"));
   const t0 = performance.now();
   try {
     const out = await api("api/analyze", {text});
@@ -91,7 +93,9 @@ async function analyze(text) {
 }
 
 function loadData(out) {
+  const sameText = out.text === Explore.text;
   Explore.text = out.text;
+  if (!sameText) Explore.lensPos = null;
   Explore.runs = out.runs;
   Explore.cols = out.runs.map((run, c) => {
     const old = Explore.cols[c] || {};
@@ -101,17 +105,19 @@ function loadData(out) {
     const moe = run.moe || [];
     return {stack, layer: Math.min(old.layer || 0, Math.max(0, layers - 1)), head: old.head || 0,
             moeLayer: Math.min(old.moeLayer || 0, Math.max(0, moe.length - 1)),
-            maskPos: defaultMaskPos(run, old.maskPos), detail: null};
+            maskPos: defaultMaskPos(run, sameText ? old.maskPos : undefined), detail: null};
   });
   Explore.hover = null;
   document.getElementById("prompt").value = Explore.text;
+  fillTargets();
   renderAll();
 }
 
+// BERT's prediction position: the one chosen on this same text, else the first [MASK], else the last.
 function defaultMaskPos(run, old) {
   if (!run.tokens) return 0;
-  const marked = run.tokens.findIndex((t) => t.text === "[MASK]");
   if (old !== undefined && old < run.tokens.length) return old;
+  const marked = run.tokens.findIndex((tok) => tok.text === "[MASK]");
   return marked >= 0 ? marked : run.tokens.length - 1;
 }
 
@@ -132,17 +138,72 @@ async function loadDetail(c) {
   return data;
 }
 
+// The decoders the "with" selector names: one column, or every decoder ("both").
+function generationTargets() {
+  const sel = document.getElementById("gen-target");
+  const decoders = Explore.runs.map((r, c) => c).filter((c) => Explore.runs[c].kind === "decoder" && !Explore.runs[c].error);
+  if (!sel.value || sel.value === "both") return decoders;
+  return decoders.filter((c) => c === +sel.value);
+}
+
+// Sample / generate with the chosen model(s). One model: its continuation becomes the prompt (and
+// is analysed); both: each continuation is shown, labelled, with a button to continue from it.
 async function generateN(n) {
   showError("");
-  const c = Explore.runs.findIndex((r) => r.kind === "decoder" && !r.error);
-  if (c < 0) { showError("no model here continues text left to right (a decoder)"); return; }
+  const targets = generationTargets();
+  if (!targets.length) { showError(t("err.nodecoder")); return; }
   const {temperature, topK, topP} = Explore.controls;
   try {
-    setStatus("generating…");
-    const out = await api("api/generate", {run: c, text: Explore.text, n, temperature, top_k: topK, top_p: topP,
-                                           seed: Math.floor(Math.random() * 1e9)});
-    await analyze(out.text);
+    setStatus(t("status.generating"));
+    const outs = [];
+    for (const c of targets) {
+      const out = await api("api/generate", {run: c, text: Explore.text, n, temperature, top_k: topK, top_p: topP,
+                                             seed: Math.floor(Math.random() * 1e9)});
+      outs.push({col: c, label: Explore.runs[c].label, text: out.text});
+    }
+    const base = Explore.text;
+    showGenerated(outs, base, n);
+    if (outs.length === 1) await analyze(outs[0].text); else setStatus("");
   } catch (e) { showError(e.message); setStatus(""); }
+}
+
+function showGenerated(outs, base, n) {
+  const box = document.getElementById("generated");
+  box.innerHTML = "";
+  box.hidden = false;
+  box.appendChild(el("h2", {}, t("gen.title")));
+  outs.forEach((o) => {
+    const row = el("div", {class: "gen-row", "data-col": o.col});
+    row.appendChild(el("div", {class: "note"}, t("gen.by", o.label, n)));
+    const txt = el("div", {class: "filled"});
+    txt.appendChild(document.createTextNode(base));
+    txt.appendChild(el("b", {class: "gen-new"}, o.text.slice(base.length)));
+    row.appendChild(txt);
+    if (outs.length > 1) {
+      const b = el("button", {class: "gen-use"}, t("gen.use"));
+      b.addEventListener("click", () => analyze(o.text));
+      row.appendChild(b);
+    }
+    box.appendChild(row);
+  });
+}
+
+function fillTargets() {
+  const sel = document.getElementById("gen-target");
+  const old = sel.value;
+  sel.innerHTML = "";
+  const decoders = Explore.runs.map((r, c) => c).filter((c) => Explore.runs[c].kind === "decoder" && !Explore.runs[c].error);
+  document.getElementById("gen-target-label").hidden = Explore.runs.length < 2;
+  decoders.forEach((c) => sel.appendChild(el("option", {value: String(c)}, `${String.fromCharCode(65 + c)}: ${Explore.runs[c].label}`)));
+  if (decoders.length > 1) sel.appendChild(el("option", {value: "both"}, t("ctl.both")));
+  if ([...sel.options].some((o) => o.value === old)) sel.value = old;
+}
+
+function setLanguage(lang) {
+  Explore.lang = lang;
+  document.getElementById("lang").value = lang;
+  translateStatic();
+  if (Explore.runs.length) { fillTargets(); renderAll(); }
 }
 
 function readControls() {
@@ -156,6 +217,8 @@ function readControls() {
 
 function setup() {
   const prompt = document.getElementById("prompt");
+  document.getElementById("lang").addEventListener("change", (e) => setLanguage(e.target.value));
+  translateStatic();
   for (const id of ["temperature", "top-k", "top-p"]) {
     document.getElementById(id).addEventListener("input", () => { readControls(); renderPredictions(); });
   }
@@ -179,10 +242,8 @@ function setup() {
     generateN(parseInt(document.getElementById("gen-n").value || "1", 10));
   });
   fetch("api/info").then((r) => r.json()).then((info) => {
-    document.getElementById("runs-label").textContent = info.runs.map((r) => r.label).join("  |  ");
-    const first = info.runs[0];
-    prompt.value = first.kind === "encoder" ? "The cat sat on the [MASK]." :
-      first.kind === "encoder_decoder" ? "The cat <extra_id_0> on the mat." : "Data visualization empowers users to";
+    document.getElementById("runs-label").textContent = info.runs.map((r, c) => `${String.fromCharCode(65 + c)}: ${r.label}`).join("  |  ");
+    prompt.value = info.prompt;  // the start of the first run's validation split (tools/explore/prompt.py)
     analyze(prompt.value);
   }).catch((e) => showError(`cannot reach the explorer's server: ${e.message}`));
 }

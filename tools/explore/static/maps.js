@@ -22,12 +22,12 @@ function svg(tag, attrs = {}, text) {
 }
 
 // Weight in [0, 1] -> white..blue; signed values -> blue (negative) .. white .. red (positive).
-function seqColor(t) {
-  const x = Math.max(0, Math.min(1, t));
+function seqColor(w) {
+  const x = Math.max(0, Math.min(1, w));
   return [Math.round(255 - 214 * x), Math.round(255 - 160 * x), Math.round(255 - 60 * x)];
 }
-function divColor(t) {
-  const x = Math.max(-1, Math.min(1, t));
+function divColor(w) {
+  const x = Math.max(-1, Math.min(1, w));
   return x >= 0 ? [255, Math.round(255 - 170 * x), Math.round(255 - 170 * x)]
                 : [Math.round(255 + 170 * x), Math.round(255 + 170 * x), 255];
 }
@@ -69,32 +69,72 @@ function heatmap(rows, cols, opts) {
   return canvas;
 }
 
-// A figure: title, the canvas, axis captions and the colour scale.
-function figure(title, canvas, {rowsLabel, colsLabel, scale}) {
+// Tick labels along one side of a heatmap: one per cell when cells are tall enough, else every n-th.
+function ticks(labels, cell, vertical) {
+  const box = el("div", {class: vertical ? "ticks-x" : "ticks-y"});
+  const every = Math.max(1, Math.ceil(11 / cell));
+  labels.forEach((text, i) => {
+    if (i % every) return;
+    const tk = el("span", {class: vertical ? "tick-x" : "tick-y", "data-index": i, title: text}, text);
+    if (vertical) { tk.style.left = `${i * cell}px`; tk.style.width = `${Math.max(cell, 11)}px`; }
+    else { tk.style.top = `${i * cell}px`; tk.style.height = `${Math.max(cell, 11)}px`; tk.style.lineHeight = `${Math.max(cell, 11)}px`; }
+    box.appendChild(tk);
+  });
+  if (vertical) box.style.width = `${labels.length * cell}px`; else box.style.height = `${labels.length * cell}px`;
+  return box;
+}
+
+function fmt(x) {
+  const a = Math.abs(x);
+  return a === 0 ? "0" : a >= 100 || a < 0.01 ? x.toExponential(1) : x.toPrecision(2);
+}
+
+// The colour scale with its values: signed maps -max .. 0 .. +max, weights 0 .. 1.
+function colorbar(canvas, signed) {
+  const max = +canvas.dataset.max;
+  const bar = el("div", {class: "colorbar", "data-min": signed ? -max : 0, "data-max": signed ? max : 1});
+  const strip = el("span", {class: "colorbar-strip" + (signed ? " signed" : "")});
+  bar.appendChild(el("span", {class: "cb-value"}, signed ? fmt(-max) : "0"));
+  bar.appendChild(strip);
+  bar.appendChild(el("span", {class: "cb-value"}, signed ? fmt(max) : "1"));
+  if (signed) bar.title = `0 = white`;
+  return bar;
+}
+
+// A figure: title, the canvas with token labels on its axes (rowTicks, colTicks), the axis captions
+// and the colour scale with values (scale: a note under it; signed: the map's colours are signed).
+function figure(title, canvas, {rowsLabel, colsLabel, scale, rowTicks, colTicks, signed}) {
   const fig = el("figure", {class: "map"});
   fig.appendChild(el("figcaption", {}, title));
   const body = el("div", {class: "map-body"});
   body.appendChild(el("span", {class: "axis-y"}, rowsLabel));
-  body.appendChild(canvas);
+  const cell = +canvas.dataset.cell;
+  if (rowTicks) body.appendChild(ticks(rowTicks, cell, false));
+  const inner = el("div", {class: "map-inner"});
+  inner.appendChild(canvas);
+  if (colTicks) inner.appendChild(ticks(colTicks, cell, true));
+  body.appendChild(inner);
   fig.appendChild(body);
   fig.appendChild(el("div", {class: "axis-x"}, colsLabel));
+  fig.appendChild(colorbar(canvas, !!signed));
   if (scale) fig.appendChild(el("div", {class: "scale"}, scale));
   return fig;
 }
 
 // The data flow: embedding + position -> blocks (per stack) -> final norm -> head. Each block is
-// a button that opens its attention.
-function flowDiagram(flow, selected, onPick) {
-  const W = 150, H = 58, gap = 26;
+// a button that opens it. vertical: top to bottom (half-width columns), stacks side by side.
+function flowDiagram(flow, selected, onPick, vertical) {
+  const W = 150, H = 58, gap = vertical ? 18 : 26;
   const stacks = flow.stacks;
   const maxBlocks = Math.max(...stacks.map((s) => s.blocks.length));
-  const width = (maxBlocks + 3) * (W + gap) + 20;  // embedding, blocks, final norm, head
-  const height = stacks.length * (H + 40) + 30;
+  const n = maxBlocks + 3;  // embedding, blocks, final norm, head
+  const width = vertical ? stacks.length * (W + 40) + 20 : n * (W + gap) + 20;
+  const height = vertical ? n * (H + gap) + 20 : stacks.length * (H + 40) + 30;
   const g = svg("svg", {width, height, class: "flow", role: "img", "aria-label": "data flow"});
   const box = (x, y, lines, cls, attrs = {}) => {
     const grp = svg("g", {class: cls, ...attrs});
     grp.appendChild(svg("rect", {x, y, width: W, height: H, rx: 6}));
-    lines.forEach((t, n) => grp.appendChild(svg("text", {x: x + W / 2, y: y + 18 + n * 15, "text-anchor": "middle"}, t)));
+    lines.forEach((s, k) => grp.appendChild(svg("text", {x: x + W / 2, y: y + 18 + k * 15, "text-anchor": "middle"}, s)));
     g.appendChild(grp);
     return grp;
   };
@@ -104,31 +144,40 @@ function flowDiagram(flow, selected, onPick) {
   marker.appendChild(svg("path", {d: "M0,0 L8,4 L0,8 z", fill: "#555"}));
   defs.appendChild(marker);
   g.appendChild(defs);
+  const pos = flow.position === "rope" ? t("flow.pos.rope") :
+    ["alibi", "relative"].includes(flow.position) ? t("flow.pos.bias", flow.position) : t("flow.pos", flow.position);
   stacks.forEach((stack, s) => {
-    const y = 20 + s * (H + 40);
-    box(10, y, [stack.name === "encoder" && stacks.length > 1 ? "embedding (shared)" : "embedding",
-                `+ position: ${flow.position}`, flow.embedding.replace("token embedding ", "")], "flow-box");
-    let x = 10 + W + gap;
-    arrow(10 + W, y + H / 2, x - 2, y + H / 2);
+    // the k-th box of stack s, and an arrow from box k-1 to it
+    const at = (k) => vertical ? [10 + s * (W + 40), 10 + k * (H + gap)] : [10 + k * (W + gap), 20 + s * (H + 40)];
+    const link = (k) => {
+      const [x0, y0] = at(k - 1), [x1, y1] = at(k);
+      if (vertical) arrow(x0 + W / 2, y0 + H, x1 + W / 2, y1 - 2); else arrow(x0 + W, y0 + H / 2, x1 - 2, y1 + H / 2);
+    };
+    const shared = stack.name === "encoder" && stacks.length > 1;
+    box(...at(0), [t(shared ? "flow.shared" : "flow.embedding"), flow.embedding.replace("token embedding ", ""),
+                   pos], "flow-box flow-embed");
+    let k = 1;
     stack.blocks.forEach((b) => {
-      const stackKey = stack.name === "encoder" && stacks.length > 1 ? "encoder" : "self";
+      const stackKey = shared ? "encoder" : "self";
       const isSel = selected && selected.stack === stackKey && selected.layer === b.layer;
       const attn = b.window ? `${b.attention} (window ${b.window})` : b.attention;
-      const grp = box(x, y, [`${stack.name} block ${b.layer}`, `attn: ${attn}, ${b.heads}h/${b.kv_heads}kv`,
-                              b.ffn.length > 22 ? b.ffn.slice(0, 22) + "…" : b.ffn],
+      const grp = box(...at(k), [t("flow.block", stack.name, b.layer), `attn: ${attn}, ${b.heads}h/${b.kv_heads}kv`,
+                                 b.ffn.length > 22 ? b.ffn.slice(0, 22) + "…" : b.ffn],
                       "flow-block" + (isSel ? " selected" : ""), {"data-layer": b.layer, "data-stack": stackKey});
       grp.appendChild(svg("title", {}, `${b.ffn}${b.cross ? "; cross-attention to the encoder" : ""}`));
       grp.addEventListener("click", () => onPick(stackKey, b.layer));
-      x += W + gap;
-      arrow(x - gap, y + H / 2, x - 2, y + H / 2);
+      link(k);
+      k += 1;
     });
-    if (stack.name === "encoder" && stacks.length > 1) {
-      g.appendChild(svg("text", {x: x + 4, y: y + H / 2 + 4, class: "flow-note"}, "→ memory (cross-attention)"));
+    if (shared) {
+      const [x, y] = at(k);
+      g.appendChild(svg("text", {x: x + 4, y: y + (vertical ? 14 : H / 2 + 4), class: "flow-note"}, t("flow.memory")));
     } else {
-      box(x, y, ["final norm", flow.norm.split(" ")[0], ""], "flow-box");
-      arrow(x + W, y + H / 2, x + W + gap - 2, y + H / 2);
-      box(x + W + gap, y, ["head", flow.head.replace("LM head ", "").replace(", tied to the embedding", ""),
-                            flow.head.includes("tied") ? "tied to embedding" : ""], "flow-box");
+      box(...at(k), [t("flow.final"), flow.norm.split(" ")[0], ""], "flow-box");
+      link(k);
+      box(...at(k + 1), [t("flow.head"), flow.head.replace("LM head ", "").replace(", tied to the embedding", ""),
+                         flow.head.includes("tied") ? t("flow.tied") : ""], "flow-box");
+      link(k + 1);
     }
   });
   return g;
@@ -154,8 +203,8 @@ function loadChart(load, title) {
   g.appendChild(svg("line", {x1: left, y1: 22, x2: left, y2: H - bottom, class: "axis"}));
   g.appendChild(svg("text", {x: left - 6, y: 30, "text-anchor": "end"}, String(max)));
   g.appendChild(svg("text", {x: left - 6, y: H - bottom, "text-anchor": "end"}, "0"));
-  g.appendChild(svg("text", {x: (W + left) / 2, y: H - 6, "text-anchor": "middle"}, "expert"));
+  g.appendChild(svg("text", {x: (W + left) / 2, y: H - 6, "text-anchor": "middle"}, t("moe.expert")));
   g.appendChild(svg("text", {x: 12, y: (H - bottom) / 2 + 10, transform: `rotate(-90 12 ${(H - bottom) / 2 + 10})`,
-                             "text-anchor": "middle"}, "tokens"));
+                             "text-anchor": "middle"}, t("moe.tokens")));
   return g;
 }

@@ -1,14 +1,27 @@
 // archlab explorer: the views, one column per model. Tokens, next-token (or masked-token) bars,
 // the data flow, one block's attention step by step, the attention maps per layer and head, MoE
-// routing, T5's span filling; a strip aligning the runs' tokens by character.
+// routing, T5's span filling; a strip aligning the runs' tokens by character. The views between
+// (embedding, residual stream, norms, feed-forward, logit lens, KV cache) are in steps.js.
 "use strict";
 
-const STACK_NAMES = {self: "self-attention", encoder: "encoder self-attention", cross: "cross-attention"};
+function stackName(s) { return t(`stack.${s}`); }
 
-function panel(title, cls) {
+// A panel: its title and, under it, the short explanation for the reader (explain).
+function panel(title, cls, explain) {
   const p = el("section", {class: `panel ${cls}`});
   p.appendChild(el("h2", {}, title));
+  if (explain) p.appendChild(el("p", {class: "explain"}, explain));
   return p;
+}
+
+function colLetter(c) { return String.fromCharCode(65 + c); }
+
+// Whether columns c and d have the same stacks and layer counts (clicks and hovers are mirrored).
+function sameStructure(c, d) {
+  const a = Explore.runs[c], b = Explore.runs[d];
+  if (!a || !b || a.error || b.error || !a.attention || !b.attention) return false;
+  const shape = (r) => Object.keys(r.attention).sort().map((s) => `${s}:${r.attention[s].length}`).join(",");
+  return shape(a) === shape(b);
 }
 
 function tokenLabel(t) { return t.replace(/\n/g, "↵").replace(/ /g, "·") || "∅"; }
@@ -20,32 +33,39 @@ function renderAll() {
   root.className = Explore.runs.length > 1 ? "two" : "one";
   Explore.runs.forEach((run, c) => {
     const col = el("div", {class: "column", "data-col": c});
-    col.appendChild(el("h2", {class: "run-title"}, run.label));
+    col.appendChild(el("h2", {class: "run-title"}, Explore.runs.length > 1 ? `${colLetter(c)}: ${run.label}` : run.label));
     if (run.error) {
       col.appendChild(el("div", {class: "run-error", role: "alert"}, run.error));
     } else {
       col.appendChild(tokensPanel(run, c));
-      col.appendChild(el("div", {class: "predictions", "data-col": c}));
-      if (run.filled !== undefined) col.appendChild(spanPanel(run, c));
+      col.appendChild(embeddingPanel(run, c));
       col.appendChild(flowPanel(run, c));
+      if (run.residual) col.appendChild(residualPanel(run, c));
       col.appendChild(el("div", {class: "inside", "data-col": c}));
       col.appendChild(el("div", {class: "maps", "data-col": c}));
-      if (run.moe && run.moe.length) col.appendChild(el("div", {class: "moe", "data-col": c}));
+      if (run.moe && run.moe.length) {
+        col.appendChild(el("div", {class: "moe", "data-col": c}));
+        col.appendChild(moeAllPanel(run, c));
+      }
+      col.appendChild(el("div", {class: "predictions", "data-col": c}));
+      if (run.filled !== undefined) col.appendChild(spanPanel(run, c));
+      if (run.lens) col.appendChild(el("div", {class: "lens", "data-col": c}));
+      if (run.kv_cache) col.appendChild(kvPanel(run, c));
     }
     root.appendChild(col);
   });
   renderPredictions();
-  Explore.runs.forEach((run, c) => { if (!run.error) { renderMaps(c); renderInside(c); renderMoE(c); } });
+  Explore.runs.forEach((run, c) => { if (!run.error) { renderMaps(c); renderInside(c); renderMoE(c); renderLens(c); } });
 }
 
 // ---------------------------------------------------------------- tokens
 function tokensPanel(run, c) {
-  const p = panel(`Tokens (${run.tokens.length})`, "tokens");
+  const p = panel(t("tokens.title", run.tokens.length), "tokens", t("tokens.explain"));
   const row = el("div", {class: "token-row"});
-  run.tokens.forEach((t, i) => {
-    const chip = el("span", {class: "tok", "data-index": i, "data-id": t.id, title: `position ${i}, id ${t.id}`});
-    chip.appendChild(el("span", {class: "tok-text"}, tokenLabel(t.text)));
-    chip.appendChild(el("span", {class: "tok-id"}, String(t.id)));
+  run.tokens.forEach((tok, i) => {
+    const chip = el("span", {class: "tok", "data-index": i, "data-id": tok.id, title: `position ${i}, id ${tok.id}`});
+    chip.appendChild(el("span", {class: "tok-text"}, tokenLabel(tok.text)));
+    chip.appendChild(el("span", {class: "tok-id"}, String(tok.id)));
     chip.addEventListener("mouseenter", () => setHover(c, i));
     chip.addEventListener("click", () => { if (run.kind === "encoder") { Explore.cols[c].maskPos = i; renderPredictions(); } });
     row.appendChild(chip);
@@ -60,19 +80,19 @@ function renderAligned() {
   const runs = Explore.runs.filter((r) => !r.error);
   box.hidden = Explore.runs.length < 2 || runs.length < 2;
   if (box.hidden) return;
-  box.appendChild(el("h2", {}, "Tokens aligned by character (each box spans the characters its token covers)"));
+  box.appendChild(el("h2", {}, t("aligned.title")));
   const chW = 9;
   Explore.runs.forEach((run, c) => {
     if (run.error) return;
     const line = el("div", {class: "aligned-row"});
     line.appendChild(el("span", {class: "aligned-label"}, run.label));
     const track = el("div", {class: "aligned-track", style: `width:${Explore.text.length * chW + 4}px`});
-    run.tokens.forEach((t, i) => {
-      if (!t.span) return;
-      const b = el("span", {class: "aligned-tok", "data-col": c, "data-index": i, title: `${t.text} (id ${t.id})`},
-                   tokenLabel(Explore.text.slice(t.span[0], t.span[1])));
-      b.style.left = `${t.span[0] * chW}px`;
-      b.style.width = `${Math.max(1, t.span[1] - t.span[0]) * chW - 2}px`;
+    run.tokens.forEach((tok, i) => {
+      if (!tok.span) return;
+      const b = el("span", {class: "aligned-tok", "data-col": c, "data-index": i, title: `${tok.text} (id ${tok.id})`},
+                   tokenLabel(Explore.text.slice(tok.span[0], tok.span[1])));
+      b.style.left = `${tok.span[0] * chW}px`;
+      b.style.width = `${Math.max(1, tok.span[1] - tok.span[0]) * chW - 2}px`;
       b.addEventListener("mouseenter", () => setHover(c, i));
       track.appendChild(b);
     });
@@ -92,8 +112,8 @@ function setHover(c, i, dec = false) {
     const span = Explore.runs[c].tokens[i].span;
     Explore.runs.forEach((run, d) => {
       if (run.error) return;
-      run.tokens.forEach((t, j) => {
-        const same = d === c ? j === i : span && t.span && t.span[0] < span[1] && span[0] < t.span[1];
+      run.tokens.forEach((tok, j) => {
+        const same = d === c ? j === i : span && tok.span && tok.span[0] < span[1] && span[0] < tok.span[1];
         if (!same) return;
         document.querySelectorAll(`.column[data-col="${d}"] .tokens .tok[data-index="${j}"], .aligned-tok[data-col="${d}"][data-index="${j}"]`)
           .forEach((e) => e.classList.add("hover"));
@@ -115,25 +135,24 @@ function renderPredictions() {
       const pos = Explore.cols[c].maskPos;
       logits = decodeArray(run.masked.logits).row(pos);
       top = run.masked.top[pos];
-      title = `Masked prediction at position ${pos} ("${tokenLabel(run.tokens[pos].text)}" replaced by [MASK]; click a token to move)`;
+      title = t("pred.title.mask", pos, tokenLabel(run.tokens[pos].text));
     } else {
       logits = decodeArray(run.next.logits).data;
       top = run.next.top;
-      title = run.kind === "encoder_decoder" ? "Decoder's next token (after the span filling below)" : "Next token (top 20)";
+      title = run.kind === "encoder_decoder" ? t("pred.title.dec") : t("pred.title");
     }
-    const p = panel(title, "next");
+    const p = panel(title, "next", t("pred.explain"));
     p.appendChild(el("div", {class: "formula"},
       `p = softmax(logits / T) over the tokens kept by top-k and top-p   (T = ${temperature.toFixed(2)}, top-k = ${topK || "off"}, top-p = ${topP.toFixed(2)})`));
     const probs = distribution(logits, temperature, topK, topP);
     const rows = top.map((t) => ({...t, p: probs[t.id]})).filter((t) => t.p > 0).sort((a, b) => b.p - a.p);
-    const max = Math.max(1e-12, ...rows.map((r) => r.p));
     const list = el("div", {class: "bars"});
     rows.forEach((r) => {
       const bar = el("div", {class: "bar", "data-id": r.id, "data-prob": r.p.toPrecision(9)});
       bar.appendChild(el("span", {class: "bar-label", title: `id ${r.id}, logit ${r.logit.toFixed(3)}`}, tokenLabel(r.text)));
       const track = el("span", {class: "bar-track"});
       const fill = el("span", {class: "bar-fill"});
-      fill.style.width = `${(100 * r.p / max).toFixed(1)}%`;
+      fill.style.width = `${(100 * r.p).toFixed(1)}%`;  // absolute: the full track is 100%
       track.appendChild(fill);
       bar.appendChild(track);
       bar.appendChild(el("span", {class: "bar-value"}, `${(100 * r.p).toFixed(2)}%`));
@@ -141,39 +160,54 @@ function renderPredictions() {
     });
     p.appendChild(list);
     const kept = probs.reduce((n, x) => n + (x > 0 ? 1 : 0), 0);
-    p.appendChild(el("div", {class: "note"}, `${kept} of ${logits.length} tokens kept; the 20 highest logits shown`));
+    p.appendChild(el("div", {class: "note"}, t("pred.kept", kept, logits.length)));
     box.appendChild(p);
   });
 }
 
 function spanPanel(run, c) {
-  const p = panel("Span filling (greedy decoding of the decoder)", "span");
+  const p = panel(t("span.title"), "span");
   p.appendChild(el("div", {class: "filled"}, run.filled));
   const row = el("div", {class: "token-row"});
-  run.decoder_tokens.forEach((t, i) => {
-    const chip = el("span", {class: "tok dec", "data-index": i, title: `decoder position ${i}, id ${t.id}`});
+  run.decoder_tokens.forEach((tok, i) => {
+    const chip = el("span", {class: "tok dec", "data-index": i, title: `decoder position ${i}, id ${tok.id}`});
     chip.addEventListener("mouseenter", () => setHover(c, i, true));
-    chip.appendChild(el("span", {class: "tok-text"}, tokenLabel(t.text)));
-    chip.appendChild(el("span", {class: "tok-id"}, String(t.id)));
+    chip.appendChild(el("span", {class: "tok-text"}, tokenLabel(tok.text)));
+    chip.appendChild(el("span", {class: "tok-id"}, String(tok.id)));
     row.appendChild(chip);
   });
-  p.appendChild(el("div", {class: "note"}, "decoder tokens:"));
+  p.appendChild(el("div", {class: "note"}, t("span.dec")));
   p.appendChild(row);
   return p;
 }
 
 // ---------------------------------------------------------------- flow and one block
 function flowPanel(run, c) {
-  const p = panel("Data flow (click a block to open its attention)", "flow-panel");
+  const p = panel(t("flow.title"), "flow-panel", t("flow.explain"));
   const col = Explore.cols[c];
   const scroll = el("div", {class: "scroll"});
-  scroll.appendChild(flowDiagram(run.flow, col, (stack, layer) => {
-    col.stack = stack === "self" && !run.attention.self ? Object.keys(run.attention)[0] : stack;
-    col.layer = layer;
-    renderAll();
-  }));
+  scroll.appendChild(flowDiagram(run.flow, col, (stack, layer) => pickBlock(c, stack, layer), Explore.runs.length > 1));
   p.appendChild(scroll);
   return p;
+}
+
+// Open block `layer` of `stack` in column c, and in every column of the same structure.
+function pickBlock(c, stack, layer) {
+  Explore.runs.forEach((run, d) => {
+    if (d !== c && !sameStructure(c, d)) return;
+    const col = Explore.cols[d];
+    col.stack = stack === "self" && !run.attention.self ? Object.keys(run.attention)[0] : stack;
+    col.layer = layer;
+  });
+  renderAll();
+}
+
+// The token labels of a map's rows (queries) and columns (keys) for column c's selected stack.
+function axisTokens(run, stack) {
+  const encdec = run.kind === "encoder_decoder";
+  const lab = (ts) => ts.map((tok) => tokenLabel(tok.text));
+  return {rows: lab(encdec && stack !== "encoder" ? run.decoder_tokens : run.tokens),
+          cols: lab(encdec && stack === "self" ? run.decoder_tokens : run.tokens)};
 }
 
 async function renderInside(c) {
@@ -183,33 +217,56 @@ async function renderInside(c) {
   let d;
   try { d = await loadDetail(c); } catch (e) { showError(e.message); return; }
   box.innerHTML = "";
-  const p = panel(`Inside ${STACK_NAMES[col.stack]} of block ${col.layer}, head ${col.head} (K/V head ${d.kv_head})`, "inside-panel");
+  const p = panel(t("inside.title", stackName(col.stack), col.layer, col.head, d.kv_head), "inside-panel");
+  const tk = axisTokens(run, col.stack);
+  const rope = run.position === "rope" && col.stack !== "cross";
+  if (d.block) p.appendChild(normSection(run, d.block, tk));
+  p.appendChild(el("h3", {}, t("attn.title")));
+  p.appendChild(el("p", {class: "explain"}, t("attn.explain")));
   const q = decodeArray(d.q), k = decodeArray(d.k), v = decodeArray(d.v), sc = decodeArray(d.scores);
   const allowed = decodeArray(d.allowed), probs = decodeArray(d.probs), out = decodeArray(d.out);
   const bias = d.bias ? decodeArray(d.bias) : null;
   const S = q.shape[0], T = k.shape[0];
-  const qLab = col.stack === "cross" ? "decoder position" : "query position";
-  const kLab = col.stack === "cross" ? "encoder position" : "key position";
+  const qLab = col.stack === "cross" ? t("axis.decoder") : t("axis.query");
+  const kLab = col.stack === "cross" ? t("axis.encoder") : t("axis.key");
   const masked = (i, j) => !allowed.at(i, j);
   p.appendChild(el("div", {class: "formula"},
     `softmax(Q Kᵀ · ${d.scale.toFixed(4)}${bias ? " + bias" : ""} + mask) V   (scale = 1/√d for standard attention)`));
   const grid = el("div", {class: "steps"});
-  const add = (title, m, rows, cols, opts, rl, cl, scale) => grid.appendChild(
-    figure(title, heatmap(rows, cols, {size: 150, get: (i, j) => m.at(i, j), ...opts}), {rowsLabel: rl, colsLabel: cl, scale}));
-  add(`Q (${S} x ${q.shape[1]})`, q, S, q.shape[1], {signed: true}, qLab, "channel", "blue < 0 < red");
-  add(`K (${T} x ${k.shape[1]})`, k, T, k.shape[1], {signed: true}, kLab, "channel", "blue < 0 < red");
-  add(`V (${T} x ${v.shape[1]})`, v, T, v.shape[1], {signed: true}, kLab, "channel", "blue < 0 < red");
-  add("scaled scores Q Kᵀ · scale", sc, S, T, {signed: true}, qLab, kLab, "blue < 0 < red");
-  if (bias) add(`bias (${run.position})`, bias, S, T, {signed: true, masked}, qLab, kLab, "added to the scores");
-  grid.appendChild(figure("mask (grey: not seen)", heatmap(S, T, {size: 150, get: (i, j) => allowed.at(i, j) ? 0.15 : 0, masked}),
-                          {rowsLabel: qLab, colsLabel: kLab, scale: masked(0, T - 1) ? "causal / window" : "none: all seen"}));
-  add("softmax (attention weights)", probs, S, T, {masked}, qLab, kLab, "0 (white) to 1 (blue)");
-  add(`output (${S} x ${out.shape[1]})`, out, S, out.shape[1], {signed: true}, qLab, "channel", "weights · V");
+  const size = Explore.runs.length > 1 ? 130 : 160;
+  const add = (title, m, rows, cols, opts, rl, cl, rt, ct, scale) => grid.appendChild(
+    figure(title, heatmap(rows, cols, {size, get: (i, j) => m.at(i, j), ...opts}),
+           {rowsLabel: rl, colsLabel: cl, rowTicks: rt, colTicks: ct, signed: !!opts.signed, scale}));
+  const ch = t("axis.channel");
+  add(t(rope ? "attn.q.rope" : "attn.q", S, q.shape[1]), q, S, q.shape[1], {signed: true}, qLab, ch, tk.rows, null);
+  add(t(rope ? "attn.k.rope" : "attn.k", T, k.shape[1]), k, T, k.shape[1], {signed: true}, kLab, ch, tk.cols, null);
+  add(t("attn.v", T, v.shape[1]), v, T, v.shape[1], {signed: true}, kLab, ch, tk.cols, null);
+  add(t("attn.scores", d.scale.toFixed(4)), sc, S, T, {signed: true}, qLab, kLab, tk.rows, tk.cols);
+  if (bias) add(t("attn.bias", run.position), bias, S, T, {signed: true, masked}, qLab, kLab, tk.rows, tk.cols);
+  grid.appendChild(figure(t("attn.mask"), heatmap(S, T, {size, get: (i, j) => allowed.at(i, j) ? 0.15 : 0, masked}),
+                          {rowsLabel: qLab, colsLabel: kLab, rowTicks: tk.rows, colTicks: tk.cols,
+                           scale: masked(0, T - 1) ? t("attn.mask.some") : t("attn.mask.none")}));
+  add(t("attn.softmax"), probs, S, T, {masked}, qLab, kLab, tk.rows, tk.cols);
+  add(t("attn.out", S, out.shape[1]), out, S, out.shape[1], {signed: true}, qLab, ch, tk.rows, null);
   p.appendChild(grid);
+  if (d.block) blockSections(run, col, d.block, tk, size).forEach((e) => p.appendChild(e));
   box.appendChild(p);
 }
 
 // ---------------------------------------------------------------- attention maps
+// The map row to highlight in column c: the hovered token there, or (a column of the same structure
+// beside it) the first of its tokens covering the hovered token's characters.
+function hoveredRow(c, decRows, S) {
+  const hv = Explore.hover;
+  if (!hv || hv.dec !== decRows) return null;
+  if (hv.col === c) return hv.index < S ? hv.index : null;
+  if (decRows || !sameStructure(hv.col, c)) return null;
+  const span = Explore.runs[hv.col].tokens[hv.index].span;
+  if (!span) return null;
+  const j = Explore.runs[c].tokens.findIndex((tok) => tok.span && tok.span[0] < span[1] && span[0] < tok.span[1]);
+  return j >= 0 && j < S ? j : null;
+}
+
 function renderMaps(c) {
   const box = document.querySelector(`.maps[data-col="${c}"]`);
   const run = Explore.runs[c], col = Explore.cols[c];
@@ -217,34 +274,36 @@ function renderMaps(c) {
   box.innerHTML = "";
   const layers = run.attention[col.stack];
   const L = layers[col.layer];
-  const p = panel(`Attention maps: ${STACK_NAMES[col.stack]}, block ${col.layer}`, "maps-panel");
+  const p = panel(t("maps.title", stackName(col.stack), col.layer), "maps-panel", t("maps.explain"));
   const ctl = el("div", {class: "map-controls"});
   const stackSel = el("select", {class: "stack-select"});
-  Object.keys(run.attention).forEach((s) => stackSel.appendChild(el("option", {value: s, selected: s === col.stack}, STACK_NAMES[s])));
+  Object.keys(run.attention).forEach((s) => stackSel.appendChild(el("option", {value: s, selected: s === col.stack}, stackName(s))));
   stackSel.addEventListener("change", () => { col.stack = stackSel.value; col.layer = 0; col.head = 0; renderAll(); });
   const layerSel = el("select", {class: "layer-select"});
   layers.forEach((l, n) => layerSel.appendChild(el("option", {value: n, selected: n === col.layer}, `block ${l.layer}`)));
-  layerSel.addEventListener("change", () => { col.layer = +layerSel.value; renderAll(); });
-  ctl.append("stack ", stackSel, " block ", layerSel);
+  layerSel.addEventListener("change", () => pickBlock(c, col.stack, +layerSel.value));
+  ctl.append(`${t("maps.stack")} `, stackSel, ` ${t("maps.block")} `, layerSel);
   p.appendChild(ctl);
   const probs = decodeArray(L.probs), allowed = decodeArray(L.allowed);
   const [H, S, T] = probs.shape;
   const decRows = run.kind === "encoder_decoder" && col.stack !== "encoder";  // queries: decoder positions
   const hv = Explore.hover;
-  const row = hv && hv.col === c && hv.dec === decRows && hv.index < S ? hv.index : null;
+  const row = hoveredRow(c, decRows, S);
+  const tk = axisTokens(run, col.stack);
   const groups = {};
   L.kv_head.forEach((g, h) => { (groups[g] = groups[g] || []).push(h); });
   const shared = L.kv_head.length !== Object.keys(groups).length;
   const wrap = el("div", {class: "head-groups"});
   Object.entries(groups).forEach(([g, heads]) => {
     const grp = el("div", {class: "kv-group"});
-    if (shared) grp.appendChild(el("div", {class: "kv-label"}, `K/V head ${g} shared by heads ${heads.join(", ")}`));
+    if (shared) grp.appendChild(el("div", {class: "kv-label"}, t("maps.shared", g, heads.join(", "))));
     const inner = el("div", {class: "kv-heads"});
     heads.forEach((h) => {
       const cv = heatmap(S, T, {size: Explore.runs.length > 1 ? 150 : 190, get: (i, j) => probs.data[(h * S + i) * T + j],
                                 masked: (i, j) => !allowed.at(i, j), highlightRow: row});
-      const fig = figure(`head ${h}${h === col.head ? " (selected)" : ""}`, cv,
-                         {rowsLabel: "query", colsLabel: col.stack === "cross" ? "encoder key" : "key", scale: null});
+      const fig = figure(t("maps.head", h) + (h === col.head ? t("maps.selected") : ""), cv,
+                         {rowsLabel: t("axis.query"), colsLabel: col.stack === "cross" ? t("axis.encoder") : t("axis.key"),
+                          rowTicks: tk.rows, colTicks: tk.cols});
       fig.classList.add("head-map");
       if (h === col.head) fig.classList.add("selected");
       fig.dataset.head = h;
@@ -261,9 +320,9 @@ function renderMaps(c) {
   p.appendChild(wrap);
   const notes = [];
   const window = run.flow.stacks.flatMap((s) => s.blocks).find((b) => b.layer === L.layer && b.window);
-  if (window && col.stack === "self") notes.push(`sliding window of ${window.window}: grey cells lie outside it`);
-  if (L.has_bias) notes.push(`${run.position} bias added to the scores before the softmax (see the block's bias map)`);
-  notes.push("white = 0, blue = 1, grey = masked; hover a token or a row; click a head to open it above");
+  if (window && col.stack === "self") notes.push(t("maps.window", window.window));
+  if (L.has_bias) notes.push(t("maps.biasnote", run.position));
+  notes.push(t("maps.note"));
   p.appendChild(el("div", {class: "note"}, notes.join(" · ")));
   if (row !== null) p.appendChild(rowReadout(run, col, probs, allowed, row, S, T));
   box.appendChild(p);
@@ -278,7 +337,7 @@ function rowReadout(run, col, probs, allowed, i, S, T) {
   const box = el("div", {class: "row-readout", "data-query": i, "data-head": h, "data-layer": col.layer,
                          "data-stack": col.stack});
   box.appendChild(el("div", {class: "note"},
-    `head ${h}: what "${tokenLabel(queries[i].text)}" (position ${i}) attends to`));
+    t("maps.readout", h, tokenLabel(queries[i].text), i)));
   const line = el("div", {class: "token-row"});
   for (let j = 0; j < T; j++) {
     const w = probs.data[(h * S + i) * T + j];
@@ -302,17 +361,17 @@ function renderMoE(c) {
   if (!box) return;
   box.innerHTML = "";
   const m = run.moe[col.moeLayer];
-  const p = panel(`MoE routing: block ${m.layer} (${m.router}, ${m.num_experts} experts, top-${m.top_k}` +
-                  `${m.shared ? `, ${m.shared} shared` : ""})`, "moe-panel");
+  const p = panel(t("moe.title", m.layer, m.router, m.num_experts, m.top_k, m.shared ? t("moe.shared", m.shared) : ""),
+                  "moe-panel", t("moe.explain"));
   const sel = el("select", {class: "moe-layer"});
   run.moe.forEach((x, n) => sel.appendChild(el("option", {value: n, selected: n === col.moeLayer}, `block ${x.layer}`)));
   sel.addEventListener("change", () => { col.moeLayer = +sel.value; renderMoE(c); });
-  p.append("MoE layer ", sel);
+  p.append(`${t("moe.layer")} `, sel);
   const experts = decodeArray(m.experts), weights = decodeArray(m.weights), dropped = decodeArray(m.dropped);
   const table = el("table", {class: "routing"});
   const head = el("tr");
-  ["pos", "token", "routed experts (gate weight)", m.shared ? "shared" : null].filter(Boolean)
-    .forEach((t) => head.appendChild(el("th", {}, t)));
+  [t("moe.pos"), t("moe.token"), t("moe.routed"), m.shared ? t("moe.sharedcol") : null].filter(Boolean)
+    .forEach((h) => head.appendChild(el("th", {}, h)));
   table.appendChild(head);
   const N = experts.shape[0], K = experts.shape[1];
   for (let n = 0; n < N; n++) {
@@ -324,18 +383,18 @@ function renderMoE(c) {
     order.forEach((k) => {
       const e = experts.at(n, k), w = weights.at(n, k);
       const chip = el("span", {class: "expert" + (dropped.at(n, k) ? " dropped" : ""), "data-expert": e,
-                               "data-weight": w.toPrecision(9), title: dropped.at(n, k) ? "dropped by capacity" : ""},
+                               "data-weight": w.toPrecision(9), title: dropped.at(n, k) ? t("moe.dropped") : ""},
                       `E${e} ${w.toFixed(3)}`);
       chip.style.background = `hsl(${(e * 360 / m.num_experts) % 360}, 60%, 85%)`;
       td.appendChild(chip);
     });
     tr.appendChild(td);
-    if (m.shared) tr.appendChild(el("td", {class: "shared"}, `${m.shared} × always`));
+    if (m.shared) tr.appendChild(el("td", {class: "shared"}, t("moe.always", m.shared)));
     table.appendChild(tr);
   }
   const scroll = el("div", {class: "scroll routing-scroll"});
   scroll.appendChild(table);
   p.appendChild(scroll);
-  p.appendChild(loadChart(m.load, `load of block ${m.layer} over the prompt (${N} tokens × top-${K})`));
+  p.appendChild(loadChart(m.load, t("moe.load", m.layer, N, K)));
   box.appendChild(p);
 }
