@@ -36,8 +36,8 @@ def _variants(cfg) -> list[tuple[str, str, object]]:
 
 
 def _per_layer(cfg, context: int) -> list[float]:
-    cls = attention_class(cfg)
-    return [float(cls.kv_cache_bytes(cfg, context, layer=i, dtype_bytes=DTYPE_BYTES)) for i in range(cfg.n_layers)]
+    return [float(attention_class(cfg, i).kv_cache_bytes(cfg, context, layer=i, dtype_bytes=DTYPE_BYTES))
+            for i in range(cfg.n_layers)]
 
 
 def kv_view(cfg, S: int, max_len: int | None) -> dict:
