@@ -28,7 +28,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer.json instead of the run folder's")
     p.add_argument("--export", type=Path, default=None, metavar="PAGE.html",
                    help="write one self-contained offline page for --prompt instead of serving")
-    p.add_argument("--prompt", default=None, help="the text of the exported page")
+    p.add_argument("--prompt", default=None,
+                   help="the text of the exported page (default: the start of the first run's validation split)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: on a small shared CPU one thread answers fastest)")
     return p.parse_args(argv)
@@ -54,14 +55,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ExploreError(f"--port={args.port}: must lie in [0, 65535]")
         if args.export is None and args.prompt is not None:
             raise ExploreError("--prompt is the text of an --export page; the served page takes it in the browser")
-        if args.export is not None and not args.prompt:
-            raise ExploreError("--export needs --prompt \"...\": the text whose numbers the page holds")
         if args.prompt is not None:
             unicode_text(args.prompt, "--prompt")
         torch.set_num_threads(args.threads)
         runs = load_runs(args)
+        if args.prompt is None:
+            print(runs[0].prompt.note, file=sys.stderr)
         if args.export is not None:
-            export(runs, args.prompt, args.export)
+            export(runs, runs[0].prompt.text if args.prompt is None else args.prompt, args.export)
             print(f"wrote {args.export}")
             return 0
         serve(Explorer(runs), args.host, args.port)

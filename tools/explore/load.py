@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 
 import archlab
+from archlab.checkpoints import is_run_dir
 from archlab.config import RecipeError
 from archlab.nn.positions import position_class
 from archlab.train.checkpoint import CheckpointError, load_model
+from tools.explore.prompt import DefaultPrompt, default_prompt
 from tools.sample import TextCodec, find_tokenizer_file, load_codec, recipe_eot_id
 
 
@@ -30,6 +33,7 @@ class Explorable:
     label: str
     source: str  # "run" | "recipe"
     byte_codec: bool  # no trained tokenizer: UTF-8 bytes as ids
+    run_dir: Optional[Path] = None  # the run folder (a checkpoint outside one: that folder); None for a recipe
 
     @property
     def kind(self) -> str:
@@ -42,6 +46,11 @@ class Explorable:
         m = self.model.cfg
         limit = position_class(m).max_length(m)
         return limit if limit is not None else m.max_seq_len
+
+    @cached_property
+    def prompt(self) -> DefaultPrompt:
+        """The first prompt: the start of the model's own validation split (``tools.explore.prompt``)."""
+        return default_prompt(self, self.run_dir)
 
 
 def _is_hf_export(path: Path) -> bool:
@@ -88,5 +97,6 @@ def load(path: Path, overrides: Sequence[str] = (), tokenizer: Optional[Path] = 
             raise ExploreError(f"{path}: this checkpoint has no tokenizer.json in its run folder (trained with "
                                f"data.tokenizer={data.get('tokenizer')!r}): pass --tokenizer PATH/tokenizer.json, "
                                "the tokenizer it was trained with")
+    run_dir = next((p for p in [path, *list(path.resolve().parents)[:2]] if is_run_dir(p)), path)
     return Explorable(model.eval(), cfg, load_codec(tok, recipe_eot_id(cfg)), f"{cfg.name} ({path.name})", "run",
-                      tok is None)
+                      tok is None, run_dir)

@@ -72,7 +72,8 @@ class Explorer:
         return {"text": text}
 
     def info(self) -> dict:
-        return {"runs": [{"label": r.label, "kind": r.kind, "max_len": r.max_len} for r in self.runs]}
+        return {"runs": [{"label": r.label, "kind": r.kind, "max_len": r.max_len} for r in self.runs],
+                "prompt": self.runs[0].prompt.text}  # the first run's default prompt
 
 
 def _web():
