@@ -82,6 +82,40 @@ def served():
     thread.join(timeout=10)
 
 
+def _serve(runs):
+    from tools.explore.server import Explorer, bind, make_server
+
+    sock = bind("127.0.0.1", 0)
+    server = make_server(Explorer(runs), "127.0.0.1")
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{sock.getsockname()[1]}/", server, thread
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """Two decoders of the same structure side by side: LLaMA (dense) and Mixtral (MoE), 2 blocks each."""
+    runs = [load(Path("recipes/llama/tiny.yaml"), ["model.n_layers=2"]),
+            load(Path("recipes/mixtral/tiny.yaml"), ["model.n_layers=2"])]
+    url, server, thread = _serve(runs)
+    yield url, runs
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def bert_pair():
+    """BERT beside LLaMA (both byte tokens, 2 blocks)."""
+    runs = [load(Path("recipes/bert/tiny.yaml"), ["model.n_layers=2"]),
+            load(Path("recipes/llama/tiny.yaml"), ["model.n_layers=2"])]
+    url, server, thread = _serve(runs)
+    yield url, runs
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
 def _run(page, url, text):
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -201,3 +235,186 @@ def test_a_missing_chromium_is_installed_as_root_and_named_otherwise(present, ui
         assert text == f"{CHROMIUM} is missing; run as root: apt-get update && apt-get install -y chromium"
     if action == "install":
         assert text == "apt-get update && apt-get install -y chromium"
+
+
+def test_bars_are_on_an_absolute_scale(browser, served):
+    url, ex = served
+    page = browser.new_page()
+    _run(page, url, PROMPT)
+    for T in (0.05, 2.0):
+        page.eval_on_selector("#temperature", f"(e) => {{ e.value = '{T}'; e.dispatchEvent(new Event('input')); }}")
+        probs, _ = _expected_probs(ex, PROMPT, T)
+        for bar in page.query_selector_all(".bar"):
+            p = float(probs[int(bar.get_attribute("data-id"))])
+            fill, track = bar.query_selector(".bar-fill"), bar.query_selector(".bar-track")
+            assert float(fill.evaluate("e => e.style.width").rstrip("%")) == pytest.approx(100 * p, abs=0.051)
+            ratio = fill.bounding_box()["width"] / track.bounding_box()["width"]
+            assert ratio == pytest.approx(p, abs=0.01)  # the full track is 100%, not the top bar
+        assert float(page.get_attribute(".bar", "data-prob")) < 0.9
+    page.close()
+
+
+def test_heatmaps_carry_token_labels_and_their_value_scale(browser, served):
+    url, ex = served
+    page = browser.new_page()
+    _run(page, url, PROMPT)
+    ids = ex.codec.encode(PROMPT)
+    labels = [ex.codec.decode([i]).replace(" ", "·") for i in ids]
+    with capture_attention(ex.model) as caps, torch.no_grad():
+        ex.model(torch.tensor([ids]))
+    q = caps["blocks.0.attn"].records[0].q[0, 0]  # layer 0, head 0, after RoPE
+    figs = page.query_selector_all(".inside-panel figure.map")
+    titles = [f.query_selector("figcaption").inner_text() for f in figs]
+    assert titles[0].startswith("Q after RoPE") and titles[1].startswith("K after RoPE")
+    for fig in figs:
+        ticks = fig.query_selector_all(".tick-y")
+        assert ticks, fig.inner_text()
+        assert all(tk.inner_text() == labels[int(tk.get_attribute("data-index"))] for tk in ticks)
+    softmax = figs[titles.index("softmax (attention weights)")]
+    xt = softmax.query_selector_all(".tick-x")
+    assert xt and all(tk.inner_text() == labels[int(tk.get_attribute("data-index"))] for tk in xt)
+    assert float(softmax.query_selector(".colorbar").get_attribute("data-max")) == 1.0
+    qbar = figs[0].query_selector(".colorbar")
+    assert float(qbar.get_attribute("data-max")) == pytest.approx(float(q.abs().max()), rel=1e-5)
+    assert float(qbar.get_attribute("data-min")) == pytest.approx(-float(q.abs().max()), rel=1e-5)
+    page.close()
+
+
+def test_the_language_switch_translates_every_view(browser, served):
+    url, ex = served
+    page = browser.new_page()
+    _run(page, url, PROMPT)
+    assert page.evaluate("Object.keys(STRINGS.en).filter(k => !(k in STRINGS.zh))") == []
+    assert page.evaluate("Object.keys(STRINGS.zh).filter(k => !(k in STRINGS.en))") == []
+    english = page.inner_text("#columns")
+    page.select_option("#lang", "zh")
+    page.wait_for_selector(".inside-panel")
+    chinese = page.inner_text("#columns")
+    for zh in ("词元", "词嵌入 + 位置", "残差流", "前馈网络", "注意力图", "Logit 透镜", "KV 缓存", "MoE 路由"):
+        assert zh in chinese, zh
+    assert "Next token" in english and "Next token" not in chinese
+    assert page.inner_text("#analyze") == "运行模型" and page.get_attribute("html", "lang") == "zh-CN"
+    explains = page.query_selector_all(".explain")
+    assert len(explains) >= 8 and all(any("\u4e00" <= ch <= "\u9fff" for ch in e.inner_text()) for e in explains)
+    page.select_option("#lang", "en")
+    assert "Next token" in page.inner_text("#columns")
+    page.close()
+
+
+def test_logit_lens_reads_each_block_through_the_final_norm_and_head(browser, served):
+    url, ex = served
+    page = browser.new_page()
+    _run(page, url, PROMPT)
+    ids = ex.codec.encode(PROMPT)
+    outs = []
+    hooks = [b.register_forward_hook(lambda m, a, o: outs.append(o[0])) for b in ex.model.blocks]
+    with torch.no_grad():
+        final = ex.model(torch.tensor([ids])).logits[0, -1].softmax(-1)
+        for h in hooks:
+            h.remove()
+        lens = [ex.model.head_logits(ex.model.final_norm(x))[0, -1].softmax(-1) for x in outs]
+    rows = page.query_selector_all(".lens-panel tr.lens-row")
+    assert len(rows) == len(ex.model.blocks)
+    for row, p in zip(rows, lens):
+        cells = row.query_selector_all(".lens-tok")
+        top = p.topk(len(cells))
+        assert [int(c.get_attribute("data-id")) for c in cells] == top.indices.tolist()
+        assert [float(c.get_attribute("data-prob")) for c in cells] == pytest.approx(top.values.tolist(), abs=1e-6)
+    last = [float(c.get_attribute("data-prob")) for c in rows[-1].query_selector_all(".lens-tok")]
+    assert last == pytest.approx(final.topk(len(last)).values.tolist(), abs=1e-6)  # the last block = the output
+    page.select_option(".lens-pos", "3")
+    first = page.query_selector(".lens-panel tr.lens-row .lens-tok")
+    assert int(first.get_attribute("data-id")) == int(lens_at(ex, outs[0], 3))
+    page.close()
+
+
+def lens_at(ex, x, pos):
+    with torch.no_grad():
+        return ex.model.head_logits(ex.model.final_norm(x))[0, pos].argmax()
+
+
+def test_ffn_kv_cache_and_moe_text_views_read_the_models(browser, pair):
+    url, (llama, mixtral) = pair
+    page = browser.new_page()
+    _run(page, url, PROMPT)
+    ids = torch.tensor([llama.codec.encode(PROMPT)])
+    ffn_in = []
+    hook = llama.model.blocks[0].ffn.register_forward_hook(lambda m, a, o: ffn_in.append(a[0]))
+    with torch.no_grad():
+        llama.model(ids)
+        hook.remove()
+        act = llama.model.blocks[0].ffn.activate(llama.model.blocks[0].ffn.up_proj(ffn_in[0]))[0]
+    col0 = page.query_selector('.column[data-col="0"]')
+    col0.wait_for_selector(".ffn-step .mag-bar")
+    mag = [float(b.get_attribute("data-value")) for b in col0.query_selector_all(".ffn-step .mag-bar")]
+    assert mag == pytest.approx(act.abs().mean(0).tolist(), abs=1e-6)
+    cache = llama.model.new_kv_cache()
+    with torch.no_grad():
+        llama.model(ids, kv_cache=cache)
+    shown = [float(r.get_attribute("data-prefill")) for r in col0.query_selector_all("tr.kv-layer")]
+    assert shown == [lc.k.nbytes + lc.v.nbytes for lc in cache.layers]
+    assert "GQA (this model)" in col0.inner_text()
+    from archlab.nn.moe.capture import capture_routing as routing
+    with routing(mixtral.model) as caps, torch.no_grad():
+        mixtral.model(ids)
+    col1 = page.query_selector('.column[data-col="1"]')
+    for layer in range(2):
+        r = caps[f"blocks.{layer}.ffn.router"][0]
+        cells = col1.query_selector_all(f'.moe-all tr.moe-all-row[data-layer="{layer}"] td.moe-cell')
+        assert len(cells) == ids.shape[1]
+        for n, cell in enumerate(cells):
+            order = r.weights_NK[n].argsort(descending=True)
+            assert cell.get_attribute("data-experts") == ",".join(str(int(r.experts_NK[n, k])) for k in order)
+    page.close()
+
+
+def test_side_by_side_mirrors_clicks_and_hovers_and_labels_generation(browser, pair):
+    url, (llama, mixtral) = pair
+    page = browser.new_page()
+    _run(page, url, PROMPT)
+    page.click('.column[data-col="0"] .flow-block[data-layer="1"]')
+    for c in (0, 1):
+        page.wait_for_selector(f'.column[data-col="{c}"] .maps-panel h2:has-text("block 1")')
+        assert page.get_attribute(f'.column[data-col="{c}"] .flow-block[data-layer="1"]', "class").endswith("selected")
+    flow = page.query_selector('.column[data-col="1"] svg.flow').bounding_box()
+    column = page.query_selector('.column[data-col="1"]').bounding_box()
+    assert flow["width"] <= column["width"]  # every block visible at half width (drawn top to bottom)
+    page.hover('.column[data-col="0"] .tokens .tok[data-index="7"]')
+    page.wait_for_selector('.column[data-col="1"] .row-readout[data-query="7"]')
+    requests = []
+    page.on("request", lambda r: requests.append(r.post_data_json) if r.url.endswith("api/generate") else None)
+    assert page.inner_text("#gen-target-label").startswith("with")
+    page.select_option("#gen-target", "1")
+    page.click("#sample")
+    page.wait_for_selector("#generated .gen-row")
+    assert [r["run"] for r in requests] == [1] and mixtral.label in page.inner_text("#generated")
+    page.wait_for_function("t => Explore.text !== t", arg=PROMPT)
+    requests.clear()
+    text = page.evaluate("Explore.text")
+    page.select_option("#gen-target", "both")
+    page.fill("#gen-n", "2")
+    page.click("#generate")
+    page.wait_for_function("() => document.querySelectorAll('#generated .gen-row').length === 2")
+    assert sorted(r["run"] for r in requests) == [0, 1]
+    rows = page.query_selector_all("#generated .gen-row")
+    assert llama.label in rows[0].inner_text() and mixtral.label in rows[1].inner_text()
+    assert page.evaluate("Explore.text") == text  # both: shown side by side, the prompt kept
+    page.close()
+
+
+def test_bert_predicts_at_the_new_texts_mask(browser, bert_pair):
+    url, (bert, _) = bert_pair
+    page = browser.new_page()
+    _run(page, url, "x [MASK] y")
+    head = '.column[data-col="0"] .next h2'
+    assert "position 2" in page.inner_text(head)
+    page.fill("#prompt", "[MASK] x y z")  # a new text in the same page: position 2 is still in range
+    page.click("#analyze")
+    page.wait_for_function("t => Explore.text === t", arg="[MASK] x y z")
+    assert "position 0" in page.inner_text(head)
+    ids = [tok["id"] for tok in page.evaluate("Explore.runs[0].tokens")]
+    with torch.no_grad():
+        p = bert.model(torch.tensor([ids])).logits[0, 0].softmax(-1)
+    bars = _bars(page.query_selector('.column[data-col="0"]'))
+    assert max(bars, key=bars.get) == int(p.argmax())
+    page.close()
