@@ -187,6 +187,43 @@ def _wall_time(ctx: Context) -> str:
             "invocation that wrote this report (measurements cached in the runs folder are reused, not timed again).")
 
 
+NOT_REGISTERED = "not pre-registered in the records (runs predate spec hashing)"
+
+
+def registration_text(record: dict) -> str:
+    """What the records prove of the design's pre-registration (``tools.experiment.registration``): the hash, when
+    it was first stated, whether every run carries it, the amendments; or that the runs predate spec hashing."""
+    reg = record.get("registration")
+    if not reg:
+        return f"Pre-registration: {NOT_REGISTERED}."
+    lines = [f"pre-registered: {reg['first_hash']}, first run {reg['first_stated_at']} (the hash of the spec's "
+             "decision-relevant part, `<out>/registration.json`)."]
+    known = [reg["first_hash"], *(c["new"] for c in reg.get("chain") or [])]
+    counts: dict = {}
+    for key in ("runs", "tune_runs", "ceg_runs", "finetune_runs", "finetune_tune_runs"):
+        for r in record.get(key) or []:
+            h = r.get("spec_hash")
+            counts[h] = counts.get(h, 0) + 1
+    n = sum(counts.values())
+    if set(counts) == {reg["spec_hash"]}:
+        lines.append(f"Every one of the {n} runs of the record carries it"
+                     + (f" (as amended: {reg['spec_hash']})." if reg["spec_hash"] != reg["first_hash"] else "."))
+    else:
+        parts = [f"{c} under {h}" + ("" if h in known else " (not a hash of this registration)")
+                 for h, c in counts.items() if h is not None]
+        if None in counts:
+            parts.append(f"{counts[None]} without a spec hash")
+        lines.append(f"The {n} runs of the record do not all share one hash: {'; '.join(parts)}.")
+    for c in reg.get("chain") or []:
+        when = "after the seeded runs began" if c.get("after_seeded_runs") else "before the seeded runs began"
+        lines.append(f"Amended {c['at']} ({when}): {c['old']} -> {c['new']}, changed {', '.join(c['changed'])}: "
+                     f"{c['reason']}.")
+    if reg.get("spec_file_changed"):
+        lines.append("The spec file now differs from the registration in " + ", ".join(reg["spec_file_changed"])
+                     + " (not amended: this report reads the record's spec, as registered).")
+    return " ".join(lines)
+
+
 def _seeds(spec) -> str:
     """The seeds as the spec gives them: a list, or a sequential design's first look and its cap."""
     if spec.sequential is None:
@@ -327,7 +364,7 @@ def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
         md += [f"**Claim checked.** {spec.claim.strip()}", ""]
     md += ["## Regenerate", "", "From the repository root (runs go under "
            f"`{spec.out}`, git-ignored; finished runs are skipped, interrupted ones resumed):", "", "```sh",
-           command, "```", "", _wall_time(ctx), "", "## Setup", "", _setup(ctx), ""]
+           command, "```", "", _wall_time(ctx), "", registration_text(record), "", "## Setup", "", _setup(ctx), ""]
     if spec.notes:
         md += [spec.notes.strip(), ""]
     sections_json = {}
@@ -353,7 +390,7 @@ def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
             "tuning": record.get("tuning"), "tune_wall_s": record.get("tune_wall_s"), "comparison": ctx.comparison,
             "curve_runs": [{**r, "run_dir": _relative(r["run_dir"])} for r in ctx.curve_rows],
             "timed_budgets": record.get("timed_budgets"), "measure_wall_s": record.get("measure_wall_s"),
-            "excluded_runs": excluded_runs(ctx), "figures": figures}
+            "excluded_runs": excluded_runs(ctx), "registration": record.get("registration"), "figures": figures}
     md_path = write_text_atomic(out / "report.md", "\n".join(md))
     json_path = write_json_atomic(out / "report.json", data)
     return {"markdown": md_path, "json": json_path, "figures": [out / f for f in figures],

@@ -55,7 +55,10 @@ def choose(lrs: Sequence[float], losses: Sequence[Optional[float]], noise_sd: Op
     out["points"] = int(n_at.sum())
     edge = "low" if lrs[i] == min(groups) else "high" if lrs[i] == max(groups) else None
     if len(x) < 3:
-        return {**out, "reason": f"{len(x)} distinct finite lrs (a parabola needs 3)"}
+        out["reason"] = f"{len(x)} finite lr{'s' if len(x) != 1 else ''} (a parabola needs 3)"
+        if edge:  # nothing bounds the optimum on that side
+            out.update(low=float(lrs[i]), high=float(lrs[i]), open_low=edge == "low", open_high=edge == "high")
+        return out
     sd, sd_from, df = _seed_sd(groups, noise_sd)
     coef, cov, chi2_red = _fit(x, y, n_at, sd or 1.0)
     a, b, c = coef
@@ -172,6 +175,8 @@ def interval_text(res: dict) -> str:
     """'3.1e-3 .. 1.1e-2 (80%; +0.012 / +0.020 nats at the ends)', '>= 2.1e-3 (80%, open above; ...)', or '-'."""
     if res is None or res.get("low") is None:
         return "-"
+    if res.get("cost_low") is None:  # at an end of the grid with no parabola: only the open side is known
+        return f"{'<=' if res['open_low'] else '>='} {res['lr']:.2g} (open {'below' if res['open_low'] else 'above'})"
     lo = ("<= " if res["open_low"] else "") + f"{res['low']:.2g}"
     hi = (">= " if res["open_high"] else "") + f"{res['high']:.2g}"
     side = ("open on both sides" if res["open_low"] and res["open_high"] else "open below" if res["open_low"]

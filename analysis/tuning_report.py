@@ -1,6 +1,6 @@
-"""The tuning section of an experiment's report: per arm the lr grid, the lr chosen from it
-(``analysis.lr_choice``) with its range within seed noise, and the loss-against-lr figure. The runs behind
-it are ``tools.experiment_tuning``'s."""
+"""The tuning section of an experiment's report: per arm the lr grid, the lr its seeded runs trained at, the
+whole-grid fit (``analysis.lr_choice``) with its interval on the optimal lr, and the loss-against-lr figure. The
+runs behind it are ``tools.experiment_tuning``'s."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def section(ctx):
             where += f"; muP transfer from `{t['transferred_from']}`"
         fit = refit(t, noise)
         rows.append([f"{ctx.arms[arm].label} (`{arm}`)", ", ".join(f"{lr:g}" for lr in t["lrs"]), losses,
-                     f"{t.get('grid_lr', t['lr']):g}", f"**{t['lr']:g}**", _flat_text(fit), where, len(t["runs"]),
+                     f"{t.get('grid_lr', t['lr']):g}", f"**{t['lr']:g}**", _fit_text(fit), where, len(t["runs"]),
                      f"{sum(walls.get(r, 0.0) for r in t['runs']) / 60:.1f}"])
     seeded = sum(r["elapsed_s"] for r in ctx.rows if r["elapsed_s"])
     runs = {r for t in tuning.values() for r in t["runs"]}  # under muP every arm shares the base's runs
@@ -48,15 +48,18 @@ def section(ctx):
           "reported seeds); a run that diverged or did not learn (final loss not "
           f"{LEARN_MARGIN} nats below the unigram entropy) counts as worst, and when no lr learned the grid extends "
           "downwards (when it may not, the lowest loss of the runs that did not diverge is chosen); "
-          "the grid extends by its own ratio until the best lr is interior. The chosen lr is not the grid's best "
-          "run alone, which follows its seed's luck: it is the minimum of a parabola in log lr through the best "
-          "run and up to two neighbours on each side, kept inside the bracket (`analysis/lr_choice.py`; the "
-          "grid's best when not bracketed or the points do not curve upwards). 'Within seed noise': the lrs whose "
-          "fitted loss is within one seed sd of the minimum"
-          + (f" ({noise:.4f} nats, the pooled sd of the seeded runs)" if noise else "")
-          + ". The seeded runs train at the chosen lr.\n\n"
+          "the grid extends by its own ratio until the best lr is interior. The chosen lr is the lr the seeded "
+          "runs trained at. 'Whole-grid fit': the minimum of a weighted least-squares parabola in log lr through "
+          "every finite point of the grid, kept inside the bracket (`analysis/lr_choice.py`; the grid's best when "
+          "not bracketed or the points do not curve upwards), with an "
+          f"{100 * lr_choice.LEVEL:.0f}% interval on the optimal lr (Fieller's, open on a side the grid does not "
+          "bound) and the fitted loss at its ends above the fit's minimum; the points weighted by "
+          + (f"the pooled sd of the seeded runs ({noise:.4f} nats; scaled up where the residuals reject it)"
+             if noise else "the parabola's residuals (no seeded runs to give a seed sd)")
+          + ". Runs tuned by the earlier rule (a parabola through the best point and its neighbours) trained at "
+          "that rule's lr; the fit beside it is the current rule's, for later runs.\n\n"
           + table(["arm", "lrs tried", "final val loss at each lr (nats/token)", "grid's best", "chosen lr",
-                   "within seed noise", "where", "runs", "wall min"], rows)
+                   f"whole-grid fit: lr, {100 * lr_choice.LEVEL:.0f}% interval", "where", "runs", "wall min"], rows)
           + f"\n\nTuning cost: {len(runs)} runs, {tuned_s / 60:.1f} min of training "
           f"wall time (the seeded runs: {len(ctx.rows)} runs, {seeded / 60:.1f} min; tuning is "
           f"{tuned_s / max(seeded, 1e-9):.2f}x their cost).")
@@ -77,21 +80,21 @@ def seed_sd(ctx) -> Optional[float]:
     return math.sqrt(ss / df) if df else None
 
 
-def refit(t: dict, noise_sd: Optional[float]) -> Optional[dict]:
-    """The tuning grid's lr choice (``analysis.lr_choice``) with its range within ``noise_sd``; None unbracketed."""
-    if not t.get("bracketed"):
-        return None
+def refit(t: dict, noise_sd: Optional[float]) -> dict:
+    """The tuning grid's lr choice (``analysis.lr_choice``: the whole-grid parabola and its interval), the
+    diverged and not-learned runs left out."""
     dnl = t.get("did_not_learn") or [False] * len(t["lrs"])
     losses = [None if d or n else v for v, d, n in zip(t["losses"], t["diverged"], dnl)]
     return lr_choice.choose(t["lrs"], losses, noise_sd)
 
 
-def _flat_text(fit: Optional[dict]) -> str:
-    if not fit or fit.get("flat_low") is None:
-        return "-"
-    lo = ("<= " if fit.get("flat_open_low") else "") + f"{fit['flat_low']:.2g}"
-    hi = (">= " if fit.get("flat_open_high") else "") + f"{fit['flat_high']:.2g}"
-    return f"{lo} .. {hi}"
+def _fit_text(fit: dict) -> str:
+    """'0.0059; 0.0041 .. 0.0083 (80%; +0.010 / +0.012 nats at the ends)', or the reason there is no fit."""
+    if fit.get("low") is None:
+        return f"- ({fit['reason']})"
+    if fit.get("cost_low") is None:
+        return f"{lr_choice.interval_text(fit)}: {fit['reason']}"
+    return f"{fit['lr']:.2g}; {lr_choice.interval_text(fit)}"
 
 
 def plot_key(stars: int, unstarred: list[str]) -> str:

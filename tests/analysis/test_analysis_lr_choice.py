@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from analysis import lr_choice
+from analysis import lr_choice, lr_coverage, tuning_report
 from tools import experiment_tuning
 
 GRID = [1e-3 * 2 ** k for k in range(6)]  # 1e-3 .. 3.2e-2, a factor 2 apart
@@ -64,26 +64,12 @@ def test_on_noisy_grids_the_fit_is_nearer_the_optimum_than_the_argmin():
     assert np.mean(err_fit) < 0.8 * np.mean(err_grid)
 
 
-def coverage(rng: np.random.Generator, n: int, sd: float, give_sd: bool) -> float:
-    """The share of ``n`` noisy grids (a parabola of curvature 0.1 per ln(lr)^2, its optimum drawn inside the grid,
-    seed noise ``sd``) whose interval holds the true optimum (an open side holds everything beyond it)."""
-    hits = 0
-    for _ in range(n):
-        opt = math.exp(rng.uniform(math.log(GRID[1]), math.log(GRID[-2])))
-        losses = [bowl(lr, opt, curvature=0.1) + sd * rng.standard_normal() for lr in GRID]
-        res = lr_choice.choose(GRID, losses, noise_sd=sd if give_sd else None)
-        low = 0.0 if res["open_low"] else res["low"]
-        high = math.inf if res["open_high"] else res["high"]
-        hits += low <= opt <= high
-    return hits / n
-
-
 @pytest.mark.parametrize("give_sd", [True, False], ids=["seed-sd-given", "sd-from-residuals"])
 def test_the_interval_covers_a_known_optimum_at_its_nominal_rate(give_sd):
     """1000 grids with a fixed numpy seed: the measured coverage of the 80% interval lies within 3 binomial sds
     (0.038) of 0.8, with the seed sd given (the report's case) and estimated from the residuals (the tuning stage's)."""
     n = 1000
-    measured = coverage(np.random.default_rng(1), n, sd=0.01, give_sd=give_sd)
+    measured = lr_coverage.coverage(np.random.default_rng(1), n, give_sd=give_sd)
     tol = 3 * math.sqrt(lr_choice.LEVEL * (1 - lr_choice.LEVEL) / n)
     assert abs(measured - lr_choice.LEVEL) < tol, measured
 
@@ -124,3 +110,15 @@ def test_best_at_an_end_extends_the_grid_and_the_interval_is_open(side):
     text = lr_choice.interval_text(res)
     assert ("<= " if side == "low" else ">= ") + f"{end:.2g}" in text
     assert f"open {'below' if side == 'low' else 'above'}" in text
+
+
+def test_the_tuning_report_prints_the_fit_and_its_interval():
+    """The report's column: the whole-grid fit with its interval; at an end of the grid with too few points, the
+    open side alone; the lr the runs trained at is the record's, whatever the fit says now."""
+    t = {"lrs": GRID, "losses": [bowl(lr, 5.5e-3) for lr in GRID], "diverged": [False] * 6, "lr": 4e-3}
+    fit = tuning_report.refit(t, 0.01)
+    assert fit["lr"] == pytest.approx(5.5e-3) and tuning_report._fit_text(fit).startswith("0.0055; 0.00")
+    edge = {"lrs": GRID[:4], "losses": [3.0, 5.9, 5.9, 5.9], "diverged": [False] * 4,
+            "did_not_learn": [False, True, True, True]}
+    assert tuning_report._fit_text(tuning_report.refit(edge, 0.01)) == \
+        "<= 0.001 (open below): 1 finite lr (a parabola needs 3)"

@@ -8,7 +8,8 @@ The archive mirrors ``<out>``: each of its sweep folders (``tune/``, ``sweep/``,
 any folder with a ``manifest.json``) as the manifest and a ``runs.tar.xz`` of its finished runs, slimmed as
 ``tools.sweep --archive`` slims them (``analysis.run_archive``: the records, no checkpoints) but with every
 training row of ``metrics.jsonl`` (a run's tokens/s is read from them); the measurements'
-caches (``<out>/measurements/``) and ``experiment.json`` as they are; ``archive.json`` names the ``<out>`` they
+caches (``<out>/measurements/``), ``experiment.json`` and ``registration.json`` (the spec's pre-registration) as
+they are; ``archive.json`` names the ``<out>`` they
 were written in. Restoring writes into ``<out>`` only what it lacks, with that folder's path replaced by the new
 one in every file (run records, manifests, caches), so that the stages find their runs done.
 
@@ -32,6 +33,7 @@ from analysis.measurements import MEASUREMENTS as KINDS
 from analysis.run_archive import read_archive, slim_run, write_archive, write_run
 from archlab.io import write_json_atomic, write_text_atomic
 from archlab.train.run_folder import METRICS
+from tools.experiment.registration import FILE as REGISTRATION
 from tools.experiment.run import RECORD
 from tools.experiment_tuning import score
 from tools.sweep.archive import archivable, archived_state
@@ -177,11 +179,12 @@ def archive_experiment(out: Path, dest: Path, finetune: bool = False, measuremen
             and run_dir_state(p) in ("finished", "diverged"))}
     caches = sorted(p.relative_to(out) for p in (out / MEASUREMENTS).rglob("*.json")) \
         if (out / MEASUREMENTS).is_dir() else []
-    for rel in caches + ([Path(RECORD)] if (out / RECORD).is_file() else []):
+    records = [Path(name) for name in (RECORD, REGISTRATION) if (out / name).is_file()]
+    for rel in caches + records:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(out / rel, dest / rel)
     index = {"kind": "archlab-experiment-archive", "version": 1, "out": str(out), "folders": folders,
-             "files": [str(p) for p in caches] + ([RECORD] if (out / RECORD).is_file() else [])}
+             "files": [str(p) for p in caches + records]}
     write_json_atomic(dest / INDEX, index, sort_keys=False)
     return index
 

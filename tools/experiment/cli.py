@@ -3,6 +3,7 @@ measured, and reported with intervals.
 
     python -m tools.experiment run experiments/evolution.yaml              # train, measure, write the report
     python -m tools.experiment run experiments/evolution.yaml --quick      # tiny models, a few steps, one seed
+    python -m tools.experiment run experiments/evolution.yaml --amend "why"  # accept a changed design (recorded)
     python -m tools.experiment report experiments/evolution.yaml           # the report again from the runs
     python -m tools.experiment plan experiments/evolution.yaml             # arms, steps and costs; trains nothing
     python -m tools.experiment status experiments/evolution.yaml           # each stage's runs: done, to go, failed
@@ -38,6 +39,13 @@ Each measurement is one module of ``analysis.measurements`` (registered in
 ``analysis.measurements.MEASUREMENTS``): the settings it accepts, checked when the spec loads (an
 unknown setting or a bad value is an error naming it), what it computes after training and its
 report section.
+
+Pre-registration (``tools.experiment.registration``): before its first stage trains, ``run`` writes the hash of
+the spec's decision-relevant part (arms and their settings, seeds and the sequential rule, margin, verdicts, grid,
+budgets, tune, ceg, measurements; not the words, paths or --set) to ``<out>/registration.json``, and every run
+the record lists carries it (``spec_hash``, ``stated_at``); the report prints it. A spec whose decision-relevant
+part changed after its seeded runs began is refused, naming the keys; ``--amend "REASON"`` accepts it and records
+old hash, new hash, keys, reason and time, which the report prints.
 
 Spec file (YAML):
 
@@ -121,7 +129,7 @@ from analysis.experiment_spec import Spec
 from analysis.runs import RunError
 from archlab.config import RecipeError
 from tools import experiment_status, launch
-from tools.experiment import archive
+from tools.experiment import archive, registration
 from tools.experiment.arms import resolve_arms
 from tools.experiment.load import load_spec
 from tools.experiment.plan import plan
@@ -191,6 +199,9 @@ def _parser() -> argparse.ArgumentParser:
         if name == "run":
             p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (default 1)")
             p.add_argument("--threads", type=int, help="torch threads per trainer (default: torch's)")
+            p.add_argument("--amend", metavar="REASON",
+                           help="accept a spec whose decision-relevant part changed after its seeded runs began; the "
+                                "change (old hash, new hash, keys, REASON) is recorded and the report prints it")
             p.add_argument("--launcher", choices=["python", "slurm"], default="python",
                            help="train each run on this machine, or as one SLURM job (submitit; --slurm-* options)")
             launch.add_arguments(p)
@@ -218,10 +229,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             via = RefusalRecorder(launch.from_args(args))  # a refused point: refused in its sweep's manifest
             with launch.use(via):
                 record = run_experiment(spec, jobs=args.jobs, threads=args.threads,
-                                        command=regenerate_command(spec, args))
+                                        command=regenerate_command(spec, args), amend=args.amend)
         else:
             record = with_current_words(read_record(Path(spec.out)), spec, resolve_arms(spec))
             record["spec"]["out"] = spec.out  # where the record is now (a restored or moved folder, --out)
+            if record.get("registration"):  # the spec file edited since: the report says where
+                record["registration"]["spec_file_changed"] = registration.drift(spec, record)
         t0 = time.time()
         measurements = measure(record)
         report_dir = Path(args.report or (spec.report if not spec.quick else None) or Path(spec.out) / "report")

@@ -15,6 +15,7 @@ from analysis.measurements.throughput import benchmark
 from archlab.config import load_recipe, model_config
 from archlab.costs import kv_cache_bytes, param_counts, training_flops_per_token
 from tools import experiment_ceg, experiment_finetune, experiment_seeds, experiment_tuning, sweep
+from tools.experiment import registration
 from tools.experiment.arms import resolve_arms
 from tools.experiment.run import grid_of, planned_points, record_runs, sweep_spec
 from tools.sweep.schedule import _child_env
@@ -29,6 +30,7 @@ def plan(spec: Spec, log=print, estimate: bool = True) -> dict:
     arms = resolve_arms(spec)
     log(f"experiment {spec.name}: {len(arms)} arms x {len(sweep._grid_items(grid_of(spec)))} runs "
         f"(grid x seeds {spec.seeds}), reference {spec.reference}, out {spec.out}")
+    log(registration.plan_line(spec))
     for a in arms:
         cfg = load_recipe(a.recipe, a.overrides)
         pc = param_counts(cfg)

@@ -20,7 +20,7 @@ from analysis.measurements import MEASUREMENTS
 from archlab.config import RecipeError
 from archlab.io import write_json_atomic
 from tools import experiment_ceg, experiment_finetune, experiment_seeds, experiment_tuning, sweep
-from tools.experiment import init_from
+from tools.experiment import init_from, registration
 from tools.experiment.arms import resolve_arms
 from tools.experiment.load import WORDS
 
@@ -100,6 +100,8 @@ def write_record(spec: Spec, arms: Sequence[Arm], runs: list[dict], extra: dict)
     out.mkdir(parents=True, exist_ok=True)
     record = {"kind": "archlab-experiment", "version": 1, "spec": spec.to_dict(), "arms": [a.to_dict() for a in arms],
               "runs": runs, **extra}
+    previous = json.loads((out / RECORD).read_text()) if (out / RECORD).is_file() else None
+    record = registration.stamp(record, previous, registration.read(out))  # every run: the spec hash it ran under
     return write_json_atomic(out / RECORD, record, sort_keys=False)
 
 
@@ -128,9 +130,12 @@ def with_current_words(record: dict, spec: Spec, arms: Sequence[Arm]) -> dict:
 
 
 def run_experiment(spec: Spec, *, jobs: int = 1, threads: Optional[int] = None, log=print,
-                   show_progress: bool = True, command: str = "") -> dict:
-    """Train every arm x cell x seed (resumable), then the time-matched arms; returns the record."""
+                   show_progress: bool = True, command: str = "", amend: Optional[str] = None) -> dict:
+    """Train every arm x cell x seed (resumable), then the time-matched arms; returns the record. The spec is
+    registered first (``tools.experiment.registration``: refused when its decision-relevant part changed after the
+    seeded runs began, unless ``amend`` gives the reason)."""
     arms = resolve_arms(spec)
+    registration.register(spec, amend, log=log)
     n_cells = len(sweep._grid_items(grid_of(spec)))
     t0 = time.time()
     arms, extra = tune_arms(spec, arms, jobs=jobs, threads=threads, log=log)
