@@ -2,7 +2,8 @@
 prediction, GPT), ``mtp`` (:mod:`.mtp`: DeepSeek-V3's multi-token prediction on top of it) and ``mlm``
 (:mod:`.mlm`: BERT's masked-token prediction, for an encoder) and ``span_corruption`` (:mod:`.span_corruption`:
 T5's, for an encoder-decoder) and ``classify`` (:mod:`.classify`: fine-tuning a pre-trained model with a
-classification head on a labelled task). The protocol is :class:`.base.Objective`.
+classification head on a labelled task), and the understanding tasks ``tag``, ``span_qa`` and ``bound``
+(:mod:`.understanding`: Python's ast as ground truth). The protocol is :class:`.base.Objective`.
 
     objective = objective_for(cfg)                  # the class train.objective names, holding the recipe
     batches = TokenBatches(tokens, S, ..., ahead=objective.ahead(cfg.model))   # windows of S + ahead ids
@@ -17,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from archlab.data import prepare_data
-from archlab.objectives import causal_lm, classify, mlm, mtp, span_corruption  # noqa: F401  (registration)
+from archlab.objectives import bound, causal_lm, classify, mlm, mtp, span_corruption, span_qa, tag  # noqa: F401
 from archlab.objectives.base import OBJECTIVES, Loss, Objective, objective_class, objective_name
 
 
