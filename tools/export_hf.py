@@ -4,7 +4,7 @@
     python -m tools.export_hf --recipe recipes/dense/tiny.yaml --out /tmp/gpt2-tiny model.n_layers=2
     python -m tools.export_hf --checkpoint runs/<token-shard run> --tokenizer gpt2/tokenizer.json --out exports/x
 
-The family is chosen from the architecture (``archlab.export.hf``). Dense: GPT-3-style models become
+The family is chosen from the architecture (``archlab.hf``). Dense: GPT-3-style models become
 ``GPT2LMHeadModel``, LLaMA-style ones ``LlamaForCausalLM``, sliding-window ones ``MistralForCausalLM``,
 BERT-style encoders ``BertForMaskedLM``, T5-style encoder-decoders ``T5ForConditionalGeneration``. MoE:
 Mixtral-style ``MixtralForCausalLM``, with q/k norm or dense layers ``Qwen3MoeForCausalLM``, DeepSeek-style
@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from archlab.config import RecipeError
-from archlab.export import export_hf, find_exporter
-from archlab.export.hf import EXPORTERS
+from archlab.hf import ADAPTERS, export_hf, find_adapter
 from tools.export_verify import verify
 from tools.sample import add_model_args, load_codec, load_model, recipe_eot_id
 
@@ -42,8 +41,8 @@ def family_refusal(cfg, model_cfg) -> Optional[str]:
     """One line for a recipe whose family has an exporter that refuses it: the exporter's reason and the family's
     recipes that export (e.g. deepseek tiny..s: grouped-query attention; recipes/deepseek/v3-tiny.yaml: MLA)."""
     family = cfg.get("family") if hasattr(cfg, "get") else None
-    for name in EXPORTERS.names():
-        exporter = EXPORTERS.get(name)()
+    for name in ADAPTERS.names():
+        exporter = ADAPTERS.get(name)()
         if family is None or getattr(exporter, "recipe_family", None) != family:
             continue
         why = exporter.matches(model_cfg)
@@ -59,7 +58,7 @@ def family_refusal(cfg, model_cfg) -> Optional[str]:
 def export(args: argparse.Namespace) -> str:
     model, cfg, tok_file = load_model(args)
     try:
-        find_exporter(model.cfg)
+        find_adapter(model.cfg)
     except ValueError:
         refusal = family_refusal(cfg, model.cfg)
         if refusal is None:
@@ -69,7 +68,7 @@ def export(args: argparse.Namespace) -> str:
     if tok_file is not None:  # the run's tokenizer.json, or --tokenizer
         eos_id = load_codec(tok_file, recipe_eot_id(cfg)).eos_id
     out = export_hf(model, args.out, tokenizer_file=tok_file, eos_id=eos_id, overwrite=args.force)
-    msg = f"wrote {out}: {cfg.get('name', 'model')} as {find_exporter(model.cfg).hf_class_name}"
+    msg = f"wrote {out}: {cfg.get('name', 'model')} as {find_adapter(model.cfg).hf_class_name}"
     if args.verify:
         msg += f"; verified: max |logit diff| = {verify(model, out):.2e}"
     return msg

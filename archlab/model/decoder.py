@@ -7,8 +7,8 @@ encoder (:mod:`archlab.model.encoder`, BERT) and the encoder-decoder (:mod:`arch
 T5) built on it. Each states ``causal`` (what its
 attention layers are built with: each attention variant says whether it can run without the causal
 mask), ``options`` (the ``model`` keys only it reads: ``archlab.config.options`` refuses them on another
-type), ``validate`` (its rules on the ``model`` node), ``num_params`` and the HF families that express it
-(``hf_export``), ``block_class`` (its layer) and ``stacks`` (stacks of blocks, each with its own position
+type), ``validate`` (its rules on the ``model`` node), ``num_params``,
+``block_class`` (its layer) and ``stacks`` (stacks of blocks, each with its own position
 encoding); ``build_parts`` builds the parts only it has; ``kv_cache_bytes``: its inference cache per sequence.
 The cost model (``archlab.costs``) composes its FLOPs and activations from these facts (``stacks``, ``causal``)
 and the components' own counts; the model never imports the cost model.
@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from archlab.config.schema import ModelConfig
 from archlab.model.checkpointing import check_mode, checkpointed_block
 from archlab.nn.attention import KVCache, LayerKVCache, attention_class, build_attention
-from archlab.nn.component import ActShape, Exportable
+from archlab.nn.component import ActShape
 from archlab.nn.ffn import build_ffn, ffn_class
 from archlab.nn.loss import linear_cross_entropy
 from archlab.nn.moe.layer import MoELayer
@@ -50,7 +50,7 @@ class ModelOutput:
     mtp_losses: Optional[Tensor] = None
 
 
-class Block(Exportable, nn.Module):
+class Block(nn.Module):
     """One layer: attention then feed-forward, each a residual branch (``model.block.type: sequential``).
 
     pre-LN  (GPT-2, LLaMA):  x = x + f(norm(x))
@@ -59,13 +59,10 @@ class Block(Exportable, nn.Module):
     A block layout is one class in :data:`BLOCKS` (:mod:`archlab.model.parallel_block`: the parallel one);
     it states, as the components do, the ``model.block`` keys it reads (``options``), its rules
     (``validate``), its parameters and what its norms keep for backward (``norms_saved_bytes``,
-    ``ffn_reads_attention_input``), and the HF families that express it (``hf_export``).
+    ``ffn_reads_attention_input``).
     """
 
     options: ClassVar[frozenset[str]] = frozenset()  # the keys of model.block it reads (besides type)
-    hf_export = {f: "sequential residual branches" for f in
-                 ("gpt2", "llama", "mistral", "mixtral", "qwen3_moe", "deepseek_v3", "bert", "t5")}
-    hf_unsupported = "sequential attention then FFN: this family's layer runs them in parallel"
 
     def __init__(self, cfg: ModelConfig, layer: int, causal: bool = True):
         super().__init__()
@@ -131,7 +128,7 @@ def block_type(cfg) -> type[Block]:
 
 
 @MODELS.register("decoder")
-class Decoder(Exportable, nn.Module):
+class Decoder(nn.Module):
     """Token embedding (+ absolute positions) -> blocks -> final norm (pre-LN) -> LM head.
 
     ``checkpointing``: ``none | full | selective``, how the blocks keep activations for backward
@@ -143,9 +140,6 @@ class Decoder(Exportable, nn.Module):
     block_class: ClassVar[type[Block]] = Block  # one layer of the stack the LM head reads (Block: model.block's)
     stacks: ClassVar[int] = 1  # stacks of blocks, each with its own position encoding
     options: ClassVar[frozenset[str]] = frozenset({"mtp_depth", "block"})  # the model keys only this type reads
-    hf_export = {f: "causal LM" for f in ("gpt2", "gptj", "gpt_neox", "llama", "mistral", "mixtral", "qwen3_moe",
-                                          "deepseek_v3")}
-    hf_unsupported = "a causal decoder (one stack): this family's class is an encoder or an encoder-decoder"
     # what a classification head may pool of hidden_states (archlab.nn.heads.POOLINGS), the first the convention:
     # GPT reads its last position (the only one that has seen the whole window; Radford et al. 2018), or the mean
     poolings: ClassVar[tuple[str, ...]] = ("last", "mean")

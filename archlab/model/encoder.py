@@ -11,14 +11,13 @@ generate.
 
 BERT's parts, each an option only this model type reads:
 
-- ``embed_norm``: a norm on the summed embeddings, before the embedding dropout (BERT's
-  ``embeddings.LayerNorm``);
+- ``embed_norm``: a norm on the summed embeddings, before the embedding dropout;
 - ``head_transform``: dense D -> D, the FFN's activation and a norm before the LM head
-  (:class:`archlab.nn.heads.HeadTransform`, BERT's ``cls.predictions.transform``);
-- ``head_bias``: a bias on the logits (BERT's ``cls.predictions.bias``).
+  (:class:`archlab.nn.heads.HeadTransform`);
+- ``head_bias``: a bias on the logits.
 
 BERT's token-type (segment) embedding is not modelled: with one segment it adds the same learned
-vector to every position, and the export writes it as zeros (``archlab.export.bert``).
+vector to every position.
 """
 
 from __future__ import annotations
@@ -48,9 +47,6 @@ class Encoder(Decoder):
 
     causal = False
     options = frozenset({"embed_norm", "head_transform", "head_bias"})
-    hf_export = {"bert": "masked LM"}
-    hf_unsupported = ("an encoder (bidirectional attention): this family's class is a causal decoder or "
-                      "an encoder-decoder")
     # BERT reads its first position ([CLS]'s; Devlin et al. 2019, sec. 3) or the mean; every position sees the window
     poolings = ("first", "mean", "last")
     pooling_refused = ""  # every position sees the whole window

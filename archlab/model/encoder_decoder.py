@@ -89,8 +89,6 @@ class EncoderDecoder(Decoder):
     block_class = CrossBlock
     stacks = 2
     options = frozenset()
-    hf_export = {"t5": "conditional generation"}
-    hf_unsupported = "an encoder-decoder: this family's class has a single stack"
     # a classification head pools the encoder's output (hidden_states: the memory), by the mean by convention
     poolings = ("mean", "first", "last")
     pooling_refused = ""  # every position sees the whole window

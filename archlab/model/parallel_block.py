@@ -1,5 +1,5 @@
 """The parallel block (``model.block.type: parallel``): attention and feed-forward both read the layer's
-input and add to the residual together (GPT-J; PaLM sec. 2; GPT-NeoX ``use_parallel_residual``).
+input and add to the residual together (GPT-J; PaLM sec. 2; GPT-NeoX).
 
 Shape legend: B batch, S sequence, D model dim.
 
@@ -32,9 +32,6 @@ class ParallelBlock(Block):
     """x + drop(attn(norm(x))) + drop(ffn(norm'(x))), norm' = norm when ``shared_norm`` (``ffn_norm`` is None)."""
 
     options = frozenset({"shared_norm"})
-    hf_export = {"gptj": "one shared norm (block.shared_norm true)",
-                 "gpt_neox": "use_parallel_residual, two norms (block.shared_norm false)"}
-    hf_unsupported = "the parallel block: this family's layers run attention, then the FFN"
 
     def __init__(self, cfg: ModelConfig, layer: int, causal: bool = True):
         nn.Module.__init__(self)

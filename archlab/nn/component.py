@@ -17,8 +17,6 @@ carries, next to its forward:
 - ``num_params(...)``, its matmul FLOPs per token and its saved-for-backward bytes, in the
   conventions of ``archlab.costs`` (FLOPs: the ones ``FlopCounterMode`` counts; bytes: what
   autograd keeps, for a :class:`ActShape`);
-- ``hf_export``: the Hugging Face families (``archlab.export`` exporter names) that express it,
-  with what each needs, and ``hf_unsupported``: why the others cannot.
 
 Constructor convention, every kind: ``Variant(cfg, **site)`` with ``cfg`` the ``ModelConfig``
 and keyword-only site arguments where one recipe builds the component in several places
@@ -29,7 +27,7 @@ the same arguments.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Optional
+from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
     from archlab.config.schema import ModelConfig
@@ -60,15 +58,3 @@ class ActShape:
     def n(self) -> int:
         return self.batch * self.seq_len
 
-
-class Exportable:
-    """Mixin: which HF exporters can express this component (``hf_export``: family -> what that
-    family needs of it, e.g. the activation name) and why the others cannot."""
-
-    hf_export: ClassVar[dict[str, Any]] = {}
-    hf_unsupported: ClassVar[str] = "no Hugging Face class of this family has it"
-
-    @classmethod
-    def export_reason(cls, family: str, what: str) -> Optional[str]:
-        """None when ``family`` expresses this component; else the reason, naming ``what``."""
-        return None if family in cls.hf_export else f"{what}: {cls.hf_unsupported}"

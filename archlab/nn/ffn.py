@@ -5,7 +5,7 @@ Shape legend: N tokens (any leading dims), D model dim, F hidden dim.
 Each class also states the facts the rest of archlab needs (``archlab.nn.component``): its
 default hidden width, parameter count, matmul FLOPs, the hidden activations it keeps for
 backward, the width of its up-projection and its activation (the routed experts of
-``archlab.nn.moe`` run the same math on stacked weights), and its HF activation name.
+``archlab.nn.moe`` run the same math on stacked weights).
 Site arguments: ``hidden`` (F), and ``expert=True`` for an MoE expert (no bias, no dropout).
 """
 
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from archlab.errors import fail
-from archlab.nn.component import ActShape, Exportable
+from archlab.nn.component import ActShape
 from archlab.registry import Registry
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ class FFNConfig:
     dropout: float = 0.0
 
 
-class FFN(Exportable, nn.Module):
+class FFN(nn.Module):
     """up -> activation -> down. Subclasses set the facts below and ``activate``."""
 
     options: ClassVar[frozenset[str]] = frozenset({"hidden", "bias", "dropout"})  # the keys of model.ffn it reads
@@ -106,8 +106,6 @@ class GeluMLP(FFN):
     """down(gelu(up(x))): GPT-2/3's MLP, tanh-approximated GELU as in GPT-2. Keeps its input and
     output (2F per token)."""
 
-    hf_export = {"gpt2": "gelu_new", "bert": "gelu_new", "gptj": "gelu_new", "gpt_neox": "gelu_new"}
-    hf_unsupported = "a GELU MLP: this family's MLP is SwiGLU"
 
     @staticmethod
     def activate(h: Tensor) -> Tensor:
@@ -120,8 +118,6 @@ class ReluMLP(FFN):
     saved tensor of both the relu and the down projection (F per token)."""
 
     hidden_saved = 1
-    hf_export = {"gpt2": "relu", "bert": "relu", "t5": "relu", "gptj": "relu", "gpt_neox": "relu"}
-    hf_unsupported = "a ReLU MLP: this family's MLP is SwiGLU or GELU"
 
     @staticmethod
     def activate(h: Tensor) -> Tensor:
@@ -137,8 +133,6 @@ class SwiGLU(FFN):
     up_name = "gate_up"  # [gate; up] rows
     up_width = 2
     hidden_saved = 4
-    hf_export = {"llama": "silu", "mistral": "silu", "mixtral": "silu", "qwen3_moe": "silu", "deepseek_v3": "silu"}
-    hf_unsupported = "SwiGLU: GPT-2's, GPT-J's, GPT-NeoX's and BERT's MLP is up-activation-down (gelu, relu), not gated"
 
     @staticmethod
     def activate(h: Tensor) -> Tensor:

@@ -1,12 +1,12 @@
 """Heads on a trunk's hidden states. BERT's masked-LM head transform (``model.head_transform``, an encoder
 option): between the last block and the LM head, h -> norm(act(dense(h))) with a D x D dense layer (with bias),
-the FFN's activation (BERT's ``hidden_act`` serves both) and a norm of ``norm.type``. A classification head
+the FFN's activation and a norm of ``norm.type``. A classification head
 (:class:`ClassifierHead`, fine-tuning): a linear layer on one pooled state per sequence (:data:`POOLINGS`).
 
 Shape legend: N tokens (any leading dims), B batch, S sequence, D model dim, C classes.
 
-It runs on every position the head reads (all of them: the logits of every position, as HF's
-``BertForMaskedLM``, and the fused loss over all positions with the unselected ones ignored), so its
+It runs on every position the head reads (all of them: the logits of every position,
+and the fused loss over all positions with the unselected ones ignored), so its
 FLOPs and saved bytes are per token like a block's.
 """
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 from torch import Tensor, nn
 
 from archlab.errors import fail
-from archlab.nn.component import ActShape, Exportable
+from archlab.nn.component import ActShape
 from archlab.nn.ffn import ffn_class
 from archlab.nn.norms import build_norm, norm_class, norm_params
 
@@ -25,11 +25,9 @@ if TYPE_CHECKING:
     from archlab.config.schema import ModelConfig
 
 
-class HeadTransform(Exportable, nn.Module):
+class HeadTransform(nn.Module):
     """dense (D -> D, bias) -> the FFN's activation -> norm: ``BertPredictionHeadTransform``."""
 
-    hf_export = {"bert": "cls.predictions.transform"}
-    hf_unsupported = "an MLM head transform: this family's LM head reads the last hidden state directly"
 
     def __init__(self, cfg: "ModelConfig"):
         super().__init__()
@@ -44,7 +42,7 @@ class HeadTransform(Exportable, nn.Module):
     def validate(cls, m, prefix: str = "model") -> None:
         if ffn_class(m).up_width != 1:
             fail(f"{prefix}.head_transform", m.head_transform, f"the head transform applies the FFN's activation "
-                 f"(BERT's hidden_act); a gated FFN ({m.ffn.type}) has none: use ffn.type gelu or relu")
+                 f"; a gated FFN ({m.ffn.type}) has none: use ffn.type gelu or relu")
 
     @staticmethod
     def num_params(cfg: "ModelConfig") -> int:

@@ -1,7 +1,7 @@
 """Normalisation layers, by ``norm.type``: ``layernorm`` (GPT, 2017) and ``rmsnorm`` (LLaMA).
 
 Both are torch's own modules; the subclasses adapt the constructor to the recipe and state their
-facts (``archlab.nn.component``): parameter count, what they keep for backward, HF families.
+facts (``archlab.nn.component``): parameter count, what they keep for backward.
 Site argument: ``dim``, the channels normalised (d_model, or the head dim for q/k norms).
 """
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 from torch import nn
 
 from archlab.errors import fail
-from archlab.nn.component import STATS_BYTES, ActShape, Exportable
+from archlab.nn.component import STATS_BYTES, ActShape
 from archlab.registry import Registry
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class NormConfig:
 PLACEMENTS = ("pre", "post")
 
 
-class Norm(Exportable):
+class Norm:
     """The facts every norm states (mixed into a torch norm module)."""
 
     options: ClassVar[frozenset[str]] = frozenset({"placement", "eps"})  # the keys of model.norm it reads
@@ -66,8 +66,6 @@ class LayerNorm(Norm, nn.LayerNorm):
     """(x - mean) / std * gamma + beta over the last dim."""
 
     options = Norm.options | {"bias"}
-    hf_export = {"gpt2": "layernorm", "bert": "LayerNorm", "gptj": "ln_1", "gpt_neox": "input_layernorm"}
-    hf_unsupported = "LayerNorm with a mean: this family uses RMSNorm"
 
     def __init__(self, cfg: "ModelConfig", *, dim: int):
         nn.LayerNorm.__init__(self, dim, eps=cfg.norm.eps, bias=cfg.norm.bias)
@@ -86,9 +84,6 @@ class LayerNorm(Norm, nn.LayerNorm):
 class RMSNorm(Norm, nn.RMSNorm):
     """x / rms(x) * gamma: no centring, no bias (Zhang & Sennrich 2019; LLaMA)."""
 
-    hf_export = {"llama": "rmsnorm", "mistral": "rmsnorm", "mixtral": "rmsnorm", "qwen3_moe": "rmsnorm",
-                 "deepseek_v3": "rmsnorm", "t5": "T5LayerNorm"}
-    hf_unsupported = "RMSNorm: GPT-2 and BERT use LayerNorm (so do GPT-J and GPT-NeoX)"
 
     def __init__(self, cfg: "ModelConfig", *, dim: int):
         nn.RMSNorm.__init__(self, dim, eps=cfg.norm.eps)

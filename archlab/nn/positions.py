@@ -12,7 +12,7 @@ A position encoding has four hooks, and each class overrides only the ones it us
   layers: RoPE's cos/sin tables or ALiBi's additive bias;
 and states its facts (``archlab.nn.component``): ``max_length`` (None: any length),
 ``rotates_qk`` / ``score_bias`` (what attention receives), ``supports_bidirectional`` (valid in an
-encoder, whose attention has no causal mask), ``num_params``, ``saved_bytes``, ``validate``, HF families.
+encoder, whose attention has no causal mask), ``num_params``, ``saved_bytes``, ``validate``.
 
 Formulas: ``../shared/REFERENCES.md`` (Positions) and the seeds on extrapolation.
 """
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from archlab.errors import fail
-from archlab.nn.component import ID_BYTES, STATS_BYTES, ActShape, Exportable
+from archlab.nn.component import ID_BYTES, STATS_BYTES, ActShape
 from archlab.registry import Registry
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class PosContext:
     bias: Optional[Tensor] = None  # (H, S, T) additive score bias (ALiBi), causal part excluded
 
 
-class PositionEncoding(Exportable, nn.Module):
+class PositionEncoding(nn.Module):
     options: ClassVar[frozenset[str]] = frozenset()  # the keys of model.position it reads (besides type)
     rotates_qk: ClassVar[bool] = False  # attention rotates q and k by ctx.cos / ctx.sin
     score_bias: ClassVar[bool] = False  # attention adds ctx.bias to its scores (an explicit mask)
@@ -109,15 +109,11 @@ class NoPE(PositionEncoding):
     """No position information (NoPE): the causal mask alone breaks permutation symmetry. In an encoder
     (no mask) nothing does: the model sees a bag of tokens, an ablation baseline."""
 
-    hf_unsupported = "no position encoding (NoPE): no Hugging Face class of this family has that"
-
 
 @POSITIONS.register("learned")
 class LearnedPositions(PositionEncoding):
     """A trained table of max_seq_len vectors added to the embeddings (GPT-2/3)."""
 
-    hf_export = {"gpt2": "wpe", "bert": "position_embeddings"}
-    hf_unsupported = "learned absolute positions: this family uses RoPE"
 
     def __init__(self, cfg: "ModelConfig", *, causal: bool = True):
         super().__init__(cfg, causal=causal)
@@ -154,7 +150,6 @@ class SinusoidalPositions(PositionEncoding):
     question the extrapolation evals ask).
     """
 
-    hf_unsupported = "sinusoidal positions: no Hugging Face decoder class of this family has them"
 
     def __init__(self, cfg: "ModelConfig", *, causal: bool = True):
         super().__init__(cfg, causal=causal)
@@ -172,9 +167,9 @@ class SinusoidalPositions(PositionEncoding):
 # ----------------------------------------------------------------------------- RoPE scalings
 
 
-class RopeScaling(Exportable):
+class RopeScaling:
     """Turns RoPE's inverse frequencies theta_k = base^(-2k/R) into the scaled ones, with an
-    attention temperature (1.0 except YaRN). ``hf_export``: the HF ``rope_type`` per family;
+    attention temperature (1.0 except YaRN).
     ``options``: the keys of ``model.position.rope_scaling`` it reads (besides type)."""
 
     options: ClassVar[frozenset[str]] = frozenset()
@@ -184,10 +179,6 @@ class RopeScaling(Exportable):
                  max_seq_len: int) -> tuple[Tensor, float]:
         raise NotImplementedError
 
-    @staticmethod
-    def hf_parameters(sc: RopeScalingConfig, max_seq_len: int) -> dict:
-        """HF ``rope_parameters`` entries beyond rope_type and rope_theta."""
-        return {}
 
     @classmethod
     def validate(cls, m, prefix: str = "model") -> None:
@@ -198,12 +189,8 @@ class RopeScaling(Exportable):
             fail(f"{key}.original_max_seq_len", sc.original_max_seq_len, "must be a positive number")
 
 
-_ROPE_FAMILIES = ("llama", "mistral", "mixtral", "qwen3_moe", "deepseek_v3")
-
-
 @ROPE_SCALINGS.register("none")
 class NoRopeScaling(RopeScaling):
-    hf_export = {f: "default" for f in (*_ROPE_FAMILIES, "gptj", "gpt_neox")}
 
     @staticmethod
     def inv_freq(idx, base, rot_dim, sc, max_seq_len):
@@ -215,15 +202,10 @@ class LinearRopeScaling(RopeScaling):
     """Position interpolation (Chen et al. 2023): pos / s, i.e. every frequency divided by s."""
 
     options = frozenset({"factor"})
-    hf_export = {f: "linear" for f in _ROPE_FAMILIES}
 
     @staticmethod
     def inv_freq(idx, base, rot_dim, sc, max_seq_len):
         return 1.0 / base**idx / sc.factor, 1.0
-
-    @staticmethod
-    def hf_parameters(sc, max_seq_len):
-        return {"factor": sc.factor}
 
 
 @ROPE_SCALINGS.register("ntk")
@@ -231,8 +213,6 @@ class NTKRopeScaling(RopeScaling):
     """NTK-aware scaling: stretch the base instead of the positions, base * s^(R/(R-2))."""
 
     options = frozenset({"factor"})
-    hf_unsupported = ("HF has no static NTK-aware RoPE (its 'dynamic' NTK changes the base with the "
-                      "sequence length, a different function)")
 
     @staticmethod
     def inv_freq(idx, base, rot_dim, sc, max_seq_len):
@@ -245,7 +225,6 @@ class YarnRopeScaling(RopeScaling):
     between, and scale attention by the temperature 0.1 ln s + 1. Matches HF ``modeling_rope_utils``."""
 
     options = frozenset({"factor", "original_max_seq_len", "beta_fast", "beta_slow"})
-    hf_export = {f: "yarn" for f in _ROPE_FAMILIES}
 
     @staticmethod
     def inv_freq(idx, base, rot_dim, sc, max_seq_len):
@@ -266,11 +245,6 @@ class YarnRopeScaling(RopeScaling):
         temperature = 0.1 * math.log(s) + 1.0 if s > 1 else 1.0
         return inv_freq, temperature
 
-    @staticmethod
-    def hf_parameters(sc, max_seq_len):
-        return {"factor": sc.factor, "original_max_position_embeddings": sc.original_max_seq_len or max_seq_len,
-                "beta_fast": sc.beta_fast, "beta_slow": sc.beta_slow}
-
 
 def rope_inv_freq(rot_dim: int, base: float, scaling: RopeScalingConfig, max_seq_len: int) -> tuple[Tensor, float]:
     """Inverse frequencies theta_k = base^(-2k/R) after the chosen scaling, and the attention
@@ -287,8 +261,6 @@ class RotaryPositions(PositionEncoding):
 
     options = frozenset({"rope_base", "rope_scaling"})
     rotates_qk = True
-    hf_export = {f: "rope" for f in (*_ROPE_FAMILIES, "gptj", "gpt_neox")}
-    hf_unsupported = "RoPE: GPT-2 and BERT have learned absolute positions only"
 
     def __init__(self, cfg: "ModelConfig", *, causal: bool = True):
         super().__init__(cfg, causal=causal)
@@ -345,7 +317,6 @@ class ALiBi(PositionEncoding):
     supports_bidirectional = False
     bidirectional_unsupported = ("ALiBi's bias here is the causal form -m (i - j); its symmetric form -m |i - j| "
                                  "is not implemented")
-    hf_unsupported = "ALiBi: no Hugging Face class of this family has linear attention biases"
 
     def __init__(self, cfg: "ModelConfig", *, causal: bool = True):
         super().__init__(cfg, causal=causal)
@@ -383,8 +354,6 @@ class RelativeBias(PositionEncoding):
 
     options = frozenset({"relative_buckets", "relative_max_distance"})
     score_bias = True
-    hf_export = {"t5": "relative_attention_bias"}
-    hf_unsupported = "T5's relative position bias: no Hugging Face class of this family has it"
 
     def __init__(self, cfg: "ModelConfig", *, causal: bool = True):
         super().__init__(cfg, causal=causal)

@@ -12,7 +12,7 @@ import torch
 
 import archlab
 from archlab.config.schema import AttentionConfig, FFNConfig, ModelConfig, NormConfig, PositionConfig
-from archlab.export import export_hf, find_exporter, to_hf_model
+from archlab.hf import export_hf, find_adapter, to_hf_model
 
 V = 101
 
@@ -112,18 +112,18 @@ def _variant(**changes) -> ModelConfig:
 ])
 def test_what_bert_cannot_express_is_refused_with_the_reason(cfg, reason):
     with pytest.raises(ValueError) as err:
-        find_exporter(cfg)
+        find_adapter(cfg)
     assert f"bert (BertForMaskedLM): {reason}" in str(err.value), str(err.value)
 
 
 def test_a_decoder_is_not_exported_as_bert_nor_an_encoder_as_a_decoder():
     decoder = archlab.model_config(archlab.load_recipe("recipes/dense/tiny.yaml", ["model.vocab_size=300"]))
-    assert type(find_exporter(decoder)).__name__ == "GPT2Exporter"
+    assert type(find_adapter(decoder)).__name__ == "GPT2Adapter"
     with pytest.raises(ValueError) as err:
-        find_exporter(_variant(norm=NormConfig(type="layernorm", placement="pre")))
+        find_adapter(_variant(norm=NormConfig(type="layernorm", placement="pre")))
     msg = str(err.value)
     assert "gpt2 (GPT2LMHeadModel): model.type=encoder: an encoder (bidirectional attention)" in msg, msg
     assert "llama (LlamaForCausalLM): model.type=encoder" in msg, msg
     decoder.norm.placement = "post"
     with pytest.raises(ValueError, match=r"bert \(BertForMaskedLM\): model.type=decoder: a causal decoder"):
-        find_exporter(decoder)
+        find_adapter(decoder)

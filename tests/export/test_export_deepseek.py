@@ -24,8 +24,8 @@ from archlab.config.schema import (
     RopeScalingConfig,
     RouterConfig,
 )
-from archlab.export import EXPORTERS, export_hf, find_exporter, to_hf_model
-from archlab.export.deepseek import DeepseekV3Exporter, rope_rows
+from archlab.hf import ADAPTERS, export_hf, find_adapter, to_hf_model
+from archlab.hf.adapters.deepseek_v3 import DeepseekV3Adapter, rope_rows
 
 V = 97
 # HF builds a shared-expert MLP of width 0 when a model has no shared experts (exact: it adds zeros)
@@ -204,24 +204,24 @@ def _refusals():
 @pytest.mark.parametrize("case", range(len(_refusals())))
 def test_inexpressible_models_are_refused_with_the_reason(case):
     c, expected = _refusals()[case]
-    why = EXPORTERS.get("deepseek_v3")().matches(c)
+    why = ADAPTERS.get("deepseek_v3")().matches(c)
     assert why is not None
     for part in expected:
         assert part in why, why
     with pytest.raises(ValueError, match="no Hugging Face class can express"):
-        find_exporter(c)
+        find_adapter(c)
 
 
 def test_mha_models_are_not_taken_and_mla_only_by_deepseek_v3():
     """The deepseek/tiny recipe (grouped-query attention) has no DeepSeek-V3 counterpart; an MLA
     model none other than DeepSeek-V3's."""
     mha = archlab.model_config(archlab.load_recipe("recipes/deepseek/tiny.yaml"))
-    assert "attention.type=mha" in EXPORTERS.get("deepseek_v3")().matches(mha)
+    assert "attention.type=mha" in ADAPTERS.get("deepseek_v3")().matches(mha)
     c = deepseek(1)
-    assert all(EXPORTERS.get(f)().matches(c) is not None for f in EXPORTERS.names() if f != "deepseek_v3")
+    assert all(ADAPTERS.get(f)().matches(c) is not None for f in ADAPTERS.names() if f != "deepseek_v3")
     for family in ("gpt2", "llama", "mistral"):
-        assert "attention.type=mla" in EXPORTERS.get(family)().matches(deepseek(1, moe=False)), family
-    assert type(find_exporter(c)).__name__ == "DeepseekV3Exporter"
+        assert "attention.type=mla" in ADAPTERS.get(family)().matches(deepseek(1, moe=False)), family
+    assert type(find_adapter(c)).__name__ == "DeepseekV3Adapter"
 
 
 def test_the_exportable_recipes_it_names_are_the_deepseek_recipes_that_export():
@@ -229,9 +229,9 @@ def test_the_exportable_recipes_it_names_are_the_deepseek_recipes_that_export():
     exportable = []
     for path in sorted((root / "recipes/deepseek").glob("*.yaml")):
         try:
-            find_exporter(archlab.model_config(archlab.load_recipe(path)))
+            find_adapter(archlab.model_config(archlab.load_recipe(path)))
         except ValueError:
             continue
         exportable.append(f"recipes/deepseek/{path.name}")
-    assert sorted(DeepseekV3Exporter.exportable_recipes) == exportable
-    assert DeepseekV3Exporter.exportable_recipes[0] == "recipes/deepseek/v3-tiny.yaml"  # the one a refusal suggests
+    assert sorted(DeepseekV3Adapter.exportable_recipes) == exportable
+    assert DeepseekV3Adapter.exportable_recipes[0] == "recipes/deepseek/v3-tiny.yaml"  # the one a refusal suggests

@@ -16,7 +16,7 @@ from archlab.config.schema import (
     PositionConfig,
     RopeScalingConfig,
 )
-from archlab.export import EXPORTERS, export_hf, find_exporter, to_hf_model
+from archlab.hf import ADAPTERS, export_hf, find_adapter, to_hf_model
 
 V = 97
 
@@ -128,7 +128,7 @@ REFUSED = [
 @pytest.mark.parametrize("c,expected", REFUSED)
 def test_inexpressible_models_are_refused_with_the_reason(c, expected):
     with pytest.raises(ValueError, match="no Hugging Face class can express") as err:
-        find_exporter(c)
+        find_adapter(c)
     for part in expected:
         assert part in str(err.value), str(err.value)
 
@@ -137,8 +137,8 @@ def test_moe_models_are_not_taken_by_dense_exporters():
     from archlab.config.schema import MoEConfig
 
     c = llama(moe=MoEConfig(num_experts=4, top_k=2, expert_hidden=32))
-    assert EXPORTERS.get("gpt2")().matches(c) is not None
-    assert "MoE" in EXPORTERS.get("llama")().matches(c)
+    assert ADAPTERS.get("gpt2")().matches(c) is not None
+    assert "MoE" in ADAPTERS.get("llama")().matches(c)
 
 
 def test_mup_moe_models_are_refused_too():
@@ -146,6 +146,6 @@ def test_mup_moe_models_are_refused_too():
 
     c = llama(moe=MoEConfig(num_experts=4, top_k=2, expert_hidden=32), parametrization="mup", mup_base_width=24)
     with pytest.raises(ValueError, match="no Hugging Face class can express") as err:
-        find_exporter(c)
+        find_adapter(c)
     (mixtral,) = [line for line in str(err.value).splitlines() if "MixtralForCausalLM" in line]
     assert "parametrization=mup at width multiplier 2" in mixtral, str(err.value)

@@ -11,7 +11,7 @@ from test_export_hf import randomised
 
 import archlab
 from archlab.config.schema import AttentionConfig, FFNConfig, ModelConfig, NormConfig, PositionConfig
-from archlab.export import export_hf, find_exporter, to_hf_model
+from archlab.hf import export_hf, find_adapter, to_hf_model
 
 V = 97
 
@@ -75,11 +75,11 @@ def test_exported_folder_loads_with_auto_model(tmp_path):
 ])
 def test_what_mistral_cannot_express_is_refused_with_the_reason(c, expected):
     with pytest.raises(ValueError, match="no Hugging Face class can express") as err:
-        find_exporter(c)
+        find_adapter(c)
     for part in expected:
         assert part in str(err.value), str(err.value)
 
 
 def test_full_attention_models_still_go_to_llama():
     c = mistral(attention=AttentionConfig(bias=False))  # type mha
-    assert find_exporter(c).hf_class_name == "LlamaForCausalLM"
+    assert find_adapter(c).hf_class_name == "LlamaForCausalLM"

@@ -12,7 +12,7 @@ from test_export_hf import randomised
 
 import archlab
 from archlab.config.schema import AttentionConfig, BlockConfig, FFNConfig, ModelConfig, NormConfig, PositionConfig
-from archlab.export import export_hf, find_exporter, to_hf_model
+from archlab.hf import export_hf, find_adapter, to_hf_model
 
 V = 97
 
@@ -87,20 +87,20 @@ def test_the_gptj_recipe_exports_and_loads_with_auto_model(tmp_path):
 ])
 def test_what_gptj_and_gpt_neox_cannot_express_is_refused_with_the_reason(c, expected):
     with pytest.raises(ValueError, match="no Hugging Face class can express") as err:
-        find_exporter(c)
+        find_adapter(c)
     for part in expected:
         assert part in str(err.value), str(err.value)
 
 
 def test_a_sequential_family_never_takes_a_parallel_model():
-    from archlab.export import EXPORTERS
+    from archlab.hf import ADAPTERS
 
     c = parallel(False, position=PositionConfig(type="learned"))  # otherwise GPT-2's: learned, LayerNorm, GELU
-    reason = EXPORTERS.get("gpt2")().matches(c)
+    reason = ADAPTERS.get("gpt2")().matches(c)
     assert reason is not None and "block.type=parallel" in reason and "attention, then the FFN" in reason
 
 
 def test_sequential_models_still_go_to_gpt2():
     c = parallel(True, block=BlockConfig(), position=PositionConfig(type="learned"),
                  attention=AttentionConfig(bias=True))
-    assert find_exporter(c).hf_class_name == "GPT2LMHeadModel"
+    assert find_adapter(c).hf_class_name == "GPT2LMHeadModel"

@@ -12,7 +12,7 @@ import torch
 
 import archlab
 from archlab.config.schema import AttentionConfig, FFNConfig, ModelConfig, NormConfig, PositionConfig
-from archlab.export import export_hf, find_exporter, to_hf_model
+from archlab.hf import export_hf, find_adapter, to_hf_model
 from archlab.model import generate_seq2seq
 
 V = 101
@@ -116,7 +116,7 @@ def _variant(**changes) -> ModelConfig:
 ])
 def test_what_t5_cannot_express_is_refused_with_the_reason(cfg, reason):
     with pytest.raises(ValueError) as err:
-        find_exporter(cfg)
+        find_adapter(cfg)
     assert f"t5 (T5ForConditionalGeneration): {reason}" in str(err.value), str(err.value)
 
 
@@ -124,7 +124,7 @@ def test_a_decoder_or_an_encoder_is_not_exported_as_t5():
     decoder = archlab.model_config(archlab.load_recipe("recipes/dense/tiny.yaml", ["model.vocab_size=300"]))
     decoder.norm.placement = "post"
     with pytest.raises(ValueError, match=r"t5 \(T5ForConditionalGeneration\): model.type=decoder: a causal decoder"):
-        find_exporter(decoder)
+        find_adapter(decoder)
     with pytest.raises(ValueError) as err:
-        find_exporter(_variant(norm=NormConfig(type="rmsnorm", placement="post")))
+        find_adapter(_variant(norm=NormConfig(type="rmsnorm", placement="post")))
     assert "gpt2 (GPT2LMHeadModel): model.type=encoder_decoder: an encoder-decoder" in str(err.value)

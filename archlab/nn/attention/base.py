@@ -24,7 +24,6 @@ whether it can):
 - ``kv_cache_bytes(cfg, context, layer=, dtype_bytes=)``: one sequence's inference cache;
 - ``new_cache(layer)``: the cache it fills in generation (:class:`LayerKVCache`; a linear-attention layer's
   fixed-size state: ``archlab.nn.attention.gated_deltanet.LayerStateCache``), with ``length`` positions seen;
-- ``hf_export`` / ``hf_unsupported`` (``archlab.nn.component.Exportable``).
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from torch import Tensor, nn
 
 from archlab.errors import fail
 from archlab.nn.attention.capture import Capturable
-from archlab.nn.component import ActShape, Exportable
+from archlab.nn.component import ActShape
 from archlab.registry import Registry
 
 if TYPE_CHECKING:
@@ -100,7 +99,7 @@ class KVCache:
         return self.layers[0].length
 
 
-class Attention(Capturable, Exportable, nn.Module):
+class Attention(Capturable, nn.Module):
     """Base of every variant; see the module docstring for the protocol."""
 
     options: ClassVar[frozenset[str]] = frozenset({"bias", "dropout", "scale"})  # every variant reads these

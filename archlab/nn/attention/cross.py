@@ -26,17 +26,16 @@ from torch import Tensor, nn
 
 from archlab.nn.attention.base import LayerKVCache
 from archlab.nn.attention.capture import Capturable
-from archlab.nn.component import STATS_BYTES, ActShape, Exportable
+from archlab.nn.component import STATS_BYTES, ActShape
 from archlab.nn.mup import attention_scale
 
 if TYPE_CHECKING:
     from archlab.config.schema import ModelConfig
 
 
-class CrossAttention(Capturable, Exportable, nn.Module):
+class CrossAttention(Capturable, nn.Module):
     """softmax(q(x) k(memory)^T * scale) v(memory), then the output projection."""
 
-    hf_export = {"t5": "EncDecAttention"}
 
     def __init__(self, cfg: "ModelConfig"):
         super().__init__()

@@ -42,9 +42,6 @@ class CausalSelfAttention(Attention):
 
     options = Attention.options | {"qk_norm"}
     supports_bidirectional = True
-    hf_export = {"bert": "query/key/value", "gpt2": "c_attn", "llama": "q/k/v_proj", "mixtral": "q/k/v_proj",
-                 "qwen3_moe": "q/k/v_proj", "t5": "q/k/v", "gptj": "q/k/v_proj", "gpt_neox": "query_key_value"}
-    hf_unsupported = "full causal attention: this family's layers all use a sliding window or latent attention"
 
     def __init__(self, cfg: "ModelConfig", *, layer: int, causal: bool = True):
         super().__init__(cfg, layer=layer, causal=causal)

@@ -130,8 +130,6 @@ class MultiHeadLatentAttention(Attention):
     docstring); the KV cache keeps only that latent and the shared RoPE key."""
 
     options = Attention.options | option_names(MLAOptions)  # not qk_norm: the latents are normalised instead
-    hf_export = {"deepseek_v3": "q_a/q_b/kv_a/kv_b_proj"}
-    hf_unsupported = "multi-head latent attention: only DeepSeek-V3 among the exported families has it"
 
     bidirectional_unsupported = ("its absorbed decoding path and its DeepSeek-V3 export are causal; latent "
                                  "attention without the causal mask is not implemented: use mha")

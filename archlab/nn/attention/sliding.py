@@ -65,8 +65,6 @@ class SlidingWindowAttention(CausalSelfAttention):
     supports_bidirectional = False
     bidirectional_unsupported = ("the window looks back only (0 <= i - j < W); a two-sided window is not "
                                  "implemented: use mha")
-    hf_export = {"mistral": "sliding_window"}
-    hf_unsupported = "sliding-window attention: only Mistral among the exported families has it"
 
     def __init__(self, cfg: "ModelConfig", *, layer: int, causal: bool = True):
         super().__init__(cfg, layer=layer, causal=causal)

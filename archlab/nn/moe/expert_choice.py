@@ -63,8 +63,6 @@ class ExpertChoiceRouter(Router):
     """Each expert takes the C tokens with its largest softmax scores; gate weight = that score."""
 
     options = frozenset({"route_scale", "jitter"})  # no top-k: no groups, no renormalisation
-    hf_export: dict = {}
-    hf_unsupported = "expert-choice routing: no Hugging Face model routes tokens this way"
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from archlab.errors import fail
-from archlab.nn.component import Exportable, option_names
+from archlab.nn.component import option_names
 from archlab.nn.flags import flag_set
 from archlab.nn.moe.experts import Dispatch, capacity_for, dispatch
 from archlab.registry import Registry
@@ -89,7 +89,7 @@ class Routing:
     chosen_NK: Optional[Tensor] = None  # bool: which slots the router filled (expert choice); None = all
 
 
-class Router(Exportable, nn.Module):
+class Router(nn.Module):
     """Shared part of the routers: the gate projection, the selection bias, jitter and groups.
 
     Built as ``Router(cfg)`` (cfg the ``ModelConfig`` of an MoE model). Subclasses define
@@ -245,8 +245,6 @@ class SoftmaxTopKRouter(Router):
     """p = softmax(logits) over all E experts; top-K of p (Switch, Mixtral). A group is ranked by
     its best expert (DeepSeek-V2's group-limited greedy routing)."""
 
-    hf_export = {"mixtral": "softmax top-k", "qwen3_moe": "softmax top-k"}
-    hf_unsupported = "DeepSeek-V3's router is sigmoid top-k (sigmoid_topk)"
 
     @classmethod
     def saved_bytes(cls, s, *, probs_read):
@@ -268,8 +266,6 @@ class SigmoidTopKRouter(Router):
     """s = sigmoid(logits), independent per expert; top-K of s (DeepSeek-V3). A group is ranked by
     the sum of its two best (biased) scores; the balancing losses use s normalised over experts."""
 
-    hf_export = {"deepseek_v3": "sigmoid top-k with e_score_correction_bias"}
-    hf_unsupported = "the HF router is softmax top-k"
 
     @classmethod
     def saved_bytes(cls, s, *, probs_read):
