@@ -11,7 +11,7 @@ import torch
 
 from tools.explore import compute
 from tools.explore.encode import decode
-from tools.explore.load import load
+from tools.explore.load import ExploreError, load
 
 
 def _blocks_by_hand(model, ids):
@@ -53,15 +53,20 @@ def test_residual_ffn_and_logit_lens_equal_the_modules(recipe, over):
         assert decode(d["ffn"]["magnitude"]) == pytest.approx(act.abs().mean(0).numpy(), abs=1e-6)
         assert d["ffn"]["gated"] == (ex.model.cfg.ffn.type == "swiglu")
         assert decode(d["rms"]["attn_norm_in"]) == pytest.approx(xs[layer][0].pow(2).mean(-1).sqrt().numpy(), rel=1e-4)
-    lens_ids, lens_p = decode(an.data["lens"]["ids"]), decode(an.data["lens"]["probs"])  # (L, S, K)
-    for layer in range(2):
-        p = ex.model.head_logits(ex.model.final_norm(xs[layer + 1]))[0].softmax(-1)
-        top = p.topk(lens_ids.shape[-1], dim=-1)
-        assert lens_p[layer] == pytest.approx(top.values.numpy(), abs=1e-6)
-        assert (lens_ids[layer] == top.indices.numpy()).all()
+    S = len(ids)
+    for pos in (S - 1, 2):
+        lens = an.data["lens"] if pos == S - 1 else compute.lens(an, ex, pos)
+        lens_ids, lens_p = decode(lens["ids"]), decode(lens["probs"])  # (L, K)
+        for layer in range(2):
+            p = ex.model.head_logits(ex.model.final_norm(xs[layer + 1]))[0, pos].softmax(-1)
+            top = p.topk(lens_ids.shape[-1])
+            assert lens_p[layer] == pytest.approx(top.values.numpy(), abs=1e-6)
+            assert (lens_ids[layer] == top.indices.numpy()).all()
+        assert all(lens["names"][int(i)] == compute.token_text(ex, int(i)) for i in lens_ids.flatten())
     final = ex.model(torch.tensor([ids])).logits[0, -1].softmax(-1)  # the last block's lens is the output
-    assert lens_p[-1, -1] == pytest.approx(final.topk(lens_p.shape[-1]).values.numpy(), abs=1e-6)
-    assert all(an.data["lens"]["names"][int(i)] == compute.token_text(ex, int(i)) for i in lens_ids.flatten())
+    assert decode(an.data["lens"]["probs"])[-1] == pytest.approx(final.topk(5).values.numpy(), abs=1e-6)
+    with pytest.raises(ExploreError, match="positions 0 to"):
+        compute.lens(an, ex, S)
 
 
 def test_the_hooks_leave_the_model_unchanged_and_moe_blocks_have_no_dense_ffn():
@@ -82,4 +87,4 @@ def test_t5_has_both_stacks_residual_and_the_decoders_lens():
     assert set(t5["residual"]) == {"encoder", "self"}
     enc, dec = decode(t5["residual"]["encoder"]["norm"]), decode(t5["residual"]["self"]["norm"])
     assert enc.shape == (3, len(t5["tokens"])) and dec.shape == (3, len(t5["decoder_tokens"]))
-    assert decode(t5["lens"]["probs"]).shape[:2] == (2, len(t5["decoder_tokens"]))
+    assert decode(t5["lens"]["probs"]).shape == (2, 5) and t5["lens"]["pos"] == len(t5["decoder_tokens"]) - 1

@@ -255,9 +255,8 @@ def analyse(ex: Explorable, text: str) -> Analysis:
     data["attention"], records = _attention(att)
     L = ex.model.cfg.n_layers
     data["residual"] = {stack: residual(steps, stack, L) for stack in ("encoder", "self") if (stack, 0) in steps}
-    data["lens"] = logit_lens(ex.model, steps, L)
-    shown = {int(i) for i in decode(data["lens"]["ids"]).flatten()}
-    data["lens"]["names"] = {int(i): token_text(ex, int(i)) for i in shown}
+    an = Analysis(data, records, steps)
+    data["lens"] = lens(an, ex, logits.shape[0] - 1)
     if ex.kind == "decoder":
         data["kv_cache"] = kv_view(ex.model.cfg, len(ids), ex.max_len)
     data["moe"] = _moe(ex, rt)
@@ -268,7 +267,7 @@ def analyse(ex: Explorable, text: str) -> Analysis:
     if ex.kind == "encoder_decoder":
         data["decoder_tokens"] = _tokens(ex, out_ids)
         data["filled"] = _span_filling(ex, ids, text, out_ids)
-    return Analysis(data, records, steps)
+    return an
 
 
 def detail(an: Analysis, stack: str, layer: int, head: int) -> dict:
@@ -286,6 +285,16 @@ def detail(an: Analysis, stack: str, layer: int, head: int) -> dict:
             "allowed": array(rec.allowed, "u8"), "probs": array(rec.probs[0, head]),
             "out": array(rec.out[0, head]),
             "block": block_steps(an.steps, "self" if stack == "cross" else stack, layer)}
+
+
+def lens(an: Analysis, ex: Explorable, pos: int) -> dict:
+    """The logit lens at position ``pos`` (``tools.explore.steps.logit_lens``) with its tokens' texts."""
+    S = an.steps[("self", 0)]["resid_in"].shape[0]
+    if not 0 <= pos < S:
+        raise ExploreError(f"lens position {pos}: this text has positions 0 to {S - 1}")
+    out = logit_lens(ex.model, an.steps, ex.model.cfg.n_layers, pos)
+    out["names"] = {int(i): token_text(ex, int(i)) for i in decode(out["ids"]).flatten()}
+    return out
 
 
 def generate_text(ex: Explorable, text: str, n: int, temperature: float, top_k: int, top_p: float,

@@ -1,7 +1,7 @@
 """The explorer's ASGI app (Starlette) and its server (uvicorn).
 
 Routes: ``/`` the page, ``/assets/<name>`` its vendored files (a fixed list: nothing else on disk is
-reachable), ``/api/info``, ``/api/analyze``, ``/api/detail``, ``/api/generate`` (JSON bodies of at
+reachable), ``/api/info``, ``/api/analyze``, ``/api/detail``, ``/api/generate``, ``/api/lens`` (JSON bodies of at
 most ``MAX_BODY`` bytes). A user mistake answers 400 with ``{"error": one line}``; anything else
 500 with a one-line message, its traceback printed in the terminal only. The models run one
 request at a time (a lock), so two tabs at once queue rather than interleave.
@@ -63,6 +63,11 @@ class Explorer:
         run = self.run_index(body)
         an = self.analysis(run, _field(body, "text", str))
         return compute.detail(an, _field(body, "stack", str), _field(body, "layer", int), _field(body, "head", int))
+
+    def lens(self, body: dict) -> dict:
+        run = self.run_index(body)
+        an = self.analysis(run, _field(body, "text", str))
+        return compute.lens(an, self.runs[run], _field(body, "pos", int))
 
     def generate(self, body: dict) -> dict:
         run = self.run_index(body)
@@ -165,7 +170,8 @@ def app(explorer: Explorer, allowed_hosts: list[str]):
     routes = [Route("/", index), Route("/assets/{name}", assets), Route("/api/info", info),
               Route("/api/analyze", endpoint(explorer.analyze), methods=["POST"]),
               Route("/api/detail", endpoint(explorer.detail), methods=["POST"]),
-              Route("/api/generate", endpoint(explorer.generate), methods=["POST"])]
+              Route("/api/generate", endpoint(explorer.generate), methods=["POST"]),
+              Route("/api/lens", endpoint(explorer.lens), methods=["POST"])]
     return Starlette(routes=routes, middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)])
 
 

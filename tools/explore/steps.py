@@ -3,7 +3,7 @@ projection and feed-forward internals, read with forward hooks on the model's ow
 only read tensors: the model's math is unchanged), and the logit lens.
 
 Shape legend: S positions, D model width, F feed-forward hidden width, L blocks, V vocabulary,
-K lens tokens shown per position.
+K lens tokens shown per block.
 
 ``capture_steps(model)`` records, for every block of every stack, the residual stream entering and
 leaving it, the input and output of its two norms, the heads' concatenation entering the attention's
@@ -75,17 +75,14 @@ def residual(rec: dict, stack: str, n_layers: int) -> dict:
 
 
 @torch.no_grad()
-def logit_lens(model: nn.Module, rec: dict, n_layers: int) -> dict:
-    """The next-token distribution read after each block through the model's own final norm and
-    head: top-K ids and probabilities (temperature 1) per block and position, (L, S, K)."""
-    ids, probs = [], []
-    for i in range(n_layers):
-        x = rec[("self", i)]["resid_out"][None]  # (1, S, D)
-        p_SV = model.head_logits(model.final_norm(x))[0].float().softmax(-1)
-        top = p_SV.topk(min(LENS_TOP, p_SV.shape[-1]), dim=-1)
-        ids.append(top.indices)
-        probs.append(top.values)
-    return {"ids": array(torch.stack(ids).to(torch.int32), "i32"), "probs": array(torch.stack(probs))}
+def logit_lens(model: nn.Module, rec: dict, n_layers: int, pos: int) -> dict:
+    """The next-token distribution at position ``pos`` read after each block through the model's own
+    final norm and head: top-K ids and probabilities (temperature 1) per block, (L, K). One position
+    at a time: all of them would cost L x S x V, most of a new prompt's time."""
+    x_LD = torch.stack([rec[("self", i)]["resid_out"][pos] for i in range(n_layers)])
+    p_LV = model.head_logits(model.final_norm(x_LD[None]))[0].float().softmax(-1)
+    top = p_LV.topk(min(LENS_TOP, p_LV.shape[-1]), dim=-1)
+    return {"pos": pos, "ids": array(top.indices.to(torch.int32), "i32"), "probs": array(top.values)}
 
 
 def block_steps(rec: dict, stack: str, layer: int) -> dict:

@@ -151,22 +151,34 @@ function magnitudeChart(mag) {
   return g;
 }
 
-// The logit lens at one position: per block, the top tokens and their probabilities.
-function renderLens(c) {
+// The logit lens at one position: per block, the top tokens and their probabilities. The page data
+// holds the last position's; another position is asked of the server (offline: the last only).
+async function lensAt(c, pos) {
+  const run = Explore.runs[c], col = Explore.cols[c];
+  if (run.lens.pos === pos) return run.lens;
+  if (col.lens && col.lens.pos === pos) return col.lens;
+  col.lens = await api("api/lens", {run: c, text: Explore.text, pos});
+  return col.lens;
+}
+
+async function renderLens(c) {
   const box = document.querySelector(`.lens[data-col="${c}"]`);
   const run = Explore.runs[c];
   if (!box || !run.lens) return;
-  box.innerHTML = "";
-  const ids = decodeArray(run.lens.ids), probs = decodeArray(run.lens.probs);
-  const [L, S, K] = ids.shape;
   const toks = run.kind === "encoder_decoder" ? run.decoder_tokens : run.tokens;
-  const pos = Explore.lensPos !== null && Explore.lensPos < S ? Explore.lensPos : S - 1;
+  const S = toks.length;
+  const pos = !Explore.offline && Explore.lensPos !== null && Explore.lensPos < S ? Explore.lensPos : run.lens.pos;
+  let lens;
+  try { lens = await lensAt(c, pos); } catch (e) { showError(e.message); return; }
+  box.innerHTML = "";
+  const ids = decodeArray(lens.ids), probs = decodeArray(lens.probs);
+  const [L, K] = ids.shape;
   const p = panel(t("lens.title"), "lens-panel", t("lens.explain"));
-  const sel = el("select", {class: "lens-pos"});
+  const sel = el("select", {class: "lens-pos", disabled: Explore.offline});
   for (let i = 0; i < S; i++) sel.appendChild(el("option", {value: i, selected: i === pos}, `${i}: ${tokenLabel(toks[i].text)}`));
-  sel.addEventListener("change", () => { Explore.lensPos = +sel.value; Explore.runs.forEach((r, d) => renderLens(d)); });
+  sel.addEventListener("change", () => { Explore.lensPos = +sel.value; Explore.runs.forEach((r, d) => { if (!r.error) renderLens(d); }); });
   p.append(`${t("lens.position")} `, sel);
-  const table = el("table", {class: "lens-table"});
+  const table = el("table", {class: "lens-table", "data-pos": pos});
   const head = el("tr");
   [t("lens.block"), t("lens.top", K)].forEach((h) => head.appendChild(el("th", {}, h)));
   table.appendChild(head);
@@ -175,9 +187,9 @@ function renderLens(c) {
     tr.appendChild(el("td", {}, String(l)));
     const td = el("td");
     for (let k = 0; k < K; k++) {
-      const id = ids.data[(l * S + pos) * K + k], pr = probs.data[(l * S + pos) * K + k];
+      const id = ids.at(l, k), pr = probs.at(l, k);
       const cell = el("span", {class: "lens-tok", "data-id": id, "data-prob": pr.toPrecision(9)});
-      cell.appendChild(el("span", {class: "tok-text"}, tokenLabel(lensText(run, id))));
+      cell.appendChild(el("span", {class: "tok-text"}, tokenLabel(lensText(lens, id))));
       const barw = el("span", {class: "lens-bar"});
       barw.style.width = `${(60 * pr).toFixed(1)}px`;
       cell.appendChild(barw);
@@ -191,8 +203,8 @@ function renderLens(c) {
   box.appendChild(p);
 }
 
-function lensText(run, id) {
-  const s = run.lens.names && run.lens.names[id];
+function lensText(lens, id) {
+  const s = lens.names && lens.names[id];
   return s !== undefined ? s : `#${id}`;
 }
 
