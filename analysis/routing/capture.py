@@ -49,32 +49,46 @@ def capture_topk(model: torch.nn.Module, windows_BS: torch.Tensor, batch_size: i
     return {name: torch.cat(chunks).numpy() for name, chunks in captured.items()}
 
 
-def held_out_tokens(run: Run, text_paths: Sequence[str], max_tokens: int) -> tuple[np.ndarray, str]:
-    """Token ids to analyse: ``--text`` files through the run's tokenizer, else the run's own
-    validation split. Returns (ids, description)."""
-    if text_paths:
+def held_out_tokens(run: Run, text_args: Sequence[str], max_tokens: int) -> tuple[np.ndarray, str]:
+    """Token ids to analyse: ``--text`` (files, globs, or the text itself) through the run's tokenizer, else
+    the run's own validation split. Returns (ids, description)."""
+    if text_args:
         tok_path = run.path / "tokenizer.json"
         if not tok_path.is_file():
             raise RunError(f"{run.path}: tokenizer.json missing; cannot tokenise --text")
         tok = Tokenizer.load(tok_path)
-        files = []
-        for t in text_paths:
-            matches = sorted(glob.glob(t)) if glob.has_magic(t) else [t]
-            if not matches or not all(Path(m).is_file() for m in matches):
-                raise RunError(f"--text {t}: no such file")
-            files += matches
+        texts, source = read_texts(text_args)
         ids = []
-        for f in files:
-            try:
-                ids += tok.encode(Path(f).read_text(encoding="utf-8"))
-            except UnicodeDecodeError:
-                raise RunError(f"--text {f}: not UTF-8 text") from None
+        for text in texts:
+            ids += tok.encode(text)
             if len(ids) >= max_tokens:
                 break
-        return np.asarray(ids[:max_tokens], dtype=np.int64), f"{len(files)} --text file(s)"
+        return np.asarray(ids[:max_tokens], dtype=np.int64), source
 
     data = token_data(run.recipe)
     return np.asarray(data.val[:max_tokens], dtype=np.int64), "the run's validation split"
+
+
+def read_texts(text_args: Sequence[str]) -> tuple[list[str], str]:
+    """The texts ``--text`` names: an existing file or a glob that matches is read (UTF-8); an argument with a
+    space or a line break in it is the text itself; anything else is a missing file. Returns (texts, source)."""
+    texts, files, literal = [], 0, 0
+    for t in text_args:
+        matches = sorted(glob.glob(t)) if glob.has_magic(t) else [t]
+        if matches and all(Path(m).is_file() for m in matches):
+            for m in matches:
+                try:
+                    texts.append(Path(m).read_text(encoding="utf-8"))
+                except UnicodeDecodeError:
+                    raise RunError(f"--text {m}: not UTF-8 text") from None
+            files += len(matches)
+        elif any(c.isspace() for c in t):
+            texts.append(t)
+            literal += 1
+        else:
+            raise RunError(f"--text {t}: no such file (a text given on the command line needs a space in it)")
+    parts = ([f"{files} --text file(s)"] if files else []) + ([f"{literal} --text string(s)"] if literal else [])
+    return texts, " and ".join(parts)
 
 
 def to_windows(ids: np.ndarray, seq_len: int) -> torch.Tensor:

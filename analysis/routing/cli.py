@@ -3,6 +3,7 @@
     python -m analysis.routing runs/mixtral-tiny --out reports/mixtral-tiny-routing
     python -m analysis.routing runs/mixtral-tiny --checkpoint runs/mixtral-tiny/checkpoints/step_00000300 \\
         --text my_held_out.txt --out reports/routing
+    python -m analysis.routing runs/mixtral-tiny --text "def add(a, b): return a + b" --out reports/routing
 
 Over training (from the run's routing.jsonl / metrics.jsonl):
   load_heatmap.png     load per expert against the uniform share (a diverging scale: red above, blue below,
@@ -20,8 +21,12 @@ chosen experts, gate weights, dropped slots and router logits of every traced st
 summary.json says how many steps were traced and what collecting and writing them cost.
 
 From a checkpoint (default: the newest complete one) over held-out text (default: the run's own
-validation split; ``--text`` files instead), with the top-K expert ids captured per token and
-layer by a forward hook on each router:
+validation split; ``--text`` files, globs or the text itself instead: an argument with a space in it
+is the text), with the top-K expert ids captured per token and layer by a forward hook on each
+router; nothing is trained, and a run folder with no training records (imported weights) is read
+from its checkpoint alone:
+  routed_load.png      each expert's load over that text against the uniform share, per MoE layer;
+                       summary.md lists its dead (no slot) and starved experts by id
   specialisation.png   token-id specialisation per layer (OLMoE): for each token id seen at least
                        ``--min-count`` times, the share of its occurrences routed (among its K) to
                        its most frequent expert; mean over token ids, and the uniform baseline K/E
@@ -57,7 +62,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--compare", nargs="+", default=(), metavar="CKPT",
                     help="checkpoints for router saturation (default: the run's other checkpoints)")
     ap.add_argument("--text", nargs="+", default=(), metavar="FILE",
-                    help="held-out UTF-8 text files or globs (default: the run's validation split)")
+                    help="held-out UTF-8 text files or globs, or the text itself (an argument with a space in it); "
+                         "default: the run's validation split")
     ap.add_argument("--max-tokens", type=int, default=32768, help="held-out tokens to route (default 32768)")
     ap.add_argument("--min-count", type=int, default=5,
                     help="token ids seen fewer times are left out of specialisation")

@@ -49,6 +49,33 @@ def expert_health(series: dict[str, dict], fraction: float = STARVED_FRACTION,
     return out
 
 
+def routed_load(experts_NK: np.ndarray, num_experts: int, fraction: float = STARVED_FRACTION) -> dict:
+    """One layer's load over routed text (``experts_NK``: each token's K chosen experts): the slots each expert
+    got, its share of the uniform load, and the dead and starved experts by the rule of :func:`expert_health`
+    (no slot; under ``fraction`` of the mean)."""
+    c_E = np.bincount(experts_NK.reshape(-1), minlength=num_experts).astype(float)
+    mean = float(c_E.mean())
+    return {"slots_per_expert": c_E.astype(int).tolist(), "tokens": int(experts_NK.shape[0]), "fraction": fraction,
+            "share_of_uniform": (c_E / mean if mean > 0 else c_E).tolist(),
+            "dead": [int(e) for e in np.flatnonzero(c_E == 0)],
+            "starved": [int(e) for e in np.flatnonzero((c_E > 0) & (c_E < fraction * mean))],
+            "min_share_of_uniform": float(c_E.min() / mean) if mean > 0 else 0.0}
+
+
+def routed_load_table(load: dict[str, dict]) -> list[str]:
+    """Markdown lines: per layer the dead and starved experts over the routed text, by expert id."""
+    d0 = next(iter(load.values()))
+    lines = [f"Load over these {d0['tokens']} tokens: dead (no slot) and starved (under {d0['fraction']:.0%} of the "
+             "uniform share) experts, by expert id:", "",
+             "| layer | slots per expert (min / mean / max) | dead experts | starved experts | least-loaded expert "
+             "(share of uniform) |", "|---|---|---|---|---|"]
+    for layer, d in load.items():
+        c = d["slots_per_expert"]
+        lines.append(f"| {layer} | {min(c)} / {sum(c) / len(c):.1f} / {max(c)} | {_ids(d['dead'])} | "
+                     f"{_ids(d['starved'])} | {d['min_share_of_uniform']:.2f} |")
+    return lines
+
+
 def _ids(ids: list) -> str:
     return f"{len(ids)}: " + ", ".join(str(e) for e in ids) if ids else "0"
 

@@ -197,6 +197,28 @@ def plot_bias(series: dict[str, dict], run_name: str, path: Path) -> Optional[Pa
     return save_figure(fig, path)
 
 
+def plot_routed_load(load: dict[str, dict], run_name: str, source: str, path: Path) -> Path:
+    """Each expert's load over the routed text as a multiple of the uniform share, one row per MoE layer, on the
+    diverging scale of :func:`plot_load_heatmaps` (white at 1, blue below down to 0 = dead, red above)."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    plt = pyplot()
+    layers = list(load)
+    ratio_LE = np.asarray([load[layer]["share_of_uniform"] for layer in layers])
+    L, E = ratio_LE.shape
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.45 * E + 2.5), max(2.6, 0.5 * L + 1.8)))
+    im = ax.imshow(ratio_LE, aspect="auto", cmap="RdBu_r", interpolation="nearest",
+                   norm=TwoSlopeNorm(vmin=0.0, vcenter=1.0, vmax=max(2.0, float(ratio_LE.max()))))
+    ax.set_xticks(range(E))
+    ax.set_yticks(range(L), layers)
+    style_axes(ax, f"{run_name}: expert load over {source}", "expert id", "MoE layer", legend=False)
+    ax.grid(False)
+    cb = fig.colorbar(im, ax=ax, shrink=0.9)
+    cb.set_label(f"load / uniform share (1 = 1/{E} of the slots)\n0 = dead; under {STARVED_FRACTION:g}: starved")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def plot_specialisation(spec: dict[str, dict], run_name: str, path: Path) -> Path:
     plt = pyplot()
     layers = list(spec)

@@ -8,12 +8,13 @@ from typing import Optional, Sequence
 import numpy as np
 
 from analysis.routing.checkpoint import _resolve_ckpt, inspect_checkpoint
-from analysis.routing.health import expert_health, health_table
+from analysis.routing.health import expert_health, health_table, routed_load_table
 from analysis.routing.plots import (
     plot_balance,
     plot_bias,
     plot_coactivation,
     plot_load_heatmaps,
+    plot_routed_load,
     plot_saturation,
     plot_specialisation,
     plot_telemetry,
@@ -44,7 +45,9 @@ def _markdown(run: Run, train: dict, ck: Optional[dict], files: list[str], healt
     else:
         lines.append("(no routing records in the run folder)")
     if ck:
-        lines += ["", f"## Checkpoint step {ck['step']} over {ck['tokens']} tokens of {ck['source']}", "",
+        lines += ["", f"## Checkpoint step {ck['step']} over {ck['tokens']} tokens of {ck['source']}", ""]
+        lines += routed_load_table(ck["load"]) + [""] if ck.get("load") else []
+        lines += [
                   "| layer | specialisation (mean over ids) | weighted | token ids | random ~ K/E |",
                   "|---|---|---|---|---|"]
         for layer, s in ck["spec"].items():
@@ -77,7 +80,7 @@ def analyse(run_dir: str, out: Path, checkpoint: Optional[str] = None, compare: 
     run = open_run(run_dir)
     if not run.is_moe:
         raise RunError(f"{run.path}: a dense run (recipe has no model.moe); routing inspection needs an MoE run")
-    if run.status == "incomplete" and not allow_incomplete:
+    if run.status == "incomplete" and not allow_incomplete and (run.metrics or not use_checkpoint):
         raise RunError(f"{run.path}: incomplete run ({run.reason}); pass --allow-incomplete to inspect it anyway")
     series = training_series(run)
     if not series and not use_checkpoint:
@@ -105,7 +108,8 @@ def analyse(run_dir: str, out: Path, checkpoint: Optional[str] = None, compare: 
             others = [_resolve_ckpt(run, c) for c in compare]
         else:
             others = [c for c in checkpoints(run.path) if c.resolve() != ckpt.resolve()]
-        ck = inspect_checkpoint(run, ckpt, others, text, max_tokens, min_count)
+        ck = inspect_checkpoint(run, ckpt, others, text, max_tokens, min_count, starved_fraction)
+        files.append(plot_routed_load(ck["load"], run.name, ck["source"], out / "routed_load.png").name)
         files.append(plot_specialisation(ck["spec"], run.name, out / "specialisation.png").name)
         files.append(plot_coactivation(ck["coact"], run.name, out / "coactivation.png").name)
         if ck["saturation"]:
@@ -131,6 +135,7 @@ def analyse(run_dir: str, out: Path, checkpoint: Optional[str] = None, compare: 
             "specialisation": {layer: {k: s[k] for k in ("mean", "weighted_mean", "n_token_ids", "uniform_baseline")}
                                for layer, s in ck["spec"].items()},
             "coactivation": {layer: np.where(np.isnan(c), None, c).tolist() for layer, c in ck["coact"].items()},
+            "load": ck["load"],
             "saturation": {str(s): v for s, v in ck["saturation"].items()},
             "top_tokens": ck["top_tokens"],
         }
