@@ -53,7 +53,7 @@ LONG = {
     "source": "activate",  # a virtual environment made earlier in the same command
 }
 # run whole: seconds each
-QUICK = ("archlab.train --help", "analysis.costs", "archlab.config.reference", "bash -n")
+QUICK = ("archlab.train --help", "analysis.costs", "archlab.config.reference", "bash -n", "analysis.lr_coverage")
 
 
 @dataclass
