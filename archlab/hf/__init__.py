@@ -9,5 +9,6 @@
 from archlab.hf import adapters  # noqa: F401  (register the adapters)
 from archlab.hf.adapter import ADAPTERS, ConfigRefused, HFAdapter, find_adapter
 from archlab.hf.export import export_hf, to_hf_model
+from archlab.hf.load import from_hf
 
-__all__ = ["ADAPTERS", "ConfigRefused", "HFAdapter", "export_hf", "find_adapter", "to_hf_model"]
+__all__ = ["ADAPTERS", "ConfigRefused", "HFAdapter", "export_hf", "find_adapter", "from_hf", "to_hf_model"]

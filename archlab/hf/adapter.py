@@ -114,6 +114,10 @@ class HFAdapter:
         """Fill ``model``'s tensors from the HF state dict ``hf_sd`` through the inverse of ``to_hf``."""
         tensors = unique_tensors(model)
         sources = trace_to_hf(self, model)
+        unused = sorted(set(hf_sd) - set(sources))
+        if unused:
+            raise ValueError(f"{self.hf_class_name}: archlab has no tensor for {', '.join(unused[:6])}"
+                             + (f" (+{len(unused) - 6} more)" if len(unused) > 6 else ""))
         flat = {name: torch.full((t.numel(),), float("nan"), dtype=torch.float64) for name, t in tensors.items()}
         offsets = _offsets(tensors)
         for key, idx in sources.items():
