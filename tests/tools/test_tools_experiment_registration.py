@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
+from omegaconf import OmegaConf
 
 from analysis.experiment_report import NOT_REGISTERED, registration_text
 from archlab.config import RecipeError
@@ -22,7 +22,7 @@ SPEC = Path("experiments/attention-kv.yaml")
 
 def spec_file(tmp_path: Path, name: str, change=None, reverse: bool = False) -> Path:
     """attention-kv's spec with its runs under ``tmp_path/out``, ``change`` applied to its mapping, keys reversed."""
-    d = yaml.safe_load(SPEC.read_text())
+    d = OmegaConf.to_container(OmegaConf.load(SPEC))
     d["out"] = str(tmp_path / "out")
     if change:
         change(d)
@@ -30,7 +30,7 @@ def spec_file(tmp_path: Path, name: str, change=None, reverse: bool = False) -> 
         d = dict(reversed(list(d.items())))
         d["arms"] = [dict(reversed(list(a.items()))) for a in d["arms"]]
     path = tmp_path / name
-    path.write_text(yaml.safe_dump(d, sort_keys=False))
+    OmegaConf.save(OmegaConf.create(d), path)
     return path
 
 
