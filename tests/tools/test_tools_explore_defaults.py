@@ -119,8 +119,10 @@ def test_a_run_folder_without_env_json_is_not_guessed_at(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.txt").write_text("alpha beta\n" * 50)
-    ex = load(_text_run(tmp_path, corpus, env=False))
-    assert ex.prompt.text == NEUTRAL["decoder"] and "env.json" in ex.prompt.note
+    run = _text_run(tmp_path, corpus, env=False)
+    assert load(run).prompt.text == NEUTRAL["decoder"] and "env.json" in load(run).prompt.note
+    (run / checkpoint.RUN_MARKER).write_text(json.dumps({"imported_from": {"hf_folder": "/models/gpt2"}}))
+    assert "was imported from /models/gpt2" in load(run).prompt.note
 
 
 def test_export_without_prompt_uses_the_default_and_the_server_offers_it(tmp_path, capsys):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from archlab.checkpoints import RUN_MARKER
 from archlab.data import build_corpus, split_corpus
 from archlab.data.tokens import prepare_tokens
 from archlab.errors import RecipeError
@@ -36,13 +37,25 @@ def trained_here(run_dir: Optional[Path]) -> Optional[str]:
     ``env.json`` records its data), else why not."""
     if run_dir is None:
         return None
-    try:
-        env = json.loads((run_dir / ENV).read_text())
-    except (OSError, ValueError):
+    imported = _json(run_dir / RUN_MARKER).get("imported_from")
+    if imported:
+        source = imported.get("hf_folder") if isinstance(imported, dict) else imported
+        return f"{run_dir} was imported from {source}: its training corpus is unknown"
+    env = _json(run_dir / ENV)
+    if not env:
         return f"{run_dir} has no {ENV} (not trained by archlab: imported?), so no corpus is known"
-    if not isinstance(env, dict) or "data_meta" not in env:
+    if "data_meta" not in env:
         return f"{run_dir / ENV} records no data"
     return None
+
+
+def _json(path: Path) -> dict:
+    """The JSON object in ``path``; {} when it is missing or not an object."""
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
 
 
 def validation_start(cfg) -> tuple[list[int] | str, str]:
