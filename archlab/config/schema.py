@@ -182,6 +182,7 @@ class TrainConfig:
     # causal_lm (next-token prediction) | mtp (DeepSeek-V3's multi-token prediction: model.mtp_depth modules)
     # | mlm (BERT's masked-token prediction: model.type encoder) | span_corruption (T5's: model.type
     # encoder_decoder) | classify (fine-tuning with a classification head on a labelled task); archlab/objectives/
+    # | tag | span_qa | bound (understanding tasks, Python's ast as ground truth: docs/understanding-tasks.md)
     objective: str = "causal_lm"
     mtp_weight: float = 0.3  # objective mtp: lambda, the MTP loss's weight (DeepSeek-V3: 0.3, later 0.1)
     # objective mlm: share of positions selected for prediction (BERT: 0.15; of them 80% masked, 10% a random
@@ -197,7 +198,7 @@ class TrainConfig:
     init_from: Optional[str] = None
     # objective causal_lm with init_from a dense run and an MoE model: sparse upcycling (archlab/train/upcycle.py)
     upcycle: Optional[UpcycleConfig] = None
-    # objective classify: the state the head reads, first | last | mean; null = the model type's convention
+    # objective classify and bound: the state the head reads, first | last | mean; null = the model type's convention
     # (decoder: last; encoder: first, BERT's [CLS] position; encoder_decoder: the encoder's mean)
     classify_pooling: Optional[str] = None
     classify_train_examples: int = 8192  # objective classify: labelled training examples (archlab/data/splice.py)
