@@ -114,7 +114,7 @@ class HFAdapter:
         """Fill ``model``'s tensors from the HF state dict ``hf_sd`` through the inverse of ``to_hf``."""
         tensors = unique_tensors(model)
         sources = trace_to_hf(self, model)
-        unused = sorted(set(hf_sd) - set(sources))
+        unused = sorted(set(hf_sd) - set(sources) - {self.tied_head_key})  # a tied head: the embedding
         if unused:
             raise ValueError(f"{self.hf_class_name}: archlab has no tensor for {', '.join(unused[:6])}"
                              + (f" (+{len(unused) - 6} more)" if len(unused) > 6 else ""))

@@ -33,6 +33,7 @@ from archlab.version import __version__
 
 EOS = "<|endoftext|>"  # archlab's end-of-text token (archlab.data.tokenizer)
 DEFAULT_SEQ_LEN = 256  # train.seq_len of the imported recipe, at most the model's max_seq_len
+OBJECTIVES = {"decoder": "causal_lm", "encoder": "mlm", "encoder_decoder": "span_corruption"}  # by model.type
 
 
 def read_hf_config(folder: Path) -> dict:
@@ -44,7 +45,9 @@ def read_hf_config(folder: Path) -> dict:
     model_type = json.loads((folder / "config.json").read_text()).get("model_type")
     if model_type not in ADAPTERS:
         raise refuse("model_type", model_type, ", ".join(ADAPTERS.names()))
-    return AutoConfig.from_pretrained(folder, local_files_only=True).to_dict()
+    raw = json.loads((folder / "config.json").read_text())
+    # the class's defaults for keys the file leaves out; the file's own values win (a class may overrule one)
+    return {**AutoConfig.from_pretrained(folder, local_files_only=True).to_dict(), **raw}
 
 
 def hf_state_dict(adapter: HFAdapter, folder: Path) -> dict[str, torch.Tensor]:
@@ -63,9 +66,12 @@ def recipe_node(folder: Path, out: Path, c: dict, node: dict, tokenizer: Optiona
     data: dict = {"tokenizer": str(out.resolve() / ckpt.TOKENIZER)} if tokenizer is not None else {}
     if eot_id is not None:
         data["eot_id"] = eot_id
+    train = {"seq_len": min(DEFAULT_SEQ_LEN, node["max_seq_len"]), "objective": OBJECTIVES[node["type"]]}
+    if node["type"] == "encoder_decoder":
+        train["eval_context_multipliers"] = [1]  # span corruption evaluates at the training length only
     return {"name": out.name, "family": "custom",
             "description": f"imported from {folder} ({c['model_type']}, {', '.join(c.get('architectures') or [])})",
-            "model": node, "data": data, "train": {"seq_len": min(DEFAULT_SEQ_LEN, node["max_seq_len"])}}
+            "model": node, "data": data, "train": train}
 
 
 def tokenizer_eot(folder: Path, c: dict, vocab_size: int) -> tuple[Optional[Path], Optional[int]]:

@@ -90,7 +90,8 @@ def moe_config_kwargs(cfg: ModelConfig) -> dict:
 def moe_node(c: dict, num_experts: str, expert_hidden: str) -> dict:
     """The recipe's ``moe`` node of a softmax top-k HF MoE block."""
     k = int(c["num_experts_per_tok"])
-    return {"num_experts": int(c[num_experts]), "top_k": k, "expert_hidden": int(c[expert_hidden]),
+    experts = c[num_experts] if num_experts in c else c["num_local_experts"]  # Qwen3-MoE's alias in transformers 5
+    return {"num_experts": int(experts), "top_k": k, "expert_hidden": int(c[expert_hidden]),
             "router": {"type": "softmax_topk", "renormalize": True},
             "balance": {"aux_loss_coeff": float(c.get("router_aux_loss_coef", 0.0)) * k},
             "capacity_factor": None}
