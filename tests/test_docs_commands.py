@@ -43,6 +43,7 @@ LONG = {
     "tools.explore": "help",  # serves a page until stopped
     "tools.export_hf": "help",  # reads a run folder
     "tools.sample": "help",  # reads a run folder
+    "tools.task_scores": "help",  # reads run folders and rebuilds their tasks' items
     "analysis.routing": "help",  # reads a run folder
     "analysis.scaling": "help",  # bootstrap fits and simulations: minutes
     "analysis.schedules": "help",  # reads run folders
