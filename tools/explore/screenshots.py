@@ -86,6 +86,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--moe", type=Path, default=Path("recipes/mixtral/tiny.yaml"))
     p.add_argument("--bert", type=Path, default=Path("recipes/bert/tiny.yaml"))
     p.add_argument("--t5", type=Path, default=Path("recipes/t5/tiny.yaml"))
+    p.add_argument("--sliding", type=Path, default=Path("recipes/mistral/tiny.yaml"))
+    p.add_argument("--deepseek", type=Path, default=Path("recipes/deepseek/tiny.yaml"))
     args = p.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
@@ -93,6 +95,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     over = lambda path: ["model.n_layers=2"] if path.suffix == ".yaml" else []  # noqa: E731
     dec, moe = load(args.decoder, over(args.decoder)), load(args.moe, over(args.moe))
     bert, t5 = load(args.bert, over(args.bert)), load(args.t5, over(args.t5))
+    sliding, deepseek = load(args.sliding, over(args.sliding)), load(args.deepseek, over(args.deepseek))
     written = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=ARGS)
@@ -102,6 +105,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         written += _shoot(browser, [bert], "The cat sat on the [MASK].", BERT_VIEWS, args.out)
         written += _shoot(browser, [t5], "The cat <extra_id_0> on the mat.", T5_VIEWS, args.out,
                           "Explore.cols[0].stack = 'cross'; renderAll()")
+        long = " ".join([PROMPT] * 2)  # past the sliding window of 48
+        written += _shoot(browser, [sliding], long, [("attention_sliding_window", '.column[data-col="0"] .maps-panel'),
+                                                     ("kv_cache_sliding_window", '.column[data-col="0"] .kv-panel')],
+                          args.out)
+        written += _shoot(browser, [deepseek], PROMPT, [("moe_deepseek", '.column[data-col="0"] .moe-all-panel')],
+                          args.out)
         written += _shoot(browser, [dec, moe], PROMPT, [], args.out, "pickBlock(0, 'self', 1); setHover(0, 5)",
                           width=1500, full="side_by_side")
         browser.close()

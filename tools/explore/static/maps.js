@@ -161,7 +161,7 @@ function flowDiagram(flow, selected, onPick, vertical) {
       const stackKey = shared ? "encoder" : "self";
       const isSel = selected && selected.stack === stackKey && selected.layer === b.layer;
       const attn = b.window ? `${b.attention} (window ${b.window})` : b.attention;
-      const grp = box(...at(k), [t("flow.block", stack.name, b.layer), `attn: ${attn}, ${b.heads}h/${b.kv_heads}kv`,
+      const grp = box(...at(k), [t("flow.block", t(`flow.stack.${stack.name}`), b.layer), `attn: ${attn}, ${b.heads}h/${b.kv_heads}kv`,
                                  b.ffn.length > 22 ? b.ffn.slice(0, 22) + "…" : b.ffn],
                       "flow-block" + (isSel ? " selected" : ""), {"data-layer": b.layer, "data-stack": stackKey});
       grp.appendChild(svg("title", {}, `${b.ffn}${b.cross ? "; cross-attention to the encoder" : ""}`));

@@ -28,7 +28,7 @@ function residualPanel(run, c) {
     const cv = heatmap(R, S, {size: cellPx * Math.max(R, S), get: (i, j) => m.at(i, j) / max});
     cv.dataset.max = max;
     const toks = (run.kind === "encoder_decoder" && stack === "self" ? run.decoder_tokens : run.tokens).map((x) => tokenLabel(x.text));
-    const rows = [t("resid.embedding"), ...Array.from({length: R - 1}, (_, i) => `${t("resid.rows")} ${i}`)];
+    const rows = [t("resid.embedding"), ...Array.from({length: R - 1}, (_, i) => t("resid.after", i))];
     const fig = figure(stack === "encoder" ? stackName("encoder") : "", cv,
                        {rowsLabel: "", colsLabel: t("axis.position"), rowTicks: rows, colTicks: toks});
     fig.classList.add("resid-map");
@@ -45,15 +45,15 @@ function residualPanel(run, c) {
 
 // A small line chart: one or more series over positions (SVG), with token labels under it.
 function lineChart(series, labels, {title, yLabel}) {
-  const n = labels.length, W = Math.max(260, Math.min(640, n * 16 + 60)), H = 150, left = 44, bottom = 30;
+  const n = labels.length, W = Math.max(300, Math.min(640, n * 16 + 60)), H = 170, left = 44, bottom = 30, top = 44;
   const all = series.flatMap((s) => Array.from(s.values));
   const max = Math.max(1e-12, ...all);
   const g = svg("svg", {width: W, height: H, class: "line-chart", role: "img", "aria-label": title});
-  g.appendChild(svg("text", {x: W / 2, y: 12, "text-anchor": "middle", class: "chart-title"}, title));
+  g.appendChild(svg("text", {x: left, y: 12, "text-anchor": "start", class: "chart-title"}, title));
   const x = (i) => left + (n > 1 ? i * (W - left - 10) / (n - 1) : 0);
-  const y = (v) => H - bottom - (H - bottom - 22) * v / max;
+  const y = (v) => H - bottom - (H - bottom - top) * v / max;
   g.appendChild(svg("line", {x1: left, y1: H - bottom, x2: W - 8, y2: H - bottom, class: "axis"}));
-  g.appendChild(svg("line", {x1: left, y1: 20, x2: left, y2: H - bottom, class: "axis"}));
+  g.appendChild(svg("line", {x1: left, y1: top - 4, x2: left, y2: H - bottom, class: "axis"}));
   g.appendChild(svg("text", {x: left - 4, y: y(max) + 4, "text-anchor": "end"}, fmt(max)));
   g.appendChild(svg("text", {x: left - 4, y: H - bottom, "text-anchor": "end"}, "0"));
   g.appendChild(svg("text", {x: 10, y: (H - bottom) / 2 + 16, transform: `rotate(-90 10 ${(H - bottom) / 2 + 16})`,
@@ -63,7 +63,8 @@ function lineChart(series, labels, {title, yLabel}) {
   series.forEach((s, k) => {
     const pts = Array.from(s.values).map((v, i) => `${x(i)},${y(v)}`).join(" ");
     g.appendChild(svg("polyline", {points: pts, class: `series s${k}`}));
-    g.appendChild(svg("text", {x: W - 10, y: 26 + 13 * k, "text-anchor": "end", class: `legend s${k}`}, s.name));
+    g.appendChild(svg("text", {x: W - 10 - 70 * (series.length - 1 - k), y: 28, "text-anchor": "end", class: `legend s${k}`},
+                      `— ${s.name}`));
   });
   return g;
 }
@@ -78,7 +79,7 @@ function normSection(run, block, tk) {
   if (pre && block.rms.attn_norm_in) {
     wrap.appendChild(lineChart([{name: "RMS in", values: decodeArray(block.rms.attn_norm_in).data},
                                 {name: "RMS out", values: decodeArray(block.rms.attn_norm_out).data}],
-                               tk.rows, {title: t("norm.title", "RMS"), yLabel: "RMS"}));
+                               tk.rows, {title: t("norm.chart"), yLabel: "RMS"}));
   }
   return wrap;
 }

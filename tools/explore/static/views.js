@@ -143,7 +143,7 @@ function renderPredictions() {
     }
     const p = panel(title, "next", t("pred.explain"));
     p.appendChild(el("div", {class: "formula"},
-      `p = softmax(logits / T) over the tokens kept by top-k and top-p   (T = ${temperature.toFixed(2)}, top-k = ${topK || "off"}, top-p = ${topP.toFixed(2)})`));
+      t("pred.formula", temperature.toFixed(2), topK || t("pred.off"), topP.toFixed(2))));
     const probs = distribution(logits, temperature, topK, topP);
     const rows = top.map((t) => ({...t, p: probs[t.id]})).filter((t) => t.p > 0).sort((a, b) => b.p - a.p);
     const list = el("div", {class: "bars"});
