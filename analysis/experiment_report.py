@@ -188,6 +188,7 @@ def _wall_time(ctx: Context) -> str:
 
 
 NOT_REGISTERED = "not pre-registered in the records (runs predate spec hashing)"
+RUN_LISTS = ("runs", "tune_runs", "ceg_runs", "finetune_runs", "finetune_tune_runs")  # the record's run records
 
 
 def registration_text(record: dict) -> str:
@@ -200,7 +201,7 @@ def registration_text(record: dict) -> str:
              "decision-relevant part, `<out>/registration.json`)."]
     known = [reg["first_hash"], *(c["new"] for c in reg.get("chain") or [])]
     counts: dict = {}
-    for key in ("runs", "tune_runs", "ceg_runs", "finetune_runs", "finetune_tune_runs"):
+    for key in RUN_LISTS:
         for r in record.get(key) or []:
             h = r.get("spec_hash")
             counts[h] = counts.get(h, 0) + 1
@@ -212,7 +213,11 @@ def registration_text(record: dict) -> str:
         parts = [f"{c} under {h}" + ("" if h in known else " (not a hash of this registration)")
                  for h, c in counts.items() if h is not None]
         if None in counts:
-            parts.append(f"{counts[None]} without a spec hash")
+            predating = set(reg.get("predating") or ())
+            before = sum(r["run_dir"] in predating for key in RUN_LISTS for r in record.get(key) or []
+                         if r.get("spec_hash") is None)
+            parts.append(f"{counts[None]} without a spec hash"
+                         + (f" ({before} of them started before the spec was first registered)" if before else ""))
         lines.append(f"The {n} runs of the record do not all share one hash: {'; '.join(parts)}.")
     for c in reg.get("chain") or []:
         when = "after the seeded runs began" if c.get("after_seeded_runs") else "before the seeded runs began"

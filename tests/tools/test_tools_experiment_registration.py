@@ -133,3 +133,16 @@ def test_the_plan_line_and_drift(tmp_path):
     changed = dataclasses.replace(load(spec_file(tmp_path, "b.yaml", margin)), out=spec.out)
     assert "in margin.ceg (seeded runs began: `run` needs --amend" in registration.plan_line(changed)
     assert registration.drift(changed, {"registration": registration.read(Path(spec.out))}) == ["margin.ceg"]
+
+
+def test_runs_that_predate_the_first_registration_are_not_stamped(tmp_path):
+    """A runs folder trained before spec hashing, registered now: its runs keep no hash and the report says why."""
+    spec = load(spec_file(tmp_path, "a.yaml"))
+    old = start_seeded_run(spec)
+    reg = registration.register(spec, log=lambda *_: None)
+    assert reg["predating"] == [str(old)]
+    write_record(spec, [], [{"arm": "mha", "seed": 0, "cell": {}, "role": "seeded", "point": old.name,
+                             "run_dir": str(old)}], {})
+    record = json.loads((Path(spec.out) / RECORD).read_text())
+    assert "spec_hash" not in record["runs"][0]
+    assert "1 without a spec hash (1 of them started before the spec was first registered)" in registration_text(record)

@@ -81,6 +81,13 @@ def seeded_runs_began(out: Path) -> bool:
     return any(d.is_dir() and d.name != "logs" and run_dir_state(d) != "new" for d in Path(out).glob("sweep*/*"))
 
 
+def started_runs(out: Path) -> list[str]:
+    """The run folders under ``out`` (two or three levels down: ``tune/<run>``, ``finetune/sweep/<run>``) that have
+    started: runs a registration written now would postdate."""
+    dirs = [*Path(out).glob("*/*"), *Path(out).glob("*/*/*")]
+    return sorted(str(d) for d in dirs if any((d / f).is_file() for f in ("run.json", "recipe.yaml", "summary.json")))
+
+
 def register(spec: Spec, amend: Optional[str] = None, log=print) -> dict:
     """The registration in force for ``spec`` (written to ``<out>/registration.json`` when new or changed); a
     change after the seeded runs began without ``amend`` raises RecipeError naming the keys."""
@@ -90,9 +97,11 @@ def register(spec: Spec, amend: Optional[str] = None, log=print) -> dict:
     reg = read(out)
     if reg is None:
         reg = {"kind": "archlab-experiment-registration", "version": 1, "spec_hash": new, "stated_at": now_utc(),
-               "first_hash": new, "first_stated_at": None, "decision": decision, "chain": []}
+               "first_hash": new, "first_stated_at": None, "decision": decision, "chain": [],
+               "predating": started_runs(out)}
         reg["first_stated_at"] = reg["stated_at"]
-        log(f"pre-registered: spec hash {new} ({out / FILE})")
+        log(f"pre-registered: spec hash {new} ({out / FILE})" + (
+            f"; {len(reg['predating'])} runs already started are not stamped with it" if reg["predating"] else ""))
     elif reg["spec_hash"] == new:
         if amend:
             log(f"--amend: the spec's decision-relevant part is as registered ({new}); nothing to amend")
@@ -136,7 +145,7 @@ def _stamped(run: dict, earlier: Optional[dict], reg: dict) -> dict:
     run = {k: v for k, v in run.items() if k not in ("spec_hash", "stated_at")}
     if earlier is not None:
         return {**run, "spec_hash": earlier["spec_hash"], "stated_at": earlier["stated_at"]}
-    if run_dir_state(run["run_dir"]) != "new":
+    if run_dir_state(run["run_dir"]) != "new" and run["run_dir"] not in set(reg.get("predating") or ()):
         return {**run, "spec_hash": reg["spec_hash"], "stated_at": reg["stated_at"]}
     return run
 
