@@ -7,8 +7,9 @@ classification: 1), N items.
 
 A training window is an item's S input ids followed by its L labels, (B, S + L): micro batches are drawn from the
 training items by (``train.seed``, step) as the classify objective draws its examples; validation reads the
-first ``train.eval_batches`` batches of the val items. :meth:`UnderstandingObjective.item_scores` scores a split
-item by item (the test split after training; intervals resample documents).
+first ``train.eval_batches`` batches of the val items in one fixed shuffled order (a sample across documents).
+:meth:`UnderstandingObjective.item_scores` scores a split item by item (the test split after training; intervals
+resample documents).
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ class UnderstandingObjective(Objective):
     def eval_batches(self, data: TaskData, seq_len: int, batch_size: int, n_batches: int, rank: int,
                      world_size: int) -> Iterator[Tensor]:
         windows = item_windows(data.examples["val"])
+        windows = windows[torch.from_numpy(np.random.default_rng(0).permutation(len(windows)))]  # across documents
         starts = list(range(0, len(windows), batch_size))[:n_batches]
         return (windows[s:s + batch_size] for s in starts[rank::world_size])
 
