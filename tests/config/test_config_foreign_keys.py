@@ -55,6 +55,8 @@ SETUP = {
 VALUES = {
     "model.attention.window": 8,
     "model.attention.q_lora_rank": 8,
+    "model.attention.gdn_k_heads": 2, "model.attention.gdn_v_heads": 4, "model.attention.gdn_k_head_dim": 8,
+    "model.attention.gdn_v_head_dim": 8, "model.attention.gdn_kernels": "torch",
     "model.position.rope_scaling.type": "linear",
     "model.position.rope_scaling.original_max_seq_len": 16,
     "model.mup_base_width": 16,

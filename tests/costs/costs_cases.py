@@ -36,13 +36,15 @@ def shrink(path) -> list[str]:
 
     Every cost is a sum over layers, and layers past ``first_k_dense + every`` (MoE: the dense
     first layers, one MoE layer, the dense layers up to the next MoE one) or past the second
-    (dense) repeat the ones before; the tests run on this depth to stay fast.
+    (dense) repeat the ones before, rounded up to whole periods of a layer pattern; the tests run
+    on this depth to stay fast.
     """
     import archlab
 
     m = archlab.model_config(archlab.load_recipe(path))
     keep = 2 if m.moe is None else m.moe.first_k_dense + m.moe.every
-    return [f"model.n_layers={min(m.n_layers, keep)}"]
+    period = len(m.layers.pattern) or 1  # a layer pattern (a hybrid) repeats whole: one period at least
+    return [f"model.n_layers={min(m.n_layers, -(-keep // period) * period)}"]
 
 
 def random_overrides(seed: int, moe: bool) -> list[str]:

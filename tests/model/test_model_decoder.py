@@ -89,9 +89,11 @@ ATTENTION_OPTIONS = {  # small settings of each attention variant (a window shor
     "sliding_window": AttentionConfig(type="sliding_window", window=4),
     "mla": AttentionConfig(type="mla", q_lora_rank=12, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8,
                            v_head_dim=8),
+    "gated_deltanet": AttentionConfig(type="gated_deltanet", gdn_chunk_size=5),  # chunks that do not divide 12
 }
 REFUSED_PAIRS = {("sliding_window", "alibi"), ("sliding_window", "relative")} | {
-    ("mla", p) for p in ("learned", "sinusoidal", "alibi", "relative", "none")}
+    ("mla", p) for p in ("learned", "sinusoidal", "alibi", "relative", "none")} | {
+    ("gated_deltanet", p) for p in ("rope", "alibi", "relative")}
 
 
 def attention_tiny(attention: str, position: str, **kw) -> ModelConfig:

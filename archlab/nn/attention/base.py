@@ -49,8 +49,9 @@ ATTENTIONS: Registry = Registry("attention")
 class AttentionOptions:
     """Options every attention variant reads."""
 
-    # mha (MHA / GQA / MQA by n_kv_heads) | sliding_window (Mistral; Gemma's local/global layers) | mla (DeepSeek)
-    type: str = "mha"
+    # mha: MHA / GQA / MQA by n_kv_heads; sliding_window: Mistral, Gemma's local/global layers; mla: DeepSeek;
+    # gated_deltanet: linear attention with a fixed-size state (hybrids with mha: model.layers.pattern)
+    type: str = "mha"  # mha | sliding_window | mla | gated_deltanet
     bias: bool = True  # bias on the Q/K/V/O projections (GPT-2 yes, LLaMA no)
     dropout: float = 0.0  # on attention probabilities (training only)
     qk_norm: bool = False  # normalise q and k per head before RoPE (OLMo-2, Qwen3)

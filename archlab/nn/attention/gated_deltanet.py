@@ -32,9 +32,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from archlab.errors import fail
-from archlab.nn.attention.base import ATTENTIONS, Attention
+from archlab.nn.attention.base import ATTENTIONS, Attention, attention_classes
 from archlab.nn.component import STATS_BYTES, ActShape, option_names
-from archlab.nn.positions import PosContext
+from archlab.nn.positions import PosContext, position_class
 
 if TYPE_CHECKING:
     from archlab.config.schema import ModelConfig
@@ -218,6 +218,10 @@ class GatedDeltaNet(Attention):
             fail(f"{p}.gdn_chunk_size", a.gdn_chunk_size, "must be >= 1")
         if a.gdn_kernels not in KERNELS:
             fail(f"{p}.gdn_kernels", a.gdn_kernels, f"must be one of {', '.join(KERNELS)}")
+        position = position_class(m)
+        if (position.rotates_qk or position.score_bias) and attention_classes(m) == [cls]:
+            fail(f"{prefix}.position.type", m.position.type, "gated_deltanet reads no rotary angles or score bias "
+                 "and no other layer attends: use none (the conv and the decay see order), learned or sinusoidal")
 
     @classmethod
     def num_params(cls, cfg: "ModelConfig", *, layer: int) -> int:
