@@ -30,6 +30,8 @@ it is imported below; to add a measurement, write its module and import it here.
   against the reference of its budget (paired by seed, Holm).
 - ``cloze``: one held-out id per window, each model type (decoder, encoder, encoder-decoder) through its own
   interface: the task arms of different objectives are compared on.
+- ``mqar``, ``mad``: synthetic probes (multi-query associative recall; the MAD tasks), each arm's architecture
+  trained from scratch on the task, accuracy at the answer positions.
 """
 
 from analysis.measurements import (  # noqa: F401  (each registers its measurement)
@@ -39,7 +41,9 @@ from analysis.measurements import (  # noqa: F401  (each registers its measureme
     init_grad_norms,
     kv_cache,
     ladder,
+    mad,
     moe_breakdown,
+    mqar,
     routing,
     stability,
     throughput,

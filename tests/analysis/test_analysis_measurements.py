@@ -121,8 +121,8 @@ def test_every_measurement_module_registers_one_measurement_under_its_name():
         assert type(m).section is not Measurement.section, name  # every measurement has a report section
     # what runs after training: the six that compute beyond the run folders
     assert sorted(n for n, m in MEASUREMENTS.items() if type(m).run is not Measurement.run) == [
-        "cloze", "extrapolation", "finetune", "init_grad_norms", "moe_breakdown", "routing", "throughput",
-        "val_sampling"]
+        "cloze", "extrapolation", "finetune", "init_grad_norms", "mad", "moe_breakdown", "mqar", "routing",
+        "throughput", "val_sampling"]
     assert [n for n, m in MEASUREMENTS.items() if m.last] == ["throughput"]
 
 
