@@ -33,7 +33,8 @@ def window(cfg, B: int = 2, S: int = 16, seed: int = 0) -> torch.Tensor:
 
 
 def test_registry_and_windows():
-    assert OBJECTIVES.names() == ["causal_lm", "classify", "mlm", "mtp", "span_corruption"]
+    assert OBJECTIVES.names() == ["bound", "causal_lm", "classify", "mlm", "mtp", "span_corruption", "span_qa",
+                                 "tag"]
     assert objective_for(recipe("llama/tiny")).window_ahead == 1
     assert objective_for(recipe("deepseek/tiny", 2)).window_ahead == 3
     tokens = torch.arange(1000).numpy()
