@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from archlab.checkpoints import checkpoints
+from archlab.checkpoints import TOKENIZER, checkpoints
+from archlab.data.tokenizer import Tokenizer
 from archlab.errors import RecipeError
 from archlab.objectives import objective_for
 from archlab.objectives.understanding import UnderstandingObjective
@@ -66,6 +67,8 @@ def score_run(run: Path, limit: int | None = None) -> list[dict]:
         raise RecipeError(f"{run}: train.objective={cfg.train.objective} is not an understanding task")
     ckpt, step, falling = chosen_checkpoint(run, objective.eval_loss_key)
     data = objective.prepare_data(cfg)
+    if data.tokenizer.backend.get_vocab() != Tokenizer.load(run / TOKENIZER).backend.get_vocab():
+        raise RecipeError(f"{run}: the task's tokenizer rebuilt from the recipe differs from the run's {TOKENIZER}")
     model = objective.build_model(cfg)
     load_weights_into(model, ckpt)
     task = objective.task_facts()
