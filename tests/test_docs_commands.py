@@ -42,11 +42,13 @@ LONG = {
     "tools.gpu_check": "help",  # needs a GPU
     "tools.explore": "help",  # serves a page until stopped
     "tools.export_hf": "help",  # reads a run folder
+    "tools.import_hf": "help",  # reads a Hugging Face model folder
     "tools.sample": "help",  # reads a run folder
     "tools.task_scores": "help",  # reads run folders and rebuilds their tasks' items
     "analysis.routing": "help",  # reads a run folder
     "analysis.scaling": "help",  # bootstrap fits and simulations: minutes
     "analysis.schedules": "help",  # reads run folders
+    "analysis.probe_training": "help",  # trains a model on a probe task
     "pytest": "version",  # the test suite itself
     "ruff check": "version",  # the whole tree's lint
     "venv": "help",  # makes a virtual environment
