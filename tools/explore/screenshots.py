@@ -2,7 +2,7 @@
 Chromium from the recipes at random init (or from the run folders given):
 
     python -m tools.explore.screenshots --out docs/explorer
-    python -m tools.explore.screenshots --decoder runs/<llama-tiny run> --moe runs/<mixtral-tiny run>
+    python -m tools.explore.screenshots --decoder runs/<llama-tiny run> --layers 4
 
 Each view is written as ``<view>.png`` (English) and ``<view>.zh.png`` (Chinese).
 """
@@ -88,11 +88,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--t5", type=Path, default=Path("recipes/t5/tiny.yaml"))
     p.add_argument("--sliding", type=Path, default=Path("recipes/mistral/tiny.yaml"))
     p.add_argument("--deepseek", type=Path, default=Path("recipes/deepseek/tiny.yaml"))
+    p.add_argument("--layers", type=int, default=2, help="model.n_layers of the recipes at random init")
     args = p.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
     args.out.mkdir(parents=True, exist_ok=True)
-    over = lambda path: ["model.n_layers=2"] if path.suffix == ".yaml" else []  # noqa: E731
+    over = lambda path: [f"model.n_layers={args.layers}"] if path.suffix == ".yaml" else []  # noqa: E731
     dec, moe = load(args.decoder, over(args.decoder)), load(args.moe, over(args.moe))
     bert, t5 = load(args.bert, over(args.bert)), load(args.t5, over(args.t5))
     sliding, deepseek = load(args.sliding, over(args.sliding)), load(args.deepseek, over(args.deepseek))

@@ -36,10 +36,12 @@ function divColor(w) {
 // highlightRow, label}. Masked cells are drawn grey (the causal mask, the window).
 function heatmap(rows, cols, opts) {
   const size = opts.size || 220;
-  const cell = Math.max(1, Math.floor(size / Math.max(rows, cols)));
-  const canvas = el("canvas", {width: cols * cell, height: rows * cell, class: "heat"});
+  const cw = Math.max(1, Math.floor(size / Math.max(rows, cols)));
+  // a wide matrix (tokens x hundreds of neurons) gets taller rows, so each token stays readable
+  const cell = cols > rows ? Math.max(cw, Math.min(8, Math.floor(240 / rows))) : cw;
+  const canvas = el("canvas", {width: cols * cw, height: rows * cell, class: "heat"});
   const ctx = canvas.getContext("2d");
-  const img = ctx.createImageData(cols * cell, rows * cell);
+  const img = ctx.createImageData(cols * cw, rows * cell);
   let scale = 1;
   if (opts.signed) {
     let m = 1e-12;
@@ -52,8 +54,8 @@ function heatmap(rows, cols, opts) {
     for (let j = 0; j < cols; j++) {
       const masked = opts.masked && opts.masked(i, j);
       const rgb = masked ? [205, 205, 205] : opts.signed ? divColor(opts.get(i, j) / scale) : seqColor(opts.get(i, j));
-      for (let y = 0; y < cell; y++) for (let x = 0; x < cell; x++) {
-        const p = ((i * cell + y) * cols * cell + j * cell + x) * 4;
+      for (let y = 0; y < cell; y++) for (let x = 0; x < cw; x++) {
+        const p = ((i * cell + y) * cols * cw + j * cw + x) * 4;
         img.data[p] = rgb[0]; img.data[p + 1] = rgb[1]; img.data[p + 2] = rgb[2]; img.data[p + 3] = 255;
       }
     }
@@ -62,9 +64,10 @@ function heatmap(rows, cols, opts) {
   if (opts.highlightRow !== undefined && opts.highlightRow !== null && opts.highlightRow < rows) {
     ctx.strokeStyle = "#e6550d";
     ctx.lineWidth = Math.max(1, Math.min(3, cell / 2));
-    ctx.strokeRect(0.5, opts.highlightRow * cell + 0.5, cols * cell - 1, cell - 1);
+    ctx.strokeRect(0.5, opts.highlightRow * cell + 0.5, cols * cw - 1, cell - 1);
   }
-  canvas.dataset.cell = cell;
+  canvas.dataset.cell = cell;  // row height (px)
+  canvas.dataset.cellw = cw;  // column width (px)
   canvas.dataset.max = scale;
   return canvas;
 }
@@ -108,11 +111,10 @@ function figure(title, canvas, {rowsLabel, colsLabel, scale, rowTicks, colTicks,
   fig.appendChild(el("figcaption", {}, title));
   const body = el("div", {class: "map-body"});
   body.appendChild(el("span", {class: "axis-y"}, rowsLabel));
-  const cell = +canvas.dataset.cell;
-  if (rowTicks) body.appendChild(ticks(rowTicks, cell, false));
+  if (rowTicks) body.appendChild(ticks(rowTicks, +canvas.dataset.cell, false));
   const inner = el("div", {class: "map-inner"});
   inner.appendChild(canvas);
-  if (colTicks) inner.appendChild(ticks(colTicks, cell, true));
+  if (colTicks) inner.appendChild(ticks(colTicks, +canvas.dataset.cellw, true));
   body.appendChild(inner);
   fig.appendChild(body);
   fig.appendChild(el("div", {class: "axis-x"}, colsLabel));

@@ -45,11 +45,10 @@ function residualPanel(run, c) {
 
 // A small line chart: one or more series over positions (SVG), with token labels under it.
 function lineChart(series, labels, {title, yLabel}) {
-  const n = labels.length, W = Math.max(300, Math.min(640, n * 16 + 60)), H = 170, left = 44, bottom = 30, top = 44;
+  const n = labels.length, W = Math.max(360, Math.min(640, n * 16 + 60)), H = 150, left = 44, bottom = 30, top = 30;
   const all = series.flatMap((s) => Array.from(s.values));
   const max = Math.max(1e-12, ...all);
   const g = svg("svg", {width: W, height: H, class: "line-chart", role: "img", "aria-label": title});
-  g.appendChild(svg("text", {x: left, y: 12, "text-anchor": "start", class: "chart-title"}, title));
   const x = (i) => left + (n > 1 ? i * (W - left - 10) / (n - 1) : 0);
   const y = (v) => H - bottom - (H - bottom - top) * v / max;
   g.appendChild(svg("line", {x1: left, y1: H - bottom, x2: W - 8, y2: H - bottom, class: "axis"}));
@@ -63,10 +62,13 @@ function lineChart(series, labels, {title, yLabel}) {
   series.forEach((s, k) => {
     const pts = Array.from(s.values).map((v, i) => `${x(i)},${y(v)}`).join(" ");
     g.appendChild(svg("polyline", {points: pts, class: `series s${k}`}));
-    g.appendChild(svg("text", {x: W - 10 - 70 * (series.length - 1 - k), y: 28, "text-anchor": "end", class: `legend s${k}`},
+    g.appendChild(svg("text", {x: W - 10 - 70 * (series.length - 1 - k), y: 20, "text-anchor": "end", class: `legend s${k}`},
                       `— ${s.name}`));
   });
-  return g;
+  const fig = el("figure", {class: "chart"});
+  fig.appendChild(el("figcaption", {}, title));  // HTML: the title wraps instead of being cut
+  fig.appendChild(g);
+  return fig;
 }
 
 // 3a: the norm before attention: RMS of each position in and out.
@@ -115,6 +117,11 @@ function blockSections(run, col, block, tk, size) {
   const act = (ffnType.match(/\((\w+)\)/) || [])[1] || "";
   ffnStep.appendChild(el("h3", {}, t("ffn.title", ffnType, F)));
   ffnStep.appendChild(el("p", {class: "explain"}, f.gated ? t("ffn.explain.gated", F) : t("ffn.explain", F, act)));
+  if (block.rms.ffn_norm_in && run.flow.norm.includes("pre-norm")) {
+    ffnStep.appendChild(lineChart([{name: "RMS in", values: decodeArray(block.rms.ffn_norm_in).data},
+                                   {name: "RMS out", values: decodeArray(block.rms.ffn_norm_out).data}],
+                                  tk.rows, {title: t("ffn.norm"), yLabel: "RMS"}));
+  }
   const grid = el("div", {class: "steps"});
   const nr = t("axis.neuron");
   grid.appendChild(fig((S, D) => t(f.gated ? "ffn.up.gated" : "ffn.up", S, D), f.up, true, nr));
