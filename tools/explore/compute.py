@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -47,6 +47,8 @@ class Analysis:
     data: dict
     records: dict[tuple[str, int], AttentionRecord] = field(default_factory=dict)  # (stack, layer) -> record
     steps: dict[tuple[str, int], dict] = field(default_factory=dict)  # (stack, layer) -> tensors (tools.explore.steps)
+    rerun: Optional[Callable[[], None]] = None  # the forward again (with capture_steps on): the blocks' insides
+    inside: dict[tuple[str, int], dict] = field(default_factory=dict)  # filled by the first detail() that needs it
 
 
 def token_text(ex: Explorable, i: int) -> str:
@@ -247,15 +249,23 @@ def analyse(ex: Explorable, text: str) -> Analysis:
                 c.records.clear()
             for r in rt.values():
                 r.clear()
-            with capture_steps(ex.model) as steps:
-                logits = ex.model(x, decoder_input_ids=torch.tensor([out_ids])).logits[0]
+            def forward():
+                return ex.model(x, decoder_input_ids=torch.tensor([out_ids])).logits[0]
         else:
-            with capture_steps(ex.model) as steps:
-                logits = ex.model(x).logits[0]  # (S, V)
+            def forward():
+                return ex.model(x).logits[0]  # (S, V)
+        with capture_steps(ex.model, inside=False) as steps:
+            logits = forward()
     data["attention"], records = _attention(att)
     L = ex.model.cfg.n_layers
     data["residual"] = {stack: residual(steps, stack, L) for stack in ("encoder", "self") if (stack, 0) in steps}
     an = Analysis(data, records, steps)
+
+    def rerun() -> None:
+        with torch.no_grad(), capture_steps(ex.model) as inside:
+            forward()
+        an.inside = inside
+    an.rerun = rerun
     data["lens"] = lens(an, ex, logits.shape[0] - 1)
     if ex.kind == "decoder":
         data["kv_cache"] = kv_view(ex.model.cfg, len(ids), ex.max_len)
@@ -284,7 +294,15 @@ def detail(an: Analysis, stack: str, layer: int, head: int) -> dict:
             "scores": array(rec.scores[0, head]), "bias": None if rec.bias is None else array(rec.bias[head]),
             "allowed": array(rec.allowed, "u8"), "probs": array(rec.probs[0, head]),
             "out": array(rec.out[0, head]),
-            "block": block_steps(an.steps, "self" if stack == "cross" else stack, layer)}
+            "block": block_steps(_inside(an), "self" if stack == "cross" else stack, layer)}
+
+
+def _inside(an: Analysis) -> dict:
+    """The blocks' norms, projections and FFN internals: a second forward, on the first detail asked
+    (a new prompt's page does not wait for them)."""
+    if not an.inside and an.rerun is not None:
+        an.rerun()
+    return an.inside
 
 
 def lens(an: Analysis, ex: Explorable, pos: int) -> dict:

@@ -33,13 +33,14 @@ def _stacks(model: nn.Module) -> dict[str, nn.ModuleList]:
 
 
 @contextmanager
-def capture_steps(model: nn.Module) -> Iterator[dict[tuple[str, int], dict[str, Tensor]]]:
-    """{(stack, layer): {name: tensor (S, ...)}} of the batch's first row, filled while the model runs."""
+def capture_steps(model: nn.Module, inside: bool = True) -> Iterator[dict[tuple[str, int], dict[str, Tensor]]]:
+    """{(stack, layer): {name: tensor (S, ...)}} of the batch's first row, filled while the model runs.
+    ``inside=False``: the residual stream only (two hooks per block: what a new prompt's page needs)."""
     rec: dict[tuple[str, int], dict[str, Tensor]] = {}
     handles = []
 
     def keep(key, name, t):
-        rec.setdefault(key, {})[name] = t[0].detach().float().clone()
+        rec.setdefault(key, {})[name] = t[0].detach().float()  # fresh tensors, never written in place later
 
     def add(module, key, name_in=None, name_out=None):
         if module is None or isinstance(module, nn.Identity):
@@ -54,6 +55,8 @@ def capture_steps(model: nn.Module) -> Iterator[dict[tuple[str, int], dict[str, 
         for i, b in enumerate(blocks):
             key = (stack, i)
             add(b, key, "resid_in", "resid_out")
+            if not inside:
+                continue
             add(getattr(b, "attn_norm", None), key, "attn_norm_in", "attn_norm_out")
             add(getattr(b, "ffn_norm", None), key, "ffn_norm_in", "ffn_norm_out")
             add(getattr(b.attn, "wo", None), key, "concat", "attn_out")
