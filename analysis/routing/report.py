@@ -109,7 +109,8 @@ def analyse(run_dir: str, out: Path, checkpoint: Optional[str] = None, compare: 
         else:
             others = [c for c in checkpoints(run.path) if c.resolve() != ckpt.resolve()]
         ck = inspect_checkpoint(run, ckpt, others, text, max_tokens, min_count, starved_fraction)
-        files.append(plot_routed_load(ck["load"], run.name, ck["source"], out / "routed_load.png").name)
+        files.append(plot_routed_load(ck["load"], run.name, f"{ck['tokens']} tokens of {ck['source']}",
+                                      out / "routed_load.png").name)
         files.append(plot_specialisation(ck["spec"], run.name, out / "specialisation.png").name)
         files.append(plot_coactivation(ck["coact"], run.name, out / "coactivation.png").name)
         if ck["saturation"]:
