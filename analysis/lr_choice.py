@@ -53,11 +53,15 @@ def choose(lrs: Sequence[float], losses: Sequence[Optional[float]], noise_sd: Op
     y = np.array([np.mean(v) for v in groups.values()])
     n_at = np.array([len(v) for v in groups.values()], dtype=float)
     out["points"] = int(n_at.sum())
-    edge = "low" if lrs[i] == min(groups) else "high" if lrs[i] == max(groups) else None
+    # an end of the whole grid (a diverged or not-learned lr beyond the best bounds that side: it is the worst)
+    edge = "low" if lrs[i] == min(lrs) else "high" if lrs[i] == max(lrs) else None
+    x_lo, x_hi = math.log(min(lrs)), math.log(max(lrs))  # the grid's range, every lr tried
     if len(x) < 3:
         out["reason"] = f"{len(x)} finite lr{'s' if len(x) != 1 else ''} (a parabola needs 3)"
         if edge:  # nothing bounds the optimum on that side
             out.update(low=float(lrs[i]), high=float(lrs[i]), open_low=edge == "low", open_high=edge == "high")
+        else:  # the best's neighbours in the grid (worse, or diverged) bound it
+            out.update(low=max(v for v in lrs if v < lrs[i]), high=min(v for v in lrs if v > lrs[i]))
         return out
     sd, sd_from, df = _seed_sd(groups, noise_sd)
     coef, cov, chi2_red = _fit(x, y, n_at, sd or 1.0)
@@ -76,8 +80,8 @@ def choose(lrs: Sequence[float], losses: Sequence[Optional[float]], noise_sd: Op
         cov, sd_from = cov * chi2_red, f"{sd_from}, scaled by the fit's reduced chi-square {chi2_red:.2g}"
         sd = sd * math.sqrt(chi2_red)
     out.update(kind="parabola", curvature=float(a), coef=[float(a), float(b), float(c)], sd=sd, sd_from=sd_from)
-    i_lr = sorted(groups).index(lrs[i])
-    lo_x, hi_x = (x[max(i_lr - 1, 0)], x[min(i_lr + 1, len(x) - 1)])
+    lo_x = math.log(max((v for v in lrs if v < lrs[i]), default=lrs[i]))  # the bracket: the best's grid neighbours
+    hi_x = math.log(min((v for v in lrs if v > lrs[i]), default=lrs[i]))
     x_star = float(np.clip(-b / (2 * a), lo_x, hi_x))
     if edge:  # the optimum is not bracketed: no extrapolation; the grid extends there (tools.experiment_tuning)
         out.update(kind="grid", reason="the best lr is at an end of the grid (not bracketed)")
@@ -87,8 +91,8 @@ def choose(lrs: Sequence[float], losses: Sequence[Optional[float]], noise_sd: Op
     if sd is not None:
         q = stats.norm.ppf(0.5 + level / 2) if df is None else stats.t.ppf(0.5 + level / 2, df)
         low, high = _fieller(coef, cov, q)
-        open_low, open_high = low < x.min() or edge == "low", high > x.max() or edge == "high"
-        low, high = max(low, x.min()), min(high, x.max())
+        open_low, open_high = low < x_lo or edge == "low", high > x_hi or edge == "high"
+        low, high = max(low, x_lo), min(high, x_hi)
         if edge == "high":
             low = min(low, x_star)
         if edge == "low":
@@ -175,6 +179,8 @@ def interval_text(res: dict) -> str:
     """'3.1e-3 .. 1.1e-2 (80%; +0.012 / +0.020 nats at the ends)', '>= 2.1e-3 (80%, open above; ...)', or '-'."""
     if res is None or res.get("low") is None:
         return "-"
+    if res.get("cost_low") is None and not (res["open_low"] or res["open_high"]):  # no parabola
+        return f"{res['low']:.2g} .. {res['high']:.2g} (the best lr's neighbours in the grid; no parabola)"
     if res.get("cost_low") is None:  # at an end of the grid with no parabola: only the open side is known
         return f"{'<=' if res['open_low'] else '>='} {res['lr']:.2g} (open {'below' if res['open_low'] else 'above'})"
     lo = ("<= " if res["open_low"] else "") + f"{res['low']:.2g}"

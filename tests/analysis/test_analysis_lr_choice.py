@@ -122,3 +122,13 @@ def test_the_tuning_report_prints_the_fit_and_its_interval():
             "did_not_learn": [False, True, True, True]}
     assert tuning_report._fit_text(tuning_report.refit(edge, 0.01)) == \
         "<= 0.001 (open below): 1 finite lr (a parabola needs 3)"
+
+
+def test_a_lr_that_did_not_learn_bounds_the_best_on_its_side():
+    """The grid's lowest lr did not learn (scored as the worst, left out of the fit): the best lr is bracketed, so
+    the interval is closed on that side, never open, and the choice stays inside the grid neighbours."""
+    res = lr_choice.choose([1e-3, 3e-3, 9e-3], [None, 4.491, 4.597], noise_sd=0.01)
+    assert res["kind"] == "grid" and (res["low"], res["high"]) == (1e-3, 9e-3)
+    assert not res["open_low"] and not res["open_high"] and "neighbours" in lr_choice.interval_text(res)
+    res = lr_choice.choose(GRID, [None, 3.3, 3.1, 3.0, 3.05, 3.2], noise_sd=0.01)
+    assert res["kind"] == "parabola" and GRID[2] <= res["lr"] <= GRID[4] and not res["open_low"]
