@@ -98,8 +98,8 @@ NO_KEYS = {
     "archlab.nn.moe.balance.BALANCE_TERMS": "test_each_balancing_term_owns_its_coefficient",
     # both tokenizers read the same keys (the vocabulary size is the model's)
     "archlab.data.tokenizer.TOKENIZERS": "no data key depends on data.tokenizer",
-    # no recipe key selects an exporter: archlab.export takes its name as an argument
-    "archlab.export.hf.EXPORTERS": "not a recipe choice",
+    # no recipe key selects an adapter: archlab.hf finds it from the architecture or config.json
+    "archlab.hf.adapter.ADAPTERS": "not a recipe choice",
 }
 
 
