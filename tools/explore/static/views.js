@@ -55,7 +55,9 @@ function renderAll() {
     root.appendChild(col);
   });
   renderPredictions();
-  Explore.runs.forEach((run, c) => { if (!run.error) { renderMaps(c); renderInside(c); renderMoE(c); renderLens(c); } });
+  Explore.runs.forEach((run, c) => { if (!run.error) { renderMaps(c); renderMoE(c); renderLens(c); } });
+  // the block's inside (a server request of ~1 MB) after the bars are on screen
+  requestAnimationFrame(() => setTimeout(() => Explore.runs.forEach((run, c) => { if (!run.error) renderInside(c); }), 0));
 }
 
 // ---------------------------------------------------------------- tokens
