@@ -31,7 +31,7 @@ LAYERS = (
     ("archlab.parallel", 3),
     ("archlab.costs", 4),
     ("archlab.config", 5),
-    ("archlab.export", 6), ("archlab.hf", 6), ("archlab.train", 6),
+    ("archlab.hf", 6), ("archlab.train", 6),
     ("archlab", 7), ("archlab.data.__main__", 7), ("archlab.train.__main__", 7),
     ("analysis", 8),
     ("tools", 9),

@@ -8,7 +8,7 @@ the MoE balancing loss. Its peers, per case (:func:`build_runners`):
 
 - ``archlab, logits loss``: the same model with ``F.cross_entropy`` over its logits (what the
   fused loss saves);
-- the ``transformers`` model archlab exports to (``archlab.export.to_hf_model``; SDPA attention),
+- the ``transformers`` model archlab exports to (``archlab.hf.to_hf_model``; SDPA attention),
   with its own ``labels`` loss (Mixtral: ``output_router_logits=True``, its balancing loss in);
 - dense GPT cases: ``tools.nanogpt``, a nanoGPT-style GPT reimplemented after karpathy/nanoGPT
   model.py (no package ships nanoGPT, and the benchmark needs no network), full-logits loss.
@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import archlab
-from archlab.export import to_hf_model
+from archlab.hf import to_hf_model
 from archlab.objectives.causal_lm import CausalLM
 from tools.nanogpt import from_archlab
 

@@ -45,7 +45,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-import archlab.export.mixtral  # noqa: F401  registers the Mixtral exporter for the step case
+import archlab.hf  # noqa: F401  registers the adapters (Mixtral's for the step case)
 from archlab.config.schema import FFNConfig, ModelConfig, MoEConfig
 from archlab.costs.flops import moe_layer_flops, training_flops_per_token
 from archlab.nn.ffn import SwiGLU

@@ -13,7 +13,7 @@ from archlab.costs import training_flops_per_token
 from archlab.costs.measure import measured_flops, saved_activation_bytes
 from archlab.costs.memory import activation_memory
 from archlab.data import TokenBatches
-from archlab.export import to_hf_model
+from archlab.hf import to_hf_model
 from archlab.model import build_model
 from archlab.nn.loss import lm_loss
 from archlab.objectives import OBJECTIVES, objective_for

@@ -112,7 +112,7 @@ def test_ep2_matches_ep1_resumes_and_exports_at_ep1(base, tmp_path, capfd):
     # export the ep_size=2 checkpoint to transformers at ep_size=1
     from transformers import AutoModelForCausalLM
 
-    from archlab.export import export_hf
+    from archlab.hf import export_hf
 
     model10, _ = ckpt.load_model(run / "checkpoints" / "step_00000010")
     folder = export_hf(model10, tmp_path / "hf", tokenizer_file=run / "tokenizer.json")

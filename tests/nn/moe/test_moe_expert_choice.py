@@ -119,7 +119,7 @@ def test_z_loss_still_acts_and_is_allowed():
 
 
 def test_no_hugging_face_class_routes_by_expert_choice():
-    from archlab.export import find_exporter
+    from archlab.hf import find_adapter
 
     with pytest.raises(ValueError, match="no Hugging Face class can express"):
-        find_exporter(archlab.model_config(archlab.load_recipe(RECIPE)))
+        find_adapter(archlab.model_config(archlab.load_recipe(RECIPE)))

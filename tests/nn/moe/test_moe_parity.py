@@ -14,8 +14,9 @@ from archlab.config.schema import (
     PositionConfig,
     RouterConfig,
 )
-from archlab.export import export_hf, find_exporter, to_hf_model
-from archlab.export.mixtral import MixtralExporter, Qwen3MoeExporter
+from archlab.hf import export_hf, find_adapter, to_hf_model
+from archlab.hf.adapters.mixtral import MixtralAdapter
+from archlab.hf.adapters.qwen3_moe import Qwen3MoeAdapter
 from archlab.nn.moe import MoELayer
 
 
@@ -90,7 +91,7 @@ def test_moe_mixtral_tiny_exports_to_mixtral_with_equal_logits(root, tmp_path):
 
     cfg = load_recipe(root / "recipes/mixtral/tiny.yaml", ["model.n_layers=2", "model.vocab_size=512"])
     model = build_model(cfg)
-    assert isinstance(find_exporter(model.cfg), MixtralExporter)
+    assert isinstance(find_adapter(model.cfg), MixtralAdapter)
     hf = to_hf_model(model)
     assert type(hf).__name__ == "MixtralForCausalLM"
     _assert_same_logits(model, hf)
@@ -111,7 +112,7 @@ def test_moe_qwen3_moe_full_model_parity():
         for n, p in model.named_parameters():
             if "norm" in n:
                 p.uniform_(0.5, 1.5)
-    assert isinstance(find_exporter(model.cfg), Qwen3MoeExporter)
+    assert isinstance(find_adapter(model.cfg), Qwen3MoeAdapter)
     hf = to_hf_model(model)
     assert hf.config.mlp_only_layers == [0] and hf.config.norm_topk_prob is False
     _assert_same_logits(model, hf)
@@ -121,4 +122,4 @@ def test_moe_deepseek_recipe_has_no_hf_exporter_and_says_why(root):
     cfg = load_recipe(root / "recipes/deepseek/tiny.yaml")
     model = build_model(cfg, device="meta")
     with pytest.raises(ValueError, match="sigmoid_topk"):
-        find_exporter(model.cfg)
+        find_adapter(model.cfg)
