@@ -118,8 +118,9 @@ class HFAdapter:
         if unused:
             raise ValueError(f"{self.hf_class_name}: archlab has no tensor for {', '.join(unused[:6])}"
                              + (f" (+{len(unused) - 6} more)" if len(unused) > 6 else ""))
-        flat = {name: torch.full((t.numel(),), float("nan"), dtype=torch.float64) for name, t in tensors.items()}
         offsets = _offsets(tensors)
+        total = sum(hi - lo for lo, hi in offsets.values())
+        flat = torch.full((total,), float("nan"), dtype=torch.float64)  # every archlab entry, in tensor order
         for key, idx in sources.items():
             if key not in hf_sd:  # e.g. a tied head: its entries are the embedding's
                 continue
@@ -130,18 +131,16 @@ class HFAdapter:
             if bool((value[holes] != 0).any()):
                 raise ValueError(f"{key}: nonzero entries where archlab has no parameter (e.g. a bias it lacks); "
                                  "archlab cannot express them")
-            for name, (lo, hi) in offsets.items():
-                sel = (idx >= lo + 1) & (idx <= hi)
-                if bool(sel.any()):
-                    flat[name][(idx[sel] - 1 - lo).long()] = value[sel]
-        unread = [n for n, v in flat.items() if bool(torch.isnan(v).any())]
+            flat[idx[~holes].long() - 1] = value[~holes]
+        unread = [n for n, (lo, hi) in offsets.items() if bool(torch.isnan(flat[lo:hi]).any())]
         if unread:
             absent = sorted(set(sources) - set(hf_sd))
             raise ValueError(f"{self.hf_class_name}: no checkpoint tensor holds archlab's {', '.join(unread)} "
                              f"(absent from the checkpoint: {', '.join(absent) or 'none'})")
         with torch.no_grad():
             for name, t in tensors.items():
-                t.copy_(flat[name].view_as(t).to(t.dtype))
+                lo, hi = offsets[name]
+                t.copy_(flat[lo:hi].view_as(t).to(t.dtype))
 
     def hf_class(self):
         import transformers
