@@ -28,7 +28,7 @@ can be checked against a measured count):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from omegaconf import DictConfig
 
@@ -171,8 +171,19 @@ def sequence_lengths(model_cfg, seq_len: int) -> tuple[int, int]:
 
 
 def training_flops(model_cfg, seq_len: int, objective: str | None = None) -> FlopsBreakdown:
-    """Forward + backward matmul FLOPs per token (3x the forward), by component."""
-    return forward_flops(model_cfg, seq_len, objective).scaled(1.0 + BACKWARD_TO_FORWARD)
+    """Forward + backward matmul FLOPs per token (3x the forward), by component; in a one-stack model, each
+    attention layer's variant states its own (``training_flops``: Gated DeltaNet's chunked form differs)."""
+    out = forward_flops(model_cfg, seq_len, objective).scaled(1.0 + BACKWARD_TO_FORWARD)
+    cfg = model_config(model_cfg)
+    if model_class(cfg).stacks != 1:
+        return out
+    extra = dict.fromkeys(ATTENTION_KEYS, 0.0)
+    for i in range(cfg.n_layers):
+        attention = attention_class(cfg, i)
+        own, fwd = attention.training_flops(cfg, seq_len, layer=i), attention.forward_flops(cfg, seq_len, layer=i)
+        for k in ATTENTION_KEYS:
+            extra[k] += own[k] - (1.0 + BACKWARD_TO_FORWARD) * fwd[k]
+    return replace(out, **{k: getattr(out, k) + v for k, v in extra.items()})
 
 
 def forward_flops_per_token(model_cfg, seq_len: int) -> float:

@@ -49,7 +49,7 @@ def copy_from_hf(mine: GatedDeltaNet, theirs) -> None:
     q, k, v, z = qkvz.split([Dk, Dk, r * Dv, r * Dv], dim=1)
     b, a = theirs.in_proj_ba.weight.view(Hk, 2 * r, D).split([r, r], dim=1)
     with torch.no_grad():
-        mine.w_in.weight.copy_(torch.cat([t.reshape(-1, D) for t in (q, k, v, z, b, a)]))
+        mine.wqkv.weight.copy_(torch.cat([t.reshape(-1, D) for t in (q, k, v, z, b, a)]))
         mine.conv_weight.copy_(theirs.conv1d.weight)
         mine.A_log.copy_(theirs.A_log)
         mine.dt_bias.copy_(theirs.dt_bias)
@@ -152,11 +152,15 @@ def test_params_and_flops_match_the_module(seed):
     layer = GatedDeltaNet(cfg, layer=0)
     assert GatedDeltaNet.num_params(cfg, layer=0) == sum(p.numel() for p in layer.parameters())
     S = 21
+    x = torch.randn(2, S, cfg.d_model, requires_grad=True)  # a layer's input needs its gradient in a model
     with FlopCounterMode(display=False) as counter:
-        layer(torch.randn(2, S, cfg.d_model), CTX)
-    counted = counter.get_total_flops() / (2 * S)
-    stated = sum(GatedDeltaNet.forward_flops(cfg, S, layer=0).values())
-    assert counted == pytest.approx(stated, rel=1e-12)
+        y = layer(x, CTX)
+    forward = counter.get_total_flops() / (2 * S)
+    with FlopCounterMode(display=False) as counter:
+        y.square().sum().backward()
+    assert forward == pytest.approx(sum(GatedDeltaNet.forward_flops(cfg, S, layer=0).values()), rel=1e-12)
+    training = forward + counter.get_total_flops() / (2 * S)
+    assert training == pytest.approx(sum(GatedDeltaNet.training_flops(cfg, S, layer=0).values()), rel=1e-12)
 
 
 def test_cache_bytes_are_the_cache_tensors_and_constant_in_the_context():

@@ -18,7 +18,8 @@ whether it can):
 - ``rotary_dim(cfg)``: the channels RoPE rotates per head;
 - ``num_params(cfg, layer=)``; ``forward_flops(cfg, seq_len, layer=)``: matmul FLOPs per token as
   ``{"qkv_proj", "out_proj", "attn_scores", "attn_values"}`` (``archlab.costs.flops``: input
-  projections, output projection, Q K^T, P V, in FlopCounterMode's conventions);
+  projections, output projection, Q K^T, P V, in FlopCounterMode's conventions); ``training_flops``: the
+  same with backward (three forwards unless the variant says otherwise);
 - ``saved_bytes(s, layer=)`` and ``selective_saved_bytes(s, layer=)``: what one layer keeps for
   backward without checkpointing and under selective checkpointing (``archlab.costs.memory``);
 - ``kv_cache_bytes(cfg, context, layer=, dtype_bytes=)``: one sequence's inference cache;
@@ -135,6 +136,12 @@ class Attention(Capturable, nn.Module):
     @classmethod
     def forward_flops(cls, cfg: "ModelConfig", seq_len: int, *, layer: int) -> dict[str, float]:
         raise NotImplementedError
+
+    @classmethod
+    def training_flops(cls, cfg: "ModelConfig", seq_len: int, *, layer: int) -> dict[str, float]:
+        """Forward + backward per token, by the keys of :meth:`forward_flops`: three forwards (each matmul's
+        backward is two of its size); a variant whose backward differs says so."""
+        return {k: 3.0 * v for k, v in cls.forward_flops(cfg, seq_len, layer=layer).items()}
 
     @classmethod
     def saved_bytes(cls, s: ActShape, *, layer: int) -> float:

@@ -172,8 +172,8 @@ class GatedDeltaNet(Attention):
         self.conv_dim = 2 * self.hk * self.dk + self.hv * self.dv
         self.kernel, self.chunk, self.kernels = a.gdn_conv_kernel, a.gdn_chunk_size, a.gdn_kernels
         self.scale = a.scale if a.scale is not None else self.dk ** -0.5
-        # one GEMM for q, k, v (the conv's channels), z (the output gate), beta (write rate), alpha (decay)
-        self.w_in = nn.Linear(cfg.d_model, self.conv_dim + self.hv * self.dv + 2 * self.hv, bias=a.bias)
+        # one GEMM for q, k, v (the conv's channels) and z (the output gate), beta (write rate), alpha (decay)
+        self.wqkv = nn.Linear(cfg.d_model, self.conv_dim + self.hv * self.dv + 2 * self.hv, bias=a.bias)
         self.conv_weight = nn.Parameter(torch.empty(self.conv_dim, 1, self.kernel))  # depthwise, no bias
         self.A_log = nn.Parameter(torch.empty(self.hv))  # decay rate per value head: exp(A_log) > 0
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
@@ -233,19 +233,34 @@ class GatedDeltaNet(Attention):
 
     @classmethod
     def forward_flops(cls, cfg: "ModelConfig", seq_len: int, *, layer: int) -> dict[str, float]:
-        """Per token, in FlopCounterMode's conventions (matmuls and the conv; the triangular solves and the
-        elementwise gates are not counted). ``qkv_proj``: the in projection and the conv (2 K per channel);
-        ``attn_scores``: per chunk and value head K K^T and Q K^T (2 L^2 Dk each); ``attn_values``: per chunk
-        the state reads W M and Q M (2 L Dk Dv each), the intra-chunk P U (2 L^2 Dv) and the state update
-        K^T U (2 L Dk Dv). The padded last chunk counts whole."""
+        """Per token, in FlopCounterMode's conventions (matmuls; the triangular solves, the conv's shifted
+        products and the gates are elementwise or uncounted). ``qkv_proj``: the in projection; ``attn_scores``:
+        per chunk and value head K K^T and Q K^T (2 L^2 Dk each); ``attn_values``: per chunk the state reads
+        W M and Q M (2 L Dk Dv each), the intra-chunk P U (2 L^2 Dv) and the state update K^T U (2 L Dk Dv).
+        The padded last chunk counts whole."""
         hk, hv, dk, dv = gdn_dims(cfg)
-        d, K, L = cfg.d_model, cfg.attention.gdn_conv_kernel, cfg.attention.gdn_chunk_size
+        d, L = cfg.d_model, cfg.attention.gdn_chunk_size
         conv = 2 * hk * dk + hv * dv
         padded = math.ceil(seq_len / L) * L / seq_len  # padded tokens per real token
-        return {"qkv_proj": 2.0 * d * (conv + hv * dv + 2 * hv) + 2.0 * conv * K,
+        return {"qkv_proj": 2.0 * d * (conv + hv * dv + 2 * hv),
                 "out_proj": 2.0 * hv * dv * d,
                 "attn_scores": padded * hv * 4.0 * L * dk,
                 "attn_values": padded * hv * (2.0 * L * dv + 6.0 * dk * dv)}
+
+    @classmethod
+    def training_flops(cls, cfg: "ModelConfig", seq_len: int, *, layer: int) -> dict[str, float]:
+        """Forward + backward per token: three forwards, plus what the chunked form's backward adds or skips
+        (measured op by op with FlopCounterMode): each chunk's two triangular solves get a matmul in backward
+        (grad of the system: 2 L^2 Dk and 2 L^2 Dv), while the first chunk's zero starting state needs no
+        gradient (W M and Q M: one backward matmul each instead of two) and the last state update feeds
+        nothing (K^T U: none instead of two): 8 L Dk Dv fewer per sequence and value head."""
+        hk, hv, dk, dv = gdn_dims(cfg)
+        L = cfg.attention.gdn_chunk_size
+        nc = math.ceil(seq_len / L)
+        out = {k: 3.0 * v for k, v in cls.forward_flops(cfg, seq_len, layer=layer).items()}
+        out["attn_scores"] += hv * 2.0 * L * L * dk * nc / seq_len
+        out["attn_values"] += hv * (2.0 * L * L * dv * nc - 8.0 * L * dk * dv) / seq_len
+        return out
 
     @classmethod
     def kv_cache_bytes(cls, cfg: "ModelConfig", context: int, *, layer: int, dtype_bytes: int) -> float:
@@ -275,19 +290,24 @@ class GatedDeltaNet(Attention):
         return ops
 
     def conv(self, x_BCS: Tensor, cache: Optional[LayerStateCache]) -> Tensor:
-        """Causal depthwise conv + SiLU; the K - 1 inputs before the first are the cache's (zeros without)."""
+        """Causal depthwise conv + SiLU; the K - 1 inputs before the first are the cache's (zeros without).
+
+        Written as K shifted products (elementwise work, 2 K FLOPs per channel and token, as cheap as a norm)
+        rather than ``F.conv1d``, whose backward FlopCounterMode counts as a dense C x C convolution."""
         B, C, S = x_BCS.shape
         K = self.kernel
         past = cache.conv if cache is not None and cache.conv is not None else x_BCS.new_zeros(B, C, K - 1)
         full = torch.cat([past, x_BCS], dim=-1)  # (B, C, K - 1 + S)
         if cache is not None:
             cache.conv = full[:, :, full.shape[-1] - (K - 1):]
-        return F.silu(F.conv1d(full, self.conv_weight, groups=C))  # (B, C, S)
+        w_CK = self.conv_weight[:, 0]
+        y = sum(w_CK[:, j, None] * full[:, :, j:j + S] for j in range(K))  # (B, C, S): tap j sees position t-K+1+j
+        return F.silu(y)
 
     def forward(self, x_BSD: Tensor, ctx: PosContext, cache: Optional[LayerStateCache] = None) -> Tensor:
         B, S, _ = x_BSD.shape
         Hk, Hv, Dk, Dv = self.hk, self.hv, self.dk, self.dv
-        qkv, z, b, a = self.w_in(x_BSD).split([self.conv_dim, Hv * Dv, Hv, Hv], dim=-1)
+        qkv, z, b, a = self.wqkv(x_BSD).split([self.conv_dim, Hv * Dv, Hv, Hv], dim=-1)
         qkv = self.conv(qkv.transpose(1, 2), cache).transpose(1, 2)  # (B, S, C)
         q, k, v = qkv.split([Hk * Dk, Hk * Dk, Hv * Dv], dim=-1)
         q, k, v = q.view(B, S, Hk, Dk), k.view(B, S, Hk, Dk), v.view(B, S, Hv, Dv)
