@@ -71,6 +71,9 @@ def hf_model(family: str, seed: int = 0):
             else:
                 p.copy_(torch.randn_like(p) * 0.2 + (1.0 if "norm" in name.lower() and p.ndim == 1
                                                      and "bias" not in name else 0.0))
+        for name, b in hf.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's selection bias: a buffer
+                b.copy_(torch.randn_like(b) * 0.2)
     return hf
 
 
