@@ -30,7 +30,8 @@ function residualPanel(run, c) {
     const toks = (run.kind === "encoder_decoder" && stack === "self" ? run.decoder_tokens : run.tokens).map((x) => tokenLabel(x.text));
     const rows = [t("resid.embedding"), ...Array.from({length: R - 1}, (_, i) => t("resid.after", i))];
     const fig = figure(stack === "encoder" ? stackName("encoder") : "", cv,
-                       {rowsLabel: "", colsLabel: t("axis.position"), rowTicks: rows, colTicks: toks});
+                       {rowsLabel: "", colsLabel: t("axis.position"), rowTicks: rows, colTicks: toks,
+                        scale: t("resid.scale")});
     fig.classList.add("resid-map");
     fig.dataset.stack = stack;
     // the colour bar of this map reads 0 .. max ‖x‖
