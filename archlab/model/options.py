@@ -27,7 +27,8 @@ MODEL_CHOICES: list[Choice] = [
     # the model type first: a key of another type is refused before its components are asked
     Choice("", "type", "model.type", "model type", ModelConfig, lambda: registry_options(MODELS)),
     Choice("attention", "attention.type", "attention.type", "attention", AttentionConfig,
-           lambda: registry_options(ATTENTIONS), chooses=lambda m: layer_pattern(m) or [m.attention.type]),
+           lambda: registry_options(ATTENTIONS),
+           chooses=lambda m: list(dict.fromkeys(layer_pattern(m))) or [m.attention.type]),  # a pattern's types
     Choice("norm", "norm.type", "norm.type", "norm", NormConfig, lambda: registry_options(NORMS)),
     # position first: on a position without RoPE every rope_scaling key is foreign
     Choice("position", "position.type", "position.type", "position", PositionConfig,
