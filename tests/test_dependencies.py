@@ -94,11 +94,15 @@ def _packages_distributions() -> dict[str, list[str]]:
     return importlib.metadata.packages_distributions()
 
 
+# optional extras not installed here whose module name is not their distribution's
+UNINSTALLED_DISTRIBUTIONS = {"fla": "flash-linear-attention"}
+
+
 def distribution_of(module: str) -> str:
     """The distribution that provides ``module`` (installed), else the module's own name (an
     optional extra that is not installed here, e.g. ``datasets``)."""
     dists = _packages_distributions().get(module)
-    return _normalise(dists[0]) if dists else _normalise(module)
+    return _normalise(dists[0]) if dists else _normalise(UNINSTALLED_DISTRIBUTIONS.get(module, module))
 
 
 def missing_declarations() -> list[str]:
