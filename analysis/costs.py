@@ -121,7 +121,7 @@ def expand(inputs: Sequence[str], note=lambda msg: print(f"note: {msg}", file=sy
 CELL_GROUPS = {
     "params": ("params_total", "params_embedding", "params_non_embedding", "params_active"),
     "flops": ("fwd_flops_per_token", "train_flops_per_token", "attention_causal_useful_fwd", "flops_breakdown"),
-    "kv_cache": ("kv_cache_bytes_per_token",),
+    "kv_cache": ("kv_cache_bytes_per_token", "state_bytes_per_sequence"),
     "memory": ("train_memory_bytes", "memory_breakdown", "activation_breakdown"),
 }
 
@@ -192,7 +192,9 @@ def recipe_costs(path: Path, seq_len: Optional[int], batch: Optional[int], preci
                 "attention_causal_useful_fwd": fwd.attention_causal_useful, "flops_breakdown": train.components()}
 
     def kv_cache() -> dict:
-        return {"kv_cache_bytes_per_token": kv_cache_bytes(cfg, batch=1, context=1, dtype="bf16")}
+        # what grows with the context (attention's K/V) and what does not (a linear-attention layer's state)
+        one, two = (kv_cache_bytes(cfg, batch=1, context=c, dtype="bf16") for c in (1, 2))
+        return {"kv_cache_bytes_per_token": two - one, "state_bytes_per_sequence": 2 * one - two}
 
     def memory() -> dict:
         mem = training_memory(cfg, B, S, precision=precision, zero_stage=zero_stage, dp=dp, ep=ep, device=device,
@@ -257,9 +259,10 @@ def _count(n: float) -> str:
 
 
 COLUMNS = ["recipe", "params_total", "params_embedding", "params_non_embedding", "params_active",
-           "fwd_flops_per_token", "train_flops_per_token", "kv_cache_bytes_per_token", "train_memory_bytes"]
+           "fwd_flops_per_token", "train_flops_per_token", "kv_cache_bytes_per_token", "state_bytes_per_sequence",
+           "train_memory_bytes"]
 HEADERS = ["recipe", "params", "embedding", "non-emb.", "active", "fwd FLOP/tok", "train FLOP/tok",
-           "KV cache/tok (bf16)", "train mem/rank"]
+           "KV cache/tok (bf16)", "state/seq", "train mem/rank"]
 
 
 def memory_notes(rows: list[dict]) -> tuple[dict[int, str], list[str]]:
@@ -279,7 +282,7 @@ def format_table(rows: list[dict]) -> str:
     footnote n below the table says why; a memory cell marked [a] has a note below saying why it is large."""
     numbers, notes = footnotes(rows)
     marks, mem_notes = memory_notes(rows)
-    formats = [_count] * 4 + [lambda x: _human(x, FLOP_UNITS)] * 2 + [lambda x: _human(x, BYTE_UNITS)] * 2
+    formats = [_count] * 4 + [lambda x: _human(x, FLOP_UNITS)] * 2 + [lambda x: _human(x, BYTE_UNITS)] * 3
 
     def cell(i: int, key: str, fmt) -> str:
         value = rows[i].get(key)
