@@ -25,7 +25,7 @@ class MQAR(ProbeTask):
     name = "mqar"
     title = "multi-query associative recall (Zoology)"
 
-    vocab_size: int = 512  # Zoology: 8192 (smaller here for the CPU: an 8192-way output per position)
+    vocab_size: int = 256  # Zoology: 8192 (smaller here for the CPU: an 8192-way output per position)
     seq_len: int = 64  # Zoology: 64, 128, 256
     kv_pairs: int = 4  # Zoology: 4, 8, 16 (with 64, 128, 256)
     power_a: float = 0.01  # Zoology's gap power law; 1.0: uniform gaps
