@@ -41,35 +41,52 @@ def run(recipe, overrides, task, steps, width=64, batch=32, lr=3e-3, test_answer
 # --------------------------------------------------------------------------------------------
 
 SMALL_MQAR = {"vocab_size": 256, "seq_len": 64, "kv_pairs": 4}
-STEPS_FAST, STEPS_SLOW, STEPS_MAD = 300, 2000, 500
+STEPS_FAST, STEPS_MAD = 200, 500
 
 
-def test_attention_recalls_where_a_one_back_window_cannot_small():
-    """Fast: after a short run attention is far above a window that cannot reach the pairs."""
+@pytest.fixture(scope="module")
+def attention_fast() -> dict:
+    """Attention after the fast tests' 200 steps (measured: 0.117 [0.099, 0.138], ~10 CPU s)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run(LLAMA, ATTENTION, probe_task("mqar", SMALL_MQAR), steps=STEPS_FAST)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("recipe,overrides", [(LLAMA, WINDOW), (GDN, GDN_TINY)], ids=["window-2", "gdn-2x2-state"])
+def test_attention_recalls_where_a_small_state_cannot_fast(attention_fast, recipe, overrides):
+    """Fast (~10 CPU s each): after 200 steps attention is already several times a model that cannot hold the
+    pairs, which stays near chance (measured: window 0.008 [0.004, 0.015], Gated DeltaNet with a 2 x 2 state
+    0.015 [0.009, 0.024]; chance 0.0078)."""
     task = probe_task("mqar", SMALL_MQAR)
-    att = run(LLAMA, ATTENTION, task, steps=STEPS_FAST)
-    win = run(LLAMA, WINDOW, task, steps=STEPS_FAST)
-    assert att["answers"] >= 1000 and win["answers"] >= 1000
-    assert att["accuracy"]["low"] > win["accuracy"]["high"] + 0.2, (att["accuracy"], win["accuracy"])
+    small = run(recipe, overrides, task, steps=STEPS_FAST)
+    att = attention_fast
+    assert att["answers"] >= 1000 and small["answers"] >= 1000
+    assert small["accuracy"]["low"] < 4 * task.chance  # near chance
+    assert att["accuracy"]["low"] > 3 * small["accuracy"]["high"], (att["accuracy"], small["accuracy"])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("setting", [SMALL_MQAR])
-def test_attention_solves_mqar_where_a_small_state_does_not(setting):
-    task = probe_task("mqar", setting)
-    att = run(LLAMA, ATTENTION, task, steps=STEPS_SLOW)
-    win = run(LLAMA, WINDOW, task, steps=STEPS_SLOW)
-    gdn = run(GDN, GDN_TINY, task, steps=STEPS_SLOW)
+def test_attention_solves_mqar_where_a_window_shorter_than_the_gap_does_not():
+    """The measurement's default budget (1000 steps of 128 sequences, ~160 CPU s a run): LLaMA-tiny attention
+    (4 query heads, 2 key/value heads) solves MQAR (measured: 0.978 [0.967, 0.985]); the same model with a window of
+    4 (2 layers reach 6 positions back) does not (0.056 [0.043, 0.071])."""
+    task = probe_task("mqar", SMALL_MQAR)
+    att = run(LLAMA, [], task, steps=1000, batch=128)
+    win = run(LLAMA, ["model.attention.type=sliding_window", "model.attention.window=4"], task, steps=1000, batch=128)
     assert att["accuracy"]["low"] > 0.9, att["accuracy"]
-    assert win["accuracy"]["high"] < 0.5, win["accuracy"]
-    assert gdn["accuracy"]["high"] < 0.5, gdn["accuracy"]
+    assert win["accuracy"]["high"] < 0.2, win["accuracy"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["in_context_recall", "noisy_recall", "selective_copying"])
 def test_attention_learns_each_mad_task_above_chance(name):
+    """Measured after 500 steps: in-context recall 0.335 [0.307, 0.364] (chance 0.125), noisy recall 0.308
+    [0.280, 0.337] (0.125), selective copying 0.773 [0.747, 0.798] (0.071)."""
     task = probe_task(name)
-    r = run(LLAMA, ATTENTION, task, steps=STEPS_MAD)
+    r = run(LLAMA, ATTENTION, task, steps=STEPS_MAD)  # ~20 CPU s each
     assert r["chance"] == task.chance
     assert r["accuracy"]["low"] > 2 * task.chance, (r["accuracy"], task.chance)
 
