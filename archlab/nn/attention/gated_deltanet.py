@@ -271,11 +271,44 @@ class GatedDeltaNet(Attention):
 
     @classmethod
     def saved_bytes(cls, s: ActShape, *, layer: int) -> float:
-        raise NotImplementedError("gated_deltanet has no activation-memory model yet")
+        """What the torch path keeps for backward (measured tensor by tensor on the CPU, fp32): the in
+        projection's input and output, the conv's padded input, its sum and SiLU output, the gates' inputs and
+        outputs, the q/k L2 norms' rsqrt; in the chunked form (R = B Hv nc L padded rows, fp32) the padded
+        k, v, q and beta, the decay matrix, K K^T, Q K^T, the system, the intra-chunk scores (each R L), the
+        solves' outputs, beta K, the decayed q and k, three exp(cumulative decay) vectors, each chunk's
+        starting state and corrected values, and the output; the gated norm's rsqrt, normalised output,
+        SiLU(z) and product; the out projection's input."""
+        if s.act != STATS_BYTES:
+            raise NotImplementedError("gated_deltanet: activation memory is modelled for fp32 only")
+        cfg, n, a, f = s.cfg, s.n, s.act, STATS_BYTES
+        hk, hv, dk, dv = gdn_dims(cfg)
+        D, K, L = cfg.d_model, cfg.attention.gdn_conv_kernel, cfg.attention.gdn_chunk_size
+        C = 2 * hk * dk + hv * dv
+        nc = math.ceil(s.seq_len / L)
+        R = s.batch * hv * nc * L
+        total = n * D * a + n * (C + hv * dv + 2 * hv) * a  # in projection: input, output (z, beta, alpha views)
+        total += s.batch * C * (s.seq_len + K - 1) * a + 2 * n * C * a  # conv: padded input, sum, SiLU output
+        total += 3 * n * hv * a + 2 * hv * f + 2 * n * hk * f  # sigmoid(beta), alpha + dt_bias, softplus; A; rsqrt
+        # chunked form. With one chunk, the state update after it feeds nothing: the decayed k, its decay and
+        # the chunk decay are freed with it, and one (B Hv, L, Dk) copy fewer is made (measured)
+        one = nc == 1
+        total += R * f * (4 - one) + R * dk * f * (4 if one else 6) + R * dv * f * 4 + 5 * R * L * f
+        total += L * L  # the bool causal mask of a chunk
+        total += (not one) * s.batch * hv * nc * f + nc * s.batch * hv * dk * dv * f  # chunk decays, starting states
+        total += n * hv * f + 3 * n * hv * dv * a  # gated norm
+        return total + n * hv * dv * a  # out projection's input
 
     @classmethod
     def selective_saved_bytes(cls, s: ActShape, *, layer: int) -> float:
-        raise NotImplementedError("gated_deltanet has no selective-checkpointing memory model yet")
+        """The matmul outputs: the in and out projections, K K^T and Q K^T, and per chunk W M, Q M, P U, K^T U."""
+        cfg, n, a, f = s.cfg, s.n, s.act, STATS_BYTES
+        hk, hv, dk, dv = gdn_dims(cfg)
+        D, L = cfg.d_model, cfg.attention.gdn_chunk_size
+        C = 2 * hk * dk + hv * dv
+        nc = math.ceil(s.seq_len / L)
+        R = s.batch * hv * nc * L
+        total = n * (C + hv * dv + 2 * hv) * a + n * D * a
+        return total + 2 * R * L * f + R * 3 * dv * f + nc * s.batch * hv * dk * dv * f
 
     # ------------------------------------------------------------------ forward
 
@@ -322,9 +355,10 @@ class GatedDeltaNet(Attention):
                            output_final_state=cache is not None, use_qk_l2norm_in_kernel=True)
         else:
             rep = Hv // Hk
-            q, k = (l2norm(t.float()).repeat_interleave(rep, dim=2).transpose(1, 2) for t in (q, k))  # (B, Hv, S, Dk)
-            v = v.float().transpose(1, 2)  # (B, Hv, S, Dv)
-            g, beta = g.transpose(1, 2), beta.float().transpose(1, 2)  # (B, Hv, S)
+            # (B, Hv, S, D*), contiguous whatever the padding: the chunked form's layout (and memory) is one
+            q, k = (l2norm(t.float()).repeat_interleave(rep, dim=2).transpose(1, 2).contiguous() for t in (q, k))
+            v = v.float().transpose(1, 2).contiguous()  # (B, Hv, S, Dv)
+            g, beta = g.transpose(1, 2).contiguous(), beta.float().transpose(1, 2).contiguous()  # (B, Hv, S)
             if recurrent:
                 o, state = recurrent_gated_delta_rule(q * self.scale, k, v, g, beta, state)
             else:
