@@ -144,3 +144,22 @@ def test_section_pools_seeds_into_one_wilson_interval(tmp_path):
 def test_a_probe_refuses_a_model_that_is_not_a_causal_decoder():
     with pytest.raises(ValueError, match="model.type='encoder': a probe scores next-token answers"):
         run("recipes/bert/tiny.yaml", [], probe_task("mqar"), steps=1)
+
+
+def test_run_trains_each_arm_on_each_task_once_and_caches(tmp_path):
+    arms = [Arm(name="att", label="attention", recipe=LLAMA, overrides=ATTENTION, own=[]),
+            Arm(name="swa", label="window 2", recipe=LLAMA, overrides=WINDOW, own=[])]
+    settings = {"tasks": ["selective_copying"], "steps": 3, "test_answers": 32, "arms": ["swa"]}
+    record = {"spec": {"name": "probes", "arms": [{"name": a.name, "recipe": LLAMA} for a in arms],
+                       "budget": {"tokens": 1000}, "reference": "att", "out": str(tmp_path), "seeds": [0],
+                       "measurements": {"mad": settings}},
+              "arms": [a.to_dict() for a in arms]}
+    logged = []
+    first = MEASUREMENTS["mad"].run(record, log=logged.append)
+    assert [(r["arm"], r["task"], r["setting"], r["width"], r["seed"]) for r in first] == [
+        ("swa", "selective_copying", "defaults", 64, 0)]
+    assert first[0]["result"]["answers"] >= 32 and first[0]["result"]["steps"] == 3 and len(logged) == 1
+    assert MEASUREMENTS["mad"].run(record, log=logged.append) == first and len(logged) == 1  # from the cache
+    ctx = Context(record=record, arms={a.name: a for a in arms}, rows=[], groups={}, measures={"mad": first},
+                  out=tmp_path)
+    assert "| window 2 (`swa`) | selective_copying | defaults | 64 |" in MEASUREMENTS["mad"].section(ctx).markdown
