@@ -63,6 +63,7 @@ VALUES = {
     "model.block.type": "parallel",
     "train.mlm_probability": 0.25,
     "train.init_from": "runs/pre-trained",
+    "train.upcycle": {"method": "drop"},
     "train.classify_pooling": "mean",
     "data.paths": ["corpus.txt"],
     "data.hf_dataset": "wikitext",
