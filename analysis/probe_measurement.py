@@ -32,13 +32,10 @@ TRAIN_DEFAULTS = {"widths": [64], "layers": 2, "steps": 1000, "batch": 32, "lr":
 class ProbeMeasurement(Measurement):
     """A measurement that trains each listed arm on probe tasks. Subclasses name their tasks (:meth:`tasks`)."""
 
-    own_keys: tuple[str, ...] = ()
+    keys = TRAIN_KEYS  # a subclass adds its own: keys = TRAIN_KEYS + (...)
     defaults: dict = TRAIN_DEFAULTS  # the training settings a spec leaves out
     quick = {"steps": 20, "test_answers": 64}
-
-    @property
-    def keys(self) -> tuple[str, ...]:  # type: ignore[override]
-        return TRAIN_KEYS + self.own_keys
+    intro = ""  # the report section's first sentence: what the task is
 
     def check(self, settings, where: str) -> dict:
         s = super().check(settings, where)
@@ -109,6 +106,4 @@ class ProbeMeasurement(Measurement):
               + table(["arm", "task", "setting", "width", "accuracy [95% Wilson]", "chance", "test answers",
                        "CPU s per run"], rows))
         return Section(self.title, md, [], {"probes": data})
-
-    intro = ""
 

@@ -8,7 +8,7 @@ is trained from scratch on each task and width and scored at the answer position
 from __future__ import annotations
 
 from analysis.measurements.base import register
-from analysis.probe_measurement import ProbeMeasurement
+from analysis.probe_measurement import TRAIN_KEYS, ProbeMeasurement
 from archlab.data.probes import probe_task
 from archlab.errors import RecipeError
 
@@ -21,7 +21,7 @@ class MAD(ProbeMeasurement):
 
     name = "mad"
     title = "MAD synthetic tasks"
-    own_keys = ("tasks",)
+    keys = TRAIN_KEYS + ("tasks",)
     intro = ("MAD tasks (Poli et al. 2024): in-context recall (a key's value from earlier pairs), noisy recall "
              "(the same through noise ids), selective copying (ids scattered among blanks, written back in order).")
 

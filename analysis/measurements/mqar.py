@@ -10,7 +10,7 @@ of pairs.
 from __future__ import annotations
 
 from analysis.measurements.base import check_int, check_ints, register
-from analysis.probe_measurement import TRAIN_DEFAULTS, ProbeMeasurement
+from analysis.probe_measurement import TRAIN_DEFAULTS, TRAIN_KEYS, ProbeMeasurement
 from archlab.data.probes import probe_task
 from archlab.errors import RecipeError
 
@@ -21,7 +21,7 @@ class MQAR(ProbeMeasurement):
 
     name = "mqar"
     title = "Multi-query associative recall (MQAR)"
-    own_keys = ("seq_lens", "kv_pairs", "vocab_size", "power_a")
+    keys = TRAIN_KEYS + ("seq_lens", "kv_pairs", "vocab_size", "power_a")
     # 1000 steps of 128 sequences (~160 CPU s at (64, 4)): LLaMA-tiny attention reaches 0.98 there, but only 0.1-0.26
     # after 1000 steps of 32
     defaults = {**TRAIN_DEFAULTS, "batch": 128}
