@@ -6,6 +6,7 @@ Shape legend: B batch, S sequence, D model dim, Hk key heads, Hv value heads, Dk
 """
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from archlab.nn.attention import GatedDeltaNet, LayerStateCache
 from archlab.nn.attention.gated_deltanet import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from archlab.nn.positions import PosContext
 
+ROOT = Path(__file__).resolve().parents[2]
 transformers = pytest.importorskip("transformers")
 from transformers.models.qwen3_next import modeling_qwen3_next as hf  # noqa: E402
 
@@ -194,3 +196,20 @@ def test_bad_options_are_refused(key, value, message):
     setattr(cfg.attention, key, value)
     with pytest.raises(RecipeError, match=message):
         validate_model(cfg)
+
+
+@pytest.mark.parametrize("chunk, dtype", [(64, "fp32"), (24, "bf16"), (100, "fp32"), (7, "bf16")])
+def test_saved_bytes_match_the_saved_tensors(chunk, dtype):
+    """One chunk (its last state update frees what only it reads), several, a padded last one; fp32 and bf16;
+    without checkpointing and under selective checkpointing (the matmul outputs)."""
+    import archlab
+    from archlab.costs import activation_memory
+    from archlab.costs.measure import saved_activation_bytes
+
+    cfg = archlab.load_recipe(ROOT / "recipes/gdn/tiny.yaml", [
+        "model.n_layers=1", "model.vocab_size=384", f"model.attention.gdn_chunk_size={chunk}"])
+    for mode in ("none", "selective"):
+        model = archlab.build_model(cfg).train().to(torch.bfloat16 if dtype == "bf16" else torch.float32)
+        model.checkpointing = mode
+        held = saved_activation_bytes(model, torch.randint(0, 383, (2, 65)))["total"]
+        assert activation_memory(cfg, 2, 64, dtype=dtype, device="cpu", checkpointing=mode).total == held, mode

@@ -271,31 +271,31 @@ class GatedDeltaNet(Attention):
 
     @classmethod
     def saved_bytes(cls, s: ActShape, *, layer: int) -> float:
-        """What the torch path keeps for backward (measured tensor by tensor on the CPU, fp32): the in
-        projection's input and output, the conv's padded input, its sum and SiLU output, the gates' inputs and
-        outputs, the q/k L2 norms' rsqrt; in the chunked form (R = B Hv nc L padded rows, fp32) the padded
-        k, v, q and beta, the decay matrix, K K^T, Q K^T, the system, the intra-chunk scores (each R L), the
-        solves' outputs, beta K, the decayed q and k, three exp(cumulative decay) vectors, each chunk's
-        starting state and corrected values, and the output; the gated norm's rsqrt, normalised output,
-        SiLU(z) and product; the out projection's input."""
-        if s.act != STATS_BYTES:
-            raise NotImplementedError("gated_deltanet: activation memory is modelled for fp32 only")
+        """What the torch path keeps for backward (measured tensor by tensor on the CPU in fp32 and bf16): the in
+        projection's input (and in fp32 its output, read through z), the conv's padded input and sum, then
+        the SiLU output (fp32) or the fp32 copies of q and k (bf16), the gates' inputs and outputs, the q/k L2
+        norms' rsqrt; in the chunked form, fp32 whatever the model's dtype (R = B Hv nc L padded rows), the padded
+        k, v, q and beta, the decay matrix, K K^T, Q K^T, the system and the intra-chunk scores (each R x L),
+        the solves' outputs, beta K, the decayed q and k, the exp(cumulative decay) vectors, each chunk's
+        starting state and corrected values, and the output (bf16: an fp32 copy of it instead); the gated
+        norm's rsqrt, normalised output, SiLU(z) (bf16: and the fp32 copy of z) and product; the out
+        projection's input. On CUDA the flash-linear-attention kernels, when they run, keep less."""
         cfg, n, a, f = s.cfg, s.n, s.act, STATS_BYTES
+        fp32 = a == f
         hk, hv, dk, dv = gdn_dims(cfg)
         D, K, L = cfg.d_model, cfg.attention.gdn_conv_kernel, cfg.attention.gdn_chunk_size
         C = 2 * hk * dk + hv * dv
         nc = math.ceil(s.seq_len / L)
         R = s.batch * hv * nc * L
-        total = n * D * a + n * (C + hv * dv + 2 * hv) * a  # in projection: input, output (z, beta, alpha views)
-        total += s.batch * C * (s.seq_len + K - 1) * a + 2 * n * C * a  # conv: padded input, sum, SiLU output
-        total += 3 * n * hv * a + 2 * hv * f + 2 * n * hk * f  # sigmoid(beta), alpha + dt_bias, softplus; A; rsqrt
-        # chunked form. With one chunk, the state update after it feeds nothing: the decayed k, its decay and
-        # the chunk decay are freed with it, and one (B Hv, L, Dk) copy fewer is made (measured)
-        one = nc == 1
-        total += R * f * (4 - one) + R * dk * f * (4 if one else 6) + R * dv * f * 4 + 5 * R * L * f
-        total += L * L  # the bool causal mask of a chunk
-        total += (not one) * s.batch * hv * nc * f + nc * s.batch * hv * dk * dv * f  # chunk decays, starting states
-        total += n * hv * f + 3 * n * hv * dv * a  # gated norm
+        one = nc == 1  # the state update after the only chunk feeds nothing: what only it reads is freed
+        total = n * D * a + (n * (C + hv * dv + 2 * hv) * a if fp32 else 0)  # in projection
+        total += s.batch * C * (s.seq_len + K - 1) * a + n * C * a  # conv: padded input, sum of the taps
+        total += n * C * a if fp32 else 2 * n * hk * dk * f  # SiLU output, or the fp32 q and k
+        total += n * hv * a + 2 * n * hv * f + 2 * hv * f + 2 * n * hk * f  # sigmoid(beta), decay gate, A; rsqrt
+        total += R * f * (4 - one) + R * dk * f * (4 if one else 6) + 5 * R * L * f + L * L  # chunked form
+        total += R * dv * f * (4 if fp32 else 3)  # v, the solve's U, the corrected values; the output (fp32)
+        total += (not one) * s.batch * hv * nc * f + nc * s.batch * hv * dk * dv * f  # chunk decays, states
+        total += n * hv * f + n * hv * dv * ((2 * f + a) if fp32 else (3 * f + 2 * a))  # gated norm
         return total + n * hv * dv * a  # out projection's input
 
     @classmethod
