@@ -50,8 +50,8 @@ class ProbeTask:
     """One probe task with its settings as fields (each task a frozen dataclass with defaults).
 
     Subclasses set :attr:`name`, :attr:`title`, ``vocab_size`` and ``seq_len`` fields, and implement
-    :meth:`sample` (one split's sequences) and :attr:`chance` (the accuracy of a uniform guess over the answer
-    vocabulary: what a model that cannot recall scores, at most, without reading the context)."""
+    :meth:`sample` (one split's sequences), :attr:`answer_ids` and :attr:`chance` (the accuracy of a uniform
+    guess over the answer ids; a model that reads which ids the context offers can score more without recall)."""
 
     name: ClassVar[str] = ""
     title: ClassVar[str] = ""
