@@ -69,15 +69,18 @@ def test_attention_recalls_where_a_small_state_cannot_fast(attention_fast, recip
 
 
 @pytest.mark.slow
-def test_attention_solves_mqar_where_a_window_shorter_than_the_gap_does_not():
+def test_attention_solves_mqar_where_a_small_state_does_not():
     """The measurement's default budget (1000 steps of 128 sequences, ~160 CPU s a run): LLaMA-tiny attention
     (4 query heads, 2 key/value heads) solves MQAR (measured: 0.978 [0.967, 0.985]); the same model with a window of
-    4 (2 layers reach 6 positions back) does not (0.056 [0.043, 0.071])."""
+    4 (2 layers reach 6 positions back) does not (0.056 [0.043, 0.071]), nor Gated DeltaNet with a 2 x 2 state per
+    layer (0.004 [0.002, 0.010])."""
     task = probe_task("mqar", SMALL_MQAR)
     att = run(LLAMA, [], task, steps=1000, batch=128)
     win = run(LLAMA, ["model.attention.type=sliding_window", "model.attention.window=4"], task, steps=1000, batch=128)
+    gdn = run(GDN, GDN_TINY, task, steps=1000, batch=128)
     assert att["accuracy"]["low"] > 0.9, att["accuracy"]
     assert win["accuracy"]["high"] < 0.2, win["accuracy"]
+    assert gdn["accuracy"]["high"] < 0.2, gdn["accuracy"]
 
 
 @pytest.mark.slow
