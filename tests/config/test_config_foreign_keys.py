@@ -47,6 +47,9 @@ SETUP = {
                                                 "train.eval_context_multipliers=[1]"],
     ("train", "objective", "mtp"): ["model.mtp_depth=1"],
     ("train", "objective", "classify"): ["train.eval_context_multipliers=[1]"],
+    ("train", "objective", "tag"): ["train.eval_context_multipliers=[1]"],
+    ("train", "objective", "span_qa"): ["train.eval_context_multipliers=[1]"],
+    ("train", "objective", "bound"): ["train.eval_context_multipliers=[1]"],
     ("data", "source", "text"): ["data.paths=[corpus.txt]"],
     ("data", "source", "hf"): ["data.hf_dataset=wikitext"],
     ("data", "source", "tokens"): ["data.train_shards=shards/train_*.bin"],
@@ -101,6 +104,8 @@ NO_KEYS = {
     "archlab.data.tokenizer.TOKENIZERS": "no data key depends on data.tokenizer",
     # no recipe key selects an adapter: archlab.hf finds it from the architecture or config.json
     "archlab.hf.adapter.ADAPTERS": "not a recipe choice",
+    # no recipe key selects a task: each understanding objective (train.objective tag, span_qa, bound) names its own
+    "archlab.data.tasks.__init__.TASKS": "chosen by train.objective",
 }
 
 
