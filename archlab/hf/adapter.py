@@ -73,8 +73,9 @@ WHY_NOT_DEFAULT = "no Hugging Face class of this family has it"
 
 # archlab's RoPE scalings -> HF rope_type, and back
 ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
-GELU_TANH = "gelu_new"  # archlab's GELU is the tanh approximation; HF's names for it
-GELU_TANH_NAMES = ("gelu_new", "gelu_pytorch_tanh")
+# archlab's GELU forms (ffn.approximate) -> the HF activation name an export writes, and HF's names -> the form
+GELU_HF_NAME = {"tanh": "gelu_new", "none": "gelu"}
+GELU_FROM_HF = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 
 
 class HFAdapter:
@@ -255,14 +256,20 @@ def rope_from_hf(c: dict, extra_ok: tuple[str, ...] = ()) -> dict:
     return {"type": "rope", "rope_base": float(theta), "rope_scaling": sc}
 
 
-def gelu_or_relu(c: dict, key: str) -> str:
-    """archlab's ``ffn.type`` for an HF activation name (GELU: the tanh approximation only)."""
+def hf_activation(cfg: ModelConfig) -> str:
+    """The HF activation name of archlab's GELU (either form) or ReLU MLP."""
+    return GELU_HF_NAME[cfg.ffn.approximate] if cfg.ffn.type == "gelu" else "relu"
+
+
+def gelu_or_relu(c: dict, key: str) -> dict:
+    """archlab's ``ffn`` node (``type``, and ``approximate`` for a GELU) for the HF activation name ``c[key]``."""
     act = c.get(key)
-    if act in GELU_TANH_NAMES:
-        return "gelu"
+    if act in GELU_FROM_HF:
+        return {"type": "gelu", "approximate": GELU_FROM_HF[act]}
     if act == "relu":
-        return "relu"
-    raise refuse(key, act, "gelu_new / gelu_pytorch_tanh (GELU, tanh approximation) and relu")
+        return {"type": "relu"}
+    raise refuse(key, act, "gelu_new / gelu_pytorch_tanh (GELU, tanh approximation), gelu (exact GELU, erf) "
+                 "and relu")
 
 
 def require(c: dict, key: str, allowed: tuple, supported: str) -> None:

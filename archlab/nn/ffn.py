@@ -4,15 +4,16 @@ Shape legend: N tokens (any leading dims), D model dim, F hidden dim.
 
 Each class also states the facts the rest of archlab needs (``archlab.nn.component``): its
 default hidden width, parameter count, matmul FLOPs, the hidden activations it keeps for
-backward, the width of its up-projection and its activation (the routed experts of
-``archlab.nn.moe`` run the same math on stacked weights).
+backward, the width of its up-projection and its activation, ``activation(cfg)`` (the routed
+experts of ``archlab.nn.moe`` and BERT's head transform apply the same function).
 Site arguments: ``hidden`` (F), and ``expert=True`` for an MoE expert (no bias, no dropout).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Optional
+from functools import partial
+from typing import TYPE_CHECKING, Callable, ClassVar, Optional
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -30,6 +31,7 @@ FFNS: Registry = Registry("ffn")
 @dataclass
 class FFNConfig:
     type: str = "gelu"  # gelu (GPT 4x MLP) | relu (2017) | swiglu (LLaMA)
+    approximate: str = "tanh"  # gelu: tanh (the tanh approximation: GPT-2) | none (the exact GELU, erf: BERT, GPT-NeoX)
     hidden: Optional[int] = None  # None: 4*d for gelu/relu, LLaMA's 8/3*d rounded to multiple_of for swiglu
     multiple_of: int = 32  # swiglu default hidden is rounded up to this
     bias: bool = True
@@ -52,11 +54,17 @@ class FFN(nn.Module):
         self.down = nn.Linear(hidden, cfg.d_model, bias=bias)
         self.down.is_residual_proj = True  # GPT-2 scaled init
         self.drop = nn.Dropout(0.0 if expert else cfg.ffn.dropout)
+        self.activate = self.activation(cfg)  # the config's form (e.g. the exact GELU) on this instance
 
     @staticmethod
     def activate(h: Tensor) -> Tensor:
-        """The activation on the up-projection's output (N, up_width * F) -> (N, F)."""
+        """The activation on the up-projection's output (N, up_width * F) -> (N, F), at the config defaults."""
         raise NotImplementedError
+
+    @classmethod
+    def activation(cls, cfg: "ModelConfig") -> Callable[[Tensor], Tensor]:
+        """``activate`` in the form ``cfg`` selects (the MLP's, MoE experts' and head transform's function)."""
+        return cls.activate
 
     @property
     def up_proj(self) -> nn.Linear:
@@ -101,15 +109,31 @@ class FFN(nn.Module):
             fail(f"{prefix}.ffn.dropout", m.ffn.dropout, "must lie in [0, 1)")
 
 
+GELU_FORMS = ("tanh", "none")  # ffn.approximate: torch's F.gelu(approximate=...)
+
+
 @FFNS.register("gelu")
 class GeluMLP(FFN):
-    """down(gelu(up(x))): GPT-2/3's MLP, tanh-approximated GELU as in GPT-2. Keeps its input and
-    output (2F per token)."""
+    """down(gelu(up(x))): GPT-2/3's MLP. ``ffn.approximate``: tanh, the tanh approximation as in GPT-2
+    (default), or none, the exact x * Phi(x) with erf (BERT, GPT-NeoX). Either keeps its input and output
+    (2F per token); the activation is elementwise and counts no FLOPs."""
 
+    options = FFN.options | {"approximate"}
 
     @staticmethod
     def activate(h: Tensor) -> Tensor:
         return F.gelu(h, approximate="tanh")
+
+    @classmethod
+    def activation(cls, cfg: "ModelConfig") -> Callable[[Tensor], Tensor]:
+        return cls.activate if cfg.ffn.approximate == "tanh" else partial(F.gelu, approximate="none")
+
+    @classmethod
+    def validate(cls, m, prefix: str = "model") -> None:
+        super().validate(m, prefix)
+        if m.ffn.approximate not in GELU_FORMS:
+            fail(f"{prefix}.ffn.approximate", m.ffn.approximate,
+                 f"must be one of {', '.join(GELU_FORMS)} (tanh: the tanh approximation; none: exact, with erf)")
 
 
 @FFNS.register("relu")

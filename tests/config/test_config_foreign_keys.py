@@ -64,6 +64,7 @@ VALUES = {
     "model.position.rope_scaling.original_max_seq_len": 16,
     "model.mup_base_width": 16,
     "model.block.type": "parallel",
+    "model.ffn.approximate": "none",
     "train.mlm_probability": 0.25,
     "train.init_from": "runs/pre-trained",
     "train.upcycle": {"method": "drop"},

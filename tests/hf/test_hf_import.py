@@ -5,6 +5,7 @@ OLMoE is refused with its reason."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -56,13 +57,13 @@ def _configs():
 KEEP_ZERO = {"lm_head.bias", "bert.embeddings.token_type_embeddings.weight"}
 
 
-def hf_model(family: str, seed: int = 0):
-    """A random ``transformers`` model of ``family``: every tensor drawn (norm gains around 1), so that no
-    mapping error hides behind an init value."""
+def hf_model(family: str, seed: int = 0, config=None):
+    """A random ``transformers`` model of ``family`` (of ``config``, else the family's tiny one): every tensor
+    drawn (norm gains around 1), so that no mapping error hides behind an init value."""
     import transformers as T
 
     torch.manual_seed(seed)
-    config = _configs()[family]
+    config = config if config is not None else _configs()[family]
     hf = getattr(T, archlab.hf.ADAPTERS.get(family).hf_class_name)(config).eval()
     with torch.no_grad():
         for name, p in hf.named_parameters():
@@ -89,7 +90,25 @@ FAMILIES = ("bert", "deepseek_v3", "gpt2", "gpt_neox", "gptj", "llama", "mistral
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_import_keeps_the_logits_and_export_gives_back_the_same_tensors(family, tmp_path):
-    hf = hf_model(family)
+    _import_and_export(hf_model(family), family, tmp_path)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt_neox"])
+def test_the_exact_gelu_imports_and_exports(family, tmp_path):
+    """hidden_act='gelu' (erf; BERT's default, Pythia's) is archlab's ffn.approximate=none, and back."""
+    kept = dict(_configs()[family].to_dict())
+    kept.pop("hidden_act")  # BERT's default is the exact GELU; GPT-NeoX's too: set it by name all the same
+    config = type(_configs()[family])(**kept)
+    if family == "gpt_neox":
+        config.hidden_act = "gelu"
+    assert config.hidden_act == "gelu"
+    model = _import_and_export(hf_model(family, config=config), family, tmp_path)
+    assert model.cfg.ffn.type == "gelu" and model.cfg.ffn.approximate == "none"
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["hidden_act"] == "gelu"
+
+
+def _import_and_export(hf, family: str, tmp_path):
+    """Import ``hf`` (logits equal), export the run (every tensor given back exactly); the archlab model."""
     hf.save_pretrained(tmp_path / "hf")
     run = archlab.from_hf(tmp_path / "hf", tmp_path / "runs" / family)
     model, _ = load_model(run)
@@ -104,6 +123,7 @@ def test_import_keeps_the_logits_and_export_gives_back_the_same_tensors(family, 
     assert sorted(before) == sorted(after)
     unequal = [k for k in before if not torch.equal(before[k], after[k])]
     assert not unequal, unequal
+    return model
 
 
 def test_bert_token_type_row_folds_into_the_positions(tmp_path):

@@ -87,7 +87,7 @@ def test_run_folder_loads_and_bad_folders_are_named(tmp_path, capsys):
         load(no_tok)
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text('{"model_type": "llama"}')
-    for path, msg in ((tmp_path / "nope", "no such run folder"), (tmp_path / "hf", "Hugging Face export"),
+    for path, msg in ((tmp_path / "nope", "no such run folder"), (tmp_path / "hf", "python -m tools.import_hf"),
                       (tmp_path, "not an archlab run folder")):
         assert cli.main([str(path), "--export", str(tmp_path / "p.html"), "--prompt", "x"]) == 2
         err = capsys.readouterr().err

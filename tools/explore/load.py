@@ -84,8 +84,8 @@ def load(path: Path, overrides: Sequence[str] = (), tokenizer: Optional[Path] = 
     if overrides:
         raise ExploreError("key=value overrides apply to a recipe only; a run's architecture is fixed")
     if _is_hf_export(path):
-        raise ExploreError(f"{path}: a Hugging Face export; archlab writes these but does not read them back: "
-                           "open the run folder it was exported from (python -m tools.explore runs/<run>)")
+        raise ExploreError(f"{path}: a Hugging Face export; import it into a run first: "
+                           f"python -m tools.import_hf {path} --out runs/NAME, then open runs/NAME")
     try:
         model, cfg = load_model(path)
     except CheckpointError as e:

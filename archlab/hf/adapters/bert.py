@@ -9,8 +9,8 @@ archlab expresses it as an encoder with ``embed_norm``, ``head_transform`` (and 
 archlab has no token-type embedding: an export writes one token type, a row of zeros; an import adds the
 first type's row (what HF adds when no ``token_type_ids`` are given) to every position's row. A bias archlab
 does not have is written as zeros; GQA/MQA key/value heads are repeated into H heads (BERT has MHA only).
-archlab's GELU is the tanh approximation (``hidden_act: gelu_new``); BERT's head transform uses the same
-activation as its MLP, as archlab's does.
+GELU: ``ffn.approximate: none`` is BERT's exact ``hidden_act: gelu`` (the default), ``tanh`` its ``gelu_new``;
+BERT's head transform uses the same activation as its MLP, as archlab's does.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from torch import Tensor
 from archlab.config.schema import ModelConfig
 from archlab.hf.adapter import (
     ADAPTERS,
-    GELU_TANH,
     HFAdapter,
     component_reasons,
     dense_decoder_node,
     gelu_or_relu,
+    hf_activation,
     layernorm_sd,
     linear_with_bias_sd,
     mha_rows,
@@ -68,7 +68,7 @@ class BertAdapter(HFAdapter):
         return BertConfig(
             vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
             num_attention_heads=cfg.n_heads, intermediate_size=cfg.ffn_hidden,
-            hidden_act=GELU_TANH if cfg.ffn.type == "gelu" else "relu", hidden_dropout_prob=cfg.dropout,
+            hidden_act=hf_activation(cfg), hidden_dropout_prob=cfg.dropout,
             attention_probs_dropout_prob=cfg.attention.dropout, max_position_embeddings=cfg.max_seq_len,
             type_vocab_size=1, initializer_range=cfg.init_std, layer_norm_eps=cfg.norm.eps,
             tie_word_embeddings=cfg.tie_embeddings, pad_token_id=None,
@@ -86,7 +86,7 @@ class BertAdapter(HFAdapter):
                     attention={"type": "mha", "bias": True,
                                "dropout": float(c.get("attention_probs_dropout_prob", 0.0))})
         node["norm"].update(type="layernorm", placement="post", bias=True)
-        node["ffn"] = {"type": gelu_or_relu(c, "hidden_act"), "bias": True, "hidden": int(c["intermediate_size"])}
+        node["ffn"] = {**gelu_or_relu(c, "hidden_act"), "bias": True, "hidden": int(c["intermediate_size"])}
         return node
 
     def prepare_hf(self, hf_sd: dict[str, Tensor], c: dict) -> dict[str, Tensor]:

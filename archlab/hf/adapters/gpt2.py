@@ -1,4 +1,6 @@
-"""GPT-2 <-> archlab: pre-LN LayerNorm, learned positions, GELU(tanh)/ReLU MLP -> ``GPT2LMHeadModel``.
+"""GPT-2 <-> archlab: pre-LN LayerNorm, learned positions, GELU/ReLU MLP -> ``GPT2LMHeadModel``.
+
+GELU: ``ffn.approximate: tanh`` is GPT-2's ``activation_function: gelu_new``, ``none`` the exact ``gelu``.
 
 GPT-2 has MHA only: GQA/MQA key/value heads are repeated into H heads (exact, larger); an import is MHA.
 GPT-2 always has biases: a bias archlab does not have is written as zeros (exact); an import has them all.
@@ -13,12 +15,12 @@ from torch import Tensor
 from archlab.config.schema import ModelConfig
 from archlab.hf.adapter import (
     ADAPTERS,
-    GELU_TANH,
     HFAdapter,
     common_reasons,
     component_reasons,
     dense_decoder_node,
     gelu_or_relu,
+    hf_activation,
     layernorm_sd,
     mha_rows,
     refuse,
@@ -47,7 +49,7 @@ class GPT2Adapter(HFAdapter):
         return GPT2Config(
             vocab_size=cfg.vocab_size, n_positions=cfg.max_seq_len, n_embd=cfg.d_model,
             n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.ffn_hidden,
-            activation_function=GELU_TANH if cfg.ffn.type == "gelu" else "relu", layer_norm_epsilon=cfg.norm.eps,
+            activation_function=hf_activation(cfg), layer_norm_epsilon=cfg.norm.eps,
             resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.attention.dropout,
             initializer_range=cfg.init_std, tie_word_embeddings=cfg.tie_embeddings, use_cache=True,
             bos_token_id=None, eos_token_id=None,  # GPT-2's 50256 may lie outside this vocabulary
@@ -65,7 +67,7 @@ class GPT2Adapter(HFAdapter):
                     attention={"type": "mha", "bias": True, "dropout": float(c.get("attn_pdrop", 0.0))},
                     block={"type": "sequential"})
         node["norm"].update(type="layernorm", placement="pre", bias=True)
-        node["ffn"] = {"type": gelu_or_relu(c, "activation_function"), "bias": True,
+        node["ffn"] = {**gelu_or_relu(c, "activation_function"), "bias": True,
                        "hidden": int(c.get("n_inner") or 4 * c["n_embd"])}
         return node
 

@@ -2,7 +2,8 @@
 
 Shape legend: D model dim, H heads, Dh head dim.
 
-Pre-LN LayerNorm, RoPE on the whole head, GELU(tanh)/ReLU MLP, two norms of the same input
+Pre-LN LayerNorm, RoPE on the whole head, GELU/ReLU MLP (``ffn.approximate`` none: ``hidden_act: gelu``, Pythia's;
+tanh: gelu_new), two norms of the same input
 (``block.shared_norm: false``), MHA only (GQA/MQA key/value heads repeated into H heads), a bias archlab
 does not have written as zeros. One fused projection whose rows are per head [q_h; k_h; v_h] where archlab's
 are [q; k; v].
@@ -18,8 +19,8 @@ from torch import Tensor
 from archlab.config.schema import ModelConfig
 from archlab.hf.adapter import (
     ADAPTERS,
-    GELU_TANH,
     HFAdapter,
+    hf_activation,
     layernorm_sd,
     linear_with_bias_sd,
     mha_rows,
@@ -44,7 +45,7 @@ class GPTNeoXAdapter(HFAdapter):
         return GPTNeoXConfig(
             vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
             num_attention_heads=cfg.n_heads, intermediate_size=cfg.ffn_hidden,
-            hidden_act=GELU_TANH if cfg.ffn.type == "gelu" else "relu", attention_dropout=cfg.attention.dropout,
+            hidden_act=hf_activation(cfg), attention_dropout=cfg.attention.dropout,
             hidden_dropout=cfg.dropout, max_position_embeddings=cfg.max_seq_len, initializer_range=cfg.init_std,
             layer_norm_eps=cfg.norm.eps, use_parallel_residual=True, attention_bias=cfg.attention.bias,
             rope_parameters={"rope_type": "default", "rope_theta": cfg.position.rope_base,

@@ -2,11 +2,12 @@
 
 Shape legend: D model dim, H heads, Dh head dim, V vocabulary.
 
-Pre-LN LayerNorm, RoPE on the whole head, GELU(tanh)/ReLU MLP, one norm feeding both branches
-(``block.shared_norm: true``, PaLM's layout too), no attention biases, RoPE base 10000. MHA only (GQA/MQA
-key/value heads repeated into H heads: exact, larger). GPT-J rotates pairs of adjacent channels (2i, 2i+1)
-where archlab rotates (i, i + Dh/2): the q and k rows of each head are permuted to match (q.k is unchanged
-by a permutation applied to both). Its LM head has a bias, written as zeros (an import refuses a nonzero one).
+Pre-LN LayerNorm, RoPE on the whole head, GELU/ReLU MLP (``ffn.approximate`` tanh: gelu_new, none: gelu), one
+norm feeding both branches (``block.shared_norm: true``, PaLM's layout too), no attention biases, RoPE base
+10000. MHA only (GQA/MQA key/value heads repeated into H heads: exact, larger). GPT-J rotates pairs of
+adjacent channels (2i, 2i+1) where archlab rotates (i, i + Dh/2): the q and k rows of each head are permuted
+to match (q.k is unchanged by a permutation applied to both). Its LM head has a bias, written as zeros (an
+import refuses a nonzero one).
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from torch import Tensor
 from archlab.config.schema import ModelConfig
 from archlab.hf.adapter import (
     ADAPTERS,
-    GELU_TANH,
     HFAdapter,
     common_reasons,
     component_reasons,
     dense_decoder_node,
     gelu_or_relu,
+    hf_activation,
     layernorm_sd,
     linear_with_bias_sd,
     mha_rows,
@@ -54,7 +55,7 @@ def parallel_node(c: dict, *, d_model: str, n_layers: str, n_heads: str, max_seq
                               eps=eps)
     node.update(type="decoder", block={"type": "parallel", "shared_norm": shared_norm})
     node["norm"].update(type="layernorm", placement="pre", bias=True)
-    node["ffn"] = {"type": gelu_or_relu(c, act), "bias": True}
+    node["ffn"] = {**gelu_or_relu(c, act), "bias": True}
     return node
 
 
@@ -80,7 +81,7 @@ class GPTJAdapter(HFAdapter):
         return GPTJConfig(
             vocab_size=cfg.vocab_size, n_positions=cfg.max_seq_len, n_embd=cfg.d_model, n_layer=cfg.n_layers,
             n_head=cfg.n_heads, rotary_dim=cfg.d_head, n_inner=cfg.ffn_hidden,
-            activation_function=GELU_TANH if cfg.ffn.type == "gelu" else "relu", resid_pdrop=cfg.dropout,
+            activation_function=hf_activation(cfg), resid_pdrop=cfg.dropout,
             embd_pdrop=cfg.dropout, attn_pdrop=cfg.attention.dropout, layer_norm_epsilon=cfg.norm.eps,
             initializer_range=cfg.init_std, tie_word_embeddings=cfg.tie_embeddings, use_cache=True,
             bos_token_id=None, eos_token_id=None)

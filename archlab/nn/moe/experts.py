@@ -331,10 +331,10 @@ class GroupedExperts(nn.Module):
     """E feed-forward experts as two stacked weights: w_up (E, D, u*F), w_down (E, F, D), where
     u = 2 for SwiGLU ([gate; up], as archlab.nn.ffn.SwiGLU) and 1 for GELU/ReLU. No biases."""
 
-    def __init__(self, kind: str, num_experts: int, d_model: int, hidden: int):
+    def __init__(self, kind: str, num_experts: int, d_model: int, hidden: int, act=None):
         super().__init__()
         ffn = FFNS.get(kind)  # the expert math is the dense FFN's: its up-projection width and activation
-        width, self.act = ffn.up_width, ffn.activate
+        width, self.act = ffn.up_width, act or ffn.activate  # act: the config's form (FFN.activation(cfg))
         self.kind, self.num_experts, self.hidden = kind, num_experts, hidden
         self.w_up = nn.Parameter(torch.empty(num_experts, d_model, width * hidden))
         self.w_down = nn.Parameter(torch.empty(num_experts, hidden, d_model))

@@ -59,7 +59,8 @@ class MoELayer(nn.Module):
         m = cfg.moe
         self.moe = m
         self.router: Router = build_router(cfg)
-        self.experts = GroupedExperts(cfg.ffn.type, m.num_experts, cfg.d_model, m.expert_hidden)
+        self.experts = GroupedExperts(cfg.ffn.type, m.num_experts, cfg.d_model, m.expert_hidden,
+                                      act=ffn_class(cfg).activation(cfg))
         shared = _shared_hidden(cfg)
         self.shared = build_ffn(cfg, hidden=shared, expert=True) if shared else None
         self.balance_terms: list[BalanceTerm] = build_terms(cfg)
