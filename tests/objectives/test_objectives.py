@@ -152,7 +152,7 @@ def test_mtp_modules_are_dropped_at_export_with_equal_logits():
     (["model.mtp_depth=1", "train.objective=mtp", "train.mtp_weight=0"], r"train.mtp_weight=0.0: must be positive"),
     (["model.mtp_depth=-1"], r"model.mtp_depth=-1: must be >= 0"),
     (["train.objective=mlm"], r"train.objective='mlm': masked-token prediction needs model.type=encoder"),
-    (["train.objective=ctc"], r"train.objective='ctc': must be one of: causal_lm, classify, mlm, mtp"),
+    (["train.objective=ctc"], r"train.objective='ctc': must be one of: bound, causal_lm, classify, mlm, mtp"),
 ])
 def test_bad_objective_settings_are_refused_by_name(overrides, message):
     with pytest.raises(RecipeError, match=message):
