@@ -10,10 +10,13 @@ from archlab.config.keys import GROUPS, choices, key_groups, nearest_keys, schem
 
 
 def _leaves(node, prefix=""):
+    groups = key_groups()
     for k, v in node.items():
         key = f"{prefix}.{k}" if prefix else str(k)
         if isinstance(v, DictConfig):
             yield from _leaves(v, key)
+        elif v is None and key in groups:  # an optional group left null (train.upcycle) stands for its keys
+            yield from (f"{key}.{leaf}" for leaf in groups[key])
         else:
             yield key
 

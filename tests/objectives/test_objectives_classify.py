@@ -117,6 +117,6 @@ def test_each_model_type_pools_its_convention():
         assert model(x).logits.shape == (2, 2)
 
 
-def test_fine_tuning_keys_belong_to_classify():
-    with pytest.raises(RecipeError, match="train.init_from=.*only used by train.objective classify"):
-        archlab.load_recipe("recipes/dense/tiny.yaml", ["train.init_from=runs/x"])
+def test_init_from_is_refused_by_an_objective_that_does_not_read_it():
+    with pytest.raises(RecipeError, match="train.init_from=.*only used by train.objective .*classify.*objective is mlm"):
+        archlab.load_recipe("recipes/bert/tiny.yaml", ["train.init_from=runs/x"])
