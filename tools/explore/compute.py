@@ -22,15 +22,17 @@ import torch
 
 from archlab.model.generate import generate, generate_seq2seq
 from archlab.nn.attention.capture import AttentionRecord, capture_attention
+from archlab.nn.attention.gated_deltanet import gdn_dims
 from archlab.nn.moe.capture import capture_routing
 from archlab.nn.moe.experts import capacity_for, dispatch
 from archlab.objectives.mlm import mask_id
 from archlab.objectives.span_corruption import sentinel_ids, start_id
 from tools.explore.encode import array, decode
-from tools.explore.kvcache import kv_view
+from tools.explore.kvcache import kv_view, layer_bytes
 from tools.explore.load import Explorable, ExploreError
-from tools.explore.steps import block_steps, capture_steps, logit_lens, residual
+from tools.explore.steps import _stacks, block_steps, capture_steps, logit_lens, residual
 
+GDN = "gated_deltanet"  # the fixed-state mixer: no attention map, no KV cache that grows
 TOP = 20  # bars of the next-token view
 MAX_CHARS = 20_000  # longest prompt accepted (characters), before tokenizing
 MAX_NEW = 64  # most tokens one "generate N" adds
@@ -49,6 +51,7 @@ class Analysis:
     steps: dict[tuple[str, int], dict] = field(default_factory=dict)  # (stack, layer) -> tensors (tools.explore.steps)
     rerun: Optional[Callable[[], None]] = None  # the forward again (with capture_steps on): the blocks' insides
     inside: dict[tuple[str, int], dict] = field(default_factory=dict)  # filled by the first detail() that needs it
+    stateful: dict[tuple[str, int], dict] = field(default_factory=dict)  # (stack, layer) -> a state mixer's facts
 
 
 def token_text(ex: Explorable, i: int) -> str:
@@ -156,8 +159,12 @@ def flow(ex: Explorable) -> dict:
         out = []
         for i, b in enumerate(mods):
             a = b.attn
-            out.append({"layer": i, "attention": m.attention.type, "heads": m.n_heads,
-                        "kv_heads": getattr(a, "n_kv_heads", m.n_heads), "window": getattr(a, "window", None),
+            kind = a.type_name
+            heads, kv_heads = m.n_heads, getattr(a, "n_kv_heads", m.n_heads)
+            if kind == GDN:
+                kv_heads, heads = gdn_dims(m)[:2]  # key heads, value heads
+            out.append({"layer": i, "attention": kind, "heads": heads,
+                        "kv_heads": kv_heads, "window": getattr(a, "window", None),
                         "causal": a.causal, "cross": hasattr(b, "cross"),
                         "ffn": (f"MoE: {m.moe.num_experts} experts, top-{m.moe.top_k}"
                                 + (f", {m.moe.n_shared_experts} shared" if m.moe.n_shared_experts else "")
@@ -170,6 +177,38 @@ def flow(ex: Explorable) -> dict:
     return {"embedding": f"token embedding ({m.vocab_size} x {m.d_model})", "position": m.position.type,
             "norm": f"{m.norm.type} ({m.norm.placement}-norm)", "stacks": stacks,
             "head": f"LM head ({m.d_model} -> {m.vocab_size}){', tied to the embedding' if m.tie_embeddings else ''}"}
+
+
+def _mixers(ex: Explorable) -> dict[str, list[str]]:
+    """Each stack's token mixer per block (``block.attn.type_name``)."""
+    return {stack: [b.attn.type_name for b in blocks] for stack, blocks in _stacks(ex.model).items()}
+
+
+def _attention_type(mixers: dict[str, list[str]]) -> str:
+    """The one mixer every block uses, else the pattern: "hybrid: gated_deltanet x3, mha x1" (in block order)."""
+    kinds = [k for ks in mixers.values() for k in ks]
+    if len(set(kinds)) == 1:
+        return kinds[0]
+    runs: list[list] = []
+    for k in mixers["self"]:
+        if runs and runs[-1][0] == k:
+            runs[-1][1] += 1
+        else:
+            runs.append([k, 1])
+    return "hybrid: " + ", ".join(f"{k} x{n}" for k, n in runs)
+
+
+def _stateful(ex: Explorable, S: int) -> dict[tuple[str, int], dict]:
+    """The Gated DeltaNet blocks: what they keep instead of the keys and values (no attention map)."""
+    m = ex.model.cfg
+    out = {}
+    for stack, kinds in _mixers(ex).items():
+        for i, kind in enumerate(kinds):
+            if kind == GDN:
+                hk, hv, dk, dv = gdn_dims(m)
+                out[(stack, i)] = {"mixer": kind, "state_bytes": layer_bytes(m, i, S), "tokens": S,
+                                   "k_heads": hk, "v_heads": hv, "d_k": dk, "d_v": dv}
+    return out
 
 
 def _attention(caps) -> tuple[dict, dict]:
@@ -240,7 +279,9 @@ def analyse(ex: Explorable, text: str) -> Analysis:
     x = torch.tensor([ids])
     data: dict = {"label": ex.label, "kind": ex.kind, "text": text, "tokens": _tokens(ex, ids, spans),
                   "vocab_size": ex.model.cfg.vocab_size, "max_len": ex.max_len, "flow": flow(ex),
-                  "position": ex.model.cfg.position.type, "attention_type": ex.model.cfg.attention.type}
+                  "position": ex.model.cfg.position.type}
+    mixers = _mixers(ex)
+    data["attention_type"], data["mixers"] = _attention_type(mixers), mixers
     with capture_attention(ex.model) as att, capture_routing(ex.model) as rt:
         if ex.kind == "encoder_decoder":
             out_ids = generate_seq2seq(ex.model, x, SPAN_TOKENS, temperature=0.0,
@@ -259,7 +300,7 @@ def analyse(ex: Explorable, text: str) -> Analysis:
     data["attention"], records = _attention(att)
     L = ex.model.cfg.n_layers
     data["residual"] = {stack: residual(steps, stack, L) for stack in ("encoder", "self") if (stack, 0) in steps}
-    an = Analysis(data, records, steps)
+    an = Analysis(data, records, steps, stateful=_stateful(ex, len(ids)))
 
     def rerun() -> None:
         with torch.no_grad(), capture_steps(ex.model) as inside:
@@ -281,8 +322,12 @@ def analyse(ex: Explorable, text: str) -> Analysis:
 
 
 def detail(an: Analysis, stack: str, layer: int, head: int) -> dict:
-    """One head's Q, K, V, scaled scores, bias, mask, softmax and output, and its block's steps."""
+    """One head's Q, K, V, scaled scores, bias, mask, softmax and output, and its block's steps; for a Gated
+    DeltaNet block (no attention map) its ``mixer``, the bytes of its fixed-size state and its block's steps."""
     rec = an.records.get((stack, layer))
+    state = an.stateful.get(("self" if stack == "cross" else stack, layer))
+    if rec is None and state is not None and stack != "cross":
+        return {"stack": stack, "layer": layer, "head": 0, **state, "block": block_steps(_inside(an), stack, layer)}
     if rec is None:
         raise ExploreError(f"no {stack} attention at layer {layer}")
     H = rec.q.shape[1]

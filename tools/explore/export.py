@@ -20,13 +20,14 @@ def page_data(runs: list[Explorable], text: str) -> dict:
         except ExploreError as e:
             out.append({"label": ex.label, "error": str(e)})
             continue
-        details: dict = {}
+        details: dict = {}  # stack -> block number -> heads (a Gated DeltaNet block: its one detail)
         for (stack, layer), rec in an.records.items():
-            index = [v["layer"] for v in an.data["attention"][stack]].index(layer)
-            details.setdefault(stack, {})[index] = [compute.detail(an, stack, layer, h)
+            details.setdefault(stack, {})[layer] = [compute.detail(an, stack, layer, h)
                                                     for h in range(rec.q.shape[1])]
+        for stack, layer in an.stateful:
+            details.setdefault(stack, {})[layer] = [compute.detail(an, stack, layer, 0)]
         data = dict(an.data)
-        data["details"] = {s: [d[i] for i in sorted(d)] for s, d in details.items()}
+        data["details"] = details
         out.append(data)
     return {"text": text, "runs": out}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from archlab.nn.attention import attention_class
+from archlab.nn.attention import attention_class, layer_type
 
 DTYPE_BYTES = 4  # the explorer runs the model in fp32
 SLIDING_WINDOW = 64  # window of the sliding-window row when the run has none
@@ -35,9 +35,19 @@ def _variants(cfg) -> list[tuple[str, str, object]]:
     return out
 
 
+def layer_bytes(cfg, layer: int, context: int) -> float:
+    """What layer ``layer`` keeps for generation after ``context`` tokens: its own ``kv_cache_bytes`` (a
+    Gated DeltaNet layer: its fixed-size state, whatever the context)."""
+    return float(attention_class(cfg, layer).kv_cache_bytes(cfg, context, layer=layer, dtype_bytes=DTYPE_BYTES))
+
+
+def mixers(cfg) -> list[str]:
+    """Each layer's token mixer (``attention.type`` or its ``model.layers.pattern`` entry)."""
+    return [layer_type(cfg, i) for i in range(cfg.n_layers)]
+
+
 def _per_layer(cfg, context: int) -> list[float]:
-    return [float(attention_class(cfg, i).kv_cache_bytes(cfg, context, layer=i, dtype_bytes=DTYPE_BYTES))
-            for i in range(cfg.n_layers)]
+    return [layer_bytes(cfg, i, context) for i in range(cfg.n_layers)]
 
 
 def kv_view(cfg, S: int, max_len: int | None) -> dict:
@@ -51,6 +61,8 @@ def kv_view(cfg, S: int, max_len: int | None) -> dict:
         rows.append({"name": name, "keeps": keeps, "prefill": sum(_per_layer(vcfg, S)),
                      "per_token": sum(_per_layer(vcfg, S + 1)) - sum(_per_layer(vcfg, S)),
                      "full": sum(_per_layer(vcfg, full))})
-    return {"attention": cfg.attention.type, "kv_heads": cfg.kv_heads, "heads": cfg.n_heads, "d_head": cfg.d_head,
+    kinds = mixers(cfg)
+    return {"attention": kinds[0] if len(set(kinds)) == 1 else "hybrid", "mixers": kinds,
+            "kv_heads": cfg.kv_heads, "heads": cfg.n_heads, "d_head": cfg.d_head,
             "dtype_bytes": DTYPE_BYTES, "tokens": S, "context": full, "prefill": prefill, "per_token": step,
             "variants": rows}
