@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from archlab.nn.attention import attention_class, layer_type
+from tests.tools.test_tools_explore_browser import browser, chromium  # noqa: F401, F811  (fixtures)
 from tools.explore import compute
 from tools.explore.export import page_data
 from tools.explore.kvcache import DTYPE_BYTES
@@ -70,3 +71,69 @@ def test_the_offline_page_holds_every_blocks_detail_by_its_number():
     assert sorted(run["details"]["self"]) == [0, 1, 2, 3]
     assert run["details"]["self"][0][0]["mixer"] == "gated_deltanet"
     assert len(run["details"]["self"][3]) == ex.model.cfg.n_heads
+
+
+def test_the_hybrid_page_names_the_mixers_and_explains_a_gdn_block(browser):  # noqa: F811
+    """The flow shows each block's mixer; clicking a Gated DeltaNet block opens its state (in English and
+    Chinese), the maps view lists only the attention block; no console errors."""
+    from tests.tools.test_tools_explore_browser import _serve
+
+    ex = load(Path(HYBRID))
+    url, server, thread = _serve([ex])
+    page = browser.new_page(viewport={"width": 1500, "height": 1000})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    try:
+        page.goto(url)
+        page.wait_for_selector(".bar")
+        page.fill("#prompt", PROMPT)
+        page.click("#analyze")
+        page.wait_for_function("t => Explore.text === t && document.querySelector('.inside-panel')", arg=PROMPT)
+        mixers = page.eval_on_selector_all(".flow-block", "gs => gs.map((g) => [g.dataset.mixer, g.textContent])")
+        assert [m for m, _ in mixers] == ["gated_deltanet"] * 3 + ["mha"]
+        assert all(m in text for m, text in mixers)
+        page.wait_for_selector(".maps-panel .head-map")  # opens on the attention block, 3
+        page.click('.flow-block[data-layer="1"]')
+        page.wait_for_selector('.gdn-panel[data-layer="1"]')
+        panel = page.locator(".gdn-panel")
+        own = attention_class(ex.model.cfg, 1).kv_cache_bytes(ex.model.cfg, len(ex.codec.encode(PROMPT)), layer=1,
+                                                               dtype_bytes=DTYPE_BYTES)
+        assert float(panel.get_attribute("data-state-bytes")) == own
+        assert "Gated DeltaNet" in panel.inner_text() and "fixed-size state" in panel.inner_text()
+        assert page.locator(".maps-panel .head-map").count() == 0
+        assert "no attention map" in page.locator(".maps-none").inner_text()
+        options = page.eval_on_selector_all(".layer-select option", "os => os.map((o) => o.value)")
+        assert [o for o in options if o] == ["3"]
+        page.select_option("#lang", "zh")
+        page.wait_for_selector(".gdn-panel")
+        assert "固定大小的状态" in page.locator(".gdn-explain").inner_text()
+        assert "没有注意力图" in page.locator(".maps-none").inner_text()
+        assert not errors, errors
+    finally:
+        page.close()
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_the_pure_gdn_page_opens_without_any_attention_layer(browser):  # noqa: F811
+    from tests.tools.test_tools_explore_browser import _serve
+
+    url, server, thread = _serve([load(Path(GDN))])
+    page = browser.new_page(viewport={"width": 1500, "height": 1000})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    try:
+        page.goto(url)
+        page.wait_for_selector('.gdn-panel[data-layer="0"]')
+        assert page.locator(".flow-gdn").count() == 4
+        assert "Every block of this model is Gated DeltaNet" in page.locator(".maps-none").inner_text()
+        page.click('.flow-block[data-layer="2"]')
+        page.wait_for_selector('.gdn-panel[data-layer="2"]')
+        assert page.locator(".kv-layer[data-mixer=gated_deltanet]").count() == 4
+        assert not errors, errors
+    finally:
+        page.close()
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -100,10 +100,14 @@ function loadData(out) {
   Explore.cols = out.runs.map((run, c) => {
     const old = Explore.cols[c] || {};
     const stacks = run.attention ? Object.keys(run.attention) : [];
+    if (run.flow && !stacks.length) stacks.push("self");  // no attention layer (pure Gated DeltaNet): the blocks
     const stack = stacks.includes(old.stack) ? old.stack : stacks[0];
-    const layers = stack ? run.attention[stack].length : 0;
+    // col.layer is the block's number; a new model opens its first block with an attention map
+    const blocks = stack ? stackBlocks(run, stack).map((b) => b.layer) : [];
+    const maps = stack && run.attention[stack] ? run.attention[stack].map((l) => l.layer) : [];
+    const layer = blocks.includes(old.layer) ? old.layer : maps.length ? maps[0] : 0;
     const moe = run.moe || [];
-    return {stack, layer: Math.min(old.layer || 0, Math.max(0, layers - 1)), head: old.head || 0,
+    return {stack, layer, head: old.head || 0,
             moeLayer: Math.min(old.moeLayer || 0, Math.max(0, moe.length - 1)),
             maskPos: defaultMaskPos(run, sameText ? old.maskPos : undefined), detail: null};
   });
@@ -121,18 +125,31 @@ function defaultMaskPos(run, old) {
   return marked >= 0 ? marked : run.tokens.length - 1;
 }
 
+// The flow's blocks of a view stack: "encoder" (T5's) or the stack the decoder (or BERT) reads.
+function stackBlocks(run, stack) {
+  const stacks = run.flow.stacks;
+  const found = stack === "encoder" ? stacks.find((s) => s.name === "encoder" && stacks.length > 1) : stacks[stacks.length - 1];
+  return found ? found.blocks : [];
+}
+
+// Whether block `layer` of `stack` has attention maps (a Gated DeltaNet block has none).
+function hasMap(run, stack, layer) {
+  return !!(run.attention && run.attention[stack] && run.attention[stack].some((l) => l.layer === layer));
+}
+
 // The selected head's Q, K, V, scores, bias, mask, softmax, output: inlined or from the server.
 async function loadDetail(c) {
   const col = Explore.cols[c];
   const run = Explore.runs[c];
   if (!col.stack) return null;
-  const key = `${col.stack}/${col.layer}/${col.head}`;
+  const head = hasMap(run, col.stack, col.layer) ? col.head : 0;  // a Gated DeltaNet block: one detail
+  const key = `${col.stack}/${col.layer}/${head}`;
   if (col.detail && col.detail.key === key) return col.detail.data;
   let data;
   if (Explore.offline) {
-    data = run.details[col.stack][col.layer][col.head];
+    data = run.details[col.stack][col.layer][head];
   } else {
-    data = await api("api/detail", {run: c, text: Explore.text, stack: col.stack, layer: col.layer, head: col.head});
+    data = await api("api/detail", {run: c, text: Explore.text, stack: col.stack, layer: col.layer, head});
   }
   col.detail = {key, data};
   return data;

@@ -162,11 +162,14 @@ function flowDiagram(flow, selected, onPick, vertical) {
     stack.blocks.forEach((b) => {
       const stackKey = shared ? "encoder" : "self";
       const isSel = selected && selected.stack === stackKey && selected.layer === b.layer;
+      const gdn = b.attention === "gated_deltanet";  // a fixed-size state, no attention map
       const attn = b.window ? `${b.attention} (window ${b.window})` : b.attention;
-      const grp = box(...at(k), [t("flow.block", t(`flow.stack.${stack.name}`), b.layer), `attn: ${attn}, ${b.heads}h/${b.kv_heads}kv`,
+      const mixer = gdn ? `${attn}, ${b.kv_heads}k/${b.heads}v` : `attn: ${attn}, ${b.heads}h/${b.kv_heads}kv`;
+      const grp = box(...at(k), [t("flow.block", t(`flow.stack.${stack.name}`), b.layer), mixer,
                                  b.ffn.length > 22 ? b.ffn.slice(0, 22) + "…" : b.ffn],
-                      "flow-block" + (isSel ? " selected" : ""), {"data-layer": b.layer, "data-stack": stackKey});
-      grp.appendChild(svg("title", {}, `${b.ffn}${b.cross ? "; cross-attention to the encoder" : ""}`));
+                      "flow-block" + (gdn ? " flow-gdn" : "") + (isSel ? " selected" : ""),
+                      {"data-layer": b.layer, "data-stack": stackKey, "data-mixer": b.attention});
+      grp.appendChild(svg("title", {}, `${gdn ? t("flow.gdn") + "; " : ""}${b.ffn}${b.cross ? "; cross-attention to the encoder" : ""}`));
       grp.addEventListener("click", () => onPick(stackKey, b.layer));
       link(k);
       k += 1;

@@ -230,8 +230,9 @@ function kvPanel(run, c) {
   [t("kv.layer"), t("kv.prefill", kv.tokens), t("kv.step")].forEach((h) => head.appendChild(el("th", {}, h)));
   table.appendChild(head);
   kv.prefill.forEach((b, l) => {
-    const tr = el("tr", {class: "kv-layer", "data-layer": l, "data-prefill": b, "data-step": kv.per_token[l]});
-    [String(l), bytes(b), bytes(kv.per_token[l])].forEach((x) => tr.appendChild(el("td", {}, x)));
+    const mixer = kv.mixers ? kv.mixers[l] : kv.attention;
+    const tr = el("tr", {class: "kv-layer", "data-layer": l, "data-prefill": b, "data-step": kv.per_token[l], "data-mixer": mixer});
+    [mixer === "gated_deltanet" ? `${l} (${t("kv.state")})` : String(l), bytes(b), bytes(kv.per_token[l])].forEach((x) => tr.appendChild(el("td", {}, x)));
     table.appendChild(tr);
   });
   const tot = el("tr");

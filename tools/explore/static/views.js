@@ -20,7 +20,8 @@ function colLetter(c) { return String.fromCharCode(65 + c); }
 function sameStructure(c, d) {
   const a = Explore.runs[c], b = Explore.runs[d];
   if (!a || !b || a.error || b.error || !a.attention || !b.attention) return false;
-  const shape = (r) => Object.keys(r.attention).sort().map((s) => `${s}:${r.attention[s].length}`).join(",");
+  const shape = (r) => Object.keys(r.attention).sort().map((s) => `${s}:${r.attention[s].map((l) => l.layer)}`).join(",") +
+    "|" + r.flow.stacks.map((s) => s.blocks.map((b) => b.attention === "gated_deltanet")).join(";");
   return shape(a) === shape(b);
 }
 
@@ -198,7 +199,7 @@ function pickBlock(c, stack, layer) {
   Explore.runs.forEach((run, d) => {
     if (d !== c && !sameStructure(c, d)) return;
     const col = Explore.cols[d];
-    col.stack = stack === "self" && !run.attention.self ? Object.keys(run.attention)[0] : stack;
+    col.stack = (stack === "self" && !run.attention.self && Object.keys(run.attention)[0]) || stack;
     col.layer = layer;
   });
   renderAll();
@@ -219,8 +220,9 @@ async function renderInside(c) {
   let d;
   try { d = await loadDetail(c); } catch (e) { showError(e.message); return; }
   box.innerHTML = "";
-  const p = panel(t("inside.title", stackName(col.stack), col.layer, col.head, d.kv_head), "inside-panel");
   const tk = axisTokens(run, col.stack);
+  if (d.mixer) { box.appendChild(statePanel(run, col, d, tk)); return; }
+  const p = panel(t("inside.title", stackName(col.stack), col.layer, col.head, d.kv_head), "inside-panel");
   const rope = run.position === "rope" && col.stack !== "cross";
   if (d.block) p.appendChild(normSection(run, d.block, tk));
   p.appendChild(el("h3", {}, t("attn.title")));
@@ -255,6 +257,20 @@ async function renderInside(c) {
   box.appendChild(p);
 }
 
+// A Gated DeltaNet block: what it keeps instead of attending (its state, in the layer's own cache
+// bytes), then its block's norms, output projection and feed-forward as for any block.
+function statePanel(run, col, d, tk) {
+  const p = panel(t("gdn.title", stackName(col.stack), col.layer), "inside-panel gdn-panel");
+  p.dataset.layer = col.layer;
+  p.dataset.stateBytes = d.state_bytes;
+  if (d.block) p.appendChild(normSection(run, d.block, tk));
+  p.appendChild(el("h3", {}, t("gdn.what")));
+  p.appendChild(el("p", {class: "explain gdn-explain"},
+    t("gdn.explain", col.layer, bytes(d.state_bytes), d.v_heads, d.d_k, d.d_v, d.k_heads, d.tokens)));
+  if (d.block) blockSections(run, col, d.block, tk, Explore.runs.length > 1 ? 130 : 160).forEach((e) => p.appendChild(e));
+  return p;
+}
+
 // ---------------------------------------------------------------- attention maps
 // The map row to highlight in column c: the hovered token there, or (a column of the same structure
 // beside it) the first of its tokens covering the hovered token's characters.
@@ -274,18 +290,28 @@ function renderMaps(c) {
   const run = Explore.runs[c], col = Explore.cols[c];
   if (!box || !col.stack) return;
   box.innerHTML = "";
-  const layers = run.attention[col.stack];
-  const L = layers[col.layer];
+  // only the attention layers have maps (a Gated DeltaNet block keeps a state instead)
+  const layers = run.attention[col.stack] || [];
+  const L = layers.find((l) => l.layer === col.layer);
   const p = panel(t("maps.title", stackName(col.stack), col.layer), "maps-panel", t("maps.explain"));
   const ctl = el("div", {class: "map-controls"});
   const stackSel = el("select", {class: "stack-select"});
   Object.keys(run.attention).forEach((s) => stackSel.appendChild(el("option", {value: s, selected: s === col.stack}, stackName(s))));
-  stackSel.addEventListener("change", () => { col.stack = stackSel.value; col.layer = 0; col.head = 0; renderAll(); });
+  stackSel.addEventListener("change", () => {
+    col.stack = stackSel.value; col.layer = run.attention[col.stack][0].layer; col.head = 0; renderAll();
+  });
   const layerSel = el("select", {class: "layer-select"});
-  layers.forEach((l, n) => layerSel.appendChild(el("option", {value: n, selected: n === col.layer}, `block ${l.layer}`)));
-  layerSel.addEventListener("change", () => pickBlock(c, col.stack, +layerSel.value));
-  ctl.append(`${t("maps.stack")} `, stackSel, ` ${t("maps.block")} `, layerSel);
+  if (!L) layerSel.appendChild(el("option", {value: "", selected: true}, "—"));
+  layers.forEach((l) => layerSel.appendChild(el("option", {value: l.layer, selected: l.layer === col.layer}, `block ${l.layer}`)));
+  layerSel.addEventListener("change", () => { if (layerSel.value !== "") pickBlock(c, col.stack, +layerSel.value); });
+  if (layers.length) ctl.append(`${t("maps.stack")} `, stackSel, ` ${t("maps.block")} `, layerSel);
   p.appendChild(ctl);
+  if (!L) {
+    const names = layers.map((l) => l.layer).join(", ");
+    p.appendChild(el("p", {class: "note maps-none"}, names ? t("maps.nomap", col.layer, names) : t("maps.nomap.all")));
+    box.appendChild(p);
+    return;
+  }
   const probs = decodeArray(L.probs), allowed = decodeArray(L.allowed);
   const [H, S, T] = probs.shape;
   const decRows = run.kind === "encoder_decoder" && col.stack !== "encoder";  // queries: decoder positions
