@@ -3,6 +3,7 @@ Chromium from the recipes at random init (or from the run folders given):
 
     python -m tools.explore.screenshots --out docs/explorer
     python -m tools.explore.screenshots --decoder runs/<llama-tiny run> --layers 4
+    python -m tools.explore.screenshots --only hybrid   # the Gated DeltaNet / attention hybrid's flow alone
 
 Each view is written as ``<view>.png`` (English) and ``<view>.zh.png`` (Chinese).
 """
@@ -35,6 +36,12 @@ DECODER_VIEWS = [("tokens", '.column[data-col="0"] .tokens'), ("embedding", '.co
                  ("kv_cache", '.column[data-col="0"] .kv-panel'), ("controls", "#controls")]
 MOE_VIEWS = [("moe_routing", '.column[data-col="0"] .moe-panel'),
              ("moe_whole_text", '.column[data-col="0"] .moe-all-panel')]
+# the flow panel down to the Gated DeltaNet block's explanation (page coordinates)
+HYBRID_CLIP = """(() => {
+  const a = document.querySelector('.column[data-col="0"] .flow-panel').getBoundingClientRect();
+  const b = document.querySelector('.column[data-col="0"] .gdn-explain').getBoundingClientRect();
+  return {x: a.left + scrollX, y: a.top + scrollY, width: a.width, height: b.bottom - a.top + 8};
+})()"""
 BERT_VIEWS = [("bert_masked", '.column[data-col="0"] .next')]
 T5_VIEWS = [("t5_span_filling", '.column[data-col="0"] .span'),
             ("t5_cross_attention", '.column[data-col="0"] .maps-panel')]
@@ -50,7 +57,7 @@ def _serve(runs):
 
 
 def _shoot(browser, runs, prompt: str, views, out: Path, setup: Optional[str] = None, width: int = 1500,
-           full: Optional[str] = None) -> list[Path]:
+           full: Optional[str] = None, clip: Optional[str] = None) -> list[Path]:
     """Serve ``runs``, analyse ``prompt``, run ``setup`` (JavaScript) and capture each view in both languages."""
     server, url = _serve(runs)
     page = browser.new_page(viewport={"width": width, "height": 1000})
@@ -72,7 +79,8 @@ def _shoot(browser, runs, prompt: str, views, out: Path, setup: Optional[str] = 
             written.append(path)
         if full:
             path = out / f"{full}{suffix}.png"
-            page.screenshot(path=str(path), clip={"x": 0, "y": 0, "width": width, "height": 1500})
+            box = page.evaluate(clip) if clip else {"x": 0, "y": 0, "width": width, "height": 1500}
+            page.screenshot(path=str(path), clip=box, full_page=bool(clip))
             written.append(path)
     page.close()
     server.should_exit = True
@@ -88,16 +96,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--t5", type=Path, default=Path("recipes/t5/tiny.yaml"))
     p.add_argument("--sliding", type=Path, default=Path("recipes/mistral/tiny.yaml"))
     p.add_argument("--deepseek", type=Path, default=Path("recipes/deepseek/tiny.yaml"))
+    p.add_argument("--hybrid", type=Path, default=Path("recipes/hybrid/tiny.yaml"))
     p.add_argument("--layers", type=int, default=2, help="model.n_layers of the recipes at random init")
+    p.add_argument("--only", choices=["hybrid"], help="remake only these screenshots")
     args = p.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
     args.out.mkdir(parents=True, exist_ok=True)
+    written = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=ARGS)
+        # its whole layer pattern (3 Gated DeltaNet : 1 attention), block 1 (Gated DeltaNet) open
+        written += _shoot(browser, [load(args.hybrid)], PROMPT, [], args.out, "pickBlock(0, 'self', 1)",
+                          full="hybrid_flow", clip=HYBRID_CLIP)
+        browser.close()
+    if args.only == "hybrid":
+        print("\n".join(map(str, written)))
+        return 0
     over = lambda path: [f"model.n_layers={args.layers}"] if path.suffix == ".yaml" else []  # noqa: E731
     dec, moe = load(args.decoder, over(args.decoder)), load(args.moe, over(args.moe))
     bert, t5 = load(args.bert, over(args.bert)), load(args.t5, over(args.t5))
     sliding, deepseek = load(args.sliding, over(args.sliding)), load(args.deepseek, over(args.deepseek))
-    written = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=ARGS)
         hover = "setHover(0, 5)"
