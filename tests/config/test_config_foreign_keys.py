@@ -107,6 +107,8 @@ NO_KEYS = {
     "archlab.hf.adapter.ADAPTERS": "not a recipe choice",
     # no recipe key selects a task: each understanding objective (train.objective tag, span_qa, bound) names its own
     "archlab.data.tasks.__init__.TASKS": "chosen by train.objective",
+    # no recipe key selects a probe: an experiment's measurements (mqar, mad) name their tasks
+    "archlab.data.probes.base.PROBES": "chosen by an experiment spec's measurements",
 }
 
 

@@ -118,5 +118,5 @@ def test_each_model_type_pools_its_convention():
 
 
 def test_init_from_is_refused_by_an_objective_that_does_not_read_it():
-    with pytest.raises(RecipeError, match="train.init_from=.*only used by train.objective .*classify.*objective is mlm"):
+    with pytest.raises(RecipeError, match="train.init_from=.*only used by train.objective .*classify.*is mlm"):
         archlab.load_recipe("recipes/bert/tiny.yaml", ["train.init_from=runs/x"])
