@@ -101,6 +101,7 @@ def test_the_hybrid_page_names_the_mixers_and_explains_a_gdn_block(browser):  # 
                                                                dtype_bytes=DTYPE_BYTES)
         assert float(panel.get_attribute("data-state-bytes")) == own
         assert "Gated DeltaNet" in panel.inner_text() and "fixed-size state" in panel.inner_text()
+        assert "Norm before the Gated DeltaNet mixer" in panel.locator(".norm-step h3").inner_text()
         assert page.locator(".maps-panel .head-map").count() == 0
         assert "no attention map" in page.locator(".maps-none").inner_text()
         options = page.eval_on_selector_all(".layer-select option", "os => os.map((o) => o.value)")
@@ -133,6 +134,34 @@ def test_the_pure_gdn_page_opens_without_any_attention_layer(browser):  # noqa: 
         page.wait_for_selector('.gdn-panel[data-layer="2"]')
         assert page.locator(".kv-layer[data-mixer=gated_deltanet]").count() == 4
         assert not errors, errors
+    finally:
+        page.close()
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+
+@pytest.mark.parametrize("n, label", [(16, "\u00b7because"), (40, "\u00b7isinstance"), (128, "ab"),
+                                      (3, "\u00b7return")])
+def test_line_chart_token_labels_do_not_overlap(browser, n, label):  # noqa: F811
+    """A line chart (the norm charts under a block) labels every k-th position, k chosen so that the widest label
+    fits: drawn in the page with n long labels, no two of its labels meet."""
+    from tests.tools.test_tools_explore_browser import _serve
+
+    url, server, thread = _serve([load(Path(HYBRID))])
+    page = browser.new_page(viewport={"width": 1500, "height": 1000})
+    try:
+        page.goto(url)
+        page.wait_for_selector(".bar")
+        ticks = page.evaluate("""([n, label]) => {
+            const fig = lineChart([{name: "RMS in", values: new Float32Array(n).fill(1)}], Array(n).fill(label),
+                                  {title: "t", yLabel: "RMS"});
+            document.body.appendChild(fig);
+            return Array.from(fig.querySelectorAll(".tick"))
+                .map((t) => { const b = t.getBBox(); return [b.x, b.x + b.width]; });
+        }""", [n, label])
+        assert len(ticks) >= min(n, 2)
+        assert all(right <= next_left for (_, right), (next_left, _) in zip(ticks, ticks[1:])), ticks
     finally:
         page.close()
         server.should_exit = True

@@ -58,7 +58,9 @@ function lineChart(series, labels, {title, yLabel}) {
   g.appendChild(svg("text", {x: left - 4, y: H - bottom, "text-anchor": "end"}, "0"));
   g.appendChild(svg("text", {x: 10, y: (H - bottom) / 2 + 16, transform: `rotate(-90 10 ${(H - bottom) / 2 + 16})`,
                              "text-anchor": "middle"}, yLabel));
-  const every = Math.max(1, Math.ceil(n / 24));
+  // a label every `every` positions, so that the widest label (~7 px a character) never meets the next one
+  const step = n > 1 ? (W - left - 10) / (n - 1) : W;
+  const every = Math.max(1, Math.ceil((Math.max(1, ...labels.map((l) => String(l).length)) * 7 + 6) / step));
   labels.forEach((s, i) => { if (i % every === 0) g.appendChild(svg("text", {x: x(i), y: H - bottom + 12, "text-anchor": "middle", class: "tick"}, s)); });
   series.forEach((s, k) => {
     const pts = Array.from(s.values).map((v, i) => `${x(i)},${y(v)}`).join(" ");
@@ -72,11 +74,11 @@ function lineChart(series, labels, {title, yLabel}) {
   return fig;
 }
 
-// 3a: the norm before attention: RMS of each position in and out.
-function normSection(run, block, tk) {
+// 3a: the norm before the token mixer (attention, or Gated DeltaNet's state): RMS of each position in and out.
+function normSection(run, block, tk, stateMixer = false) {
   const wrap = el("div", {class: "step norm-step"});
   const normType = run.flow.norm;
-  wrap.appendChild(el("h3", {}, t("norm.title", normType)));
+  wrap.appendChild(el("h3", {}, t(stateMixer ? "norm.title.state" : "norm.title", normType)));
   const pre = normType.includes("pre-norm");
   wrap.appendChild(el("p", {class: "explain"}, pre ? t("norm.explain") : t("norm.post")));
   if (pre && block.rms.attn_norm_in) {

@@ -266,7 +266,7 @@ function statePanel(run, col, d, tk) {
   p.appendChild(el("h3", {}, t("gdn.what")));
   p.appendChild(el("p", {class: "explain gdn-explain"},
     t("gdn.explain", col.layer, bytes(d.state_bytes), d.v_heads, d.d_k, d.d_v, d.k_heads, d.tokens)));
-  if (d.block) p.appendChild(normSection(run, d.block, tk));
+  if (d.block) p.appendChild(normSection(run, d.block, tk, true));
   if (d.block) blockSections(run, col, d.block, tk, Explore.runs.length > 1 ? 130 : 160).forEach((e) => p.appendChild(e));
   return p;
 }
