@@ -52,7 +52,9 @@ SHAPES = {
     "llama/v2-lite-dense": {"n_layers": 27, "d_model": 2048, "n_heads": 16, "attention.type": "mla",
                             "attention.kv_lora_rank": 512, "ffn_hidden": (6 + 2) * 1408, "moe": None},
     # OLMoE-1B-7B (Muennighoff et al. 2024; config.json): 64 experts of 1024, top-8, no shared expert, QK-norm
+    # over the whole query and key projections
     "olmoe/1b-7b": {"n_layers": 16, "d_model": 2048, "n_heads": 16, "kv_heads": 16, "attention.qk_norm": True,
+                    "attention.qk_norm_over": "projection",
                     "moe.num_experts": 64, "moe.top_k": 8, "moe.expert_hidden": 1024, "moe.n_shared_experts": 0,
                     "moe.router.renormalize": False, "tie_embeddings": False, "max_seq_len": 4096},
     # Mixtral-style ladder: the LLaMA peer's shape, 8 experts of half its SwiGLU hidden, top-2
@@ -83,9 +85,9 @@ PUBLISHED = {
     "smollm-360m": ("llama/350m", ["model.vocab_size=49152"], "total", around(362e6, 0.5e6)),
     # TinyLlama-1.1B (LLaMA-2's 32000 ids, untied): exactly 1,100,048,384 (its safetensors), printed 1.1B
     "tinyllama-1.1b": ("llama/1b", ["model.vocab_size=32000"], "total", around(1_100_048_384, 0)),
-    # OLMoE-1B-7B (50304 rows, as the recipe; untied), paper: 6.9B total, 1.3B active. archlab's QK-norm has a
-    # gain per head channel (128) where OLMoE's spans the projection (2048): 61,440 fewer parameters
-    "olmoe-total": ("olmoe/1b-7b", [], "total", around(6.9e9, 0.05e9)),
+    # OLMoE-1B-7B (50304 rows, as the recipe; untied), paper: 6.9B total, 1.3B active; exactly 6,919,161,856 as
+    # OlmoeForCausalLM at its config (the q/k norms' gains span the projections: 2048 each)
+    "olmoe-total": ("olmoe/1b-7b", [], "total", around(6_919_161_856, 0)),
     "olmoe-active": ("olmoe/1b-7b", [], "active", around(1.3e9, 0.05e9)),
     # DeepSeek-V2-Lite (102400 ids, untied): 15.7B total; its "2.4B activated" is the active count without the
     # input embedding table (2.451B; with both tables 2.66B), printed truncated

@@ -205,7 +205,7 @@ def common_reasons(cfg: ModelConfig) -> Optional[str]:
     if cfg.norm.placement != "pre":
         return f"norm.placement={cfg.norm.placement}: HF decoders are pre-LN"
     if cfg.attention.qk_norm:
-        return "attention.qk_norm=true: this class has no per-head q/k norm"
+        return "attention.qk_norm=true: this class has no q/k norm"
     if cfg.attention.scale is not None:
         return f"attention.scale={cfg.attention.scale}: this class always scales scores by 1/sqrt(d_head)"
     return mup_reason(cfg)

@@ -44,6 +44,8 @@ MODEL_CHOICES: list[Choice] = [
 ]
 
 MODEL_CONDITIONS: list[Condition] = [
+    Condition("attention.qk_norm_over", AttentionConfig, "qk_norm_over", "attention.qk_norm is true",
+              lambda m, _: m.attention.qk_norm, lambda m, _: "attention.qk_norm=false"),
     Condition("ffn.multiple_of", FFNConfig, "multiple_of", "ffn.hidden is null (it rounds the default width)",
               lambda m, _: m.ffn.hidden is None, lambda m, _: f"ffn.hidden={m.ffn.hidden}"),
     Condition("moe.shared_hidden", MoEConfig, "shared_hidden", "moe.n_shared_experts > 0",

@@ -50,6 +50,18 @@ def test_bf16_activations_match_saved_tensors(name):
     _check_modes(archlab.load_recipe(path, shrink(path)), "bf16")
 
 
+@pytest.mark.parametrize("name, overrides, dtype", [
+    ("llama/tiny", [], "fp32"),  # GQA, RoPE
+    ("llama/tiny", ["model.n_kv_heads=4", "model.position.type=none"], "bf16"),  # MHA, no RoPE: the norms' outputs
+    ("mistral/tiny", [], "fp32"),  # banded sliding-window layers
+])
+def test_qk_norm_over_the_projection_matches_saved_tensors(name, overrides, dtype):
+    """One q norm over H*Dh and one k norm over G*Dh per token (OLMoE's), not H + G norms over Dh."""
+    path = f"recipes/{name}.yaml"
+    over = ["model.attention.qk_norm=true", "model.attention.qk_norm_over=projection", *overrides]
+    _check_modes(archlab.load_recipe(path, [*shrink(path), *over]), dtype)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_activations_match_saved_tensors_for_random_configs(seed):
     """Dropout masks, q/k norms, ALiBi (math attention), GQA, routers, groups, jitter, z-loss..."""

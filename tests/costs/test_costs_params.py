@@ -42,6 +42,20 @@ def test_counts_match_the_built_model_for_random_configs(seed):
     assert {k: getattr(counts, k) for k in built} == built
 
 
+@pytest.mark.parametrize("over", ["head", "projection"])
+def test_qk_norm_gains_match_the_built_model(over):
+    """q/k norm gains: Dh each per head; H*Dh and G*Dh over the whole projections (OLMoE's)."""
+    cfg = archlab.load_recipe("recipes/llama/tiny.yaml",
+                              ["model.attention.qk_norm=true", f"model.attention.qk_norm_over={over}"])
+    built = _built_counts(cfg)
+    counts = param_counts(cfg)
+    assert {k: getattr(counts, k) for k in built} == built
+    plain = param_counts(archlab.load_recipe("recipes/llama/tiny.yaml")).total
+    m = archlab.model_config(cfg)
+    widths = (m.n_heads + m.kv_heads) * m.d_head if over == "projection" else 2 * m.d_head
+    assert counts.total - plain == m.n_layers * widths
+
+
 def test_moe_recipes_match_their_dense_peer_in_active_parameters():
     """The Mixtral/DeepSeek recipes are sized to the LLaMA peer they name (plus the router)."""
     dense = param_counts(archlab.load_recipe("recipes/llama/tiny.yaml"))

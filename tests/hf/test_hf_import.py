@@ -1,7 +1,6 @@
 """Import from Hugging Face (``archlab.from_hf``), every family: a random-init tiny ``transformers`` model saved
 to a folder becomes an archlab run whose logits equal the HF model's (fp32, CPU, default assert_close
-tolerances, as the export tests), and exporting that run gives back the same tensors, key for key, exactly.
-OLMoE is refused with its reason."""
+tolerances, as the export tests), and exporting that run gives back the same tensors, key for key, exactly."""
 
 from __future__ import annotations
 
@@ -38,6 +37,7 @@ def _configs():
         "mixtral": T.MixtralConfig(**{**llama, "intermediate_size": 24}, num_local_experts=4, num_experts_per_tok=2),
         "qwen3_moe": T.Qwen3MoeConfig(**llama, head_dim=8, moe_intermediate_size=24, num_experts=4,
                                       num_experts_per_tok=2, mlp_only_layers=[0], norm_topk_prob=False),
+        "olmoe": T.OlmoeConfig(**{**llama, "intermediate_size": 24}, num_experts=4, num_experts_per_tok=2),
         "deepseek_v3": T.DeepseekV3Config(**{**small, "num_hidden_layers": 3}, num_key_value_heads=4,
                                           intermediate_size=64, moe_intermediate_size=16, n_routed_experts=8,
                                           num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1,
@@ -85,7 +85,8 @@ def logits(model_or_hf, ids, dec=None, hf: bool = False):
         return model_or_hf(input_ids=ids, decoder_input_ids=dec).logits if hf else model_or_hf(ids, dec).logits
 
 
-FAMILIES = ("bert", "deepseek_v3", "gpt2", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "qwen3_moe", "t5")
+FAMILIES = ("bert", "deepseek_v3", "gpt2", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "olmoe", "qwen3_moe",
+            "t5")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -137,15 +138,30 @@ def test_bert_token_type_row_folds_into_the_positions(tmp_path):
     torch.testing.assert_close(logits(hf, ids, hf=True), logits(model, ids))
 
 
-def test_olmoe_is_refused_with_the_reason(tmp_path):
+def test_olmoe_renormalised_with_biases_imports_and_exports(tmp_path):
+    """norm_topk_prob=true (moe.router.renormalize) and attention_bias=true, multi-head: OLMoE's other settings."""
     import transformers as T
 
-    T.OlmoeConfig(vocab_size=V, hidden_size=32, intermediate_size=16, num_hidden_layers=1, num_attention_heads=4,
-                  num_experts=4, num_experts_per_tok=2).save_pretrained(tmp_path / "hf")
-    with pytest.raises(ValueError, match=r"config.json: model_type='olmoe': OLMoE normalises the whole query and "
-                                         r"key projections .* archlab's attention.qk_norm normalises each head"):
-        archlab.from_hf(tmp_path / "hf", tmp_path / "run")
-    assert not (tmp_path / "run").exists()
+    config = T.OlmoeConfig(vocab_size=V, hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+                           num_attention_heads=4, max_position_embeddings=64, num_experts=4, num_experts_per_tok=2,
+                           norm_topk_prob=True, attention_bias=True)
+    model = _import_and_export(hf_model("olmoe", config=config), "olmoe", tmp_path)
+    a, m = model.cfg.attention, model.cfg.moe
+    assert (a.qk_norm, a.qk_norm_over, a.bias, m.router.renormalize) == (True, "projection", True, True)
+    assert model.blocks[0].attn.q_norm.weight.shape == (32,) and model.blocks[0].attn.k_norm.weight.shape == (32,)
+
+
+def test_the_olmoe_recipe_exports_as_olmoe_and_a_per_head_qk_norm_does_not():
+    from archlab.hf import find_adapter
+
+    shrink = ["model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.moe.num_experts=4",
+              "model.moe.top_k=2", "model.moe.expert_hidden=32", "model.max_seq_len=64", "train.seq_len=64"]
+    cfg = archlab.model_config(archlab.load_recipe("recipes/olmoe/1b-7b.yaml", shrink))
+    assert find_adapter(cfg).family == "olmoe"
+    per_head = archlab.model_config(archlab.load_recipe("recipes/olmoe/1b-7b.yaml",
+                                                        [*shrink, "model.attention.qk_norm_over=head"]))
+    why = archlab.hf.ADAPTERS.get("olmoe")().matches(per_head)
+    assert why is not None and "qk_norm_over=head" in why
 
 
 @pytest.mark.parametrize("family,key,value,rule", [
@@ -155,6 +171,7 @@ def test_olmoe_is_refused_with_the_reason(tmp_path):
      "default, linear and yarn"),
     ("t5", "tie_word_embeddings", False, "tie_word_embeddings=true"),
     ("gpt_neox", "use_parallel_residual", False, "use_parallel_residual=true"),
+    ("olmoe", "clip_qkv", 8.0, "clip_qkv=null"),
 ])
 def test_a_key_archlab_cannot_express_is_refused_by_name(family, key, value, rule, tmp_path):
     config = _configs()[family]

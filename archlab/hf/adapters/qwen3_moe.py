@@ -29,6 +29,9 @@ class Qwen3MoeAdapter(HFAdapter):
     def matches(self, cfg: ModelConfig) -> Optional[str]:
         if not cfg.attention.qk_norm:
             return "attention.qk_norm=false: Qwen3 always normalises q and k per head"
+        if cfg.attention.qk_norm_over != "head":
+            return (f"attention.qk_norm_over={cfg.attention.qk_norm_over}: Qwen3 normalises q and k per head "
+                    "(qk_norm_over=head)")
         why = moe_reasons(cfg, allow_dense_layers=True) or dense_reasons(cfg, qk_norm=False)
         if why is None and cfg.ffn.bias:
             why = "ffn.bias=true: Qwen3-MoE's dense MLP has no bias"

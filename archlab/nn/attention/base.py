@@ -55,7 +55,10 @@ class AttentionOptions:
     type: str = "mha"  # mha | sliding_window | mla | gated_deltanet
     bias: bool = True  # bias on the Q/K/V/O projections (GPT-2 yes, LLaMA no)
     dropout: float = 0.0  # on attention probabilities (training only)
-    qk_norm: bool = False  # normalise q and k per head before RoPE (OLMo-2, Qwen3)
+    qk_norm: bool = False  # normalise q and k before RoPE (Qwen3, OLMo-2, OLMoE); over what: qk_norm_over
+    # head: each head, Dh-wide gains (Qwen3) | projection: all of q (H*Dh) and all of k (G*Dh) before the heads
+    # are split (OLMo-2, OLMoE)
+    qk_norm_over: str = "head"
     scale: Optional[float] = None  # score scale; None = 1/sqrt(q/k head dim) (muP: archlab.nn.mup). Ablation switch
 
 

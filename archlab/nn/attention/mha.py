@@ -31,6 +31,29 @@ def uses_math_sdpa(s: ActShape) -> bool:
     return s.device == "cpu" and (position_class(s.cfg).score_bias or s.cfg.attention.dropout > 0)
 
 
+QK_NORM_OVER = ("head", "projection")
+
+
+def qk_norm_dims(cfg: "ModelConfig") -> tuple[int, int]:
+    """The widths the q and k norms act over: Dh each per head; H*Dh and G*Dh over the whole projections."""
+    if cfg.attention.qk_norm_over == "projection":
+        return cfg.n_heads * cfg.d_head, cfg.kv_heads * cfg.d_head
+    return cfg.d_head, cfg.d_head
+
+
+def qk_norm_saved(s: ActShape) -> tuple[bool, float]:
+    """Per token, the q and k norms': (whether they keep their input, a view of the qkv output; bytes of
+    everything else): H + G rows of Dh per head, one row of H*Dh and one of G*Dh over the projections."""
+    cfg = s.cfg
+    q_dim, k_dim = qk_norm_dims(cfg)
+    norm = norm_class(cfg)
+    keeps_input, q_extra = norm.saved(s, dim=q_dim)
+    _, k_extra = norm.saved(s, dim=k_dim)
+    if cfg.attention.qk_norm_over == "projection":
+        return keeps_input, q_extra + k_extra
+    return keeps_input, cfg.n_heads * q_extra + cfg.kv_heads * k_extra
+
+
 @ATTENTIONS.register("mha")
 class CausalSelfAttention(Attention):
     """softmax(q k^T * scale + bias + causal mask) v, then the output projection; without the causal
@@ -40,7 +63,7 @@ class CausalSelfAttention(Attention):
     an additive float mask when ALiBi or a partly filled KV cache needs one.
     """
 
-    options = Attention.options | {"qk_norm"}
+    options = Attention.options | {"qk_norm", "qk_norm_over"}
     supports_bidirectional = True
 
     def __init__(self, cfg: "ModelConfig", *, layer: int, causal: bool = True):
@@ -50,8 +73,10 @@ class CausalSelfAttention(Attention):
         self.wqkv = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv_heads) * self.d_head, bias=a.bias)
         self.wo = nn.Linear(self.n_heads * self.d_head, cfg.d_model, bias=a.bias)
         self.wo.is_residual_proj = True  # GPT-2 scaled init
-        self.q_norm = build_norm(cfg, dim=self.d_head) if a.qk_norm else None
-        self.k_norm = build_norm(cfg, dim=self.d_head) if a.qk_norm else None
+        self.qk_norm_over = a.qk_norm_over  # head: per head (Dh-wide); projection: all of q (H*Dh), all of k (G*Dh)
+        q_dim, k_dim = qk_norm_dims(cfg)
+        self.q_norm = build_norm(cfg, dim=q_dim) if a.qk_norm else None
+        self.k_norm = build_norm(cfg, dim=k_dim) if a.qk_norm else None
         self.dropout = a.dropout
         self.scale = a.scale if a.scale is not None else attention_scale(cfg)  # 1/sqrt(Dh); muP: archlab.nn.mup
 
@@ -71,6 +96,9 @@ class CausalSelfAttention(Attention):
             fail(f"{prefix}.n_kv_heads", kv, "must be a positive number (1 = MQA, n_heads = MHA)")
         if m.n_heads % kv:
             fail(f"{prefix}.n_kv_heads", kv, f"n_heads ({m.n_heads}) must be divisible by n_kv_heads")
+        if m.attention.qk_norm_over not in QK_NORM_OVER:
+            fail(f"{prefix}.attention.qk_norm_over", m.attention.qk_norm_over,
+                 f"must be one of {', '.join(QK_NORM_OVER)}")
         rot = cls.rotary_dim(m)
         if position_class(m).rotates_qk and rot % 2:  # RoPE's rule on this attention's head dim
             fail(f"{prefix}.n_heads", m.n_heads,
@@ -83,7 +111,7 @@ class CausalSelfAttention(Attention):
         if cfg.attention.bias:
             n += (h + 2 * g) * dh + d
         if cfg.attention.qk_norm:
-            n += 2 * norm_params(cfg, dim=dh)
+            n += sum(norm_params(cfg, dim=dim) for dim in qk_norm_dims(cfg))
         return n
 
     @classmethod
@@ -121,9 +149,9 @@ class CausalSelfAttention(Attention):
         rope, qk_norm = position_class(cfg).rotates_qk, cfg.attention.qk_norm
         total = n * cfg.d_model * a  # input of wqkv
         qkv_kept = not uses_math_sdpa(s)  # the fused kernels keep v, a view of the qkv output
-        if qk_norm:  # per head and token; the norms read views of the qkv output
-            keeps_input, extra = norm_class(cfg).saved(s, dim=Dh)
-            total += n * (H + G) * extra
+        if qk_norm:  # per head (or projection) and token; the norms read views of the qkv output
+            keeps_input, extra = qk_norm_saved(s)
+            total += n * extra
             qkv_kept = qkv_kept or keeps_input
         if qkv_kept:
             total += n * (H + 2 * G) * Dh * a
@@ -138,7 +166,9 @@ class CausalSelfAttention(Attention):
         if rope or qk_norm:
             total += n * (H + G) * Dh * a
         total += n * H * Dh * a + n * H * STATS_BYTES  # output + log-sum-exp
-        if qk_norm and s.device == "cpu":  # normed q is (B, H, S, Dh)-contiguous: wo's input is a copy
+        if qk_norm and cfg.attention.qk_norm_over == "head" and s.device == "cpu":
+            # normed q per head is (B, H, S, Dh)-contiguous: wo's input is a copy (normed over the projection
+            # it stays (B, S, H, Dh) underneath)
             total += n * H * Dh * a
         if s.device == "cuda" and position_class(cfg).score_bias:
             total += H * S * S * a  # the additive bias, one per layer
@@ -162,10 +192,15 @@ class CausalSelfAttention(Attention):
         """q (B, H, S, Dh), k and v (B, G, S, Dh): projected, q/k-normed, rotated."""
         B, S, _ = x_BSD.shape
         H, G, Dh = self.n_heads, self.n_kv_heads, self.d_head
-        qkv = self.wqkv(x_BSD).view(B, S, H + 2 * G, Dh).transpose(1, 2)  # (B, H+2G, S, Dh)
-        q, k, v = qkv.split([H, G, G], dim=1)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.qk_norm_over == "projection":  # norms over (B, S, H*Dh), (B, S, G*Dh)
+            q, k, v = self.wqkv(x_BSD).split([H * Dh, G * Dh, G * Dh], dim=-1)
             q, k = self.q_norm(q), self.k_norm(k)
+            q, k, v = (t.view(B, S, -1, Dh).transpose(1, 2) for t in (q, k, v))
+        else:
+            qkv = self.wqkv(x_BSD).view(B, S, H + 2 * G, Dh).transpose(1, 2)  # (B, H+2G, S, Dh)
+            q, k, v = qkv.split([H, G, G], dim=1)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
         if ctx.cos is not None:
             q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
         return q, k, v

@@ -36,9 +36,8 @@ from torch import Tensor
 from archlab.errors import fail
 from archlab.nn.attention.base import ATTENTIONS, LayerKVCache
 from archlab.nn.attention.capture import causal_allowed
-from archlab.nn.attention.mha import CausalSelfAttention
+from archlab.nn.attention.mha import CausalSelfAttention, qk_norm_saved
 from archlab.nn.component import STATS_BYTES, ActShape, option_names
-from archlab.nn.norms import norm_class
 from archlab.nn.positions import PosContext, position_class
 
 if TYPE_CHECKING:
@@ -166,9 +165,9 @@ class SlidingWindowAttention(CausalSelfAttention):
         blocks = s.batch * nb
         rows_q, rows_k = blocks * W, blocks * 2 * W  # padded query rows, blocked key rows
         total = n * D * a  # input of wqkv
-        if cfg.attention.qk_norm:  # per head and token, on views of the qkv output
-            keeps_input, extra = norm_class(cfg).saved(s, dim=Dh)
-            total += n * (H + G) * extra + (n * (H + 2 * G) * Dh * a if keeps_input else 0)
+        if cfg.attention.qk_norm:  # per head (or projection) and token, on views of the qkv output
+            keeps_input, extra = qk_norm_saved(s)
+            total += n * extra + (n * (H + 2 * G) * Dh * a if keeps_input else 0)
         if kernel == "math":  # fp32 whatever the input dtype
             total += rows_q * H * Dh * f + 2 * rows_k * H * Dh * f  # q (scaled), k^T (scaled) and v over H heads
             total += rows_q * H * 2 * W * f  # probabilities
