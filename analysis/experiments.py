@@ -140,16 +140,24 @@ def run_tokens_per_s(run_dir) -> Optional[float]:
     return speeds[mid] if len(speeds) % 2 else (speeds[mid - 1] + speeds[mid]) / 2
 
 
+def kv_and_state(cfg) -> tuple[float, float]:
+    """(KV-cache bytes per token of context, recurrent-state bytes per sequence), bf16: what grows with the context
+    (attention's K/V) and what does not (a Gated DeltaNet layer's state), from the cache at contexts 1 and 2."""
+    one, two = (float(kv_cache_bytes(cfg, batch=1, context=c, dtype="bf16")) for c in (1, 2))
+    return two - one, 2 * one - two
+
+
 def arm_costs(arm: Arm) -> dict:
     """Cost-model numbers of an arm from its recipe: parameters, FLOPs per token, KV-cache bytes."""
     cfg = load_recipe(arm.recipe, arm.overrides)
     pc = param_counts(cfg).as_dict()
+    kv, state = kv_and_state(cfg)
     # one rank's training step as these runs take it: fp32 on the CPU, the recipe's micro batch, AdamW states
     memory = training_memory(cfg, int(cfg.train.micro_batch_size), int(cfg.train.seq_len), precision="fp32",
                              device="cpu")
     return {"params_total": pc["total"], "params_active": pc["active"], "params_non_embedding": pc["non_embedding"],
             "flops_per_token": float(training_flops_per_token(model_config(cfg), int(cfg.train.seq_len))),
-            "kv_bytes_per_token": float(kv_cache_bytes(cfg, batch=1, context=1, dtype="bf16")),
+            "kv_bytes_per_token": kv, "state_bytes_per_sequence": state,
             "seq_len": int(cfg.train.seq_len), "family": str(cfg.family), "train_memory_bytes": memory["total"],
             "activation_bytes": memory["activations"]}
 
@@ -325,7 +333,9 @@ def cost_cells(g: Group) -> list[str]:
     if g.bench_tokens_per_s:
         speed = f"{fmt_count(g.bench_tokens_per_s)}; {speed}"
     return [f"{fmt_count(c['params_total'])} / {fmt_count(c['params_active'])}", fmt_count(c["flops_per_token"]),
-            speed, fmt_bytes(m["peak_rss_bytes"]), fmt_bytes(c["kv_bytes_per_token"])]
+            speed, fmt_bytes(m["peak_rss_bytes"]), fmt_bytes(c["kv_bytes_per_token"])
+            + (f" + {fmt_bytes(c['state_bytes_per_sequence'])} state/sequence" if c.get("state_bytes_per_sequence")
+               else "")]
 
 
 def figure_md(figures: list[str], fig, alt: str) -> str:

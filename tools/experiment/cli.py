@@ -96,7 +96,9 @@ Spec file (YAML):
       stability: {}                    # grid outcome per arm: learned | did not learn | diverged
       routing: {heatmaps: [a, b]}      # MaxVio against validation loss; load heatmaps of two arms
       wall_clock: {}                   # equal-FLOPs and equal-time views
-      kv_cache: {}                     # validation loss against KV-cache bytes per token
+      kv_cache: {contexts: [1, 2, 4, 8]}  # validation loss against KV-cache bytes per token (+ a recurrent
+                                       # state per sequence); contexts (optional): KV cache + state per
+                                       # sequence at these multiples of the training context
       val_sampling: {}                 # the validation set's own sampling error beside the seed intervals
       throughput: {steps: 10, rounds: 5}  # every arm's training step timed side by side (interleaved rounds):
                                        # tokens/s that compare under the same load; time-matched budgets use it

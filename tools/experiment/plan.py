@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Optional
 
 from analysis.experiment_spec import Arm, Spec
+from analysis.experiments import kv_and_state
 from analysis.measurements.throughput import benchmark
 from archlab.config import load_recipe, model_config
-from archlab.costs import kv_cache_bytes, param_counts, training_flops_per_token
+from archlab.costs import param_counts, training_flops_per_token
 from tools import experiment_ceg, experiment_finetune, experiment_seeds, experiment_tuning, sweep
 from tools.experiment import registration
 from tools.experiment.arms import resolve_arms
@@ -35,10 +36,11 @@ def plan(spec: Spec, log=print, estimate: bool = True) -> dict:
         cfg = load_recipe(a.recipe, a.overrides)
         pc = param_counts(cfg)
         fpt = training_flops_per_token(model_config(cfg), int(cfg.train.seq_len))
+        kv, state = kv_and_state(cfg)
         changes = a.overrides[len(spec.set):]  # everything beyond the common overrides
         log(f"- {a.name} ({a.label}): {a.recipe} {' '.join(changes)}; budget {a.budget.to_dict()}; params "
             f"{pc.total:,} total / {pc.active:,} active; {fpt / 1e6:.2f} MFLOP/token; "
-            f"KV {kv_cache_bytes(cfg, 1, 1, 'bf16'):.0f} B/token")
+            f"KV {kv:.0f} B/token" + (f" + state {state:.0f} B/sequence" if state else ""))
     fixed = [a for a in arms if not a.timed]
     stages = {}
     log("\n== stage 1: tuning")
