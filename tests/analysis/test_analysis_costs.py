@@ -314,7 +314,8 @@ def test_one_footnote_per_reason_and_nothing_computed_exits_1(monkeypatch, capsy
         monkeypatch.setattr(cli, name, refuse)
     rc, out, err = _run(["recipes/dense/tiny.yaml"], capsys)
     assert rc == 1 and "nothing could be computed" in err
-    assert out.startswith("recipe") and out.count("not modelled [") == 8  # the table is still printed
+    # the table is still printed: 9 columns not modelled (params x4, FLOPs x2, KV cache/tok, state/seq, memory)
+    assert out.startswith("recipe") and out.count("not modelled [") == 9
     assert "[1] dense-tiny: params, embedding, non-emb., active not modelled: no params model: nothing here" in out
 
 
