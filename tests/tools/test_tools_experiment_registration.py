@@ -66,6 +66,15 @@ def test_the_hash_is_stable_across_key_order_and_blind_to_the_words(tmp_path):
                                      registration.decision_part(changed)) == ["margin.ceg"]
 
 
+def test_a_set_on_the_command_line_is_not_part_of_the_design(tmp_path):
+    """`--set data.cache_dir=...` says where and how the runs are made, so `report` without it sees no change."""
+    path = spec_file(tmp_path, "a.yaml")
+    base = registration.spec_hash(registration.decision_part(load(path)))
+    with_set = load_spec(str(path), extra_set=["data.cache_dir=/elsewhere"])
+    assert "data.cache_dir=/elsewhere" in with_set.set
+    assert registration.spec_hash(registration.decision_part(with_set)) == base
+
+
 def test_a_changed_margin_after_the_seeded_runs_began_is_refused(tmp_path, capsys):
     spec = load(spec_file(tmp_path, "a.yaml"))
     reg = registration.register(spec, log=lambda *_: None)

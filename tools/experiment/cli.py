@@ -235,8 +235,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             record = with_current_words(read_record(Path(spec.out)), spec, resolve_arms(spec))
             record["spec"]["out"] = spec.out  # where the record is now (a restored or moved folder, --out)
-            if record.get("registration"):  # the spec file edited since: the report says where
-                record["registration"]["spec_file_changed"] = registration.drift(spec, record)
+            changed = registration.drift(spec, record) if record.get("registration") else []
+            if changed:  # the spec file edited since: the report says where
+                record["registration"]["spec_file_changed"] = changed
         t0 = time.time()
         measurements = measure(record)
         report_dir = Path(args.report or (spec.report if not spec.quick else None) or Path(spec.out) / "report")

@@ -38,6 +38,9 @@ HASH_CHARS = 16
 def decision_part(spec: Spec) -> dict:
     """The spec as the record keeps it, less what describes the runs or where they are written (module)."""
     d = {k: v for k, v in spec.to_dict().items() if k not in NOT_HASHED}
+    extra = list(getattr(spec, "extra_set", None) or [])  # `--set` of the command line: where and how, not what
+    if extra and list(d.get("set") or [])[-len(extra):] == extra:
+        d["set"] = list(d["set"])[:-len(extra)]
     d["arms"] = [{k: v for k, v in a.items() if k not in ARM_WORDS} for a in d["arms"]]
     return d
 
