@@ -42,5 +42,5 @@ def test_an_unsupported_key_is_refused_by_name(tmp_path, capsys):
                            "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[-1] == ("error: config.json: activation_function='gelu_fast': archlab supports gelu_new / "
-                       "gelu_pytorch_tanh (GELU, tanh approximation) and relu")
+                       "gelu_pytorch_tanh (GELU, tanh approximation), gelu (exact GELU, erf) and relu")
     assert not (tmp_path / "run").exists()
