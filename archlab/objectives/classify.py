@@ -50,6 +50,20 @@ def pretrained_checkpoint(t: Any) -> Optional[Path]:
     except CheckpointError as e:
         fail("train.init_from", t.init_from, f"not a pre-trained run or checkpoint ({e})")
 
+def task_tokenizer(cfg: Any, train_texts) -> tuple:
+    """(tokenizer, its file or None) for a fine-tuning task: the pre-trained run's own tokenizer when
+    ``train.init_from`` names one (refused when it has more ids than the model), else one trained on ``train_texts``."""
+    ckpt = pretrained_checkpoint(cfg.train)
+    if ckpt is None:
+        return build_tokenizer(cfg.data.tokenizer, train_texts, int(cfg.model.vocab_size)), None
+    path = ckpt.parent.parent / TOKENIZER
+    tokenizer = Tokenizer.load(path)
+    if tokenizer.vocab_size > cfg.model.vocab_size:
+        fail("train.init_from", cfg.train.init_from, f"its tokenizer has {tokenizer.vocab_size} ids, more than "
+             f"model.vocab_size={cfg.model.vocab_size}: the recipe's model is not the pre-trained one")
+    return tokenizer, path
+
+
 
 class ExampleBatches:
     """Training micro batches of labelled windows, (B, S + 1): stateless like ``archlab.data.TokenBatches``
@@ -123,19 +137,11 @@ class Classify(Objective):
         d, t = cfg.data, cfg.train
         corpus = build_corpus(d)
         texts = read_split_documents(corpus, int(d.seed), float(d.val_fraction), d.max_bytes)
-        ckpt = pretrained_checkpoint(t)
-        path = None
-        if ckpt is not None:
-            path = ckpt.parent.parent / TOKENIZER
-            tokenizer = Tokenizer.load(path)
-            if tokenizer.vocab_size > cfg.model.vocab_size:
-                fail("train.init_from", t.init_from, f"its tokenizer has {tokenizer.vocab_size} ids, more than "
-                     f"model.vocab_size={cfg.model.vocab_size}: the recipe's model is not the pre-trained one")
-        else:
-            tokenizer = build_tokenizer(d.tokenizer, texts["train"], int(cfg.model.vocab_size))
+        tokenizer, path = task_tokenizer(cfg, texts["train"])
         data = splice_task(corpus, tokenizer, int(t.seq_len), int(t.classify_train_examples),
                            int(t.classify_eval_examples), int(d.seed), float(d.val_fraction), d.max_bytes,
                            texts=texts, tokenizer_path=path)
+        ckpt = pretrained_checkpoint(t)
         data.meta["init_from"] = str(ckpt) if ckpt is not None else None
         return data
 

@@ -20,16 +20,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from archlab.checkpoints import TOKENIZER, WEIGHTS
-from archlab.data import build_corpus, build_tokenizer
+from archlab.checkpoints import WEIGHTS
+from archlab.data import build_corpus
 from archlab.data.splice import read_split_documents
 from archlab.data.tasks import TASKS, Task, TaskData, task_data
 from archlab.data.tasks.items import Items
-from archlab.data.tokenizer import Tokenizer
 from archlab.errors import fail
 from archlab.model.classifier import load_pretrained
 from archlab.objectives.base import Loss, Objective
-from archlab.objectives.classify import pretrained_checkpoint
+from archlab.objectives.classify import pretrained_checkpoint, task_tokenizer
 
 
 class ItemBatches:
@@ -92,22 +91,14 @@ class UnderstandingObjective(Objective):
         d, t = cfg.data, cfg.train
         corpus = build_corpus(d)
         texts = read_split_documents(corpus, int(d.seed), float(d.val_fraction), d.max_bytes)
-        ckpt = pretrained_checkpoint(t)
-        path = None
-        if ckpt is not None:
-            path = ckpt.parent.parent / TOKENIZER
-            tokenizer = Tokenizer.load(path)
-            if tokenizer.vocab_size > cfg.model.vocab_size:
-                fail("train.init_from", t.init_from, f"its tokenizer has {tokenizer.vocab_size} ids, more than "
-                     f"model.vocab_size={cfg.model.vocab_size}: the recipe's model is not the pre-trained one")
-        else:
-            tokenizer = build_tokenizer(d.tokenizer, texts["train"], int(cfg.model.vocab_size))
+        tokenizer, path = task_tokenizer(cfg, texts["train"])
         data = task_data(self.task_facts(), texts, tokenizer, int(t.seq_len), int(d.seed), corpus.description,
                          tokenizer_path=path)
         for split, items in data.examples.items():
             if len(items) == 0:
                 fail("data.source", d.source, f"the {self.task} task found no item in the {split} split: the corpus "
                      "needs Python source with windows of train.seq_len tokens (data.source=stdlib)")
+        ckpt = pretrained_checkpoint(t)
         data.meta["init_from"] = str(ckpt) if ckpt is not None else None
         return data
 
