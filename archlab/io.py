@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -22,6 +23,25 @@ def write_text_atomic(path: Path, text: str) -> Path:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
+
+
+def publish_folder(tmp: Path, out: Path) -> Path:
+    """Move the finished folder ``tmp`` (from ``tempfile.mkdtemp`` beside ``out``) into place as ``out``, replacing
+    an older ``out``, with the usual umask modes (mkdtemp makes it private, 0700): a crash never leaves half a folder
+    under that name."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for root, _, files in os.walk(tmp):
+        os.chmod(root, 0o777 & ~umask)
+        for f in files:
+            os.chmod(Path(root) / f, 0o666 & ~umask)
+    if out.exists():
+        old = out.with_name(f".{out.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+        shutil.rmtree(old)
+    os.replace(tmp, out)
+    return out
 
 
 def write_json_atomic(path: Path, obj: Any, sort_keys: bool = True,

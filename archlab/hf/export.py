@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Optional, Union
 
 from archlab.hf.adapter import find_adapter
+from archlab.io import publish_folder
 
 
 def to_hf_model(model, eos_id: Optional[int] = None):
@@ -55,25 +55,10 @@ def export_hf(
         hf.save_pretrained(tmp)
         if tokenizer_file is not None:
             _save_tokenizer(Path(tokenizer_file), tmp, eos_id)
-        _default_permissions(tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
-            shutil.rmtree(old)
-        os.replace(tmp, out)
+        publish_folder(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-def _default_permissions(folder: Path) -> None:
-    """mkdtemp makes a private (0700) folder; give it and its files the usual umask modes."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(folder, 0o777 & ~umask)
-    for f in folder.iterdir():
-        os.chmod(f, 0o666 & ~umask)
 
 
 def _save_tokenizer(tokenizer_file: Path, folder: Path, eos_id: Optional[int]) -> None:

@@ -14,7 +14,6 @@ leaves nothing under that name. Every tool that reads a run reads it: ``tools.sa
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -27,7 +26,7 @@ from omegaconf import OmegaConf
 from archlab import checkpoints as ckpt
 from archlab.config.load import load_recipe
 from archlab.hf.adapter import ADAPTERS, HFAdapter, refuse
-from archlab.io import write_json_atomic
+from archlab.io import publish_folder, write_json_atomic
 from archlab.model.build import build_model
 from archlab.version import __version__
 
@@ -119,13 +118,7 @@ def from_hf(folder: Union[str, Path], out: Union[str, Path], force: bool = False
         write_run(tmp, out.name, cfg, model, folder, c)
         if tok_path is not None:
             shutil.copyfile(tok_path, tmp / ckpt.TOKENIZER)
-        _default_permissions(tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
-            shutil.rmtree(old)
-        os.replace(tmp, out)
+        publish_folder(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -144,13 +137,3 @@ def write_run(run: Path, name: str, cfg, model, folder: Path, c: dict) -> None:
                                               "imported_from": source})
     ckpt.save_recipe(cfg, step_dir / ckpt.RECIPE)
     ckpt.finish(run, 0, keep_last=1)
-
-
-def _default_permissions(folder: Path) -> None:
-    """mkdtemp makes a private (0700) folder; give the run the usual umask modes."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for root, dirs, files in os.walk(folder):
-        os.chmod(root, 0o777 & ~umask)
-        for f in files:
-            os.chmod(Path(root) / f, 0o666 & ~umask)
