@@ -6,19 +6,20 @@ interval over the test answers, seeds pooled, beside the task's chance).
 
 from __future__ import annotations
 
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from typing import Optional
 
 from analysis.experiments import Context, Section, fmt_ci, table
 from analysis.measurements.base import (
     Measurement,
-    cached,
     check_int,
     check_ints,
     check_names,
     measurement_folder,
     record_arms,
 )
-from analysis.probe_training import train_probe, wilson
+from analysis.probe_training import train_cached, wilson
 from archlab.data.probes import ProbeTask
 from archlab.errors import RecipeError
 
@@ -33,6 +34,7 @@ class ProbeMeasurement(Measurement):
     """A measurement that trains each listed arm on probe tasks. Subclasses name their tasks (:meth:`tasks`)."""
 
     keys = TRAIN_KEYS  # a subclass adds its own: keys = TRAIN_KEYS + (...)
+    parallel = True  # its runs are independent: the runner trains them --jobs at a time
     defaults: dict = TRAIN_DEFAULTS  # the training settings a spec leaves out
     quick = {"steps": 20, "test_answers": 64}
     intro = ""  # the report section's first sentence: what the task is
@@ -54,12 +56,14 @@ class ProbeMeasurement(Measurement):
         """(setting label, task) of every task setting the measurement trains on."""
         raise NotImplementedError
 
-    def run(self, record: dict, log=print) -> list[dict]:
+    def run(self, record: dict, log=print, jobs: int = 1) -> list[dict]:
+        """Train (or read from the cache) every listed arm x task setting x width x seed, ``jobs`` at a time
+        (each in its own process on one thread when ``jobs`` > 1)."""
         m = {**self.defaults, **self.settings(record)}
         arms = {a.name: a for a in record_arms(record)}
         listed = m.get("arms") or list(arms)
         folder = measurement_folder(record) / self.name
-        out = []
+        out, todo = [], []
         for name in listed:
             if name not in arms:
                 raise ValueError(f"measurements.{self.name}.arms: {name!r} is not an arm (arms: {', '.join(arms)})")
@@ -72,13 +76,16 @@ class ProbeMeasurement(Measurement):
                         settings = {"recipe": arm.recipe, "overrides": list(arm.overrides), "task": task.name,
                                     "task_settings": vars(task), **train, "test_answers": int(m["test_answers"])}
                         path = folder / f"{name}-{task.name}-{label.replace(' ', '')}-w{width}-seed{seed}.json"
+                        job = (path, settings, arm.recipe, list(arm.overrides), task, train, int(m["test_answers"]))
                         if not path.is_file():
                             log(f"{self.name}: {name}, {task.name} {label}, width {width}, seed {seed}")
-                        result = cached(path, settings, lambda: train_probe(
-                            arm.recipe, arm.overrides, task, test_answers=int(m["test_answers"]), **train))
-                        out.append({"arm": name, "task": task.name, "setting": label, "width": int(width),
-                                    "seed": int(seed), "result": result})
-        return out
+                            todo.append(job)
+                        out.append(({"arm": name, "task": task.name, "setting": label, "width": int(width),
+                                     "seed": int(seed)}, job))
+        if jobs > 1 and len(todo) > 1:
+            with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
+                list(pool.map(train_cached, todo, [1] * len(todo)))  # each stores its result in its cache file
+        return [{**row, "result": train_cached(job)} for row, job in out]
 
     def section(self, ctx: Context) -> Section:
         results = ctx.measures.get(self.name) or []
@@ -106,4 +113,5 @@ class ProbeMeasurement(Measurement):
               + table(["arm", "task", "setting", "width", "accuracy [95% Wilson]", "chance", "test answers",
                        "CPU s per run"], rows))
         return Section(self.title, md, [], {"probes": data})
+
 

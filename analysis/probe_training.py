@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import time
+from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
@@ -106,6 +107,17 @@ def train_probe(recipe: str, overrides: Sequence[str], task: ProbeTask, *, width
             "final_loss": sum(tail) / len(tail), "params": sum(p.numel() for p in model.parameters()),
             "cpu_s": time.process_time() - t0, "steps": steps, "width": width}
 
+def train_cached(job: tuple, threads: Optional[int] = None) -> dict:
+    """One probe run's result from its cache file, trained and stored first when missing: a task of the
+    measurements' process pool (here, not in ``analysis.probe_measurement``, so that a fresh process imports it
+    without going around the measurement registry)."""
+    from analysis.measurements.base import cached  # the registry imports this module
+
+    path, settings, recipe, overrides, task, train, test_answers = job
+    if threads:
+        torch.set_num_threads(threads)
+    return cached(Path(path), settings, lambda: train_probe(recipe, overrides, task, test_answers=test_answers,
+                                                            **train))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

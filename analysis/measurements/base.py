@@ -55,6 +55,8 @@ class Measurement:
         """The settings the record's spec gives this measurement (``{}`` for none)."""
         return Spec.from_dict(record["spec"]).wanted.get(self.name) or {}
 
+    parallel = False  # True: run() takes jobs=N and computes N things at a time
+
     def run(self, record: dict, log=print) -> Optional[Any]:
         """Compute what the report needs beyond the run folders (cached); None: nothing to compute."""
         return None

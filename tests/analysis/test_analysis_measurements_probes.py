@@ -166,3 +166,23 @@ def test_run_trains_each_arm_on_each_task_once_and_caches(tmp_path):
     ctx = Context(record=record, arms={a.name: a for a in arms}, rows=[], groups={}, measures={"mad": first},
                   out=tmp_path)
     assert "| window 2 (`swa`) | selective_copying | defaults | 64 |" in MEASUREMENTS["mad"].section(ctx).markdown
+
+
+def test_run_with_jobs_trains_in_a_pool_and_equals_the_serial_run(tmp_path):
+    arms = [Arm(name="att", label="attention", recipe=LLAMA, overrides=ATTENTION, own=[]),
+            Arm(name="swa", label="window 2", recipe=LLAMA, overrides=WINDOW, own=[])]
+    settings = {"tasks": ["selective_copying"], "steps": 3, "test_answers": 32}
+
+    def record(out):
+        return {"spec": {"name": "probes", "arms": [{"name": a.name, "recipe": LLAMA} for a in arms],
+                         "budget": {"tokens": 1000}, "reference": "att", "out": str(out), "seeds": [0],
+                         "measurements": {"mad": settings}},
+                "arms": [a.to_dict() for a in arms]}
+
+    pooled = MEASUREMENTS["mad"].run(record(tmp_path / "pool"), log=lambda _: None, jobs=2)
+    serial = MEASUREMENTS["mad"].run(record(tmp_path / "serial"), log=lambda _: None)
+    assert [r["arm"] for r in pooled] == ["att", "swa"]
+    strip = [{k: v for k, v in r["result"].items() if k != "cpu_s"} for r in pooled]
+    assert strip == [{k: v for k, v in r["result"].items() if k != "cpu_s"} for r in serial]  # same seeds, same runs
+    assert sorted(p.name for p in (tmp_path / "pool" / "measurements" / "mad").iterdir()) == [
+        "att-selective_copying-defaults-w64-seed0.json", "swa-selective_copying-defaults-w64-seed0.json"]

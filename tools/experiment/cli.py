@@ -239,7 +239,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if changed:  # the spec file edited since: the report says where
                 record["registration"]["spec_file_changed"] = changed
         t0 = time.time()
-        measurements = measure(record)
+        measurements = measure(record, jobs=getattr(args, "jobs", None) or 1)
         report_dir = Path(args.report or (spec.report if not spec.quick else None) or Path(spec.out) / "report")
         record["measure_wall_s"] = round(time.time() - t0, 1)
         # the command of the run that trained it (`report` keeps its --jobs/--threads)

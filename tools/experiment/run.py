@@ -206,14 +206,15 @@ def check_stopped(points: list[sweep.Point]) -> None:
                       "run the same command again to resume them")
 
 
-def measure(record: dict, log=print) -> dict:
+def measure(record: dict, log=print, jobs: int = 1) -> dict:
     """{name: result} of the spec's measurements that compute something beyond the run folders
-    (``Measurement.run``), each result cached as JSON under ``<out>/measurements/``."""
+    (``Measurement.run``), each result cached as JSON under ``<out>/measurements/``; a measurement whose runs are
+    independent (``parallel``) computes ``jobs`` at a time."""
     wanted = Spec.from_dict(record["spec"]).wanted
     results = {}
     for name, m in MEASUREMENTS.items():
         if name in wanted:
-            result = m.run(record, log=log)
+            result = m.run(record, log=log, jobs=jobs) if m.parallel else m.run(record, log=log)
             if result is not None:
                 results[name] = result
     return results
