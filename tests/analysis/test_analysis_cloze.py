@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import archlab
-from analysis.measurements.cloze import Cloze, cloze_items, cloze_log_probs
+from analysis.measurements.cloze import Cloze, cloze_items, cloze_log_probs, span_cloze_inputs
 from tools.experiment import load_spec
 
 TEXT = 290  # text ids of the models below (the ids above: mask, start, sentinels)
@@ -69,3 +69,18 @@ def test_each_arm_is_compared_with_the_reference_of_its_own_budget(root, tmp_pat
     assert data["gpt-tok5e6"]["vs_reference_accuracy"] is None  # the 5M budget's reference itself
     assert data["bert-tok5e6"]["reference"] == "gpt-tok5e6"
     assert data["bert-tok5e6"]["vs_reference_accuracy"]["mean"] == pytest.approx(-0.09)
+
+
+def test_t5_cloze_is_the_span_corruption_format_of_a_one_id_span():
+    """The encoder-decoder is asked as it was pre-trained: the held-out id replaced by s_0 in the encoder's input,
+    the decoder fed [start, s_0] and scored on the id (the target the objective writes after s_0)."""
+    V = 300
+    x = torch.randint(0, TEXT, (3, 16))
+    pos = torch.tensor([2, 7, 13])
+    encoder, decoder, targets = span_cloze_inputs(x, pos, V)
+    s0, s1, start = V - 2, V - 3, V - 1  # archlab.objectives.span_corruption: counting down from the top
+    for i, p in enumerate(pos.tolist()):
+        assert encoder[i].tolist() == [*x[i, :p].tolist(), s0, *x[i, p + 1:].tolist()]
+        assert decoder[i].tolist() == [start, s0, int(x[i, p])]
+        assert targets[i].tolist() == [s0, int(x[i, p]), s1]
+
