@@ -16,47 +16,13 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-
-from archlab.checkpoints import TOKENIZER, checkpoints
+from analysis.task_scores import bootstrap, chosen_checkpoint
+from archlab.checkpoints import TOKENIZER
 from archlab.data.tokenizer import Tokenizer
 from archlab.errors import RecipeError
 from archlab.objectives import objective_for
 from archlab.objectives.understanding import UnderstandingObjective
 from archlab.train.checkpoint import load_recipe_of, load_weights_into
-from archlab.train.run_folder import read_jsonl
-
-RESAMPLES = 2000
-
-
-def bootstrap(correct_N: np.ndarray, counted_N: np.ndarray, doc_N: np.ndarray, seed: int = 0) -> tuple[float, float]:
-    """95% percentile interval of sum(correct) / sum(counted), resampling documents with replacement."""
-    docs, inverse = np.unique(doc_N, return_inverse=True)
-    c_D = np.bincount(inverse, weights=correct_N, minlength=len(docs))
-    n_D = np.bincount(inverse, weights=counted_N, minlength=len(docs))
-    picks_RD = np.random.default_rng(seed).integers(0, len(docs), size=(RESAMPLES, len(docs)))
-    rates = c_D[picks_RD].sum(1) / np.maximum(1, n_D[picks_RD].sum(1))
-    return float(np.percentile(rates, 2.5)), float(np.percentile(rates, 97.5))
-
-
-def dev_curve(run: Path, key: str) -> list[tuple[int, float]]:
-    """(step, dev loss ``key``) of every validation row of a run."""
-    return [(int(r["step"]), float(r[key])) for r in read_jsonl(run / "metrics.jsonl")
-            if r.get("kind") == "val" and key in r]
-
-
-def chosen_checkpoint(run: Path, key: str) -> tuple[Path, int, bool]:
-    """(checkpoint at the lowest dev loss among those kept, its step, whether the dev loss was still falling)."""
-    curve = dev_curve(run, key)
-    if not curve:
-        raise RecipeError(f"{run}: no validation rows in metrics.jsonl: not a finished fine-tuning run")
-    kept = {int(c.name.split("_")[1]): c for c in checkpoints(run)}
-    candidates = [(loss, step) for step, loss in curve if step in kept]
-    if not candidates:
-        raise RecipeError(f"{run}: no checkpoint at a validation step: set train.ckpt_every=train.eval_every")
-    _, step = min(candidates)
-    still_falling = min(curve, key=lambda c: c[1])[0] == curve[-1][0]
-    return kept[step], step, still_falling
 
 
 def score_run(run: Path, limit: int | None = None) -> list[dict]:
