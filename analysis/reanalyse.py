@@ -144,8 +144,8 @@ def lr_table(checks: dict, ctx, comparisons: list[dict]) -> str:
           + ("The seeded runs trained at each arm's fitted choice" if all(c.get("fitted_record") for c in
              checks.values()) else "The seeded runs trained at each grid's best run")
           + "; 'cost' is the fitted loss at that lr above the "
-          "fitted minimum (nats, on the grid's parabola; the parabola spans up to 16x in lr, so a skewed valley "
-          "biases it). A cost is a bias of the arm's loss, not noise.\n\n"
+          "fitted minimum (nats, on the grid's fitted curve: an asymmetric parabola, its own curvature each side "
+          "of the optimum). A cost is a bias of the arm's loss, not noise.\n\n"
           + table(["arm", "trained at" + ("" if all(c.get("fitted_record") for c in checks.values())
                            else " (the grid's best run)"), "fitted choice", "fitted / trained",
                    "lrs within seed noise of the fitted minimum", "cost of the trained lr (nats)"], rows))

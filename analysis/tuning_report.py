@@ -49,13 +49,14 @@ def section(ctx):
           f"{LEARN_MARGIN} nats below the unigram entropy) counts as worst, and when no lr learned the grid extends "
           "downwards (when it may not, the lowest loss of the runs that did not diverge is chosen); "
           "the grid extends by its own ratio until the best lr is interior. The chosen lr is the lr the seeded "
-          "runs trained at. 'Whole-grid fit': the minimum of a weighted least-squares parabola in log lr through "
-          "every finite point of the grid, kept inside the bracket (`analysis/lr_choice.py`; the grid's best when "
-          "not bracketed or the points do not curve upwards), with an "
-          f"{100 * lr_choice.LEVEL:.0f}% interval on the optimal lr (Fieller's, open on a side the grid does not "
-          "bound) and the fitted loss at its ends above the fit's minimum; the points weighted by "
-          + (f"the pooled sd of the seeded runs ({noise:.4f} nats; scaled up where the residuals reject it)"
-             if noise else "the parabola's residuals (no seeded runs to give a seed sd)")
+          "runs trained at. 'Whole-grid fit': the minimum of a weighted least-squares asymmetric parabola in log lr "
+          "(its own curvature each side of the optimum) through every finite point of the grid, kept inside the "
+          "bracket (`analysis/lr_choice.py`; the grid's best when not bracketed or the points do not curve "
+          f"upwards), with an {100 * lr_choice.LEVEL:.0f}% interval on the optimal lr (the fit's profile, its "
+          "cut-off from a parametric bootstrap of the grid; open on a side the grid does not bound) and the fitted "
+          "loss at its ends above the fit's minimum; the points weighted by "
+          + (f"the pooled sd of the seeded runs ({noise:.4f} nats; the residuals' where they reject it)"
+             if noise else "the fit's residuals (no seeded runs to give a seed sd)")
           + ". Runs tuned by the earlier rule (a parabola through the best point and its neighbours) trained at "
           "that rule's lr; the fit beside it is the current rule's, for later runs.\n\n"
           + table(["arm", "lrs tried", "final val loss at each lr (nats/token)", "grid's best", "chosen lr",
@@ -81,7 +82,7 @@ def seed_sd(ctx) -> Optional[float]:
 
 
 def refit(t: dict, noise_sd: Optional[float]) -> dict:
-    """The tuning grid's lr choice (``analysis.lr_choice``: the whole-grid parabola and its interval), the
+    """The tuning grid's lr choice (``analysis.lr_choice``: the whole-grid fit and its interval), the
     diverged and not-learned runs left out."""
     dnl = t.get("did_not_learn") or [False] * len(t["lrs"])
     losses = [None if d or n else v for v, d, n in zip(t["losses"], t["diverged"], dnl)]

@@ -47,6 +47,7 @@ LONG = {
     "tools.task_scores": "help",  # reads run folders and rebuilds their tasks' items
     "analysis.routing": "help",  # reads a run folder
     "analysis.scaling": "help",  # bootstrap fits and simulations: minutes
+    "analysis.lr_coverage": "help",  # simulated grids, a bootstrap each: minutes (its tests run a few)
     "analysis.schedules": "help",  # reads run folders
     "analysis.probe_training": "help",  # trains a model on a probe task
     "pytest": "version",  # the test suite itself
@@ -56,7 +57,7 @@ LONG = {
     "source": "activate",  # a virtual environment made earlier in the same command
 }
 # run whole: seconds each
-QUICK = ("archlab.train --help", "analysis.costs", "archlab.config.reference", "bash -n", "analysis.lr_coverage")
+QUICK = ("archlab.train --help", "analysis.costs", "archlab.config.reference", "bash -n")
 
 
 @dataclass
