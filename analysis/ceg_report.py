@@ -11,7 +11,7 @@ from typing import Optional
 
 import numpy as np
 
-from analysis import compute_curve, sequential, verdicts
+from analysis import compute_curve, eval_error, sequential, verdicts
 from analysis.experiments import Section, figure_md, table
 from analysis.plotting import COLORS, plain_log_axis, pyplot, save_figure, style_axes, wrap_label
 
@@ -131,8 +131,10 @@ def _p(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.3f}" if v >= 1e-3 else f"{v:.1e}"
 
 
-def section(ctx):
-    """The verdict table (one paired inference per comparison, Holm) and the reference's compute curve."""
+def section(ctx, val_summary: Optional[dict] = None):
+    """The verdict table (one paired inference per comparison, Holm), each verdict's evaluation-set error
+    against its seed error (``analysis.eval_error``; ``val_summary``: a report.json's ``val_sampling`` section,
+    where no per-window losses are at hand) and the reference's compute curve."""
     comp = ctx.comparison
     m = comp["margin"]
     rows_in = [c["verdict"] for c in comp["arms"].values() if c.get("verdict")]
@@ -174,6 +176,9 @@ def section(ctx):
         ["arm", "against", "scale", "seeds", "estimate [interval at the verdict's level]", "p (difference)", "Holm",
          "equivalence interval (TOST, Holm level)", "p (equivalence)", "Holm", "verdict",
          "seeds to resolve (if unresolved)"] + (["stopped"] if design else []), rows)
+    checks = eval_error.check(ctx, rows_in, val_summary)
+    comp["evaluation_error"] = checks
+    md += "\n\n" + eval_error.text(checks, lambda a: f"{ctx.arms[a].label} (`{a}`)")
     fit = comp.get("fit")
     figures: list = []
     if fit:

@@ -54,7 +54,7 @@ def reanalyse(report_json: Path) -> dict:
     data["changes"] = changes(rep.get("comparison") or {}, ctx.comparison)
     md += ["## What changed", "", changes_table(data["changes"], ctx), "",
            "## Results (re-read)", "", experiment_report.main_table(ctx), ""]
-    sec = ceg_report.section(ctx)
+    sec = ceg_report.section(ctx, (rep.get("sections") or {}).get("val_sampling"))
     md += [f"## {sec.title}", "", sec.markdown.strip(), ""]
     if rep.get("tuning"):
         data["lr"] = lr_checks(ctx)

@@ -6,7 +6,7 @@ the 95% bootstrap half-width over windows of each run's mean loss (the mean over
 beside the half-width of the arm's seed t-interval; per arm and seed, the bootstrap half-width of
 the mean per-window difference against the reference run of the same seed (the same windows) beside
 the half-width of the paired seed interval. The rule, on the paired differences the verdicts rest
-on: the validation error is at most a third of the seed interval; the table says where it holds.
+on: the validation error is at most a third of the seed error (standard errors); the table says where it holds.
 No settings.
 
 Why: a final validation loss is a mean over the validation windows the trainer evaluates
@@ -23,8 +23,8 @@ one document or of a few neighbouring ones):
 
 The report compares them with the seed intervals (the
 t-interval over seeds of an arm's loss and of its paired difference against the reference): the
-validation set is large enough when its own error is at most a third of the seed interval it sits
-beside.
+validation set is large enough when its own error is at most a third of the seed error it sits beside
+(standard errors: the t quantile of a 3-seed interval would otherwise make the rule 2.2x laxer).
 
     losses_W = window_losses("runs/experiments/attention-kv/sweep/mha-seed0-flop4.2e12")  # (W,)
 """
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from analysis import val_bootstrap
+from analysis import eval_error, val_bootstrap
 from analysis.experiments import Context, Section, table
 from analysis.measurements.base import Measurement, cached, measurement_folder, register
 from analysis.runs import open_run
@@ -67,7 +67,7 @@ def window_losses(run_dir: str | Path) -> np.ndarray:
     return torch.cat(out).numpy()
 
 
-RATIO = 1 / 3  # validation sampling error / seed interval half-width: at most this
+RATIO = eval_error.RATIO  # validation sampling error / seed error (standard errors): at most this
 
 
 def _f(v: Optional[float]) -> str:
@@ -134,7 +134,11 @@ class ValSampling(Measurement):
             n_win = len(windows[next(iter(g.runs.values()))["point"]]) if own else 0
             # the rule is on the paired difference, which every verdict rests on: the absolute loss's own
             # validation error is shared by every arm (the same windows) and cancels from the comparisons
-            ok = [v_pair / pair_half <= RATIO] if v_pair is not None and pair_half else []
+            # on standard errors (a 95% half-width / 1.96 against the seeds' sd / sqrt(seeds)), not on the
+            # half-widths, whose t quantile at 3-5 seeds (4.30-2.78) would make the rule up to 2.2x laxer
+            pair = g.vs_reference or {}
+            pair_se = pair["sd"] / pair["n"] ** 0.5 if pair.get("sd") and pair.get("n", 0) > 1 else None
+            ok = [v_pair / eval_error.Z95 <= RATIO * pair_se] if v_pair is not None and pair_se else []
             data[g.arm] = {"windows": n_win, "val_half_width": v_own, "seed_half_width": seed_half,
                            "val_paired_half_width": v_pair, "seed_paired_half_width": pair_half,
                            "within_a_third": all(ok) if ok else None}
@@ -144,7 +148,8 @@ class ValSampling(Measurement):
               "weights on the trainer's windows, strided over the whole validation split; the mean over seeds). "
               "Seeds: the t-interval over seeds. Paired: the same for the difference against the reference run of the "
               "same seed (the same windows, so their shared difficulty cancels). The verdicts rest on the paired "
-              "differences, so the rule (validation error at most a third of the seed interval) is checked there; the "
+              "differences, so the rule (validation error at most a third of the seed error, both as standard "
+              "errors: the half-width / 1.96 and the seeds' sd / sqrt(seeds)) is checked there; the "
               "absolute loss's validation error is the same draw of text for every arm and says how far the losses "
               "themselves could move on other text of this corpus.\n\n"
               + table(["arm", "windows", "validation (loss)", "seeds (loss)", "validation (paired)", "seeds (paired)",
