@@ -8,12 +8,14 @@ reads them and analysis never imports tools."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from dataclasses import replace as _replace
 from typing import Optional
 
 from analysis.sequential import Design, as_dict
 
 REFERENCE, PAIRS, PARENT = "reference", "pairs", "parent"  # the verdicts' families
 TIMED = "match_time_of"
+WORDS = ("title", "description", "claim", "notes")  # spec fields that describe, never change, the runs
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class Budget:
 
 @dataclass(frozen=True)
 class Tune:
-    """How each arm's lr is chosen (``tools.experiment_tuning``): a log grid searched per arm (``lr``), at the
+    """How each arm's lr is chosen (``tools.experiment.stages.tuning``): a log grid searched per arm (``lr``), at the
     muP base width and transferred (``mup``), or shared by design (``shared``: the reason, nothing tuned)."""
 
     shared: Optional[str] = None
@@ -75,7 +77,7 @@ class Tune:
 
 @dataclass(frozen=True)
 class Ceg:
-    """The reference's compute curve (``tools.experiment_ceg``): WSD trunks per seed, cooldown branches at
+    """The reference's compute curve (``tools.experiment.stages.ceg``): WSD trunks per seed, cooldown branches at
     ``fractions`` of the budget; ``arms_schedule: wsd`` trains every arm on the curve's schedule."""
 
     fractions: list[float]
@@ -120,20 +122,55 @@ class Margin:
 
 @dataclass(frozen=True)
 class Finetune:
-    """The fine-tuning stage (``tools.experiment_finetune``): every arm's pre-trained run of each seed fine-tuned
+    """The fine-tuning stage (``tools.experiment.stages.finetune``): every arm's pre-trained run of each seed fine-tuned
     (``train.init_from``) with ``set`` (e.g. ``train.objective=classify``) for ``budget``, at the lr ``tune`` chooses
     per arm on the fine-tuning validation loss."""
 
     set: list[str]
     budget: Budget
     tune: Tune
+    tasks: list[str] = field(default_factory=list)  # objectives, each fine-tuned on its own (``set`` names none)
+    controls: bool = False  # also each base arm fine-tuned from a fresh init (no pre-training), per task
 
     def to_dict(self) -> dict:
-        return {"set": list(self.set), "budget": self.budget.to_dict(), "tune": self.tune.to_dict()}
+        out = {"set": list(self.set), "budget": self.budget.to_dict(), "tune": self.tune.to_dict()}
+        return {**out, "tasks": list(self.tasks), "controls": self.controls} if self.tasks else out
 
     @classmethod
     def from_dict(cls, d: dict) -> "Finetune":
-        return cls(list(d["set"]), Budget.from_dict(d["budget"]), Tune.from_dict(d["tune"]))
+        return cls(list(d["set"]), Budget.from_dict(d["budget"]), Tune.from_dict(d["tune"]), list(d.get("tasks") or []),
+                   bool(d.get("controls", False)))
+
+    def expand(self, arms: list["Arm"], seeded: dict[tuple[str, int], str],
+               budgets: Optional[list[Budget]] = None) -> tuple[list["Arm"], dict, dict]:
+        """(fine-tuning arms, their pre-trained runs {(arm, seed): run or "null"}, {arm: {base arm, task, control}})
+        with ``tasks``: each arm once per task (``<arm>-<task>``, the objective after the arm's own overrides) and,
+        with ``controls``, each base arm's first arm once per task from a fresh init (``<base>-scratch-<task>``,
+        ``train.init_from=null``: the same architecture without pre-training). Without ``tasks``: unchanged."""
+        if not self.tasks:
+            return list(arms), dict(seeded), {a.name: {"base_arm": a.name, "task": None, "control": False}
+                                              for a in arms}
+        seeds = sorted({s for _, s in seeded})
+        out, runs, meta = [], {}, {}
+        for task in self.tasks:
+            for a in arms:
+                name = f"{a.name}-{task}"
+                out.append(_replace(a, name=name, overrides=[*a.overrides, f"train.objective={task}"]))
+                runs.update({(name, s): seeded[(a.name, s)] for s in seeds if (a.name, s) in seeded})
+                meta[name] = {"base_arm": a.name, "task": task, "control": False}
+            if self.controls:
+                firsts: dict[str, Arm] = {}
+                for a in arms:
+                    suffix = next((f"-{budget_tag(b)}" for b in budgets or [] if a.name.endswith(f"-{budget_tag(b)}")),
+                                  "")
+                    firsts.setdefault(a.name[:len(a.name) - len(suffix)], a)
+                for base, a in firsts.items():
+                    name = f"{base}-scratch-{task}"
+                    out.append(_replace(a, name=name, label=f"{a.label}, fresh init (control)",
+                                        overrides=[*a.overrides, f"train.objective={task}"]))
+                    runs.update({(name, s): "null" for s in seeds})
+                    meta[name] = {"base_arm": base, "task": task, "control": True}
+        return out, runs, meta
 
 
 def budget_tag(b: Budget) -> str:

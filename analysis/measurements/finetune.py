@@ -1,5 +1,5 @@
-"""``finetune: {margin, pairs}``: the fine-tuned runs of the spec's fine-tuning stage (``tools.experiment_finetune``)
-scored on the labelled task's test split, and compared per pre-training budget.
+"""``finetune: {margin, pairs}``: the fine-tuned runs of the spec's fine-tuning stage
+(``tools.experiment.stages.finetune``) scored on the labelled task's test split, and compared per pre-training budget.
 
 Each fine-tuned run (record ``finetune_runs``) is loaded and scored on the test examples
 (``archlab.objectives.classify.score``: cross-entropy in nats and accuracy), with the task's chance and majority
@@ -21,11 +21,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from analysis import verdicts
+from analysis import finetune_tasks, verdicts
 from analysis.experiment_spec import Spec
 from analysis.experiments import Context, Section, errbar, figure_md, fmt_ci, paired_difference, t_interval, table
 from analysis.measurements.base import Measurement, cached, measurement_folder, register
 from analysis.plotting import COLORS, pyplot, save_figure, style_axes
+from analysis.task_scores import run_scores
 from archlab.checkpoints import resolve_checkpoint
 from archlab.errors import RecipeError
 from archlab.model.classifier import pooling_for
@@ -156,17 +157,29 @@ class FinetuneMeasurement(Measurement):
         for run, path in self._scored(record):
             if not path.is_file():
                 log(f"finetune: scoring {run['point']} on the test split")
-            result = cached(path, {"run_dir": run["run_dir"]}, lambda: test_scores(run["run_dir"]))
+            task = run.get("task")
+            result = cached(path, {"run_dir": run["run_dir"], **({"scorer": "dev-best"} if task else {})},
+                            (lambda r=run: run_scores(r["run_dir"])) if task else
+                            (lambda r=run: test_scores(r["run_dir"])))
             out.append({"arm": run["arm"], "seed": run["seed"], "point": run["point"], "lr": run.get("lr"),
-                        "result": result})
+                        "task": task, "control": bool(run.get("control")), "result": result})
         return out
 
     def section(self, ctx: Context) -> Section:
         spec = ctx.spec
         settings = self.settings(ctx.record)
         margin = float(settings.get("margin", DEFAULT_MARGIN))
-        s = summarise(spec, ctx.measures.get(self.name) or [], margin, [tuple(p) for p in settings.get("pairs", [])])
         label = {n: a.label for n, a in ctx.arms.items()}
+        pairs = [tuple(p) for p in settings.get("pairs", [])]
+        results = ctx.measures.get(self.name) or []
+        if any(r.get("task") for r in results):  # the understanding tasks (finetune: {tasks: [...]})
+            st = finetune_tasks.summarise(spec, results, margin, pairs)
+            base_label = {b: a.label for _, _, arms in spec.budget_groups() for b, n in arms.items()
+                          for a in [ctx.arms.get(n)] if a is not None}
+            return Section("Fine-tuned on the understanding tasks: test accuracy per task and pre-training budget",
+                           finetune_tasks.markdown(st, base_label) + tuning_table(ctx.record, label, two_way=False),
+                           [], st)
+        s = summarise(spec, results, margin, pairs)
         by_arm = {v["arm"]: v for v in s["verdicts"] if not v["pair"]}  # each arm's own comparison
         md = (f"Each arm's pre-trained run of seed s fine-tuned (seed s, the arm's own fine-tuning lr, "
               f"`{' '.join(spec.finetune.set) if spec.finetune else ''}`) and scored on the task's test examples. "
@@ -217,25 +230,25 @@ class FinetuneMeasurement(Measurement):
         return Section(self.title, md, figures, s)
 
 
-def tuning_table(record: dict, label: dict) -> str:
-    """Each arm's fine-tuning lr grid (``tools.experiment_finetune``'s tuning, in the record): the validation loss
-    at each lr, the lr chosen and whether the grid brackets it; a loss at or above ln 2 is marked: on a balanced
-    two-way task such a run is no better than predicting 0.5."""
+def tuning_table(record: dict, label: dict, two_way: bool = True) -> str:
+    """Each arm's fine-tuning lr grid (the tuning of ``tools.experiment.stages.finetune``, in the record): the
+    validation loss at each lr, the lr chosen and whether the grid brackets it; a loss at or above ln 2 is marked:
+    on a balanced two-way task such a run is no better than predicting 0.5."""
     tuned = record.get("finetune_tuning") or {}
     if not tuned:
         return ""
     inits = record.get("finetune_tune_inits") or {}
     rows = []
     for arm, t in tuned.items():
-        losses = ", ".join("diverged" if d else "-" if v is None else f"{v:.3f}" + (" (>= ln 2)" if v >= math.log(2)
-                                                                                    else "")
+        losses = ", ".join("diverged" if d else "-" if v is None else
+                           f"{v:.3f}" + (" (>= ln 2)" if two_way and v >= math.log(2) else "")
                            for v, d in zip(t["losses"], t["diverged"]))
         where = "bracketed" if t["bracketed"] else "at the edge of the grid, extension limit hit"
         rows.append([f"{label.get(arm, arm)} (`{arm}`)", f"`{Path(inits[arm]).name}`" if arm in inits else "-",
                      ", ".join(f"{lr:g}" for lr in t["lrs"]), losses, f"**{t['lr']:.3g}**", where])
     return ("**Fine-tuning lr, tuned per arm** (one fine-tuning run per lr from the arm's best pre-training tuning "
             "run, at the tuning seed; scored on the task's validation loss, chosen as the pre-training lr is; "
-            f"chance: ln 2 = {math.log(2):.3f} nats)\n\n"
+            + (f"chance: ln 2 = {math.log(2):.3f} nats)\n\n" if two_way else "the dev loss at the run's end)\n\n")
             + table(["arm", "fine-tuned from", "lrs tried", "validation loss at each lr (nats)", "chosen lr", "where"],
                     rows) + "\n\n")
 
