@@ -164,16 +164,17 @@ def next_seeds(design: Design, results: list[dict]) -> dict[str, list[int]]:
 # --------------------------------------------------------------------------------------------
 
 def simulate(design: Design, law, g: float, n_sims: int, regime: str = "independent", curve_seeds: int = 3,
-             seed: int = 0) -> dict:
+             seed: int = 0, noise: str = "normal") -> dict:
     """Share of simulated studies (one comparison, true CEG ``g``) ending better / worse / equivalent /
     unresolved, with the mean seeds used; the curve from ``curve_seeds`` reference trunks as the ceg stage
-    trains them (``analysis.ceg_coverage.simulate``)."""
+    trains them (``analysis.ceg_coverage.simulate``: ``noise`` "normal" or "t3"; a misspecified curve is a
+    ``law`` from ``ceg_coverage.truth``)."""
     rng = np.random.default_rng(seed)
     ln_margin = (math.log(0.9), math.log(1.1))
     counts = {"better": 0, "worse": 0, "equivalent": 0, "unresolved": 0}
     seeds_used = []
     for _ in range(n_sims):
-        curves, ref, arm = ceg_coverage.simulate(rng, law, design.max, regime, g)
+        curves, ref, arm = ceg_coverage.simulate(rng, law, design.max, regime, g, noise=noise)
         curves = {s: curves[s] for s in range(curve_seeds)}
         fit = compute_curve.fit_compute_curve([p for pts in curves.values() for p in pts])
         comp = {s: ceg_coverage.BUDGET for s in range(design.max)}
@@ -184,32 +185,38 @@ def simulate(design: Design, law, g: float, n_sims: int, regime: str = "independ
         word = r["class"].split(" ")[0]
         counts["equivalent" if word == "equivalent" else word] += 1
         seeds_used.append(len(r["seeds"]))
-    return {"g": g, "regime": regime, "sims": n_sims, **{k: v / n_sims for k, v in counts.items()},
+    return {"g": g, "regime": regime, "sims": n_sims, "noise": noise, **{k: v / n_sims for k, v in counts.items()},
             "mean_seeds": float(np.mean(seeds_used)), "design": as_dict(design)}
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="Error rates and seeds used of the sequential design (module "
                                 "docstring), by simulation with a known CEG: a markdown table.")
-    p.add_argument("--sims", type=int, default=1000, help="simulated studies per cell (default 1000)")
+    p.add_argument("--sims", type=int, default=500, help="simulated studies per cell (default 500)")
     p.add_argument("--min", type=int, default=3)
-    p.add_argument("--max", type=int, default=9)
+    p.add_argument("--max", type=int, default=5, help="the seed cap (default 5, as the specs)")
     p.add_argument("--step", type=int, default=2)
-    p.add_argument("--spending", nargs="+", default=list(SPENDING), choices=SPENDING)
-    p.add_argument("--law", default="optimizers", choices=list(ceg_coverage.LAWS))
+    p.add_argument("--spending", nargs="+", default=["pocock"], choices=SPENDING)
+    p.add_argument("--law", default="attention-kv", choices=list(ceg_coverage.LAWS))
+    p.add_argument("--noise", default="normal", choices=ceg_coverage.NOISES,
+                   help="seed noise: normal, or t3 (Student-t, 3 df, the same sd)")
+    p.add_argument("--truth", default="power-law", choices=ceg_coverage.TRUTHS,
+                   help="the true curve: the fitted power law, or misspecified (curved in log compute)")
     p.add_argument("--g", nargs="+", type=float, default=[1.0, 1.1, 1.25],
                    help="true CEGs: 1 (no difference: 'better'/'worse' are errors), 1.1 (the margin's edge: "
                    "'equivalent' is an error), 1.25 (a real gain)")
     a = p.parse_args(argv)
-    law = ceg_coverage.LAWS[a.law]
-    print(f"law: {law.name}; margin CEG [0.9, 1.1]")
+    if a.sims < 1:
+        p.error(f"--sims {a.sims}: at least 1 (500 gives a binomial sd near 0.01 on a 5% rate)")
+    law = ceg_coverage.truth(ceg_coverage.LAWS[a.law], a.truth)
+    print(f"law: {law.name}, seed sd {law.sigma}; noise {a.noise}; margin CEG [0.9, 1.1]; seeds {a.min} to {a.max}")
     print("| spending | true CEG | regime | better | worse | equivalent | unresolved | mean seeds | studies |")
     print("|---|---|---|---|---|---|---|---|---|")
     for kind in a.spending:
         d = Design(a.min, a.max, a.step, kind)
         for g in a.g:
             for regime in ("independent", "shared"):
-                r = simulate(d, law, g, a.sims, regime)
+                r = simulate(d, law, g, a.sims, regime, noise=a.noise)
                 print(f"| {kind} | {g:g} | {regime} | {r['better']:.3f} | {r['worse']:.3f} | {r['equivalent']:.3f} "
                       f"| {r['unresolved']:.3f} | {r['mean_seeds']:.2f} | {a.sims} |", flush=True)
 

@@ -118,3 +118,46 @@ def test_a_seed_that_failed_leaves_the_comparison_in_the_family_on_the_seeds_tha
     del c["arm_losses"][0]  # seed 0 diverged
     res = sequential.family(sequential.Design(3, 5, 2), None, {}, [c], MARGIN)
     assert len(res) == 1 and res[0]["seeds"] == [1, 2] and res[0]["look"] == 1
+
+
+# --------------------------------------------------------------------------------------------
+# the simulators' stress cases: heavy-tailed seed noise, a curve the fitter does not assume
+# --------------------------------------------------------------------------------------------
+
+
+def test_t3_noise_has_unit_variance_and_heavier_tails_than_normal():
+    import numpy as np
+
+    z = ceg_coverage.draw(np.random.default_rng(0), "t3", 200_000)
+    assert np.std(z) == pytest.approx(1.0, rel=0.1)  # t3's variance converges slowly: a loose band
+    assert np.mean(np.abs(z) > 4) > 10 * 6.3e-5  # a normal puts 6.3e-5 beyond 4 sd
+    with pytest.raises(ValueError, match="one of normal, t3"):
+        ceg_coverage.draw(np.random.default_rng(0), "laplace")
+
+
+def test_the_misspecified_truth_bends_away_from_the_power_law_off_c0():
+    law = ceg_coverage.LAWS["attention-kv"]
+    bent = ceg_coverage.truth(law, "misspecified")
+    assert bent.kappa == ceg_coverage.KAPPA and ceg_coverage.truth(law, "power-law") is law
+    assert float(bent.loss(law.c0)) == pytest.approx(float(law.loss(law.c0)))  # u = 0: the same point
+    for f in (0.25, 2.0):  # curvature raises the loss on both sides of c0
+        assert float(bent.loss(f * ceg_coverage.BUDGET)) > float(law.loss(f * ceg_coverage.BUDGET)) + 0.01
+    with pytest.raises(ValueError, match="one of power-law, misspecified"):
+        ceg_coverage.truth(law, "broken")
+
+
+def test_the_simulators_take_the_stress_cases(capsys):
+    """One study per cell through each command line: the options reach the simulation and the table prints."""
+    import numpy as np
+
+    curves, ref, arm = ceg_coverage.simulate(np.random.default_rng(0), ceg_coverage.LAWS["balancing"], 3, "shared",
+                                             1.25, noise="t3")
+    assert len(curves) == 3 and len(curves[0]) == len(ceg_coverage.FRACTIONS) and set(arm) == {0, 1, 2}
+    sequential.main(["--sims", "1", "--noise", "t3", "--truth", "misspecified", "--g", "1.0"])
+    out = capsys.readouterr().out
+    assert "noise t3" in out and "curved" in out and "seeds 3 to 5" in out and out.count("| pocock | 1 |") == 2
+    ceg_coverage.main(["--sims", "1", "--laws", "attention-kv", "--seeds", "3", "--noise", "t3", "--truth",
+                       "misspecified"])
+    assert "| attention-kv | misspecified | t3 | paired | 3 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        sequential.main(["--sims", "0"])
