@@ -1,6 +1,6 @@
 """The CEG section of an experiment's report: each arm's compute-equivalent gain against the reference's
 compute curve, the family's verdicts (``analysis.verdicts``) and the CEG figure. The runs behind it are
-``tools.experiment_ceg``'s; the method is described there and in docs/experiments/README.md."""
+``tools.experiment.stages.ceg``'s; the method is described there and in docs/experiments/README.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What every part of an experiment's report (``analysis.experiment_report``) reads and writes
 with: the runs of the record collected per arm and grid cell (:class:`Group`, :class:`Context`),
 their statistics, costs and formatting helpers, and the :class:`Section` each measurement
-(``analysis.measurements``) and stage (``tools.experiment_tuning``, ``tools.experiment_ceg``) adds
+(``analysis.measurements``) and stage (``tools.experiment.stages.tuning``, ``tools.experiment.stages.ceg``) adds
 to the report. Imports no measurement: they import it.
 
 Statistics. An arm's seeds give losses x_1..x_n: the table shows the mean and the 95% t-interval

@@ -1,6 +1,6 @@
 """The compute-equivalent gain (CEG) of an arm over the reference, with its unpaired bootstrap interval, and the
 loss margin a CEG margin stands for. Pure functions over plain numbers (numpy, scipy): no run folders, no
-plotting; ``tools.experiment_ceg`` reads the runs and calls these.
+plotting; ``tools.experiment.stages.ceg`` reads the runs and calls these.
 
 An arm trained with C_arm FLOPs whose seeds reach the mean loss L_arm is worth
 

@@ -1,6 +1,6 @@
 """The tuning section of an experiment's report: per arm the lr grid, the lr its seeded runs trained at, the
 whole-grid fit (``analysis.lr_choice``) with its interval on the optimal lr, and the loss-against-lr figure. The
-runs behind it are ``tools.experiment_tuning``'s."""
+runs behind it are ``tools.experiment.stages.tuning``'s."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def section(ctx):
     tuned_s = sum(walls.get(r, 0.0) for r in runs)
     share = ("the arm's full budget" if tune.budget_fraction == 1
              else f"{tune.budget_fraction:g} x the arm's budget")
-    md = (f"Each arm's lr is chosen on its own (`tools/experiment_tuning.py`): a log grid at {share}, one run per lr "
-          f"at seed {tune.seed} (not one of the "
+    md = (f"Each arm's lr is chosen on its own (`tools/experiment/stages/tuning.py`): a log grid at {share}, one "
+          f"run per lr at seed {tune.seed} (not one of the "
           "reported seeds); a run that diverged or did not learn (final loss not "
           f"{LEARN_MARGIN} nats below the unigram entropy) counts as worst, and when no lr learned the grid extends "
           "downwards (when it may not, the lowest loss of the runs that did not diverge is chosen); "

@@ -1,4 +1,4 @@
-"""tools.experiment_finetune and `budgets:`: the spec keys, every arm once per pre-training budget, and the
+"""tools.experiment.stages.finetune and `budgets:`: the spec keys, every arm once per pre-training budget, and the
 fine-tuning runs `plan` lists (one per arm and seed, ``train.init_from`` = that arm's pre-trained run of that
 seed); the whole pipeline end to end with ``--quick`` (slow)."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from archlab.config import RecipeError
-from tools import experiment_finetune
 from tools.experiment import load_spec, main, plan, planned_points, resolve_arms, sweep_spec
+from tools.experiment.stages import finetune
 
 FT = {"set": ["train.objective=classify", "train.classify_train_examples=64", "train.classify_eval_examples=32"],
       "budget": {"tokens": 2048}, "tune": {"lr": [1.0e-3, 3.0e-3]}}
@@ -81,7 +81,7 @@ def test_plan_lists_one_finetuning_run_per_arm_and_seed_from_that_seeds_pretrain
     assert stages["fine-tuning: tuning (starting grid)"]["runs"] == 6 * 2
     arms = resolve_arms(spec)
     seeded = {("gpt-tok8192", 1): str(tmp_path / "out" / "sweep" / "gpt-tok8192-seed1-tok8192")}
-    sspec = experiment_finetune.sweep_spec(spec, [a for a in arms if a.name == "gpt-tok8192"],
+    sspec = finetune.sweep_spec(spec, [a for a in arms if a.name == "gpt-tok8192"],
                                            {"gpt-tok8192": 2.5e-3}, {**seeded, ("gpt-tok8192", 0): "p0"})
     ladder = sspec["ladders"]["gpt-tok8192-s1"]
     assert ladder["tokens"] == [2048.0] and sspec["out"] == str(tmp_path / "out" / "finetune" / "sweep")
@@ -96,7 +96,7 @@ def test_plan_lists_one_finetuning_run_per_arm_and_seed_from_that_seeds_pretrain
 def test_tuning_starts_from_the_pretraining_tuning_run_at_the_best_grid_lr(tmp_path):
     arms = resolve_arms(load_spec(_spec(tmp_path)))[:2]
     runs = [{"arm": "gpt-tok4096", "lr": lr, "run_dir": f"t{lr}"} for lr in (1e-3, 2e-3, 4e-3)]
-    inits = experiment_finetune.tuning_inits(arms, {"gpt-tok4096": {"grid_lr": 2e-3, "lr": 2.3e-3}}, runs,
+    inits = finetune.tuning_inits(arms, {"gpt-tok4096": {"grid_lr": 2e-3, "lr": 2.3e-3}}, runs,
                                              {("wide-tok4096", 0): "seeded0"}, 0)
     assert inits == {"gpt-tok4096": "t0.002", "wide-tok4096": "seeded0"}  # not searched: the first seed's run
 

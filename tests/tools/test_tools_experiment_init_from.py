@@ -1,4 +1,4 @@
-"""``train.init_from=arm:<name>`` in an experiment arm (tools/experiment/init_from.py): the arm trains after
+"""``train.init_from=arm:<name>`` in an experiment arm (tools/experiment/stages/init_from.py): the arm trains after
 the named arm, each seed from that arm's run of the same seed."""
 
 from __future__ import annotations
@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 from archlab.config import RecipeError
-from tools.experiment import init_from
 from tools.experiment.arms import resolve_arms
 from tools.experiment.load import load_spec
-from tools.experiment.run import sweep_spec
+from tools.experiment.stages import init_from
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +27,7 @@ def test_arms_that_start_from_another_arm_train_after_it_each_seed_from_its_own_
     assert [a.name for a in first] == ["dense-pre", "moe-scratch"]
     assert [a.name for a in later] == ["upcycled", "dense-continued"]
     trunks = {("dense-pre", s): f"/runs/dense-pre-seed{s}" for s in spec.seeds}
-    sspec = init_from.seed_spec(spec, later, 1, trunks, sweep_spec)
+    sspec = init_from.seed_spec(spec, later, 1, trunks)
     assert sspec["grid"] == {"train.seed": [1]} and sspec["out"].endswith("sweep-init/seed1")
     for ladder in sspec["ladders"].values():
         assert "train.init_from=/runs/dense-pre-seed1" in ladder["set"]

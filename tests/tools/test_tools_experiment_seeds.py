@@ -1,4 +1,4 @@
-"""tools.experiment_seeds: a sequential spec is checked when it loads, `plan` lists its looks with the
+"""tools.experiment.stages.looks: a sequential spec is checked when it loads, `plan` lists its looks with the
 worst-case runs, and a run adds seeds to exactly the arms of the comparisons its looks left unresolved."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from analysis import sequential
-from tools import experiment_seeds
 from tools.experiment import load_spec, main, read_record
+from tools.experiment.stages import looks
 
 QUICK = ["model.vocab_size=384", "data.max_bytes=150000", "model.d_model=32", "model.n_layers=2",
          "train.seq_len=32", "train.micro_batch_size=4", "train.eval_batches=2", "train.tensorboard=false",
@@ -75,7 +75,7 @@ def test_a_sequential_run_adds_seeds_only_where_a_comparison_is_open(tmp_path, m
     for r in record["runs"]:
         seeds.setdefault(r["arm"], set()).add(r["seed"])
     assert seeds == {"ref": {0, 1, 2, 3}, "slow": {0, 1, 2, 3}, "twin": {0, 1, 2, 3}, "same": {0, 1, 2}}
-    assert {r["sweep"] for r in record["runs"] if r["seed"] == 3} == {experiment_seeds.folder(2)}
+    assert {r["sweep"] for r in record["runs"] if r["seed"] == 3} == {looks.folder(2)}
     report = json.loads((out / "report" / "report.json").read_text())
     res = {a: v["verdict"] for a, v in report["comparison"]["arms"].items() if v.get("verdict")}
     assert res["same"]["class"] == "equivalent within the margin" and res["same"]["look"] == 1

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from archlab.train.run_folder import SUMMARY
-from tools import experiment, experiment_status
+from tools import experiment
+from tools.experiment import status
 from tools.sweep.manifest import MANIFEST
 
 
@@ -31,12 +32,12 @@ def test_stages_in_training_order_with_counts_from_the_run_folders(tmp_path):
                                      "c-seed0": ("running", "nonfinite")})
     write_stage(tmp_path / "tune", {"a-lr0.001": ("finished", "completed")})
     (tmp_path / "notes").mkdir()  # no manifest: not a stage
-    assert [p.name for p in experiment_status.stage_folders(tmp_path)] == ["tune", "sweep", "ceg"]
-    s = experiment_status.stage_status(tmp_path / "sweep")
+    assert [p.name for p in status.stage_folders(tmp_path)] == ["tune", "sweep", "ceg"]
+    s = status.stage_status(tmp_path / "sweep")
     # the manifest said "running" for c: its run folder says it diverged, and that is what counts
     assert (s["points"], s["finished"], s["diverged"], s["started"], s["new"]) == (3, 1, 1, 1, 0)
     assert s["failed"] == ["b-seed0"]
-    text = experiment_status.status_text(tmp_path, experiment.RECORD)
+    text = status.status_text(tmp_path, experiment.RECORD)
     assert text.splitlines()[1:4] == [
         "- tuning (tune/): 1 runs: 1 finished, 0 diverged, 0 to go (0 of them started)",
         "- seeded runs (sweep/): 3 runs: 1 finished, 1 diverged, 1 to go (1 of them started); failed at their "

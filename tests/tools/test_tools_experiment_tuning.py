@@ -1,4 +1,4 @@
-"""tools.experiment_tuning and tools.experiment_ceg: the spec keys, the bracketing rule of the lr
+"""tools.experiment.stages.tuning and .ceg: the spec keys, the bracketing rule of the lr
 search (on a synthetic loss-vs-lr curve with a known optimum), the typed records, and what `plan`
 lists for each stage."""
 
@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from archlab.config import RecipeError
-from tools import experiment, experiment_ceg, experiment_tuning
+from tools import experiment
 from tools.experiment import load_spec, resolve_arms
+from tools.experiment.stages import ceg as ceg_stage
+from tools.experiment.stages import tuning
 from tools.sweep.manifest import write_manifest
 
 
@@ -75,14 +77,14 @@ def test_bad_margins_are_refused(tmp_path, margin, message):
 
 
 def test_choose_finds_the_edge_the_grid_must_extend_to():
-    assert experiment_tuning.choose([1, 2, 4], [3.0, 2.0, 2.5])["side"] is None
-    assert experiment_tuning.choose([1, 2, 4], [3.0, 2.0, 1.5])["side"] == "high"
-    assert experiment_tuning.choose([1, 2, 4], [1.0, 2.0, 2.5])["side"] == "low"
+    assert tuning.choose([1, 2, 4], [3.0, 2.0, 2.5])["side"] is None
+    assert tuning.choose([1, 2, 4], [3.0, 2.0, 1.5])["side"] == "high"
+    assert tuning.choose([1, 2, 4], [1.0, 2.0, 2.5])["side"] == "low"
     # a diverged run is +inf: never chosen; every run diverged: go lower
-    assert experiment_tuning.choose([1, 2, 4], [3.0, 2.0, math.inf])["lr"] == 2
-    assert experiment_tuning.choose([1, 2], [math.inf, math.inf])["side"] == "low"
-    assert experiment_tuning.extend([1e-3, 2e-3], "high", 2.0) == [1e-3, 2e-3, 4e-3]
-    assert experiment_tuning.extend([1e-3, 2e-3], "low", 2.0) == [5e-4, 1e-3, 2e-3]
+    assert tuning.choose([1, 2, 4], [3.0, 2.0, math.inf])["lr"] == 2
+    assert tuning.choose([1, 2], [math.inf, math.inf])["side"] == "low"
+    assert tuning.extend([1e-3, 2e-3], "high", 2.0) == [1e-3, 2e-3, 4e-3]
+    assert tuning.extend([1e-3, 2e-3], "low", 2.0) == [5e-4, 1e-3, 2e-3]
 
 
 def _fake_sweep(monkeypatch, optimum: dict[str, float], learns_below: float = math.inf):
@@ -110,8 +112,8 @@ def _fake_sweep(monkeypatch, optimum: dict[str, float], learns_below: float = ma
         return float(Path(run_dir).name.split("-lr")[1].split("-")[0]) >= learns_below
 
     monkeypatch.setattr(sweep, "run_sweep", run_sweep)
-    monkeypatch.setattr(experiment_tuning, "final_loss", final_loss)
-    monkeypatch.setattr(experiment_tuning, "did_not_learn", did_not_learn)
+    monkeypatch.setattr(tuning, "final_loss", final_loss)
+    monkeypatch.setattr(tuning, "did_not_learn", did_not_learn)
     return seen
 
 
@@ -120,7 +122,7 @@ def test_tuning_extends_the_grid_until_the_best_lr_is_interior(tmp_path, monkeyp
     spec = replace(spec, out=str(tmp_path / "out"))
     arms = resolve_arms(spec)
     seen = _fake_sweep(monkeypatch, {"a": 2e-2, "b": 2.2e-3})
-    tuned, recs = experiment_tuning.run(spec, arms, log=lambda *a: None)
+    tuned, recs = tuning.run(spec, arms, log=lambda *a: None)
     # a: optimum 0.02 above the grid: 8e-3, then 1.6e-2, then 3.2e-2 added; 1.6e-2 is then interior, and the
     # parabola through the grid (the fake loss is one in log lr) finds the optimum between grid points
     assert tuned["a"]["lrs"] == [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]
@@ -132,7 +134,7 @@ def test_tuning_extends_the_grid_until_the_best_lr_is_interior(tmp_path, monkeyp
     assert len(seen) == 4  # the starting grid, then one sweep per extension
     assert {(r["arm"], r["lr"], r["seed"], r["role"]) for r in recs} >= {("a", 3.2e-2, 1000, "tune")}
     # time-matched arms (none here) and every arm get their own lr override
-    assert experiment_tuning.tuned_overrides(arms, tuned) == {"a": ["train.lr=0.02"], "b": ["train.lr=0.0022"]}
+    assert tuning.tuned_overrides(arms, tuned) == {"a": ["train.lr=0.02"], "b": ["train.lr=0.0022"]}
 
 
 def test_tuning_again_starts_from_the_grid_it_ended_with(tmp_path, monkeypatch):
@@ -142,16 +144,16 @@ def test_tuning_again_starts_from_the_grid_it_ended_with(tmp_path, monkeypatch):
     spec = replace(spec, out=str(tmp_path / "out"))
     arms = resolve_arms(spec)
     seen = _fake_sweep(monkeypatch, {"a": 2e-2, "b": 1e-3})
-    first, _ = experiment_tuning.run(spec, arms, log=lambda *a: None)
+    first, _ = tuning.run(spec, arms, log=lambda *a: None)
     assert first["a"]["lrs"] == [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]
     assert first["b"]["lrs"] == [5e-4, 1e-3, 2e-3, 4e-3]
     called = len(seen)
-    again, _ = experiment_tuning.run(spec, arms, log=lambda *a: None)
+    again, _ = tuning.run(spec, arms, log=lambda *a: None)
     assert len(seen) == called + 1 and len(seen[-1]) == 6 + 4  # one sweep, every run of both grids
     assert again == first
     # a spec whose starting grid changed does not pick up runs of another grid's extensions
     other = replace(spec, tune=replace(spec.tune, lr=[1.5e-3, 3e-3]))
-    lrs, extended = experiment_tuning.grids_so_far(other, arms)
+    lrs, extended = tuning.grids_so_far(other, arms)
     assert lrs == {"a": [1.5e-3, 3e-3], "b": [1.5e-3, 3e-3]} and extended["a"] == {"low": 0, "high": 0}
 
 
@@ -159,7 +161,7 @@ def test_tuning_reports_an_unbracketed_lr_when_the_limit_is_hit(tmp_path, monkey
     spec = load_spec(_spec(tmp_path, tune={"lr": [1e-3, 2e-3, 4e-3], "max_extend": 1}))
     spec = replace(spec, out=str(tmp_path / "out"))
     _fake_sweep(monkeypatch, {"a": 1e-1, "b": 1e-4})
-    tuned, _ = experiment_tuning.run(spec, resolve_arms(spec), log=lambda *a: None)
+    tuned, _ = tuning.run(spec, resolve_arms(spec), log=lambda *a: None)
     assert tuned["a"]["lrs"] == [1e-3, 2e-3, 4e-3, 8e-3] and not tuned["a"]["bracketed"]
     assert tuned["b"]["lrs"] == [5e-4, 1e-3, 2e-3, 4e-3] and tuned["b"]["limit_hit"]
 
@@ -171,14 +173,14 @@ def test_runs_that_did_not_learn_count_as_worst_and_send_the_grid_down(tmp_path,
     spec = replace(spec, out=str(tmp_path / "out"))
     # a: optimum 8e-3 by the loss curve, but nothing at or above 1e-3 learns
     _fake_sweep(monkeypatch, {"a": 8e-3, "b": 2e-3}, learns_below=1e-3)
-    tuned, _ = experiment_tuning.run(spec, resolve_arms(spec), log=lambda *a: None)
+    tuned, _ = tuning.run(spec, resolve_arms(spec), log=lambda *a: None)
     # down to 5e-4, which learns; then 2.5e-4, worse: 5e-4 is bracketed by a worse lr and one that did not learn
     assert tuned["a"]["lrs"] == [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3]
     assert tuned["a"]["did_not_learn"] == [False, False, True, True, True]
     assert tuned["a"]["lr"] == 5e-4 and tuned["a"]["learned"] and tuned["a"]["bracketed"]
     # b: nothing learns at any lr down to the limit: reported as such, never a chosen loss
     _fake_sweep(monkeypatch, {"a": 8e-3, "b": 2e-3}, learns_below=0.0)
-    tuned, _ = experiment_tuning.run(spec, resolve_arms(spec), log=lambda *a: None)
+    tuned, _ = tuning.run(spec, resolve_arms(spec), log=lambda *a: None)
     assert tuned["b"]["lrs"] == [1.25e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3]
     assert not tuned["b"]["learned"] and tuned["b"]["loss"] is None
 
@@ -188,7 +190,7 @@ def test_when_no_lr_learned_and_the_grid_may_not_extend_the_lowest_loss_is_chose
     spec = load_spec(_spec(tmp_path, tune={"lr": [1e-3, 2e-3, 4e-3], "max_extend": 0}))
     spec = replace(spec, out=str(tmp_path / "out"))
     _fake_sweep(monkeypatch, {"a": 8e-3, "b": 2e-3}, learns_below=0.0)
-    tuned, _ = experiment_tuning.run(spec, resolve_arms(spec), log=lambda *a: None)
+    tuned, _ = tuning.run(spec, resolve_arms(spec), log=lambda *a: None)
     assert tuned["a"]["lr"] == 4e-3 and tuned["b"]["lr"] == 2e-3
     assert not tuned["a"]["learned"] and tuned["a"]["loss"] is None
 
@@ -211,7 +213,7 @@ def test_plan_lists_the_tuning_runs_the_seeded_runs_and_the_compute_curve(tmp_pa
 def test_the_compute_curve_warms_up_like_the_seeded_runs(tmp_path):
     spec = load_spec(_spec(tmp_path, budget={"tokens": 2.0e5}, ceg={}))
     ref = resolve_arms(spec)[0]
-    sspec = experiment_ceg.sweep_spec(spec, ref, ["train.lr=0.004"])
+    sspec = ceg_stage.sweep_spec(spec, ref, ["train.lr=0.004"])
     # 2e5 tokens / 2048 per step = 98 steps: the seeded runs warm up min(30, 98 // 10) = 9 steps
     assert all("train.warmup_steps=9" in ladder["set"] for ladder in sspec["ladders"].values())
     assert sspec["cooldown"] == {"tokens": [5.0e4, 1.0e5, 2.0e5, 4.0e5], "decay_fraction": 0.2, "shape": "sqrt"}
@@ -228,14 +230,14 @@ def test_mup_tuning_searches_the_base_width_once_and_transfers(tmp_path, monkeyp
     spec = load_spec(_spec(tmp_path, arms=_mup_arms(64), tune={"lr": [1e-3, 2e-3, 4e-3], "mup": True}))
     spec = replace(spec, out=str(tmp_path / "out"))
     seen = _fake_sweep(monkeypatch, {"w64": 2e-3})
-    tuned, recs = experiment_tuning.run(spec, resolve_arms(spec), log=lambda *a: None)
+    tuned, recs = tuning.run(spec, resolve_arms(spec), log=lambda *a: None)
     assert {r["arm"] for r in recs} == {"w64"} and len(seen) == 1  # only the base width is trained
     assert tuned["w128"]["lr"] == tuned["w64"]["lr"] == 2e-3 and tuned["w128"]["transferred_from"] == "w64"
 
 
 def test_mup_tuning_narrows_the_first_arm_when_no_arm_is_at_the_base_width(tmp_path):
     spec = load_spec(_spec(tmp_path, arms=_mup_arms(32), tune={"lr": [1e-3, 2e-3], "mup": True}))
-    base = experiment_tuning.mup_base_arm(resolve_arms(spec))
+    base = tuning.mup_base_arm(resolve_arms(spec))
     assert base.name == "w64-base32" and base.overrides[-1] == "model.d_model=32"
 
 
@@ -243,7 +245,7 @@ def test_mup_tuning_refuses_arms_that_do_not_train_under_mup(tmp_path):
     spec = load_spec(_spec(tmp_path, arms=_mup_arms(64, parametrization="standard"),
                            tune={"lr": [1e-3, 2e-3], "mup": True}))
     with pytest.raises(RecipeError, match="arm w64 trains with model.parametrization=standard"):
-        experiment_tuning.mup_base_arm(resolve_arms(spec))
+        tuning.mup_base_arm(resolve_arms(spec))
 
 
 def test_verdicts_must_be_reference_or_pairs_with_a_compare_arm(tmp_path):

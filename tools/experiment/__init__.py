@@ -2,8 +2,9 @@
 measured, and reported with intervals.
 
 One module per job: ``load`` (the YAML, checked once, into ``analysis.experiment_spec``'s typed spec),
-``arms``, ``run`` (the stages and the record), ``plan``, ``archive`` (the finished runs kept slim, and restored
-elsewhere), ``cli`` (its docstring, the spec's keys, is ``--help``).
+``arms``, ``stages`` (one module per stage, run in the order of ``stages.STAGES``), ``run`` (the stages in order
+over one context), ``plan``, ``status``, ``archive`` (the finished runs kept slim, and restored elsewhere),
+``cli`` (its docstring, the spec's keys, is ``--help``).
 """
 
 
@@ -17,6 +18,7 @@ from tools.experiment.plan import plan
 from tools.experiment.run import (
     RECORD,
     Stopped,
+    finish_record,
     grid_of,
     match_time_budgets,
     measure,
@@ -27,7 +29,9 @@ from tools.experiment.run import (
     with_current_words,
     write_record,
 )
+from tools.experiment.stages import STAGES, Context, Stage
 
 __all__ = ["Arm", "Budget", "Spec", "resolve_arms", "main", "regenerate_command", "QUICK_BUDGET", "QUICK_SET",
            "QUICK_TUNE", "load_spec", "plan", "RECORD", "Stopped", "grid_of", "match_time_budgets", "measure",
-           "planned_points", "read_record", "run_experiment", "sweep_spec", "with_current_words", "write_record"]
+           "planned_points", "read_record", "run_experiment", "sweep_spec", "with_current_words", "write_record",
+           "finish_record", "STAGES", "Context", "Stage"]

@@ -34,8 +34,8 @@ from analysis.run_archive import read_archive, slim_run, write_archive, write_ru
 from archlab.io import write_json_atomic, write_text_atomic
 from archlab.train.run_folder import METRICS
 from tools.experiment.registration import FILE as REGISTRATION
-from tools.experiment.run import RECORD
-from tools.experiment_tuning import score
+from tools.experiment.stages.base import RECORD
+from tools.experiment.stages.tuning import score
 from tools.sweep.archive import archivable, archived_state
 from tools.sweep.manifest import MANIFEST, read_manifest, run_dir_state
 
@@ -119,7 +119,7 @@ def _to_measure(out: Path, manifests: dict[Path, list[dict]], wanted) -> set[str
 
 def _best_tuning_runs(out: Path, manifests: dict[Path, list[dict]], done: set[str]) -> set[str]:
     """Of each arm whose fine-tuning lr is not tuned yet, the finished pre-training tuning runs that may be where
-    that tuning starts: the grid's best so far (``tools.experiment_tuning.score``; every finished run when none
+    that tuning starts: the grid's best so far (``tools.experiment.stages.tuning.score``; every finished run when none
     learned). The grid's final best is one of them or a run still to train; the rest are archived."""
     arm_of = lambda q: q["ladder"].rsplit("-lr", 1)[0]  # noqa: E731  (tuning ladders: <arm>-lr<lr>)
     ft_tune = manifests.get(Path("finetune/tune"), [])

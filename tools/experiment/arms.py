@@ -10,7 +10,7 @@ from typing import Optional
 
 from analysis.experiment_spec import TIMED, Arm, Budget, Spec
 from archlab.config import RecipeError, load_recipe
-from tools import experiment_ceg
+from tools.experiment.stages import ceg
 
 
 def resolve_arms(spec: Spec) -> list[Arm]:
@@ -63,7 +63,7 @@ def resolve_arms(spec: Spec) -> list[Arm]:
     if spec.verdicts == "parent" and not any(a.parent for a in arms.values() if not a.side):
         raise RecipeError("verdicts=parent: no arm extends another, so there would be no verdict; give the arms "
                           "extends:, or drop verdicts")
-    schedule = experiment_ceg.arms_schedule(spec)  # the compute curve's schedule (ceg.arms_schedule: wsd), last
+    schedule = ceg.arms_schedule(spec)  # the compute curve's schedule (ceg.arms_schedule: wsd), last
     arms = {n: dataclasses.replace(a, overrides=[*a.overrides, *schedule]) for n, a in arms.items()}
     for arm in arms.values():  # every arm's recipe must load now, not half-way through the experiment
         try:

@@ -12,11 +12,11 @@ measured, and reported with intervals.
 
 The package, one module per job: ``load`` (the YAML, checked once, into the typed spec of
 ``analysis.experiment_spec``), ``arms`` (each arm's recipe and overrides), ``run`` (the stages and the record),
-``plan``, ``archive`` (an experiment carried to another checkout: its finished runs without checkpoints), ``cli``;
-the stages' own modules are ``tools.experiment_tuning``, ``experiment_ceg``, ``experiment_seeds``
-and ``experiment_status``.
+``plan``, ``status``, ``archive`` (an experiment carried to another checkout: its finished runs without
+checkpoints), ``cli``; each stage is one module of ``tools.experiment.stages`` (``tuning``, ``seeded``, ``ceg``,
+``looks``, ``finetune``, ``measure``), run in the order of ``stages.STAGES``.
 
-Three stages train. (1) Tuning (``tools.experiment_tuning``, ``<out>/tune/``): each arm's lr is
+Three stages train. (1) Tuning (``stages.tuning``, ``<out>/tune/``): each arm's lr is
 chosen on its own by a log grid at the full budget, extended until the best lr is interior (or
 tuned at the muP base width and transferred, or shared by design, said so). (2) The seeded runs:
 every arm at its tuned lr once per seed (and per cell of ``grid``, if any) as one point of a
@@ -24,7 +24,7 @@ every arm at its tuned lr once per seed (and per cell of ``grid``, if any) as on
 its checkpoint), one run folder per point, ``manifest.json`` with each run's status, wall time and
 peak resident memory. Arms whose budget is a wall-clock time (``match_time_of``) train in a second
 sweep, ``<out>/sweep-time/``, once the runs that set their time are done. (3) The compute curve
-(``tools.experiment_ceg``, ``<out>/ceg/``): WSD trunks of the reference arm with cooldown branches
+(``stages.ceg``, ``<out>/ceg/``): WSD trunks of the reference arm with cooldown branches
 from below to above the budget, so that each arm's loss converts to a compute-equivalent gain
 (CEG), and every comparison is classified (paired t-test and TOST against the margin, Holm across
 the report's comparisons): better, worse, equivalent within the margin, or unresolved. Every run is
@@ -57,16 +57,16 @@ Spec file (YAML):
     report: docs/experiments/evolution # where `run` writes the report (--quick: <out>/report)
     seeds: [0, 1, 2]                   # train.seed of every arm (default: 3 seeds); or a sequential design,
                                        # {min: 3, max: 9, step: 2, spending: pocock}: the unresolved
-                                       # comparisons get more seeds (tools.experiment_seeds)
+                                       # comparisons get more seeds (stages.looks)
     budget: {flops: 4.0e12}            # or {tokens: 1.0e6}: the same for every arm unless the arm says otherwise
     set: [model.vocab_size=2048]       # overrides for every arm
     grid: {train.lr: [1.0e-3, 3.0e-3]} # optional: crossed with every arm and seed
     reference: vanilla                 # paired differences are taken against it (default: the first arm)
     tune: {lr: [1.0e-3, 2.0e-3, 4.0e-3], budget_fraction: 1.0, seed: 1000, max_extend: 3}
-                                       # required: each arm's lr (tools.experiment_tuning); or {lr: [...],
+                                       # required: each arm's lr (stages.tuning); or {lr: [...],
                                        # mup: true} (width-only arms under muP), or {shared: <why>} (by design)
     ceg: {fractions: [0.25, 0.5, 1.0, 2.0], seeds: [0, 1, 2], decay_fraction: 0.2, shape: sqrt}
-                                       # optional: the reference's loss against compute (tools.experiment_ceg)
+                                       # optional: the reference's loss against compute (stages.ceg)
     margin: {ceg: [0.9, 1.1]}          # equivalence margin of the verdicts (default), or {nats: 0.02}
     verdicts: reference                # the verdicts' family: every arm against the reference (default),
                                        # pairs: every arm that names a `compare:` arm against that arm, or
@@ -122,7 +122,6 @@ import argparse
 import dataclasses
 import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -130,12 +129,12 @@ from analysis.experiment_report import write_report
 from analysis.experiment_spec import Spec
 from analysis.runs import RunError
 from archlab.config import RecipeError
-from tools import experiment_status, launch
-from tools.experiment import archive, registration
+from tools import launch
+from tools.experiment import archive, registration, status
 from tools.experiment.arms import resolve_arms
 from tools.experiment.load import load_spec
 from tools.experiment.plan import plan
-from tools.experiment.run import RECORD, Stopped, measure, read_record, run_experiment, with_current_words
+from tools.experiment.run import RECORD, Stopped, finish_record, read_record, run_experiment, with_current_words
 from tools.sweep.manifest import RefusalRecorder, refusal_line
 
 
@@ -221,7 +220,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             plan(spec)
             return 0
         if args.command == "status":
-            print(experiment_status.status_text(Path(spec.out), RECORD))
+            print(status.status_text(Path(spec.out), RECORD))
             return 0
         if args.command in ("archive", "restore"):
             return archive_or_restore(spec, args)
@@ -230,21 +229,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise RecipeError("--jobs and --threads must be >= 1")
             via = RefusalRecorder(launch.from_args(args))  # a refused point: refused in its sweep's manifest
             with launch.use(via):
-                record = run_experiment(spec, jobs=args.jobs, threads=args.threads,
-                                        command=regenerate_command(spec, args), amend=args.amend)
+                ctx = run_experiment(spec, jobs=args.jobs, threads=args.threads,
+                                     command=regenerate_command(spec, args), amend=args.amend)
         else:
             record = with_current_words(read_record(Path(spec.out)), spec, resolve_arms(spec))
             record["spec"]["out"] = spec.out  # where the record is now (a restored or moved folder, --out)
             changed = registration.drift(spec, record) if record.get("registration") else []
             if changed:  # the spec file edited since: the report says where
                 record["registration"]["spec_file_changed"] = changed
-        t0 = time.time()
-        measurements = measure(record, jobs=getattr(args, "jobs", None) or 1)
+            ctx = finish_record(record, spec)  # the measurements, cached or computed; nothing trains
         report_dir = Path(args.report or (spec.report if not spec.quick else None) or Path(spec.out) / "report")
-        record["measure_wall_s"] = round(time.time() - t0, 1)
         # the command of the run that trained it (`report` keeps its --jobs/--threads)
-        command = record.get("command") or regenerate_command(spec, args)
-        paths = write_report(record, measurements, report_dir, command=command)
+        command = ctx.record.get("command") or regenerate_command(spec, args)
+        paths = write_report(ctx.record, ctx.measurements, report_dir, command=command)
     except Stopped as e:
         print(f"stopped: {e}", file=sys.stderr)
         return 1

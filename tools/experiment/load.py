@@ -13,15 +13,17 @@ from analysis.experiment_spec import ArmSpec, Budget, Spec, budget_arm, budget_t
 from analysis.measurements import MEASUREMENTS
 from archlab.config import RecipeError, load_recipe, model_config
 from archlab.costs import training_flops_per_token
-from tools import experiment_ceg, experiment_finetune, experiment_seeds, experiment_tuning, sweep
+from tools import sweep
 from tools.experiment.arms import resolve_arms
+from tools.experiment.stages import ceg as ceg_stage
+from tools.experiment.stages import finetune as finetune_stage
+from tools.experiment.stages import looks, tuning
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPEC_KEYS = ("name", "title", "description", "claim", "out", "report", "seeds", "budget", "set", "grid", "reference",
              "arms", "measurements", "quick", "notes", "tune", "ceg", "margin", "verdicts", "budgets", "finetune")
 ARM_KEYS = ("name", "label", "recipe", "extends", "set", "budget", "side", "note", "compare")
 QUICK_KEYS = ("arms", "seeds", "budget", "budgets", "set", "grid", "measurements", "tune", "ceg", "finetune")
-WORDS = ("title", "description", "claim", "notes")  # spec fields that describe, never change, the runs
 DEFAULT_SEEDS = [0, 1, 2]
 # --quick: a model and corpus small enough that every experiment runs end to end in seconds
 QUICK_SET = ["model.vocab_size=384", "data.max_bytes=150000", "model.d_model=32", "model.n_layers=2",
@@ -88,7 +90,7 @@ def _load(path: str, quick: bool, extra_set: Sequence[str], convert_at=None) -> 
     for key in ("name", "arms", "budget"):
         if not raw.get(key):
             raise RecipeError(f"{path}: '{key}:' is required (see python -m tools.experiment --help)")
-    design = experiment_seeds.check(raw, path)  # seeds: {min, max, ...}: the first look's seeds
+    design = looks.check(raw, path)  # seeds: {min, max, ...}: the first look's seeds
     seeds = list(range(design.min)) if design else raw.get("seeds", list(DEFAULT_SEEDS))
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise RecipeError(f"{path}: seeds={seeds!r}: expected a list of integers >= 0, e.g. [0, 1, 2]")
@@ -104,19 +106,19 @@ def _load(path: str, quick: bool, extra_set: Sequence[str], convert_at=None) -> 
     if raw.get("tune") is None:  # no arm is compared at an lr that suits another arm better, by construction
         raise RecipeError(f"{path}: 'tune:' is required: each arm's lr tuned ({{lr: [1.0e-3, 2.0e-3, 4.0e-3]}}), "
                           "tuned at the muP base width and transferred ({lr: [...], mup: true}), or shared by design "
-                          "({shared: <why>}); see tools/experiment_tuning.py")
-    tune = experiment_tuning.check(raw.get("tune"), list(range(design.max)) if design else seeds)
+                          "({shared: <why>}); see tools/experiment/stages/tuning.py")
+    tune = tuning.check(raw.get("tune"), list(range(design.max)) if design else seeds)
     if tune.searched and "train.lr" in grid:
         raise RecipeError(f"{path}: tune: and grid: train.lr both choose the lr; a grid over lr shares it by design "
                           "(write tune: {shared: <why>})")
-    ceg = experiment_ceg.check(raw.get("ceg"), seeds)
-    margin = experiment_ceg.check_margin(raw.get("margin"))
+    ceg = ceg_stage.check(raw.get("ceg"), seeds)
+    margin = ceg_stage.check_margin(raw.get("margin"))
     verdicts = raw.get("verdicts") or "reference"
     if verdicts not in ("reference", "pairs", "parent"):
         raise RecipeError(f"verdicts={verdicts!r}: must be reference (every arm against the reference), "
                           "pairs (every arm that names a compare: arm against that arm) or parent (every arm against "
                           "the arm it extends)")
-    finetune = experiment_finetune.check(raw.get("finetune"), tune, seeds, _check_budget, f"{path}: finetune")
+    finetune = finetune_stage.check(raw.get("finetune"), tune, seeds, _check_budget, f"{path}: finetune")
     if finetune is not None:
         if design is not None or grid:
             raise RecipeError(f"{path}: finetune: fine-tunes each arm's run of each seed; give a list of seeds and "

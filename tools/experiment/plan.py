@@ -15,10 +15,11 @@ from analysis.experiments import kv_and_state
 from analysis.measurements.throughput import benchmark
 from archlab.config import load_recipe, model_config
 from archlab.costs import param_counts, training_flops_per_token
-from tools import experiment_ceg, experiment_finetune, experiment_seeds, experiment_tuning, sweep
+from tools import sweep
 from tools.experiment import registration
+from tools.experiment import stages as registry
 from tools.experiment.arms import resolve_arms
-from tools.experiment.run import grid_of, planned_points, record_runs, sweep_spec
+from tools.experiment.stages.base import grid_of
 from tools.sweep.schedule import _child_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def plan(spec: Spec, log=print, estimate: bool = True) -> dict:
     """Print every arm with its overrides, steps and costs, the training commands of each stage
-    (tuning, seeded runs, the compute curve) and an estimate of their CPU time; train nothing.
+    (``tools.experiment.stages.STAGES``, in order) and an estimate of their CPU time; train nothing.
     Returns {stage: {"runs", "flops"}} and the estimate."""
     arms = resolve_arms(spec)
     log(f"experiment {spec.name}: {len(arms)} arms x {len(sweep._grid_items(grid_of(spec)))} runs "
@@ -41,30 +42,10 @@ def plan(spec: Spec, log=print, estimate: bool = True) -> dict:
         log(f"- {a.name} ({a.label}): {a.recipe} {' '.join(changes)}; budget {a.budget.to_dict()}; params "
             f"{pc.total:,} total / {pc.active:,} active; {fpt / 1e6:.2f} MFLOP/token; "
             f"KV {kv:.0f} B/token" + (f" + state {state:.0f} B/sequence" if state else ""))
-    fixed = [a for a in arms if not a.timed]
     stages = {}
-    log("\n== stage 1: tuning")
-    experiment_tuning.plan(spec, fixed, log=log)
-    if spec.tune.searched:
-        searched = [experiment_tuning.mup_base_arm(fixed)] if spec.tune.mup else fixed
-        pts = planned_points(experiment_tuning.sweep_spec(spec, searched, {a.name: spec.tune.lr for a in searched}))
-        stages["tuning (starting grid)"] = pts
-    log("\n== stage 2: seeded runs" + (" (at each arm's tuned lr)" if "tuning (starting grid)" in stages else ""))
-    sspec = sweep_spec(spec, fixed, "sweep", {a.name: a.budget for a in fixed})
-    # listed without the tuned lrs (chosen by stage 1): not compared with seeded runs already trained at them
-    sweep.run_sweep(sspec, dry_run=True, log=log, check="tuning (starting grid)" not in stages)
-    stages["seeded runs"] = planned_points(sspec)
-    if len(fixed) < len(arms):
-        log("time-matched arms (" + ", ".join(a.name for a in arms if a.timed) + "): their token budgets are set "
-            "once the runs they match are finished (not in the estimate)")
-    log("\n== stage 3: compute curve (CEG)")
+    for stage in registry.STAGES:  # each says what it trains (or why nothing), in the order they run
+        stages.update(stage.plan(spec, arms, log=log))
     ref = next(a for a in arms if a.name == spec.reference)
-    experiment_ceg.plan(spec, ref, log=log)
-    if spec.ceg:
-        stages["compute curve"] = planned_points(experiment_ceg.sweep_spec(spec, ref, []))
-    stages.update(experiment_seeds.plan(spec, fixed, sweep_spec, log=log))
-    seeded = {(r["arm"], int(r["seed"])): r["run_dir"] for r in record_runs(spec, stages["seeded runs"], "sweep")}
-    stages.update(experiment_finetune.plan(spec, fixed, seeded, log=log))
     out = {name: {"runs": len(pts), "flops": sum(_new_flops(p) for p in pts)} for name, pts in stages.items()}
     speed = _flops_per_s(ref) if estimate else None
     overhead = run_overhead(ref, speed) if estimate else None

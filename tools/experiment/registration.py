@@ -23,10 +23,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from analysis.experiment_spec import Spec
+from analysis.experiment_spec import WORDS, Spec
 from archlab.config import RecipeError
 from archlab.io import write_json_atomic
-from tools.experiment.load import WORDS
 from tools.sweep.manifest import run_dir_state
 
 FILE = "registration.json"

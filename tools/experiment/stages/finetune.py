@@ -6,7 +6,9 @@ Spec key (``tools.experiment``)::
     finetune:
       set: [train.objective=classify, train.classify_train_examples=8192]  # overrides after the arm's own
       budget: {tokens: 6.0e5}                   # what each fine-tuning run trains
-      tune: {lr: [3.0e-4, 1.0e-3, 3.0e-3]}      # as tune: (tools.experiment_tuning); seed: the spec's tune seed
+      tune: {lr: [3.0e-4, 1.0e-3, 3.0e-3]}      # as tune: (stages.tuning); seed: the spec's tune seed
+      tasks: [tag, span_qa, bound]              # optional: each arm once per objective (set then names none)
+      controls: true                            # optional, with tasks: each base arm from a fresh init per task
 
 Runs (after the seeded pre-training runs, under ``<out>/finetune/``):
 
@@ -30,9 +32,13 @@ from typing import Callable, Optional, Sequence
 
 from analysis.experiment_spec import Arm, Finetune, Spec, Tune
 from archlab.config import RecipeError
-from tools import experiment_tuning, sweep
+from tools import sweep
+from tools.experiment.stages import tuning
+from tools.experiment.stages.base import Context, check_stopped, record_runs
+from tools.experiment.stages.base import sweep_spec as seeded_sweep_spec
 
 KEYS = ("set", "budget", "tune")
+OPTIONAL = ("tasks", "controls")  # several objectives, each fine-tuned on its own; fresh-init controls
 FOLDER = "finetune"
 RESERVED = ("train.init_from", "train.seed", "train.lr")  # set by the stage per run
 
@@ -46,14 +52,20 @@ def check(value, tune: Optional[Tune], seeds: Sequence[int], check_budget: Calla
     if not isinstance(value, dict):
         raise RecipeError(f"{where}={value!r}: expected a mapping {{set: [...], budget: {{tokens: T}}, tune: "
                           "{lr: [...]}}")
-    unknown = sorted(set(value) - set(KEYS))
+    unknown = sorted(set(value) - set(KEYS) - set(OPTIONAL))
     missing = [k for k in KEYS if k not in value]
     if unknown or missing:
         raise RecipeError(f"{where}: unknown keys {unknown}, missing {missing}; give exactly {', '.join(KEYS)}")
     overrides = sweep._as_override_list(value["set"], f"{where}.set")
     keys = [o.split("=", 1)[0].strip() for o in overrides]
-    if "train.objective" not in keys:
-        raise RecipeError(f"{where}.set: name the fine-tuning objective (e.g. train.objective=classify)")
+    tasks = value.get("tasks") or []
+    if not (isinstance(tasks, list) and all(isinstance(t, str) and t for t in tasks) and len(set(tasks)) == len(tasks)):
+        raise RecipeError(f"{where}.tasks={tasks!r}: a list of distinct objectives, e.g. [tag, span_qa, bound]")
+    if not isinstance(value.get("controls", False), bool) or (value.get("controls") and not tasks):
+        raise RecipeError(f"{where}.controls={value.get('controls')!r}: true or false, and only with tasks:")
+    if ("train.objective" in keys) == bool(tasks):
+        raise RecipeError(f"{where}.set: name the fine-tuning objective (e.g. train.objective=classify), or give "
+                          "tasks: [..] and no train.objective in set")
     taken = sorted(set(keys) & set(RESERVED))
     if taken:
         raise RecipeError(f"{where}.set: {taken} are set per run by the stage (the pre-trained run, its seed, the "
@@ -65,10 +77,11 @@ def check(value, tune: Optional[Tune], seeds: Sequence[int], check_budget: Calla
     if isinstance(raw_tune, dict) and "shared" not in raw_tune and "seed" not in raw_tune and tune is not None \
             and tune.searched:
         raw_tune = {**raw_tune, "seed": tune.seed}  # the pre-training tune's seed: its runs are the ones tuned from
-    ft_tune = experiment_tuning.check(raw_tune, seeds, f"{where}.tune")
+    ft_tune = tuning.check(raw_tune, seeds, f"{where}.tune")
     if ft_tune is None or ft_tune.mup:
         raise RecipeError(f"{where}.tune: a grid {{lr: [...]}} or {{shared: <why>}} (no muP transfer)")
-    return Finetune(set=overrides, budget=budget, tune=ft_tune)
+    return Finetune(set=overrides, budget=budget, tune=ft_tune, tasks=list(tasks),
+                    controls=bool(value.get("controls", False)))
 
 
 def ft_arm(arm: Arm, ft: Finetune, init_from: str) -> Arm:
@@ -102,7 +115,7 @@ def sweep_spec(spec: Spec, arms: Sequence[Arm], lrs: dict[str, Optional[float]],
     ladders = {}
     for a in arms:
         for s in spec.seeds:
-            lr = [f"train.lr={experiment_tuning._lr_text(lrs[a.name])}"] if lrs.get(a.name) else []
+            lr = [f"train.lr={tuning._lr_text(lrs[a.name])}"] if lrs.get(a.name) else []
             ladders[f"{a.name}-s{s}"] = {"recipe": a.recipe, ft.budget.kind: [float(ft.budget.value)],
                                          "set": [*ft_arm(a, ft, seeded[(a.name, s)]).overrides, *lr,
                                                  f"train.seed={s}"]}
@@ -129,23 +142,21 @@ def seeded_runs(runs: Sequence[dict]) -> dict[tuple[str, int], str]:
 
 
 def run(spec: Spec, arms: Sequence[Arm], runs: Sequence[dict], extra: dict, *, jobs: int = 1,
-        threads: Optional[int] = None, log=print, check_stopped=None) -> dict:
+        threads: Optional[int] = None, log=print) -> dict:
     """Tune and train the fine-tuning runs (resumable); returns what the record keeps of them."""
     ft = spec.finetune
-    seeded = seeded_runs(runs)
+    arms, seeded, meta = ft.expand(list(arms), seeded_runs(runs), spec.budgets)  # per task; the controls
     inits = tuning_inits(arms, extra.get("tuning") or {}, extra.get("tune_runs") or [], seeded, spec.seeds[0])
     tuned, recs = {}, []
     if ft.tune.searched:
-        tuned, recs = experiment_tuning.search(stage_spec(spec), [ft_arm(a, ft, inits[a.name]) for a in arms],
+        tuned, recs = tuning.search(stage_spec(spec), [ft_arm(a, ft, inits[a.name]) for a in arms],
                                                jobs=jobs, threads=threads, log=log)
     lrs = {a.name: (tuned.get(a.name) or {}).get("lr") for a in arms}
     sspec = sweep_spec(spec, arms, lrs, seeded)
     points = sweep.plan_points(sspec)
-    done = sweep.run_sweep(sspec, jobs=jobs, threads=threads, log=log)
-    if check_stopped is not None:
-        check_stopped(done)
+    check_stopped(sweep.run_sweep(sspec, jobs=jobs, threads=threads, log=log))
     return {"finetune_tuning": tuned, "finetune_tune_runs": recs, "finetune_tune_inits": inits,
-            "finetune_runs": records(sspec, points, arms, spec.seeds, lrs, seeded)}
+            "finetune_runs": [{**r, **meta[r["arm"]]} for r in records(sspec, points, arms, spec.seeds, lrs, seeded)]}
 
 
 def plan(spec: Spec, arms: Sequence[Arm], seeded: dict[tuple[str, int], str], log=print) -> dict[str, list]:
@@ -155,6 +166,7 @@ def plan(spec: Spec, arms: Sequence[Arm], seeded: dict[tuple[str, int], str], lo
     ft = spec.finetune
     if ft is None:
         return {}
+    arms, seeded, _ = ft.expand(list(arms), seeded, spec.budgets)  # per task; the controls
     log(f"\n== fine-tuning ({FOLDER}/): every arm's pre-trained run of each seed, {' '.join(ft.set)}, budget "
         f"{ft.budget.to_dict()}")
     out = {}
@@ -163,7 +175,7 @@ def plan(spec: Spec, arms: Sequence[Arm], seeded: dict[tuple[str, int], str], lo
             "arm's pre-training tuning run at its best grid lr; up to "
             f"{ft.tune.max_extend} more lrs per side when the best is at an edge")
         inits = {a.name: seeded[(a.name, spec.seeds[0])] for a in arms}
-        tspec = experiment_tuning.sweep_spec(stage_spec(spec), [ft_arm(a, ft, inits[a.name]) for a in arms],
+        tspec = tuning.sweep_spec(stage_spec(spec), [ft_arm(a, ft, inits[a.name]) for a in arms],
                                              {a.name: list(ft.tune.lr) for a in arms})
         out["fine-tuning: tuning (starting grid)"] = sweep.plan_points(tspec)
     else:
@@ -175,3 +187,26 @@ def plan(spec: Spec, arms: Sequence[Arm], seeded: dict[tuple[str, int], str], lo
     sweep.run_sweep(sspec, dry_run=True, log=log, check=False)
     out["fine-tuning runs"] = sweep.plan_points(sspec)
     return out
+
+
+class Finetuning:
+    """The stage: every arm's pre-trained runs fine-tuned (module docstring), after the seeded runs."""
+
+    name = "fine-tuning"
+    trains = True
+
+    def wanted(self, spec: Spec) -> bool:
+        return spec.finetune is not None
+
+    def plan(self, spec: Spec, arms, log=print) -> dict[str, list]:
+        fixed = [a for a in arms if not a.timed]
+        points = sweep.plan_points(seeded_sweep_spec(spec, fixed, "sweep", {a.name: a.budget for a in fixed}))
+        seeded = {(r["arm"], int(r["seed"])): r["run_dir"] for r in record_runs(spec, points, "sweep")}
+        return plan(spec, fixed, seeded, log=log)
+
+    def run(self, ctx: Context) -> None:
+        ctx.extra.update(run(ctx.spec, ctx.arms, ctx.runs, ctx.extra, jobs=ctx.jobs, threads=ctx.threads,
+                             log=ctx.log))
+
+
+STAGE = Finetuning()

@@ -53,9 +53,11 @@ from typing import Optional, Sequence
 
 from analysis import lr_choice
 from analysis.experiment_spec import Spec, Tune
+from analysis.experiments import wall_seconds
 from analysis.runs import LEARN_MARGIN, open_run
 from archlab.config import RecipeError, load_recipe
 from tools import sweep
+from tools.experiment.stages.base import Context
 
 KEYS = ("lr", "budget_fraction", "seed", "max_extend", "shared", "mup")
 FOLDER = "tune"
@@ -311,3 +313,38 @@ def plan(spec: Spec, arms, log=print) -> None:
         f"arm's budget, seed {tune.seed}; up to {tune.max_extend} more lrs per side when the best is at an "
         "edge")
     sweep.run_sweep(sweep_spec(spec, arms, {a.name: list(tune.lr) for a in arms}), dry_run=True, log=log)
+
+
+class Tuning:
+    """The stage: each fixed-budget arm's lr searched (module docstring); every arm then carries its tuned lr
+    (time-matched arms their parent's) in its overrides, and the record keeps the grids and their wall times."""
+
+    name = "tuning"
+    trains = True
+
+    def wanted(self, spec: Spec) -> bool:
+        return spec.tune.searched
+
+    def plan(self, spec: Spec, arms, log=print) -> dict[str, list]:
+        fixed = [a for a in arms if not a.timed]
+        log("\n== stage 1: tuning")
+        plan(spec, fixed, log=log)
+        if not spec.tune.searched:
+            return {}
+        searched = [mup_base_arm(fixed)] if spec.tune.mup else fixed
+        return {"tuning (starting grid)": sweep.plan_points(sweep_spec(spec, searched,
+                                                                       {a.name: spec.tune.lr for a in searched}))}
+
+    def run(self, ctx: Context) -> None:
+        spec = ctx.spec
+        tuned, recs = run(spec, [a for a in ctx.arms if not a.timed], jobs=ctx.jobs, threads=ctx.threads,
+                          log=ctx.log)
+        lr_sets = tuned_overrides(ctx.arms, tuned)
+        ctx.arms = [dataclasses.replace(a, overrides=[*a.overrides, *lr_sets[a.name]]) if a.name in lr_sets else a
+                    for a in ctx.arms]
+        manifest = sweep.read_manifest(Path(spec.out) / FOLDER) or {}
+        wall = {p["name"]: wall_seconds(p) or 0.0 for p in manifest.get("points", [])}  # per tuning run
+        ctx.extra.update({"tuning": tuned, "tune_runs": recs, "tune_wall_s": wall})
+
+
+STAGE = Tuning()

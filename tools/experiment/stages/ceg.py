@@ -45,6 +45,7 @@ from typing import Optional, Sequence
 from analysis.experiment_spec import DEFAULT_MARGIN, Ceg, Margin, Spec
 from archlab.config import RecipeError
 from tools import sweep
+from tools.experiment.stages.base import Context
 
 KEYS = ("fractions", "seeds", "decay_fraction", "shape", "arms_schedule")
 MARGIN_KEYS = ("ceg", "nats")
@@ -159,3 +160,26 @@ def plan(spec: Spec, arm, log=print) -> None:
         sweep.run_sweep(sweep_spec(spec, arm, []), dry_run=True, log=log)
     except ValueError as e:  # the folder holds the trunks at the tuned lr, which the plan does not know
         log(f"(not listed: {e})")
+
+
+class ComputeCurve:
+    """The stage: the reference arm's compute curve at its tuned lr (module docstring)."""
+
+    name = "compute curve"
+    trains = True
+
+    def wanted(self, spec: Spec) -> bool:
+        return spec.ceg is not None
+
+    def plan(self, spec: Spec, arms, log=print) -> dict[str, list]:
+        log("\n== stage 3: compute curve (CEG)")
+        ref = next(a for a in arms if a.name == spec.reference)
+        plan(spec, ref, log=log)
+        return {"compute curve": sweep.plan_points(sweep_spec(spec, ref, []))} if spec.ceg else {}
+
+    def run(self, ctx: Context) -> None:
+        ctx.extra["ceg_runs"] = run(ctx.spec, ctx.arm(ctx.spec.reference), [], jobs=ctx.jobs, threads=ctx.threads,
+                                    log=ctx.log)
+
+
+STAGE = ComputeCurve()

@@ -11,7 +11,6 @@ verdicts the runs stopped on.
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import Optional, Sequence
 
 from analysis import ceg_report, sequential
@@ -19,6 +18,8 @@ from analysis.experiment_spec import Spec
 from analysis.experiments import build_context
 from archlab.config import RecipeError
 from tools import sweep
+from tools.experiment.stages import init_from
+from tools.experiment.stages.base import Context, check_stopped, record_runs, sweep_spec
 
 
 def check(spec: dict, where: str) -> Optional[sequential.Design]:
@@ -41,18 +42,16 @@ def folder(look: int) -> str:
     return f"sweep-look{look}"
 
 
-def run_looks(spec: Spec, arms: Sequence, runs: list[dict], stage: dict, *, jobs: int = 1,
-              threads: Optional[int] = None, log=print) -> list[dict]:
-    """Train the later looks (module docstring); returns the seeded runs of every look. ``stage``: the
-    experiment's own steps, {sweep_spec, record_runs, write_record, read_record, check_stopped}."""
-    sweep_spec, record_runs = stage["sweep_spec"], stage["record_runs"]
+def run_looks(ctx: Context, arms: Sequence) -> None:
+    """Train the later looks of ``arms`` (module docstring), writing the record before each look reads its
+    verdicts; each look's runs join ``ctx.runs``."""
+    spec, log = ctx.spec, ctx.log
     design = spec.sequential
-    out = Path(spec.out)
     by_name = {a.name: a for a in arms}
     for look in range(2, len(design.stages) + 1):
-        stage["write_record"](runs)
-        ctx = build_context(stage["read_record"](out), {}, out)
-        results = [a["verdict"] for a in ceg_report.compare(ctx)["arms"].values() if a.get("verdict")]
+        ctx.write_record()
+        vctx = build_context(ctx.read_record(), {}, ctx.out)
+        results = [a["verdict"] for a in ceg_report.compare(vctx)["arms"].values() if a.get("verdict")]
         add = sequential.next_seeds(design, results)
         if not add:
             log(f"sequential: every comparison resolved after look {look - 1}")
@@ -65,13 +64,11 @@ def run_looks(spec: Spec, arms: Sequence, runs: list[dict], stage: dict, *, jobs
         lspec = sweep_spec(replace(spec, seeds=seeds), [by_name[a] for a in add], folder(look),
                            {a: by_name[a].budget for a in add})
         points = sweep.plan_points(lspec)
-        done = sweep.run_sweep(lspec, jobs=jobs, threads=threads, log=log)
-        stage["check_stopped"](done)
-        runs = runs + record_runs(replace(spec, seeds=seeds), points, folder(look))
-    return runs
+        check_stopped(sweep.run_sweep(lspec, jobs=ctx.jobs, threads=ctx.threads, log=log))
+        ctx.runs = ctx.runs + record_runs(replace(spec, seeds=seeds), points, folder(look))
 
 
-def plan(spec: Spec, arms: Sequence, sweep_spec, log=print) -> dict[str, list]:
+def plan(spec: Spec, arms: Sequence, log=print) -> dict[str, list]:
     """The later looks' runs in the worst case (every comparison unresolved until ``max``): {stage: points}."""
     design = spec.sequential
     if design is None:
@@ -86,3 +83,23 @@ def plan(spec: Spec, arms: Sequence, sweep_spec, log=print) -> dict[str, list]:
         log(f"- look {look}: seeds {seeds} for the arms still open (worst case all {len(arms)} arms: {len(pts)} runs)")
         out[f"seeded runs, look {look} (worst case)"] = pts
     return out
+
+
+class Looks:
+    """The stage: a sequential design's later looks, after the compute curve that the verdicts read."""
+
+    name = "sequential looks"
+    trains = True
+
+    def wanted(self, spec: Spec) -> bool:
+        return spec.sequential is not None
+
+    def plan(self, spec: Spec, arms, log=print) -> dict[str, list]:
+        return plan(spec, [a for a in arms if not a.timed], log=log)
+
+    def run(self, ctx: Context) -> None:
+        fixed, _ = init_from.split([a for a in ctx.arms if not a.timed])  # an arm trained from another's runs
+        run_looks(ctx, fixed)                                              # gets no more seeds
+
+
+STAGE = Looks()

@@ -1,5 +1,6 @@
-"""Arms that start from another arm's runs: an arm whose overrides say ``train.init_from=arm:<name>`` trains, for
-each seed s, from ``<name>``'s seeded run of seed s (continued training, sparse upcycling), after those runs.
+"""Arms that start from another arm's runs (part of the seeded runs' stage, ``stages.seeded``): an arm whose
+overrides say ``train.init_from=arm:<name>`` trains, for each seed s, from ``<name>``'s seeded run of seed s
+(continued training, sparse upcycling), after those runs.
 
 Spec: ``set: [train.init_from=arm:dense-pre, train.upcycle.method=copy]`` on the arm. The arm named must be a
 fixed-budget arm without such a reference itself. Its runs go under ``<out>/sweep-init/seed<s>/`` (one sweep per
@@ -13,6 +14,7 @@ from typing import Optional, Sequence
 from analysis.experiment_spec import Arm, Spec
 from archlab.config import RecipeError
 from tools import sweep
+from tools.experiment.stages.base import check_stopped, record_runs, sweep_spec
 
 PREFIX = "train.init_from=arm:"
 FOLDER = "sweep-init"
@@ -44,25 +46,23 @@ def with_source(arm: Arm, run_dir: str) -> Arm:
     return dataclasses.replace(arm, overrides=overrides)
 
 
-def seed_spec(spec: Spec, arms: Sequence[Arm], seed: int, trunks: dict[tuple[str, int], str],
-              sweep_spec) -> dict:
-    """The ``tools.sweep`` spec of one seed's dependent runs (``sweep_spec``: the runner's)."""
+def seed_spec(spec: Spec, arms: Sequence[Arm], seed: int, trunks: dict[tuple[str, int], str]) -> dict:
+    """The ``tools.sweep`` spec of one seed's dependent runs."""
     resolved = [with_source(a, trunks[(source_of(a), seed)]) for a in arms]
     one = dataclasses.replace(spec, seeds=[seed])
     return sweep_spec(one, resolved, f"{FOLDER}/seed{seed}", {a.name: a.budget for a in arms})
 
 
-def run(spec: Spec, arms: Sequence[Arm], runs: Sequence[dict], stage: dict, *, jobs: int = 1,
-        threads: Optional[int] = None, log=print) -> list[dict]:
-    """Train the dependent arms seed by seed (resumable); returns their records. ``stage``: the runner's
-    ``sweep_spec``, ``record_runs`` and ``check_stopped``."""
+def run(spec: Spec, arms: Sequence[Arm], runs: Sequence[dict], *, jobs: int = 1, threads: Optional[int] = None,
+        log=print) -> list[dict]:
+    """Train the dependent arms seed by seed (resumable); returns their records."""
     if not arms:
         return []
     trunks = {(r["arm"], int(r["seed"])): r["run_dir"] for r in runs if r.get("role", "seeded") == "seeded"}
     out = []
     for seed in spec.seeds:
-        sspec = seed_spec(spec, arms, seed, trunks, stage["sweep_spec"])
+        sspec = seed_spec(spec, arms, seed, trunks)
         points = sweep.plan_points(sspec)
-        stage["check_stopped"](sweep.run_sweep(sspec, jobs=jobs, threads=threads, log=log))
-        out += stage["record_runs"](spec, points, f"{FOLDER}/seed{seed}")
+        check_stopped(sweep.run_sweep(sspec, jobs=jobs, threads=threads, log=log))
+        out += record_runs(spec, points, f"{FOLDER}/seed{seed}")
     return out
