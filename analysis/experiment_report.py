@@ -1,8 +1,8 @@
 """The report of an experiment (``python -m tools.experiment run|report``): per arm the final
 validation loss over seeds with a 95% t-interval, the paired (same-seed) difference against the
 reference arm and against the arm it extends, and what the arm costs (``analysis.experiments``:
-the statistics and the costs); then the tuning stage (``tools.experiment_tuning``), the
-classification against the reference's compute curve (``tools.experiment_ceg``), one section per
+the statistics and the costs); then the tuning stage (``tools.experiment.stages.tuning``), the
+classification against the reference's compute curve (``tools.experiment.stages.ceg``), one section per
 measurement the spec names (``analysis.measurements``: in the spec's order, ``throughput`` last)
 and every run. Writes ``report.md``, ``report.json`` (every number) and PNGs.
 """
@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from analysis import ceg_report, tuning_report, verdicts
+from analysis import ceg_report, cpu_hours, tuning_report, verdicts
+from analysis.cpu_hours import RUN_LISTS
 from analysis.experiments import (
     COST_HEADER,
     LEARN_MARGIN,
@@ -188,7 +189,6 @@ def _wall_time(ctx: Context) -> str:
 
 
 NOT_REGISTERED = "not pre-registered in the records (runs predate spec hashing)"
-RUN_LISTS = ("runs", "tune_runs", "ceg_runs", "finetune_runs", "finetune_tune_runs")  # the record's run records
 
 
 def registration_text(record: dict) -> str:
@@ -359,6 +359,7 @@ def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
     if not ctx.spec.grid:  # a grid's cells are compared in their own sections (stability)
         ctx.comparison = ceg_report.compare(ctx)
     spec = ctx.spec
+    cost = cpu_hours.cpu_hours(record, ctx.comparison)
     figures = []
     md = [f"# {report_title(spec)}", ""]
     if spec.quick:
@@ -369,7 +370,8 @@ def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
         md += [f"**Claim checked.** {spec.claim.strip()}", ""]
     md += ["## Regenerate", "", "From the repository root (runs go under "
            f"`{spec.out}`, git-ignored; finished runs are skipped, interrupted ones resumed):", "", "```sh",
-           command, "```", "", _wall_time(ctx), "", registration_text(record), "", "## Setup", "", _setup(ctx), ""]
+           command, "```", "", _wall_time(ctx), "", cpu_hours.text(cost), "", registration_text(record), "",
+           "## Setup", "", _setup(ctx), ""]
     if spec.notes:
         md += [spec.notes.strip(), ""]
     sections_json = {}
@@ -395,7 +397,8 @@ def write_report(record: dict, measures: dict, out: Path, command: str) -> dict:
             "tuning": record.get("tuning"), "tune_wall_s": record.get("tune_wall_s"), "comparison": ctx.comparison,
             "curve_runs": [{**r, "run_dir": _relative(r["run_dir"])} for r in ctx.curve_rows],
             "timed_budgets": record.get("timed_budgets"), "measure_wall_s": record.get("measure_wall_s"),
-            "excluded_runs": excluded_runs(ctx), "registration": record.get("registration"), "figures": figures}
+            "excluded_runs": excluded_runs(ctx), "registration": record.get("registration"), "figures": figures,
+            "cpu_hours": cost}
     md_path = write_text_atomic(out / "report.md", "\n".join(md))
     json_path = write_json_atomic(out / "report.json", data)
     return {"markdown": md_path, "json": json_path, "figures": [out / f for f in figures],

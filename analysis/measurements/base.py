@@ -7,6 +7,8 @@ measurement computes (:func:`cached`) and the checks its settings use (:func:`ch
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -116,7 +118,9 @@ def check_names(settings: dict, key: str, where: str) -> None:
 
 def cached(path: Path, settings: dict, compute: Callable[[], Any]) -> Any:
     """The result stored at ``path`` if it was computed with ``settings``, else compute and store it
-    (JSON: ``{"settings", "result"}``; changed settings recompute it)."""
+    (JSON: ``{"settings", "result", "wall_s", "cpu_s"}``; changed settings recompute it). ``cpu_s``: the process
+    CPU time the computation took (user + system, its finished child processes included), which the report's
+    CPU-hours add up (``analysis.cpu_hours``)."""
     if path.is_file():
         try:
             stored = json.loads(path.read_text())
@@ -124,9 +128,13 @@ def cached(path: Path, settings: dict, compute: Callable[[], Any]) -> Any:
                 return stored["result"]
         except ValueError:
             pass
+    t0, wall0 = os.times(), time.perf_counter()
     result = compute()
+    t1 = os.times()
+    cpu_s = sum(getattr(t1, k) - getattr(t0, k) for k in ("user", "system", "children_user", "children_system"))
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, {"settings": settings, "result": result}, sort_keys=False)
+    write_json_atomic(path, {"settings": settings, "result": result, "wall_s": round(time.perf_counter() - wall0, 3),
+                             "cpu_s": round(cpu_s, 3)}, sort_keys=False)
     return result
 
 
