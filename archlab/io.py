@@ -44,9 +44,20 @@ def publish_folder(tmp: Path, out: Path) -> Path:
     return out
 
 
+def plain_scalar(obj: Any) -> Any:
+    """A numpy scalar (``np.bool_``, ``np.float64``, ...) as the Python value JSON can write; anything else refused as
+    ``json.dumps`` would refuse it."""
+    if hasattr(obj, "item") and getattr(obj, "shape", None) == ():
+        return obj.item()
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
 def write_json_atomic(path: Path, obj: Any, sort_keys: bool = True,
                       default: Optional[Callable[[Any], Any]] = None) -> Path:
-    return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=sort_keys, default=default) + "\n")
+    """``obj`` as indented JSON at ``path``, atomically; numpy scalars written as Python values unless ``default``
+    says otherwise."""
+    return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=sort_keys, default=default or plain_scalar)
+                             + "\n")
 
 
 def parse_jsonl(text: str) -> list[dict]:
