@@ -88,7 +88,9 @@ def markdown(s: dict, label: dict) -> str:
           "with the seeds it would need if its mean and variances held ('items' where the test items' error "
           "alone keeps it open). Positive controls: the same architecture fine-tuned from a fresh init, and the "
           "task's simple baseline.\n\n")
-    by_arm = {v["arm"]: v for v in s["verdicts"]}
+    by_arm: dict[str, dict] = {}
+    for v in s["verdicts"]:
+        by_arm.setdefault(v["arm"], v)  # an arm's own comparison (against the reference or its compare: arm) first
     for task, t in s["tasks"].items():
         md += (f"### `{task}` ({t['items']:,} test items; chance {t['chance']:.3f}; baseline {t['baseline']:.3f}: "
                f"{t['baseline_rule']})\n\n")

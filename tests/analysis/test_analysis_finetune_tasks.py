@@ -60,3 +60,6 @@ def test_the_section_reports_arms_controls_baseline_and_the_claims_comparisons(r
     md = finetune_tasks.markdown(s, {"gpt": "GPT"})
     assert "### `tag`" in md and "Positive controls" in md and "`gpt-scratch-tag` (fresh init)" in md
     assert "seeds + items" in md
+    assert "| `bert-tok2e6-tag` vs `t5-tok2e6-tag` |" in md  # the pair in its own table
+    bert_row = next(line for line in md.splitlines() if line.startswith("| bert (`bert-tok2e6-tag`)"))
+    assert "vs `gpt-tok2e6-tag`" in bert_row  # the arm's row: against the reference

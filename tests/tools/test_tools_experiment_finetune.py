@@ -106,8 +106,13 @@ def test_quick_model_types_runs_end_to_end(tmp_path, root):
     out = tmp_path / "mt"
     assert main(["run", str(root / "experiments/model-types.yaml"), "--quick", "--out", str(out)]) == 0
     report = (out / "report" / "report.md").read_text()
-    assert "Fine-tuned on the labelled task" in report and "vs `gpt-tok8192`" in report
-    assert "| `bert-tok8192` vs `t5-tok8192` |" in report  # the spec's finetune pairs
+    assert "Fine-tuned on the understanding tasks" in report and "Positive controls" in report
+    for task in ("tag", "span_qa", "bound"):
+        assert f"### `{task}`" in report and f"vs `gpt-tok8192-{task}`" in report
+        assert f"| `bert-tok8192-{task}` vs `t5-tok8192-{task}` |" in report  # the spec's finetune pairs
     record = json.loads((out / "experiment.json").read_text())
     for r in record["finetune_runs"]:
-        assert Path(r["init_from"]).name.startswith(f"{r['arm']}-seed{r['seed']}-")
+        if r["control"]:
+            assert r["init_from"] == "null" and r["arm"] == f"{r['base_arm']}-scratch-{r['task']}"
+        else:
+            assert Path(r["init_from"]).name.startswith(f"{r['base_arm']}-seed{r['seed']}-")
