@@ -22,6 +22,9 @@ from scipy import stats
 
 from archlab.checkpoints import checkpoints
 from archlab.errors import RecipeError
+from archlab.objectives import objective_for
+from archlab.objectives.understanding import UnderstandingObjective
+from archlab.train.checkpoint import load_recipe_of, load_weights_into
 from archlab.train.run_folder import read_jsonl
 
 RESAMPLES = 2000
@@ -60,10 +63,6 @@ def chosen_checkpoint(run: Path, key: str) -> tuple[Path, int, bool]:
 def run_scores(run_dir: str | Path) -> dict:
     """{task, accuracy, docs, correct_D, counted_D, items, step, still_falling, chance, baseline, baseline_rule} of a
     fine-tuned run on the test split at its dev-best checkpoint (per-document sums: what the bootstrap resamples)."""
-    from archlab.objectives import objective_for  # the model side, only when a run is scored
-    from archlab.objectives.understanding import UnderstandingObjective
-    from archlab.train.checkpoint import load_recipe_of, load_weights_into
-
     cfg = load_recipe_of(Path(run_dir))
     objective = objective_for(cfg)
     if not isinstance(objective, UnderstandingObjective):
