@@ -13,13 +13,14 @@ from typing import Optional
 from analysis.experiments import Context, Section, fmt_ci, table
 from analysis.measurements.base import (
     Measurement,
+    cached,
     check_int,
     check_ints,
     check_names,
     measurement_folder,
     record_arms,
 )
-from analysis.probe_training import train_cached, wilson
+from analysis.probe_training import train_and_store, train_probe, wilson
 from archlab.data.probes import ProbeTask
 from archlab.errors import RecipeError
 
@@ -84,8 +85,10 @@ class ProbeMeasurement(Measurement):
                                      "seed": int(seed)}, job))
         if jobs > 1 and len(todo) > 1:
             with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
-                list(pool.map(train_cached, todo, [1] * len(todo)))  # each stores its result in its cache file
-        return [{**row, "result": train_cached(job)} for row, job in out]
+                list(pool.map(train_and_store, todo, [1] * len(todo)))  # each stores its result in its cache file
+        return [{**row, "result": cached(path, settings, lambda: train_probe(recipe, overrides, task,
+                                                                              test_answers=answers, **train))}
+                for row, (path, settings, recipe, overrides, task, train, answers) in out]
 
     def section(self, ctx: Context) -> Section:
         results = ctx.measures.get(self.name) or []

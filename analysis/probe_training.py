@@ -24,6 +24,7 @@ from scipy.stats import binomtest
 
 from archlab.config import load_recipe
 from archlab.data.probes import IGNORE, PROBES, ProbeTask, probe_task
+from archlab.io import write_json_atomic
 from archlab.model.build import build_model
 from archlab.optim import build_optimizer, lr_at, set_lr
 
@@ -107,17 +108,15 @@ def train_probe(recipe: str, overrides: Sequence[str], task: ProbeTask, *, width
             "final_loss": sum(tail) / len(tail), "params": sum(p.numel() for p in model.parameters()),
             "cpu_s": time.process_time() - t0, "steps": steps, "width": width}
 
-def train_cached(job: tuple, threads: Optional[int] = None) -> dict:
-    """One probe run's result from its cache file, trained and stored first when missing: a task of the
-    measurements' process pool (here, not in ``analysis.probe_measurement``, so that a fresh process imports it
-    without going around the measurement registry)."""
-    from analysis.measurements.base import cached  # the registry imports this module
-
+def train_and_store(job: tuple, threads: Optional[int] = None) -> None:
+    """Train one probe run and store its result as the measurements' cache file (JSON ``{"settings", "result"}``,
+    what ``analysis.measurements.base.cached`` reads back): a task of the probe measurements' process pool."""
     path, settings, recipe, overrides, task, train, test_answers = job
     if threads:
         torch.set_num_threads(threads)
-    return cached(Path(path), settings, lambda: train_probe(recipe, overrides, task, test_answers=test_answers,
-                                                            **train))
+    result = train_probe(recipe, overrides, task, test_answers=test_answers, **train)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(Path(path), {"settings": settings, "result": result}, sort_keys=False)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
