@@ -1,6 +1,6 @@
 """Options belong to their variant: the machinery that refuses a recipe key with no effect.
 
-A *choice* is a key whose value selects a variant (``model.attention.type`` an entry of ``ATTENTIONS``); each
+A *choice* is a key whose value selects a variant (``model.norm.type`` an entry of ``NORMS``); each
 variant states the keys of the choice's node it reads (its ``options``). A key that other variants read and the
 selected one does not is refused when it differs from the schema default, in the form of every rule
 (``key=value: rule``). A *condition* is a key the selected variant reads only under a setting of another key.
@@ -11,7 +11,7 @@ The tables live with what they govern: the model's in ``archlab.model.options``,
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator
 
 from omegaconf import ListConfig
 
@@ -41,8 +41,6 @@ class Choice:
     subject: str  # "this recipe's {subject} is {variant}"
     schema: type  # the node's dataclass: its keys and their defaults
     variants: Callable[[], dict[str, frozenset[str]]]  # variant name -> the keys of the node it reads
-    # the variants the section selects when several may be (a layer pattern), else the selector's one
-    chooses: Optional[Callable[[Any], list[str]]] = None
 
     def governed(self) -> Iterator[tuple[str, list[str]]]:
         """(key relative to the node, the variants that read it) for every key some variant reads."""
@@ -104,7 +102,7 @@ def check(section: Any, model: Any, prefix: str, choices: list[Choice], conditio
         node = _get(section, c.node)
         if node is None:  # a dense model has no moe node: none of its keys is set
             continue
-        selected = c.chooses(section) if c.chooses is not None else [_get(section, c.selector)]
+        selected = [_get(section, c.selector)]
         variants = c.variants()
         if any(s not in variants for s in selected):  # an unknown type name: its own rule says so
             continue

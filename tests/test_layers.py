@@ -26,7 +26,7 @@ LAYERS = (
     ("archlab.errors", 0), ("archlab.registry", 0), ("archlab.io", 0), ("archlab.quiet", 0), ("archlab.options", 0),
     ("archlab.version", 0), ("archlab.checkpoints", 0),
     ("archlab.nn", 1), ("archlab.optim", 1), ("archlab.trackers", 1),
-    ("archlab.config.schema", 2),
+    ("archlab.config.schema", 2), ("archlab.config.variants", 2),
     ("archlab.model", 3), ("archlab.objectives", 3), ("archlab.data", 3),
     ("archlab.parallel", 3),
     ("archlab.costs", 4),

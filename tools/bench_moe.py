@@ -145,7 +145,7 @@ def build_layer_paths(case: LayerCase, batch: int, seq_len: int, d_model: int,
                       moe=MoEConfig(num_experts=case.num_experts, top_k=case.top_k, expert_hidden=case.hidden))
     ours = MoELayer(cfg).train()
     _ensure_single_process_group()
-    ds = DeepSpeedMoE(hidden_size=d_model, expert=SwiGLU(cfg, hidden=case.hidden, expert=True),
+    ds = DeepSpeedMoE(hidden_size=d_model, expert=SwiGLU(cfg.ffn, d_model=d_model, hidden=case.hidden, expert=True),
                       num_experts=case.num_experts, ep_size=1, k=case.top_k, drop_tokens=False).train()
     x = torch.randn(batch, seq_len, d_model)
     g = torch.randn(batch, seq_len, d_model)

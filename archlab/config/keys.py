@@ -9,7 +9,9 @@ from dataclasses import fields, is_dataclass
 from typing import Iterator
 
 from archlab.config.options import CHOICES
-from archlab.config.schema import Recipe
+from archlab.config.schema import ModelConfig, Recipe
+from archlab.config.variants import variant_nodes
+from archlab.nn.component import kind_base
 
 __all__ = ["GROUPS", "choices", "key_groups", "nearest_keys", "schema_keys"]
 
@@ -44,12 +46,23 @@ def _dataclass_of(tp) -> type | None:
     return None
 
 
+def _fields(cls) -> list:
+    """The fields of ``cls``; of a component node whose ``type`` chooses the dataclass, those of every variant."""
+    base = kind_base(cls)
+    if base is None:
+        return list(fields(cls))
+    out = {}
+    for name in base.variants.names():
+        out.update({f.name: f for f in fields(base.variants.get(name).Config) if f.name not in out})
+    return list(out.values())
+
+
 def _walk(cls, prefix: str) -> Iterator[tuple[str, str]]:
-    """(group, key) for every leaf key under the dataclass ``cls``."""
+    """(group, key) for every leaf key under the dataclass ``cls`` (a component node: any variant's key)."""
     hints = typing.get_type_hints(cls)
-    for f in fields(cls):
+    for f in _fields(cls):
         key = f"{prefix}.{f.name}" if prefix else f.name
-        sub = _dataclass_of(hints[f.name])
+        sub = _dataclass_of(hints.get(f.name) or f.type)
         if sub is not None:
             yield from _walk(sub, key)
         else:
@@ -77,7 +90,7 @@ def nearest_keys(key: str, n: int = 3) -> list[str]:
 
 def choices() -> dict[str, list[str]]:
     """Each key that selects a variant (``model.attention.type``) -> the registered variant names."""
-    out = {}
+    out = {f"model.{path}.type": base.variants.names() for path, base in variant_nodes(ModelConfig)}
     for section, section_choices in CHOICES.items():
         for c in section_choices:
             out[f"{section}.{c.selector}"] = sorted(c.variants())

@@ -14,6 +14,7 @@ from archlab.config.keys import key_groups, nearest_keys, schema_keys
 from archlab.config.options import check_moe_switch
 from archlab.config.schema import ModelConfig, Recipe, model_config  # noqa: F401  (model_config: re-exported)
 from archlab.config.validate import RecipeError, validate
+from archlab.config.variants import select
 
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"  # a source checkout's recipes
 
@@ -158,13 +159,13 @@ def load_recipe(path: Union[str, Path, None] = None, overrides: Iterable[str] = 
             raise RecipeError(f"override {o!r} is not of the form key=value (e.g. model.n_layers=4)")
     _check_override_keys(overrides)
     try:
-        cfg = OmegaConf.merge(*layers)
         written = OmegaConf.merge(OmegaConf.create(), *layers[1:])  # what the file and overrides set, no defaults
         dotlist = OmegaConf.create()
         if overrides:
             dotlist = OmegaConf.from_dotlist(overrides)
-            cfg = OmegaConf.merge(cfg, dotlist)
             written = OmegaConf.merge(written, dotlist)
+        select(schema.model, written.get("model"), ModelConfig)  # each component node: its type's dataclass
+        cfg = OmegaConf.merge(schema, written)
         # resolve interpolations now, so a bad one fails here and not mid-run
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:

@@ -1,8 +1,10 @@
 """Options belong to their variant: a recipe key that has no effect in its recipe is refused.
 
 A *choice* is a key whose value selects a variant: ``model.type`` an entry of ``MODELS`` (decoder,
-encoder: ``archlab.model``), ``model.attention.type`` an entry of ``ATTENTIONS``, ``train.schedule`` one
-of the learning-rate schedules (``SCHEDULES``). Each variant states the keys of the choice's node that it
+encoder: ``archlab.model``), ``model.norm.type`` an entry of ``NORMS``, ``train.schedule`` one
+of the learning-rate schedules (``SCHEDULES``). (Where the ``type`` key chooses the node's dataclass,
+``model.attention`` and ``model.ffn``, a key of another variant is unknown: ``archlab.config.variants``.)
+Each variant states the keys of the choice's node that it
 reads: a model type's and a component's ``options`` (``archlab.model.decoder``, ``archlab.nn.component``), a
 data source's ``options`` (``archlab.data.sources``), a schedule's and an optimizer's ``options``
 (``archlab.optim``: ``train.schedule``, ``train.optimizer``), an objective's ``options``
@@ -11,7 +13,7 @@ data source's ``options`` (``archlab.data.sources``), a schedule's and an optimi
 selected one does not has no effect, and a recipe that gives it any value but the schema default
 is refused before anything is built, in the form of every rule (``key=value: rule``):
 
-    model.attention.window=16: only used by attention.type sliding_window; this recipe's attention is mha
+    model.norm.bias=False: only used by norm.type layernorm; this recipe's norm is rmsnorm
 
 "Differs from the default", not "was written": every recipe inherits the full defaults (and its
 base recipe's values), and a key left at its default changes nothing where it is not read. A

@@ -22,8 +22,10 @@ HEADER = """# Recipe keys
 
 Every key a recipe may set, generated from the schema (`archlab/config/schema.py` and the component configs it
 composes) by `python -m archlab.config.reference > docs/recipe-keys.md`; a test fails when this page is stale.
-A key is set in YAML or as a dotlist override (`python -m archlab.train RECIPE model.d_model=256`). A key that
-only another variant reads is refused unless left at its default (`archlab/config/options.py`).
+A key is set in YAML or as a dotlist override (`python -m archlab.train RECIPE model.d_model=256`). Where a
+node's `type` chooses its dataclass (`model.attention`, `model.ffn`), each variant's own keys are listed in a
+section of their own and a key the chosen variant lacks is unknown (`archlab/config/variants.py`); elsewhere a key
+that only another variant reads is refused unless left at its default (`archlab/config/options.py`).
 """
 
 FIELD_LINE = re.compile(r"^\s+(\w+)\s*:\s*[^=#]+(=|$)")
@@ -110,9 +112,28 @@ def sections(cls: type = Recipe, prefix: str = "") -> list[tuple[str, type, list
             what = " ".join(t for t in [comments.get(f.name, ""), f"Its keys: [`{key}.*`](#{anchor})."] if t)
             rows.append((key, inner.__name__, default, what))
             children.extend(sections(inner, f"{key}."))
+            children.extend(_variant_sections(inner, key))
         else:
             rows.append((key, _type_name(hints[f.name]), _default(f), comments.get(f.name, "")))
     return [(prefix.rstrip(".") or "(top level)", cls, rows), *children]
+
+
+def _variant_sections(base: type, key: str) -> list[tuple[str, type, list[tuple[str, str, str, str]]]]:
+    """A node whose ``type`` chooses its dataclass: one section per variant config, its keys beyond the base's."""
+    if "variants" not in vars(base):
+        return []
+    by_config: dict[type, list[str]] = {}
+    for name in base.variants.names():
+        by_config.setdefault(base.variants.get(name).Config, []).append(name)
+    out = []
+    shared = {f.name for f in dataclasses.fields(base)}
+    for config, names in by_config.items():
+        hints, comments = typing.get_type_hints(config), _field_comments(config)
+        rows = [(f"{key}.{f.name}", _type_name(hints[f.name]), _default(f), comments.get(f.name, ""))
+                for f in dataclasses.fields(config) if f.name not in shared]
+        if rows:
+            out.append((f"{key} (type: {', '.join(names)})", config, rows))
+    return out
 
 
 def render() -> str:

@@ -17,8 +17,10 @@ from typing import Any, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from archlab.nn.attention import AttentionConfig, attention_classes
-from archlab.nn.ffn import FFNConfig, ffn_class
+from archlab.config.variants import select, variant_nodes
+from archlab.nn.attention import AttentionConfig, MHAConfig, attention_classes
+from archlab.nn.component import variant_config
+from archlab.nn.ffn import FFNConfig, GeluConfig, ffn_class
 from archlab.nn.moe.balance import BalanceConfig
 from archlab.nn.moe.layer import MoEConfig
 from archlab.nn.moe.router import RouterConfig
@@ -61,8 +63,8 @@ class ModelConfig:
     n_kv_heads: Optional[int] = None  # None = n_heads (MHA); 1 = MQA; in between = GQA
     norm: NormConfig = field(default_factory=NormConfig)
     position: PositionConfig = field(default_factory=PositionConfig)
-    attention: AttentionConfig = field(default_factory=AttentionConfig)
-    ffn: FFNConfig = field(default_factory=FFNConfig)
+    attention: AttentionConfig = field(default_factory=MHAConfig)  # attention.type (a pattern) chooses its dataclass.
+    ffn: FFNConfig = field(default_factory=GeluConfig)  # ffn.type chooses its dataclass (archlab/nn/ffn.py).
     block: BlockConfig = field(default_factory=BlockConfig)  # how a layer composes attention and FFN (decoder)
     layers: LayersConfig = field(default_factory=LayersConfig)  # which attention.type each layer has (a hybrid)
     # set (with moe.num_experts, the switch: any other moe key alone is refused) to replace the FFN of (some)
@@ -90,6 +92,18 @@ class ModelConfig:
     head_transform: bool = False
     head_bias: bool = False  # encoder (BERT's MLM head): a bias on the LM head's logits
 
+    def __post_init__(self):
+        """Each component node as the dataclass its ``type`` chooses (``FFNConfig(type="swiglu")`` becomes a
+        ``SwiGLUConfig``); a key that dataclass lacks is refused unless at its default."""
+        for path, base in variant_nodes(ModelConfig):
+            owner, _, leaf = path.rpartition(".")
+            node = self
+            for part in filter(None, owner.split(".")):
+                node = getattr(node, part, None)
+            if node is not None and getattr(node, leaf, None) is not None:
+                names = base.chosen(self) if hasattr(base, "chosen") else None  # attention: a layer pattern's
+                setattr(node, leaf, variant_config(getattr(node, leaf), names, prefix=f"model.{path}"))
+
     @property
     def kv_heads(self) -> int:
         return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
@@ -107,7 +121,9 @@ class ModelConfig:
     @property
     def ffn_hidden(self) -> int:
         """Hidden width of a dense FFN: explicit, else the FFN type's default (GPT's 4d, LLaMA's 8/3 d)."""
-        return self.ffn.hidden if self.ffn.hidden is not None else ffn_class(self).default_hidden(self)
+        if self.ffn.hidden is not None:
+            return self.ffn.hidden
+        return ffn_class(self).default_hidden(self.ffn, d_model=self.d_model)
 
     def is_moe_layer(self, layer: int) -> bool:
         m = self.moe
@@ -269,6 +285,8 @@ def model_config(cfg) -> ModelConfig:
         return cfg
     node = cfg.model if "model" in cfg and "d_model" not in cfg else cfg
     if isinstance(node, DictConfig):
-        obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), node))
-        return obj
+        schema = OmegaConf.structured(ModelConfig)
+        written = OmegaConf.create(OmegaConf.to_container(node))
+        select(schema, written, ModelConfig)
+        return OmegaConf.to_object(OmegaConf.merge(schema, written))
     raise TypeError(f"expected a recipe DictConfig or ModelConfig, got {type(cfg).__name__}")

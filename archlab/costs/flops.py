@@ -94,7 +94,7 @@ class FlopsBreakdown:
 
 def ffn_flops(cfg: ModelConfig, hidden: int) -> float:
     """Forward FLOPs per token of one FFN of ``ffn.type`` and width ``hidden`` (the FFN class says)."""
-    return ffn_class(cfg).forward_flops(cfg, hidden=hidden)
+    return ffn_class(cfg).forward_flops(d_model=cfg.d_model, hidden=hidden)
 
 
 def moe_layer_flops(cfg: ModelConfig) -> tuple[float, float]:

@@ -204,7 +204,7 @@ def common_reasons(cfg: ModelConfig) -> Optional[str]:
         return "it has MoE layers (dense families only)"
     if cfg.norm.placement != "pre":
         return f"norm.placement={cfg.norm.placement}: HF decoders are pre-LN"
-    if cfg.attention.qk_norm:
+    if getattr(cfg.attention, "qk_norm", False):  # an mha key (another variant: its own reason)
         return "attention.qk_norm=true: this class has no q/k norm"
     if cfg.attention.scale is not None:
         return f"attention.scale={cfg.attention.scale}: this class always scales scores by 1/sqrt(d_head)"

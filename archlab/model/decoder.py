@@ -92,7 +92,7 @@ class Block(nn.Module):
         n += attention_class(cfg, layer).num_params(cfg, layer=layer)
         if cfg.is_moe_layer(layer):
             return n + MoELayer.num_params(cfg)
-        return n + ffn_class(cfg).num_params(cfg, hidden=cfg.ffn_hidden)
+        return n + ffn_class(cfg).num_params(cfg.ffn, d_model=cfg.d_model, hidden=cfg.ffn_hidden)
 
     @staticmethod
     def norms_saved_bytes(s: ActShape) -> float:

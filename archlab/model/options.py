@@ -4,9 +4,7 @@ parametrisation reads, so that a key the selected ones do not read is refused by
 from __future__ import annotations
 
 from archlab.config.schema import (
-    AttentionConfig,
     BlockConfig,
-    FFNConfig,
     ModelConfig,
     MoEConfig,
     NormConfig,
@@ -15,8 +13,8 @@ from archlab.config.schema import (
     RouterConfig,
 )
 from archlab.model.decoder import BLOCKS, MODELS
-from archlab.nn.attention import ATTENTIONS, layer_pattern
-from archlab.nn.ffn import FFNS
+from archlab.nn.attention import MHAConfig
+from archlab.nn.ffn import SwiGLUConfig
 from archlab.nn.moe.router import ROUTERS
 from archlab.nn.mup import PARAMETRIZATION_OPTIONS
 from archlab.nn.norms import NORMS
@@ -26,16 +24,12 @@ from archlab.options import Choice, Condition, check, registry_options
 MODEL_CHOICES: list[Choice] = [
     # the model type first: a key of another type is refused before its components are asked
     Choice("", "type", "model.type", "model type", ModelConfig, lambda: registry_options(MODELS)),
-    Choice("attention", "attention.type", "attention.type", "attention", AttentionConfig,
-           lambda: registry_options(ATTENTIONS),
-           chooses=lambda m: list(dict.fromkeys(layer_pattern(m))) or [m.attention.type]),  # a pattern's types
     Choice("norm", "norm.type", "norm.type", "norm", NormConfig, lambda: registry_options(NORMS)),
     # position first: on a position without RoPE every rope_scaling key is foreign
     Choice("position", "position.type", "position.type", "position", PositionConfig,
            lambda: registry_options(POSITIONS)),
     Choice("position.rope_scaling", "position.rope_scaling.type", "position.rope_scaling.type", "rope scaling",
            RopeScalingConfig, lambda: registry_options(ROPE_SCALINGS)),
-    Choice("ffn", "ffn.type", "ffn.type", "ffn", FFNConfig, lambda: registry_options(FFNS)),
     Choice("block", "block.type", "block.type", "block", BlockConfig, lambda: registry_options(BLOCKS)),
     Choice("moe.router", "moe.router.type", "moe.router.type", "router", RouterConfig,
            lambda: registry_options(ROUTERS)),
@@ -44,10 +38,11 @@ MODEL_CHOICES: list[Choice] = [
 ]
 
 MODEL_CONDITIONS: list[Condition] = [
-    Condition("attention.qk_norm_over", AttentionConfig, "qk_norm_over", "attention.qk_norm is true",
-              lambda m, _: m.attention.qk_norm, lambda m, _: "attention.qk_norm=false"),
-    Condition("ffn.multiple_of", FFNConfig, "multiple_of", "ffn.hidden is null (it rounds the default width)",
-              lambda m, _: m.ffn.hidden is None, lambda m, _: f"ffn.hidden={m.ffn.hidden}"),
+    Condition("attention.qk_norm_over", MHAConfig, "qk_norm_over", "attention.qk_norm is true",
+              lambda m, _: getattr(m.attention, "qk_norm", True), lambda m, _: "attention.qk_norm=false"),
+    Condition("ffn.multiple_of", SwiGLUConfig, "multiple_of", "ffn.hidden is null (it rounds the default width)",
+              lambda m, _: m.ffn.hidden is None or not hasattr(m.ffn, "multiple_of"),
+              lambda m, _: f"ffn.hidden={m.ffn.hidden}"),
     Condition("moe.shared_hidden", MoEConfig, "shared_hidden", "moe.n_shared_experts > 0",
               lambda m, _: m.moe is None or m.moe.n_shared_experts > 0,
               lambda m, _: f"moe.n_shared_experts={m.moe.n_shared_experts}"),

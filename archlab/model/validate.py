@@ -45,7 +45,7 @@ def validate_model(m, prefix: str = "model") -> None:
         attention.validate(m, prefix)
     norm_class(m).validate(m, prefix)
     position_class(m).validate(m, prefix)
-    ffn_class(m).validate(m, prefix)
+    ffn_class(m).validate(m.ffn, f"{prefix}.ffn")
     block_type(m).validate(m, prefix)  # e.g. the parallel block is pre-LN only
     MODELS.get(m.type).validate(m, prefix)  # e.g. an encoder's components must run without the causal mask
     _fraction(f"{prefix}.dropout", m.dropout)

@@ -32,7 +32,7 @@ class HeadTransform(nn.Module):
     def __init__(self, cfg: "ModelConfig"):
         super().__init__()
         self.dense = nn.Linear(cfg.d_model, cfg.d_model, bias=True)
-        self.activate = ffn_class(cfg).activation(cfg)
+        self.activate = ffn_class(cfg).activation(cfg.ffn)
         self.norm = build_norm(cfg, dim=cfg.d_model)
 
     def forward(self, h_ND: Tensor) -> Tensor:

@@ -78,7 +78,7 @@ class MTPModule(nn.Module):
         if cfg.is_moe_layer(layer):
             ffn = sum(MoELayer.forward_flops(cfg))
         else:
-            ffn = ffn_class(cfg).forward_flops(cfg, hidden=cfg.ffn_hidden)
+            ffn = ffn_class(cfg).forward_flops(d_model=cfg.d_model, hidden=cfg.ffn_hidden)
         return {"proj": 2.0 * 2 * D * D, "attention": attn, "ffn": ffn, "lm_head": 2.0 * D * cfg.vocab_size}
 
     @staticmethod

@@ -88,11 +88,9 @@ VALUES = {
 REGISTRIES = {
     "archlab.model.decoder.MODELS": ("model", "type"),
     "archlab.model.decoder.BLOCKS": ("model", "block.type"),
-    "archlab.nn.attention.base.ATTENTIONS": ("model", "attention.type"),
     "archlab.nn.norms.NORMS": ("model", "norm.type"),
     "archlab.nn.positions.POSITIONS": ("model", "position.type"),
     "archlab.nn.positions.ROPE_SCALINGS": ("model", "position.rope_scaling.type"),
-    "archlab.nn.ffn.FFNS": ("model", "ffn.type"),
     "archlab.nn.moe.router.ROUTERS": ("model", "moe.router.type"),
     "archlab.data.sources.SOURCES": ("data", "source"),
     "archlab.optim.schedules.SCHEDULES": ("train", "schedule"),
@@ -100,6 +98,9 @@ REGISTRIES = {
     "archlab.objectives.base.OBJECTIVES": ("train", "objective"),
 }
 NO_KEYS = {
+    # the type chooses the node's dataclass: another variant's key is unknown (tests/config/test_config_variants.py)
+    "archlab.nn.ffn.FFNS": "model.ffn's dataclass is its type's",
+    "archlab.nn.attention.base.ATTENTIONS": "model.attention's dataclass is its type's (a layer pattern's)",
     # each term is switched on by its own coefficient: no key of model.moe.balance belongs to a term that is off
     "archlab.nn.moe.balance.BALANCE_TERMS": "test_each_balancing_term_owns_its_coefficient",
     # both tokenizers read the same keys (the vocabulary size is the model's)
@@ -335,14 +336,16 @@ def test_optimizers_read_exactly_their_keys(optimizer):
 def test_the_issues_example():
     with pytest.raises(RecipeError) as err:
         archlab.load_recipe(LLAMA, ["model.attention.window=16"])
-    assert str(err.value) == ("model.attention.window=16: only used by attention.type sliding_window; "
-                              "this recipe's attention is mha")
+    assert str(err.value) == ("model.attention.window=16: not a key of attention.type mha (its keys: type, bias, "
+                              "scale, dropout, qk_norm, qk_norm_over); window is read by attention.type "
+                              "sliding_window")
     archlab.load_recipe(LLAMA, ["model.attention.type=sliding_window", "model.attention.window=16"])
 
 
 def test_a_base_recipes_option_must_be_reset_when_a_child_switches_variant():
     """mistral/tiny sets window 48: switching it to mha leaves a window that nothing reads."""
-    with pytest.raises(RecipeError, match="window=48: only used by attention.type sliding_window"):
+    with pytest.raises(RecipeError, match="window=48: not a key of attention.type mha .*; window is read by "
+                                          "attention.type sliding_window"):
         archlab.load_recipe(ROOT / "recipes/mistral/tiny.yaml", ["model.attention.type=mha"])
     archlab.load_recipe(ROOT / "recipes/mistral/tiny.yaml", ["model.attention.type=mha", "model.attention.window=null"])
 
@@ -420,7 +423,8 @@ def test_every_moe_recipe_switches_moe_on_by_num_experts():
                                      "this recipe has moe.n_shared_experts=0"),
     (["model.moe.min_capacity=2"], "model.moe.min_capacity=2: only used when moe.capacity_factor is set"),
     (["model.ffn.hidden=null", "model.ffn.type=gelu", "model.ffn.multiple_of=64"],
-     "model.ffn.multiple_of=64: only used by ffn.type swiglu; this recipe's ffn is gelu"),
+     "model.ffn.multiple_of=64: not a key of ffn.type gelu (its keys: type, hidden, bias, dropout, approximate); "
+     "multiple_of is read by ffn.type swiglu"),
 ])
 def test_moe_and_ffn_keys_without_effect_are_refused(overrides, message):
     with pytest.raises(RecipeError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -1,12 +1,16 @@
 """The recipe's keys read off the schema: groups with a line each, the nearest keys of an unknown one,
 and a warmup longer than a short run capped at load."""
 
+from dataclasses import fields
+
 import pytest
 from omegaconf import DictConfig
 
 import archlab
 from archlab.config import RecipeError
 from archlab.config.keys import GROUPS, choices, key_groups, nearest_keys, schema_keys
+from archlab.config.schema import ModelConfig
+from archlab.config.variants import variant_nodes
 
 
 def _leaves(node, prefix=""):
@@ -22,8 +26,13 @@ def _leaves(node, prefix=""):
 
 
 def test_schema_keys_are_the_keys_of_a_loaded_moe_recipe(root):
+    """Every key of a loaded recipe, and besides them only the keys of the variants it did not choose."""
     cfg = archlab.load_recipe(root / "recipes/mixtral/tiny.yaml")
-    assert sorted(schema_keys()) == sorted(_leaves(cfg))
+    loaded, keys = set(_leaves(cfg)), set(schema_keys())
+    others = {f"model.{path}.{f.name}" for path, base in variant_nodes(ModelConfig)
+              for name in base.variants.names() for f in fields(base.variants.get(name).Config)}
+    assert loaded <= keys and keys - loaded <= others
+    assert "model.ffn.multiple_of" in loaded and "model.ffn.approximate" in keys - loaded  # swiglu, not gelu
 
 
 def test_every_group_has_its_line_and_every_line_a_group():

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import archlab
-from archlab.config.schema import AttentionConfig, FFNConfig, ModelConfig, NormConfig, PositionConfig
+from archlab.config.schema import FFNConfig, ModelConfig, NormConfig, PositionConfig
 from archlab.hf import export_hf, find_adapter, to_hf_model
+from archlab.nn.attention import MHAConfig
 
 V = 101
 
@@ -27,7 +28,7 @@ def encoder(seed: int) -> ModelConfig:
         n_heads=n_heads, n_kv_heads=rng.choice([None, *[g for g in (1, 2) if n_heads % g == 0]]),
         norm=NormConfig(type="layernorm", placement="post", eps=rng.choice([1e-12, 1e-5]), bias=rng.random() < 0.7),
         position=PositionConfig(type="learned"),
-        attention=AttentionConfig(type="mha", bias=rng.random() < 0.7),
+        attention=MHAConfig(bias=rng.random() < 0.7),
         ffn=FFNConfig(type=rng.choice(["gelu", "relu"]), bias=rng.random() < 0.7, hidden=rng.choice([None, 40])),
         tie_embeddings=rng.random() < 0.7, embed_norm=True, head_transform=True, head_bias=rng.random() < 0.7,
     )
@@ -108,7 +109,7 @@ def _variant(**changes) -> ModelConfig:
     (_variant(head_transform=False), "head_transform=false: BERT's MLM head always has"),
     (_variant(position=PositionConfig(type="rope")), "position.type=rope: RoPE: GPT-2 and BERT have learned"),
     (_variant(norm=NormConfig(type="rmsnorm", placement="post")), "norm.type=rmsnorm: RMSNorm: GPT-2 and BERT use"),
-    (_variant(attention=AttentionConfig(qk_norm=True)), "attention.qk_norm=true: BERT has no per-head q/k norm"),
+    (_variant(attention=MHAConfig(qk_norm=True)), "attention.qk_norm=true: BERT has no per-head q/k norm"),
 ])
 def test_what_bert_cannot_express_is_refused_with_the_reason(cfg, reason):
     with pytest.raises(ValueError) as err:

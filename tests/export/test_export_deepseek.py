@@ -14,7 +14,6 @@ import torch
 
 import archlab
 from archlab.config.schema import (
-    AttentionConfig,
     BalanceConfig,
     FFNConfig,
     ModelConfig,
@@ -26,6 +25,7 @@ from archlab.config.schema import (
 )
 from archlab.hf import ADAPTERS, export_hf, find_adapter, to_hf_model
 from archlab.hf.adapters.deepseek_v3 import DeepseekV3Adapter, rope_rows
+from archlab.nn.attention import MLAConfig
 
 V = 97
 # HF builds a shared-expert MLP of width 0 when a model has no shared experts (exact: it adds zeros)
@@ -55,7 +55,7 @@ def deepseek(seed: int, moe: bool = True) -> ModelConfig:
         position=PositionConfig(type="rope", rope_base=rng.choice([10000.0, 500.0]), rope_scaling=RopeScalingConfig(
             type=scaling, factor=only_if(scaling != "none", rng.choice([2.0, 4.0]), 1.0),
             original_max_seq_len=16 if scaling == "yarn" else None)),
-        attention=AttentionConfig(type="mla", bias=rng.random() < 0.5, q_lora_rank=rng.choice([None, 8, 24]),
+        attention=MLAConfig(bias=rng.random() < 0.5, q_lora_rank=rng.choice([None, 8, 24]),
                                   kv_lora_rank=rng.choice([8, 16, 32]), qk_rope_head_dim=rng.choice([2, 4, 8]),
                                   qk_nope_head_dim=rng.choice([4, 8, 16]), v_head_dim=rng.choice([4, 8, 16])),
         ffn=FFNConfig(type="swiglu", bias=False, hidden=rng.choice([40, 64])),
@@ -192,7 +192,7 @@ def _refusals():
          ["norm.placement=post"]),
         (ModelConfig(**{**plain, "position": PositionConfig(type="rope", rope_scaling=RopeScalingConfig(type="ntk"))}),
          ["rope_scaling.type=ntk"]),
-        (ModelConfig(**{**plain, "attention": AttentionConfig(**{**mla.__dict__, "scale": 0.5})}),
+        (ModelConfig(**{**plain, "attention": MLAConfig(**{**mla.__dict__, "scale": 0.5})}),
          ["attention.scale=0.5"]),
         (ModelConfig(**{**plain, "ffn": FFNConfig(type="swiglu", bias=True, hidden=40)}), ["ffn.bias=true"]),
         (ModelConfig(**{**plain, "ffn": FFNConfig(type="gelu", bias=False, hidden=40)}), ["ffn.type=gelu"]),

@@ -17,6 +17,7 @@ from archlab.config.schema import (
     RopeScalingConfig,
 )
 from archlab.hf import ADAPTERS, export_hf, find_adapter, to_hf_model
+from archlab.nn.attention import MHAConfig
 
 V = 97
 
@@ -113,7 +114,7 @@ REFUSED = [
     (gpt(norm=NormConfig(type="layernorm", placement="post")), ["placement=post", "pre-LN"]),
     (llama("ntk"), ["rope_scaling.type=ntk", "no static NTK"]),
     (llama(norm=NormConfig(type="rmsnorm", placement="post")), ["placement=post"]),
-    (llama(attention=AttentionConfig(bias=False, qk_norm=True)), ["qk_norm"]),
+    (llama(attention=MHAConfig(bias=False, qk_norm=True)), ["qk_norm"]),
     (llama(attention=AttentionConfig(bias=False, scale=1.0)), ["attention.scale=1.0"]),
     (gpt(ffn=FFNConfig(type="swiglu")), ["gpt2", "ffn.type=swiglu", "not gated"]),
     (llama(ffn=FFNConfig(type="gelu")), ["llama", "ffn.type=gelu", "SwiGLU"]),

@@ -12,12 +12,13 @@ from test_export_hf import randomised
 import archlab
 from archlab.config.schema import AttentionConfig, FFNConfig, ModelConfig, NormConfig, PositionConfig
 from archlab.hf import export_hf, find_adapter, to_hf_model
+from archlab.nn.attention import SlidingWindowConfig
 
 V = 97
 
 
 def mistral(window: int = 7, **kw) -> ModelConfig:
-    attention = kw.pop("attention", AttentionConfig(type="sliding_window", window=window, bias=False))
+    attention = kw.pop("attention", SlidingWindowConfig(window=window, bias=False))
     base = dict(vocab_size=V, max_seq_len=128, d_model=48, n_layers=2, n_heads=4, n_kv_heads=2,
                 norm=NormConfig(type="rmsnorm", eps=1e-6), position=PositionConfig(type="rope"),
                 attention=attention, ffn=FFNConfig(type="swiglu", bias=False, hidden=80), tie_embeddings=False)
@@ -67,9 +68,9 @@ def test_exported_folder_loads_with_auto_model(tmp_path):
 
 
 @pytest.mark.parametrize("c, expected", [
-    (mistral(attention=AttentionConfig(type="sliding_window", window=8, global_every=2, bias=False)),
+    (mistral(attention=SlidingWindowConfig(window=8, global_every=2, bias=False)),
      ["mistral", "global_every=2"]),
-    (mistral(attention=AttentionConfig(type="sliding_window", window=8, bias=True)), ["mistral", "biases"]),
+    (mistral(attention=SlidingWindowConfig(window=8, bias=True)), ["mistral", "biases"]),
     (mistral(norm=NormConfig(type="layernorm")), ["mistral", "norm.type=layernorm"]),
     (mistral(position=PositionConfig(type="none")), ["position.type=none", "NoPE"]),
 ])

@@ -14,6 +14,7 @@ import archlab
 from archlab.config.schema import AttentionConfig, FFNConfig, ModelConfig, NormConfig, PositionConfig
 from archlab.hf import export_hf, find_adapter, to_hf_model
 from archlab.model import generate_seq2seq
+from archlab.nn.attention import MHAConfig
 
 V = 101
 
@@ -30,7 +31,7 @@ def encoder_decoder(seed: int) -> ModelConfig:
         norm=NormConfig(type="rmsnorm", placement="pre", eps=rng.choice([1e-6, 1e-5])),
         position=PositionConfig(type="relative", relative_buckets=buckets,
                                 relative_max_distance=rng.choice([buckets, 4 * buckets])),
-        attention=AttentionConfig(type="mha", bias=False, scale=rng.choice([None, 1.0, 0.3])),
+        attention=MHAConfig(bias=False, scale=rng.choice([None, 1.0, 0.3])),
         ffn=FFNConfig(type="relu", bias=False, hidden=rng.choice([None, 40])), tie_embeddings=True,
     )
 

@@ -19,6 +19,8 @@ from archlab.config.schema import (
     PositionConfig,
     RopeScalingConfig,
 )
+from archlab.nn.attention import GatedDeltaNetConfig, MHAConfig, MLAConfig, SlidingWindowConfig
+from archlab.nn.ffn import SwiGLUConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if "launch" not in p.relative_to(ROOT / "recipes").parts)
@@ -52,7 +54,7 @@ def random_model_config(rng: random.Random) -> ModelConfig:
     n_kv_heads = rng.choice([g for g in range(1, n_heads + 1) if n_heads % g == 0] + [None])
     norm_type, placement = rng.choice(["layernorm", "rmsnorm"]), rng.choice(["pre", "post"])
     norm_bias = rng.random() < 0.5
-    attention = AttentionConfig(bias=rng.random() < 0.5, qk_norm=rng.random() < 0.3)
+    attention = MHAConfig(bias=rng.random() < 0.5, qk_norm=rng.random() < 0.3)
     ffn_type, ffn_bias = rng.choice(["gelu", "relu", "swiglu"]), rng.random() < 0.5
     hidden, multiple_of = rng.choice([None, rng.randint(1, 50)]), rng.choice([1, 8, 32])
     # a key only another variant reads stays at its default (archlab.config.options refuses it otherwise)
@@ -63,8 +65,8 @@ def random_model_config(rng: random.Random) -> ModelConfig:
         position=PositionConfig(type=position, rope_scaling=RopeScalingConfig(
             type=scaling, factor=1.0 if scaling == "none" else 2.0)),
         attention=attention,
-        ffn=FFNConfig(type=ffn_type, bias=ffn_bias, hidden=hidden,
-                      multiple_of=multiple_of if ffn_type == "swiglu" and hidden is None else 32),
+        ffn=SwiGLUConfig(bias=ffn_bias, hidden=hidden, multiple_of=multiple_of if hidden is None else 32)
+        if ffn_type == "swiglu" else FFNConfig(type=ffn_type, bias=ffn_bias, hidden=hidden),
         tie_embeddings=rng.random() < 0.5,
     )
 
@@ -86,10 +88,10 @@ def tiny(position: str, **kw) -> ModelConfig:
 
 ATTENTION_OPTIONS = {  # small settings of each attention variant (a window shorter than the 12-token test)
     "mha": AttentionConfig(),
-    "sliding_window": AttentionConfig(type="sliding_window", window=4),
-    "mla": AttentionConfig(type="mla", q_lora_rank=12, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8,
+    "sliding_window": SlidingWindowConfig(window=4),
+    "mla": MLAConfig(q_lora_rank=12, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8,
                            v_head_dim=8),
-    "gated_deltanet": AttentionConfig(type="gated_deltanet", gdn_chunk_size=5),  # chunks that do not divide 12
+    "gated_deltanet": GatedDeltaNetConfig(gdn_chunk_size=5),  # chunks that do not divide 12
 }
 REFUSED_PAIRS = {("sliding_window", "alibi"), ("sliding_window", "relative")} | {
     ("mla", p) for p in ("learned", "sinusoidal", "alibi", "relative", "none")} | {
@@ -197,7 +199,7 @@ def test_dropout_only_in_training():
 
 
 def test_backward_reaches_every_parameter():
-    model = archlab.build_model(tiny("rope", attention=AttentionConfig(qk_norm=True), tie_embeddings=False))
+    model = archlab.build_model(tiny("rope", attention=MHAConfig(qk_norm=True), tie_embeddings=False))
     ids = torch.randint(0, 50, (2, 8))
     model(ids).logits.logsumexp(-1).mean().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())

@@ -9,12 +9,13 @@ import torch
 import archlab
 from archlab.config.schema import AttentionConfig, ModelConfig, PositionConfig, RopeScalingConfig
 from archlab.model.generate import filter_logits
+from archlab.nn.attention import MLAConfig, SlidingWindowConfig
 
 ATTENTION = {
     "mha": AttentionConfig(),
-    "sliding_window": AttentionConfig(type="sliding_window", window=5),  # the 14 tokens span several windows
-    "global_every_2": AttentionConfig(type="sliding_window", window=5, global_every=2),
-    "mla": AttentionConfig(type="mla", q_lora_rank=12, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8,
+    "sliding_window": SlidingWindowConfig(window=5),  # the 14 tokens span several windows
+    "global_every_2": SlidingWindowConfig(window=5, global_every=2),
+    "mla": MLAConfig(q_lora_rank=12, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8,
                            v_head_dim=8),
 }
 

@@ -13,24 +13,26 @@ import pytest
 import torch
 
 import archlab
-from archlab.config.schema import AttentionConfig, FFNConfig, LayersConfig, ModelConfig, NormConfig, PositionConfig
+from archlab.config.schema import FFNConfig, LayersConfig, ModelConfig, NormConfig, PositionConfig
 from archlab.costs import kv_cache_bytes
 from archlab.errors import RecipeError
 from archlab.model.validate import validate_model
-from archlab.nn.attention import LayerKVCache, LayerStateCache
+from archlab.nn.attention import AttentionConfig, GatedDeltaNetConfig, LayerKVCache, LayerStateCache
+from archlab.nn.component import variant_class
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nn"))
 from test_nn_attention_gated_deltanet import copy_from_hf, randomise  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PATTERN = ["gated_deltanet", "gated_deltanet", "gated_deltanet", "mha"]
+HYBRID = variant_class(AttentionConfig, ["gated_deltanet", "mha"])  # the pattern's config: the keys of both
 
 
 def hybrid(n_layers=4, pattern=PATTERN, **attention) -> ModelConfig:
     return ModelConfig(vocab_size=61, max_seq_len=64, d_model=32, n_layers=n_layers, n_heads=4, n_kv_heads=2,
                        norm=NormConfig(type="rmsnorm", eps=1e-6), position=PositionConfig(type="rope"),
-                       attention=AttentionConfig(bias=False, qk_norm=True, gdn_k_heads=2, gdn_v_heads=4,
-                                                 gdn_chunk_size=8, gdn_kernels="torch", **attention),
+                       attention=HYBRID(bias=False, qk_norm=True, gdn_k_heads=2, gdn_v_heads=4, gdn_chunk_size=8,
+                                        gdn_kernels="torch", **attention),
                        ffn=FFNConfig(type="swiglu", bias=False), layers=LayersConfig(pattern=list(pattern)),
                        tie_embeddings=False)
 
@@ -63,12 +65,13 @@ def test_attention_type_beside_a_pattern_and_a_pattern_outside_a_decoder_are_ref
 
 def test_options_of_every_patterned_type_are_read_and_others_refused():
     validate_model(hybrid())  # gdn_* and qk_norm: read by a type of the pattern
-    with pytest.raises(RecipeError, match="gdn_k_heads=2: only used by attention.type gated_deltanet; this "
-                                          "recipe's attention is mha"):
+    with pytest.raises(RecipeError, match=r"gdn_k_heads=2: not a key of attention.type mha \(its keys: type, bias, "
+                                          r"scale, dropout, qk_norm, qk_norm_over\); gdn_k_heads is read by "
+                                          "attention.type gated_deltanet"):
         archlab.load_recipe(ROOT / "recipes/llama/tiny.yaml", ["model.attention.gdn_k_heads=2"])
-    with pytest.raises(RecipeError, match="window=8: only used by attention.type sliding_window; this recipe's "
-                                          "attention is gated_deltanet, mha"):
-        validate_model(hybrid(window=8))
+    with pytest.raises(RecipeError, match=r"window=8: not a key of attention.type gated_deltanet, mha \(its keys: "
+                                          r".*\); window is read by attention.type sliding_window"):
+        archlab.load_recipe(ROOT / "recipes/hybrid/tiny.yaml", ["model.attention.window=8"])
 
 
 def test_generation_through_the_cache_equals_a_full_forward():
@@ -119,7 +122,7 @@ def test_logits_match_qwen3_next_with_linear_attention_layers_and_dense_mlps():
     randomise(theirs, 0)
     cfg = ModelConfig(vocab_size=61, max_seq_len=64, d_model=D, n_layers=L, n_heads=4,
                       norm=NormConfig(type="rmsnorm", eps=1e-6), position=PositionConfig(type="none"),
-                      attention=AttentionConfig(type="gated_deltanet", bias=False, gdn_k_heads=2, gdn_v_heads=4,
+                      attention=GatedDeltaNetConfig(bias=False, gdn_k_heads=2, gdn_v_heads=4,
                                                 gdn_k_head_dim=8, gdn_v_head_dim=6, gdn_kernels="torch"),
                       ffn=FFNConfig(type="swiglu", bias=False, hidden=F), tie_embeddings=False)
     mine = archlab.build_model(cfg).eval()

@@ -10,6 +10,7 @@ from archlab.config.validate import validate_model as recipe_validate_model
 from archlab.errors import RecipeError
 from archlab.model.build import build_model
 from archlab.model.validate import validate_model
+from archlab.nn.attention import SlidingWindowConfig
 from archlab.nn.positions import PositionConfig
 
 
@@ -28,11 +29,11 @@ def test_an_odd_head_dim_is_fine_without_rope():
     build_model(ModelConfig(vocab_size=64, max_seq_len=16, d_model=30, n_layers=1, n_heads=2), device="meta")
 
 
-def test_build_model_refuses_a_key_the_chosen_attention_does_not_read():
-    cfg = small()
-    cfg.attention.window = 8
-    with pytest.raises(RecipeError, match="model.attention.window=8: only used by attention.type sliding_window"):
-        build_model(cfg, device="meta")
+def test_a_model_config_refuses_a_key_the_chosen_attention_does_not_read():
+    """The type chooses the dataclass without the loader too: a sliding window's config under type mha."""
+    with pytest.raises(RecipeError, match=r"model.attention.window=8: not a key of attention.type mha \(its keys: "
+                                          r".*\); window is read by attention.type sliding_window"):
+        small(attention=SlidingWindowConfig(type="mha", window=8))
 
 
 def test_the_recipe_validator_runs_the_model_layers_rules():

@@ -8,15 +8,15 @@ import math
 import pytest
 import torch
 
-from archlab.config.schema import AttentionConfig, ModelConfig, NormConfig, PositionConfig
-from archlab.nn.attention import CausalSelfAttention, LayerKVCache
+from archlab.config.schema import ModelConfig, NormConfig, PositionConfig
+from archlab.nn.attention import CausalSelfAttention, LayerKVCache, MHAConfig
 from archlab.nn.positions import apply_rotary, build_positions
 
 
 def cfg(n_kv_heads=None, position="none", scale=None, qk_norm=False, bias=True, dropout=0.0) -> ModelConfig:
     return ModelConfig(d_model=32, n_heads=4, n_kv_heads=n_kv_heads, max_seq_len=64,
                        norm=NormConfig(type="rmsnorm"), position=PositionConfig(type=position),
-                       attention=AttentionConfig(bias=bias, scale=scale, qk_norm=qk_norm, dropout=dropout))
+                       attention=MHAConfig(bias=bias, scale=scale, qk_norm=qk_norm, dropout=dropout))
 
 
 def reference(attn: CausalSelfAttention, c: ModelConfig, x_BSD: torch.Tensor) -> torch.Tensor:

@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from archlab.config.schema import AttentionConfig, ModelConfig, NormConfig, PositionConfig
+from archlab.config.schema import ModelConfig, NormConfig, PositionConfig
 from archlab.errors import RecipeError
 from archlab.model.validate import validate_model
-from archlab.nn.attention import GatedDeltaNet, LayerStateCache
+from archlab.nn.attention import GatedDeltaNet, GatedDeltaNetConfig, LayerStateCache
 from archlab.nn.attention.gated_deltanet import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from archlab.nn.positions import PosContext
 
@@ -27,7 +27,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next as hf  # noqa: E4
 def gdn_config(hk=2, hv=4, dk=8, dv=6, kernel=4, chunk=8, d_model=24, bias=False, eps=1e-6) -> ModelConfig:
     return ModelConfig(vocab_size=50, max_seq_len=64, d_model=d_model, n_layers=1, n_heads=4,
                        norm=NormConfig(type="rmsnorm", eps=eps), position=PositionConfig(type="none"),
-                       attention=AttentionConfig(type="gated_deltanet", bias=bias, gdn_k_heads=hk, gdn_v_heads=hv,
+                       attention=GatedDeltaNetConfig(bias=bias, gdn_k_heads=hk, gdn_v_heads=hv,
                                                  gdn_k_head_dim=dk, gdn_v_head_dim=dv, gdn_conv_kernel=kernel,
                                                  gdn_chunk_size=chunk, gdn_kernels="torch"))
 

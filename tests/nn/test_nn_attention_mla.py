@@ -27,7 +27,7 @@ from archlab.config.schema import (
 from archlab.costs import activation_memory, forward_flops, kv_cache_bytes, training_flops_per_token
 from archlab.costs.measure import flops_by_component, measured_flops, saved_activation_bytes
 from archlab.errors import RecipeError
-from archlab.nn.attention import MultiHeadLatentAttention, attention_class
+from archlab.nn.attention import MLAConfig, MultiHeadLatentAttention, attention_class
 from archlab.nn.positions import apply_rotary, build_positions
 
 VOCAB = 61
@@ -39,7 +39,7 @@ def mla(q_lora=None, kv=16, rope=4, nope=6, v=10, scaling="none", bias=False, no
                 position=PositionConfig(type="rope", rope_scaling=RopeScalingConfig(
                     type=scaling, factor=1.0 if scaling == "none" else 4.0,
                     original_max_seq_len=16 if scaling == "yarn" else None)),
-                attention=AttentionConfig(type="mla", bias=bias, q_lora_rank=q_lora, kv_lora_rank=kv,
+                attention=MLAConfig(bias=bias, q_lora_rank=q_lora, kv_lora_rank=kv,
                                           qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=v),
                 ffn=FFNConfig(type="swiglu", bias=False, hidden=48))
     base.update(kw)
@@ -272,7 +272,8 @@ def test_compiles_without_graph_breaks():
     ("model.position.type=alibi", "model.position.type='alibi': mla carries positions in its decoupled RoPE key"),
     ("model.position.type=learned", "model.position.type='learned': mla .* use position.type=rope"),
     ("model.attention.qk_norm=true",  # mla normalises its latents, not per-head q and k
-     "model.attention.qk_norm=True: only used by attention.type mha, sliding_window; this recipe's attention is mla"),
+     r"model.attention.qk_norm=True: not a key of attention.type mla \(its keys: .*\); qk_norm is read by "
+     "attention.type mha, sliding_window"),
     ("model.n_kv_heads=2", "model.n_kv_heads=2: mla has no key/value head groups"),
     ("model.attention.dropout=1.0", "model.attention.dropout=1.0: must lie in"),
 ])

@@ -11,16 +11,16 @@ import pytest
 import torch
 
 import archlab
-from archlab.config.schema import AttentionConfig, ModelConfig, NormConfig, PositionConfig
+from archlab.config.schema import ModelConfig, NormConfig, PositionConfig
 from archlab.errors import RecipeError
-from archlab.nn.attention import CausalSelfAttention
+from archlab.nn.attention import CausalSelfAttention, MHAConfig
 from archlab.nn.positions import apply_rotary, build_positions
 
 
 def cfg(over: str, n_kv_heads=2, norm="rmsnorm", position="rope", n_heads=4) -> ModelConfig:
     return ModelConfig(d_model=32, n_heads=n_heads, n_kv_heads=n_kv_heads, max_seq_len=64,
                        norm=NormConfig(type=norm), position=PositionConfig(type=position),
-                       attention=AttentionConfig(bias=False, qk_norm=True, qk_norm_over=over))
+                       attention=MHAConfig(bias=False, qk_norm=True, qk_norm_over=over))
 
 
 def randomised(c: ModelConfig) -> CausalSelfAttention:
@@ -114,7 +114,8 @@ def test_num_params_counts_the_built_norms(over, norm):
     (["model.attention.qk_norm=true", "model.attention.qk_norm_over=heads"],
      r"model.attention.qk_norm_over='heads': must be one of head, projection"),
     (["model.attention.type=mla", "model.position.type=rope", "model.attention.qk_norm_over=projection"],
-     r"model.attention.qk_norm_over='projection': only used by attention.type mha, sliding_window"),
+     r"model.attention.qk_norm_over='projection': not a key of attention.type mla .*; qk_norm_over is read by "
+     "attention.type mha, sliding_window"),
 ])
 def test_a_qk_norm_over_that_does_nothing_or_is_unknown_is_refused(overrides, message):
     with pytest.raises(RecipeError, match=message):

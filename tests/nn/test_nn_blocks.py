@@ -63,10 +63,11 @@ def test_swiglu_is_gated():
 def test_ffn_param_count_and_bias_switch(kind, bias):
     cfg = _ffn_cfg(kind, 12, bias)
     ffn = build_ffn(cfg, hidden=40)
-    assert ffn_class(cfg).num_params(cfg, hidden=40) == sum(p.numel() for p in ffn.parameters())
+    assert ffn_class(cfg).num_params(cfg.ffn, d_model=12, hidden=40) == sum(p.numel() for p in ffn.parameters())
     expert = build_ffn(cfg, hidden=40, expert=True)  # an MoE expert: never a bias
     assert all(m.bias is None for m in expert.modules() if isinstance(m, torch.nn.Linear))
-    assert ffn_class(cfg).num_params(cfg, hidden=40, expert=True) == sum(p.numel() for p in expert.parameters())
+    n_expert = ffn_class(cfg).num_params(cfg.ffn, d_model=12, hidden=40, expert=True)
+    assert n_expert == sum(p.numel() for p in expert.parameters())
     assert all((m.bias is not None) == bias for m in ffn.modules() if isinstance(m, torch.nn.Linear))
 
 

@@ -48,7 +48,8 @@ def _table_names(key: str, config) -> set[str]:
     rows = [line for line in lines if line.startswith("|") and f"`{key}`" in line.split("|")[1]]
     assert len(rows) == 1, f"docs/components.md needs one component-table row for {key}"
     cell = rows[0].split("|")[2]
-    options = {f.name for c in (config, ModelConfig) for f in dataclasses.fields(c)}
+    variants = [config.variants.get(n).Config for n in config.variants.names()] if hasattr(config, "variants") else []
+    options = {f.name for c in (config, ModelConfig, *variants) for f in dataclasses.fields(c)}
     return {n for n in re.findall(r"`([a-z_0-9]+)`", cell) if n not in options}
 
 

@@ -11,9 +11,9 @@ import torch
 
 import archlab
 from archlab import RecipeError
-from archlab.config.schema import FFNConfig, ModelConfig
+from archlab.config.schema import ModelConfig
 from archlab.costs import activation_memory, param_counts, training_flops_per_token
-from archlab.nn.ffn import build_ffn, ffn_class
+from archlab.nn.ffn import GeluConfig, build_ffn, ffn_class
 from archlab.nn.heads import HeadTransform
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ def _tanh(h):
 
 
 def _cfg(approximate: str) -> ModelConfig:
-    return ModelConfig(d_model=8, n_heads=2, ffn=FFNConfig(type="gelu", approximate=approximate))
+    return ModelConfig(d_model=8, n_heads=2, ffn=GeluConfig(approximate=approximate))
 
 
 @pytest.mark.parametrize("approximate,formula", [("none", _exact), ("tanh", _tanh)])
@@ -42,10 +42,10 @@ def test_gelu_mlp_computes_the_form_it_is_given(approximate, formula):
 
 
 def test_the_two_forms_differ_and_tanh_stays_the_default():
-    assert FFNConfig().approximate == "tanh"
+    assert GeluConfig().approximate == "tanh"
     h = torch.linspace(-4, 4, 101, dtype=torch.float64)
     assert float((_exact(h) - _tanh(h)).abs().max()) > 1e-4  # the test above tells them apart
-    torch.testing.assert_close(ffn_class(_cfg("tanh")).activation(_cfg("tanh"))(h), _tanh(h))
+    torch.testing.assert_close(ffn_class(_cfg("tanh")).activation(_cfg("tanh").ffn)(h), _tanh(h))
 
 
 def test_head_transform_and_moe_experts_apply_the_exact_form():
@@ -73,9 +73,10 @@ def test_costs_do_not_depend_on_the_form():
 @pytest.mark.parametrize("overrides,message", [
     (["model.ffn.approximate=erf"], "model.ffn.approximate='erf': must be one of tanh, none"),
     (["model.ffn.type=relu", "model.ffn.approximate=none"],
-     "model.ffn.approximate='none': only used by ffn.type gelu; this recipe's ffn is relu"),
-    (["model.ffn.approximate=none"], "model.ffn.approximate='none': only used by ffn.type gelu; "
-                                     "this recipe's ffn is swiglu"),
+     r"model.ffn.approximate='none': not a key of ffn.type relu \(its keys: type, hidden, bias, dropout\); "
+     "approximate is read by ffn.type gelu"),
+    (["model.ffn.approximate=none"], r"model.ffn.approximate='none': not a key of ffn.type swiglu \(its keys: .*\); "
+                                     "approximate is read by ffn.type gelu"),
 ])
 def test_the_key_is_refused_where_it_does_nothing_or_names_no_form(overrides, message):
     recipe = ROOT / ("recipes/bert/tiny.yaml" if "model.ffn.type=relu" in overrides or "erf" in overrides[0]

@@ -22,7 +22,7 @@ from typing import Optional
 from torch import Tensor
 
 from archlab.config.schema import ModelConfig
-from archlab.hf.adapter import ADAPTERS, HFAdapter, refuse
+from archlab.hf.adapter import ADAPTERS, HFAdapter, component_reasons, refuse
 from archlab.hf.adapters.llama import llama_node
 from archlab.hf.adapters.mixtral import (
     MOE_EXPRESSES,
@@ -42,6 +42,8 @@ class OlmoeAdapter(HFAdapter):
 
     def matches(self, cfg: ModelConfig) -> Optional[str]:
         a = cfg.attention
+        if a.type != "mha":  # the q/k norm keys are mha's
+            return component_reasons(cfg, self.expresses)
         if not a.qk_norm:
             return "attention.qk_norm=false: OLMoE always normalises q and k"
         if a.qk_norm_over != "projection":

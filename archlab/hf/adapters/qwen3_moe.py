@@ -8,7 +8,7 @@ from typing import Optional
 from torch import Tensor
 
 from archlab.config.schema import ModelConfig
-from archlab.hf.adapter import ADAPTERS, HFAdapter, refuse
+from archlab.hf.adapter import ADAPTERS, HFAdapter, component_reasons, refuse
 from archlab.hf.adapters.llama import llama_node
 from archlab.hf.adapters.mixtral import (
     MOE_EXPRESSES,
@@ -27,6 +27,8 @@ class Qwen3MoeAdapter(HFAdapter):
     expresses = MOE_EXPRESSES
 
     def matches(self, cfg: ModelConfig) -> Optional[str]:
+        if cfg.attention.type != "mha":  # the q/k norm keys are mha's
+            return component_reasons(cfg, self.expresses)
         if not cfg.attention.qk_norm:
             return "attention.qk_norm=false: Qwen3 always normalises q and k per head"
         if cfg.attention.qk_norm_over != "head":

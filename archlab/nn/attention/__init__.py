@@ -5,16 +5,15 @@
 - ``mla``: DeepSeek's multi-head latent attention (``mla.py``)
 - ``gated_deltanet``: Gated DeltaNet, linear attention with a fixed-size state (``gated_deltanet.py``)
 
-The protocol every variant follows is in ``base.py``. A new variant is a module here, its import
-below (which registers it) and its options dataclass added to ``AttentionConfig``.
+The protocol every variant follows is in ``base.py``. A new variant is a module here with its class and
+its ``Config`` (a subclass of ``AttentionConfig``, chosen by ``attention.type``), and its import below,
+which registers it.
 """
-
-from dataclasses import dataclass
 
 from archlab.nn.attention.base import (
     ATTENTIONS,
     Attention,
-    AttentionOptions,
+    AttentionConfig,
     KVCache,
     LayerKVCache,
     attention_class,
@@ -24,19 +23,14 @@ from archlab.nn.attention.base import (
     layer_type,
     validate_pattern,
 )
-from archlab.nn.attention.gated_deltanet import GatedDeltaNet, GatedDeltaNetOptions, LayerStateCache
-from archlab.nn.attention.mha import CausalSelfAttention
-from archlab.nn.attention.mla import MLAOptions, MultiHeadLatentAttention  # noqa: F401  (registers mla)
-from archlab.nn.attention.sliding import SlidingWindowAttention, SlidingWindowOptions
-
-
-@dataclass
-class AttentionConfig(GatedDeltaNetOptions, MLAOptions, SlidingWindowOptions, AttentionOptions):
-    """``model.attention``: the options every variant reads, then each variant's own."""
-
+from archlab.nn.attention.gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig, LayerStateCache
+from archlab.nn.attention.mha import CausalSelfAttention, MHAConfig
+from archlab.nn.attention.mla import MLAConfig, MultiHeadLatentAttention
+from archlab.nn.attention.sliding import SlidingWindowAttention, SlidingWindowConfig
 
 __all__ = [
-    "ATTENTIONS", "Attention", "AttentionConfig", "AttentionOptions", "CausalSelfAttention", "GatedDeltaNet", "KVCache",
-    "LayerKVCache", "LayerStateCache", "SlidingWindowAttention", "attention_class", "attention_classes",
-    "build_attention", "layer_pattern", "layer_type", "validate_pattern",
+    "ATTENTIONS", "Attention", "AttentionConfig", "CausalSelfAttention", "GatedDeltaNet", "GatedDeltaNetConfig",
+    "KVCache", "LayerKVCache", "LayerStateCache", "MHAConfig", "MLAConfig", "MultiHeadLatentAttention",
+    "SlidingWindowAttention", "SlidingWindowConfig", "attention_class", "attention_classes", "build_attention",
+    "layer_pattern", "layer_type", "validate_pattern",
 ]

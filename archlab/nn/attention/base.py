@@ -4,8 +4,9 @@ Shape legend: B batch, S query length, T key length (cache + S), D model dim, H 
 G key/value heads, Dh head dim.
 
 A variant is one class in one module of this package, registered in ``ATTENTIONS``; its
-options are a dataclass in the same module, composed into ``AttentionConfig`` by the package
-``__init__``. ``model.layers.pattern`` may give layers different variants (a hybrid: :func:`layer_type`).
+config (``Config``) is a dataclass in the same module subclassing :class:`AttentionConfig`, and
+``attention.type`` chooses it (a layer pattern: one dataclass with the keys of each of its variants).
+``model.layers.pattern`` may give layers different variants (a hybrid: :func:`layer_type`).
 Besides ``forward(x_BSD, ctx, cache)`` it states (site arguments: ``layer``, since a recipe may give layers
 different windows or variants, and ``causal``, whether a query sees only the keys at or
 before its position (a decoder) or every key (an encoder); the model type decides, the variant says
@@ -14,7 +15,7 @@ whether it can):
 - ``supports_bidirectional``: whether it runs without the causal mask (``causal=False``); a variant
   that cannot is refused for an encoder (``archlab.model.encoder``);
 - ``validate(m, prefix)``: its rules on the ``model`` node;
-- ``options``: the keys of ``model.attention`` it reads (``archlab.nn.component``);
+- ``Config`` and ``options``: its dataclass and the keys of ``model.attention`` it reads (``archlab.nn.component``);
 - ``rotary_dim(cfg)``: the channels RoPE rotates per head;
 - ``num_params(cfg, layer=)``; ``forward_flops(cfg, seq_len, layer=)``: matmul FLOPs per token as
   ``{"qkv_proj", "out_proj", "attn_scores", "attn_values"}`` (``archlab.costs.flops``: input
@@ -37,7 +38,7 @@ from torch import Tensor, nn
 
 from archlab.errors import fail
 from archlab.nn.attention.capture import Capturable
-from archlab.nn.component import ActShape
+from archlab.nn.component import ActShape, option_names
 from archlab.registry import Registry
 
 if TYPE_CHECKING:
@@ -47,19 +48,20 @@ ATTENTIONS: Registry = Registry("attention")
 
 
 @dataclass
-class AttentionOptions:
-    """Options every attention variant reads."""
+class AttentionConfig:
+    """``model.attention``: the keys every variant reads; a variant's own keys are in its ``Config``."""
 
+    variants: ClassVar[Registry] = ATTENTIONS  # attention.type chooses the dataclass
     # mha: MHA / GQA / MQA by n_kv_heads; sliding_window: Mistral, Gemma's local/global layers; mla: DeepSeek;
     # gated_deltanet: linear attention with a fixed-size state (hybrids with mha: model.layers.pattern)
     type: str = "mha"  # mha | sliding_window | mla | gated_deltanet
-    bias: bool = True  # bias on the Q/K/V/O projections (GPT-2 yes, LLaMA no)
-    dropout: float = 0.0  # on attention probabilities (training only)
-    qk_norm: bool = False  # normalise q and k before RoPE (Qwen3, OLMo-2, OLMoE); over what: qk_norm_over
-    # head: each head, Dh-wide gains (Qwen3) | projection: all of q (H*Dh) and all of k (G*Dh) before the heads
-    # are split (OLMo-2, OLMoE)
-    qk_norm_over: str = "head"
+    bias: bool = True  # bias on the input and output projections (GPT-2 yes, LLaMA no)
     scale: Optional[float] = None  # score scale; None = 1/sqrt(q/k head dim) (muP: archlab.nn.mup). Ablation switch
+
+    @staticmethod
+    def chosen(model) -> list[str]:
+        """The variants a model node's layers choose besides ``type``: a layer pattern's ([] = none)."""
+        return list(dict.fromkeys(layer_pattern(model)))
 
 
 class LayerKVCache:
@@ -107,7 +109,8 @@ class KVCache:
 class Attention(Capturable, nn.Module):
     """Base of every variant; see the module docstring for the protocol."""
 
-    options: ClassVar[frozenset[str]] = frozenset({"bias", "dropout", "scale"})  # every variant reads these
+    Config: ClassVar[type[AttentionConfig]] = AttentionConfig
+    options: ClassVar[frozenset[str]] = option_names(AttentionConfig)  # every variant reads these
     supports_bidirectional: ClassVar[bool] = False  # runs with causal=False (an encoder's attention)
     bidirectional_unsupported: ClassVar[str] = "this attention variant has only a causal form"
 
@@ -127,7 +130,7 @@ class Attention(Capturable, nn.Module):
     @classmethod
     def validate(cls, m, prefix: str = "model") -> None:
         a = m.attention
-        if not 0.0 <= a.dropout < 1.0:
+        if not 0.0 <= getattr(a, "dropout", 0.0) < 1.0:
             fail(f"{prefix}.attention.dropout", a.dropout, "must lie in [0, 1)")
         if a.scale is not None and a.scale <= 0:
             fail(f"{prefix}.attention.scale", a.scale, "must be positive (or null for 1/sqrt(head dim))")
@@ -194,7 +197,7 @@ def validate_pattern(m, prefix: str = "model") -> None:
     if m.n_layers % len(pattern):
         fail(f"{prefix}.n_layers", m.n_layers, f"must be a multiple of the layer pattern's length ({len(pattern)}): "
              "layer i uses pattern[i % len(pattern)]")
-    if m.attention.type != AttentionOptions.type:
+    if m.attention.type != AttentionConfig.type:
         fail(f"{prefix}.attention.type", m.attention.type,
              "model.layers.pattern places the mixers by layer: name this type in the pattern instead")
 

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from archlab.errors import fail
-from archlab.nn.attention.base import ATTENTIONS, Attention, attention_classes
+from archlab.nn.attention.base import ATTENTIONS, Attention, AttentionConfig, attention_classes
 from archlab.nn.component import STATS_BYTES, ActShape, option_names
 from archlab.nn.positions import PosContext, position_class
 
@@ -44,7 +44,10 @@ KERNELS = ("auto", "torch", "fla")
 
 
 @dataclass
-class GatedDeltaNetOptions:
+class GatedDeltaNetConfig(AttentionConfig):
+    """``attention.type: gated_deltanet`` (no dropout: no attention probabilities)."""
+
+    type: str = "gated_deltanet"
     gdn_k_heads: Optional[int] = None  # gated_deltanet: query/key heads; null = n_heads (Qwen3-Next-80B: 16)
     gdn_v_heads: Optional[int] = None  # gated_deltanet: value heads, a multiple of gdn_k_heads; null = gdn_k_heads
     gdn_k_head_dim: Optional[int] = None  # gated_deltanet: query/key head dim; null = d_model // n_heads (80B: 128)
@@ -163,7 +166,8 @@ class GatedDeltaNet(Attention):
     """Gated DeltaNet: in projection (q, k, v, z, beta, alpha) -> causal conv + SiLU on q, k, v -> gated delta
     rule -> gated RMSNorm -> out projection. No positional encoding: order comes from the conv and the decay."""
 
-    options = frozenset({"bias", "scale"}) | option_names(GatedDeltaNetOptions)
+    Config = GatedDeltaNetConfig
+    options = option_names(GatedDeltaNetConfig)
 
     def __init__(self, cfg: "ModelConfig", *, layer: int, causal: bool = True):
         super().__init__(cfg, layer=layer, causal=causal)

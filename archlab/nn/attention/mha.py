@@ -8,6 +8,7 @@ H query heads, G key/value heads (H % G == 0), Dh head dim, N = B*S tokens.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import torch
@@ -15,9 +16,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from archlab.errors import fail
-from archlab.nn.attention.base import ATTENTIONS, Attention, LayerKVCache
+from archlab.nn.attention.base import ATTENTIONS, Attention, AttentionConfig, LayerKVCache
 from archlab.nn.attention.capture import causal_allowed
-from archlab.nn.component import STATS_BYTES, ActShape
+from archlab.nn.component import STATS_BYTES, ActShape, option_names
 from archlab.nn.mup import attention_scale
 from archlab.nn.norms import build_norm, norm_class, norm_params
 from archlab.nn.positions import PosContext, apply_rotary, position_class
@@ -32,6 +33,17 @@ def uses_math_sdpa(s: ActShape) -> bool:
 
 
 QK_NORM_OVER = ("head", "projection")
+
+
+@dataclass
+class MHAConfig(AttentionConfig):
+    """``attention.type: mha``."""
+
+    dropout: float = 0.0  # on attention probabilities (training only)
+    qk_norm: bool = False  # normalise q and k before RoPE (Qwen3, OLMo-2, OLMoE); over what: qk_norm_over
+    # head: each head, Dh-wide gains (Qwen3) | projection: all of q (H*Dh) and all of k (G*Dh) before the heads
+    # are split (OLMo-2, OLMoE)
+    qk_norm_over: str = "head"
 
 
 def qk_norm_dims(cfg: "ModelConfig") -> tuple[int, int]:
@@ -63,7 +75,8 @@ class CausalSelfAttention(Attention):
     an additive float mask when ALiBi or a partly filled KV cache needs one.
     """
 
-    options = Attention.options | {"qk_norm", "qk_norm_over"}
+    Config = MHAConfig
+    options = option_names(MHAConfig)
     supports_bidirectional = True
 
     def __init__(self, cfg: "ModelConfig", *, layer: int, causal: bool = True):

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from archlab.errors import fail
-from archlab.nn.attention.base import ATTENTIONS, Attention, LayerKVCache
+from archlab.nn.attention.base import ATTENTIONS, Attention, AttentionConfig, LayerKVCache
 from archlab.nn.attention.capture import causal_allowed
 from archlab.nn.attention.mha import CausalSelfAttention
 from archlab.nn.component import STATS_BYTES, ActShape, option_names
@@ -56,7 +56,11 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class MLAOptions:
+class MLAConfig(AttentionConfig):
+    """``attention.type: mla``."""
+
+    type: str = "mla"
+    dropout: float = 0.0  # on attention probabilities (training only); no qk_norm: the latents are normalised
     # mla: rank Q of the query compression (DeepSeek-V3: 1536); null = a full-rank query projection (V2-Lite)
     q_lora_rank: Optional[int] = None
     kv_lora_rank: int = 512  # mla: width C of the joint key/value latent, what the KV cache keeps (V3: 512)
@@ -129,7 +133,8 @@ class MultiHeadLatentAttention(Attention):
     """Attention whose keys and values come from a compressed latent per token (see the module
     docstring); the KV cache keeps only that latent and the shared RoPE key."""
 
-    options = Attention.options | option_names(MLAOptions)  # not qk_norm: the latents are normalised instead
+    Config = MLAConfig
+    options = option_names(MLAConfig)
 
     bidirectional_unsupported = ("its absorbed decoding path and its DeepSeek-V3 export are causal; latent "
                                  "attention without the causal mask is not implemented: use mha")

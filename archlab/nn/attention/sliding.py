@@ -36,7 +36,7 @@ from torch import Tensor
 from archlab.errors import fail
 from archlab.nn.attention.base import ATTENTIONS, LayerKVCache
 from archlab.nn.attention.capture import causal_allowed
-from archlab.nn.attention.mha import CausalSelfAttention, qk_norm_saved
+from archlab.nn.attention.mha import CausalSelfAttention, MHAConfig, qk_norm_saved
 from archlab.nn.component import STATS_BYTES, ActShape, option_names
 from archlab.nn.positions import PosContext, position_class
 
@@ -45,7 +45,10 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class SlidingWindowOptions:
+class SlidingWindowConfig(MHAConfig):
+    """``attention.type: sliding_window``: MHA's keys and the window's."""
+
+    type: str = "sliding_window"
     window: Optional[int] = None  # sliding_window: positions a query sees, itself included (Mistral: 4096)
     global_every: int = 0  # sliding_window: 0 = every layer local; n = every n-th layer full (Gemma 2: 2, Gemma 3: 6)
 
@@ -60,7 +63,8 @@ def layer_window(cfg, layer: int) -> Optional[int]:
 class SlidingWindowAttention(CausalSelfAttention):
     """Grouped-query attention (same projections as ``mha``) restricted to a window."""
 
-    options = CausalSelfAttention.options | option_names(SlidingWindowOptions)
+    Config = SlidingWindowConfig
+    options = option_names(SlidingWindowConfig)
     supports_bidirectional = False
     bidirectional_unsupported = ("the window looks back only (0 <= i - j < W); a two-sided window is not "
                                  "implemented: use mha")

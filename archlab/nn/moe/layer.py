@@ -60,7 +60,7 @@ class MoELayer(nn.Module):
         self.moe = m
         self.router: Router = build_router(cfg)
         self.experts = GroupedExperts(cfg.ffn.type, m.num_experts, cfg.d_model, m.expert_hidden,
-                                      act=ffn_class(cfg).activation(cfg))
+                                      act=ffn_class(cfg).activation(cfg.ffn))
         shared = _shared_hidden(cfg)
         self.shared = build_ffn(cfg, hidden=shared, expert=True) if shared else None
         self.balance_terms: list[BalanceTerm] = build_terms(cfg)
@@ -98,8 +98,9 @@ class MoELayer(nn.Module):
         m = cfg.moe
         ffn = ffn_class(cfg)
         shared_hidden = m.shared_hidden if m.shared_hidden is not None else m.expert_hidden
-        experts = router_class(cfg).experts_per_token(cfg) * ffn.forward_flops(cfg, hidden=m.expert_hidden)
-        experts += m.n_shared_experts * ffn.forward_flops(cfg, hidden=shared_hidden)
+        experts = router_class(cfg).experts_per_token(cfg) * ffn.forward_flops(d_model=cfg.d_model,
+                                                                                hidden=m.expert_hidden)
+        experts += m.n_shared_experts * ffn.forward_flops(d_model=cfg.d_model, hidden=shared_hidden)
         return experts, 2.0 * cfg.d_model * m.num_experts
 
     @torch.no_grad()
@@ -144,4 +145,4 @@ def _shared_hidden(cfg: ModelConfig) -> int:
 
 def _shared_params(cfg: ModelConfig) -> int:
     h = _shared_hidden(cfg)
-    return ffn_class(cfg).num_params(cfg, hidden=h, expert=True) if h else 0
+    return ffn_class(cfg).num_params(cfg.ffn, d_model=cfg.d_model, hidden=h, expert=True) if h else 0
