@@ -3,9 +3,9 @@
 Training: every run of the record (tuning, seeded, compute curve, fine-tuning and its tuning), its wall seconds
 (its sweep manifest's ``elapsed_s``, else the run folder's own) times the torch threads each trainer ran with
 (``--threads``, kept in the record as ``threads``). Measurements: the process CPU time (user + system) each cached
-result took where it was computed (``analysis.measurements.base.cached`` stores it), so a report regenerated from
-the caches counts the same hours. A comparison is resolved when its verdict is better, worse or equivalent within
-the margin (``analysis.verdicts``), not unresolved.
+result took where it was computed (``analysis.measurements.base.cached`` stores it; a probe's result carries its
+own), so a report regenerated from the caches counts the same hours. A comparison is resolved when its verdict is
+better, worse or equivalent within the margin (``analysis.verdicts``), not unresolved.
 """
 
 from __future__ import annotations
@@ -63,8 +63,11 @@ def measurements(record: dict) -> dict:
         if not (isinstance(stored, dict) and "settings" in stored and "result" in stored):
             continue  # not a cached result
         results += 1
-        if isinstance(stored.get("cpu_s"), (int, float)):
-            seconds += float(stored["cpu_s"])
+        result = stored["result"]
+        own = result.get("cpu_s") if isinstance(result, dict) else None  # a probe's result carries its own
+        spent = stored.get("cpu_s", own)
+        if isinstance(spent, (int, float)):
+            seconds += float(spent)
         else:
             untimed += 1
     return {"cpu_s": seconds, "results": results, "untimed": untimed}

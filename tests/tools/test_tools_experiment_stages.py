@@ -121,19 +121,20 @@ def test_cpu_hours_count_every_runs_wall_time_x_threads_and_the_measurements_cpu
     stored = json.loads((meas / "x" / "one.json").read_text())
     assert stored["cpu_s"] >= 0.05 and stored["wall_s"] >= 0.05  # the computation's own cost, beside its result
     (meas / "old.json").write_text(json.dumps({"settings": {}, "result": 1}))  # cached before times were kept
+    (meas / "probe.json").write_text(json.dumps({"settings": {}, "result": {"cpu_s": 36.0}}))  # the probe's own
     comparison = {"arms": {"b": {"verdict": {"class": "better"}}, "c": {"verdict": {"class": "unresolved"}},
                            "d": {"verdict": {"class": "equivalent within the margin"}}, "a": {}}}
     c = cpu_hours.cpu_hours(record, comparison)
     train_h = 2 * (3600 + 1800 + 900 + 450) / 3600
     assert c["training"] == pytest.approx(train_h) and c["training_runs"] == 5 and c["untimed_runs"] == 1
-    assert c["measurements"] == pytest.approx(stored["cpu_s"] / 3600)
-    assert (c["measurement_results"], c["untimed_results"]) == (2, 1)
+    assert c["measurements"] == pytest.approx((stored["cpu_s"] + 36.0) / 3600)
+    assert (c["measurement_results"], c["untimed_results"]) == (3, 1)
     assert (c["resolved"], c["comparisons"]) == (2, 3)
-    assert c["per_resolved"] == pytest.approx((train_h + stored["cpu_s"] / 3600) / 2)
+    assert c["per_resolved"] == pytest.approx((train_h + (stored["cpu_s"] + 36.0) / 3600) / 2)
     text = cpu_hours.text(c)
     assert f"CPU cost: {c['total']:.2f} CPU-hours" in text and "x 2 threads per run" in text
     assert "2 of 3 comparisons resolved" in text and f"{c['per_resolved']:.2f} CPU-hours per resolved" in text
-    assert "1 run without a recorded time" in text and "1 of 2 results cached before" in text
+    assert "1 run without a recorded time" in text and "1 of 3 results cached before" in text
 
 
 def test_cpu_hours_say_when_nothing_is_resolved_and_when_threads_were_not_recorded(tmp_path):
