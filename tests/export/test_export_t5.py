@@ -11,10 +11,11 @@ import pytest
 import torch
 
 import archlab
-from archlab.config.schema import AttentionConfig, FFNConfig, ModelConfig, NormConfig, PositionConfig
+from archlab.config.schema import FFNConfig, ModelConfig, NormConfig, PositionConfig
 from archlab.hf import export_hf, find_adapter, to_hf_model
 from archlab.model import generate_seq2seq
 from archlab.nn.attention import MHAConfig
+from archlab.nn.ffn import SwiGLUConfig
 
 V = 101
 
@@ -111,9 +112,9 @@ def _variant(**changes) -> ModelConfig:
     (_variant(norm=NormConfig(type="rmsnorm", placement="post")), "norm.placement=post: T5 is pre-LN"),
     (_variant(norm=NormConfig(type="layernorm", placement="pre")), "norm.type=layernorm: LayerNorm with a mean"),
     (_variant(tie_embeddings=False), "tie_embeddings=false: transformers' T5 always ties"),
-    (_variant(attention=AttentionConfig(bias=True)), "attention.bias / ffn.bias: T5's projections have no biases"),
+    (_variant(attention=MHAConfig(bias=True)), "attention.bias / ffn.bias: T5's projections have no biases"),
     (_variant(position=PositionConfig(type="rope")), "position.type=rope: RoPE: GPT-2 and BERT"),
-    (_variant(ffn=FFNConfig(type="swiglu", bias=False)), "ffn.type=swiglu: SwiGLU"),
+    (_variant(ffn=SwiGLUConfig(bias=False)), "ffn.type=swiglu: SwiGLU"),
 ])
 def test_what_t5_cannot_express_is_refused_with_the_reason(cfg, reason):
     with pytest.raises(ValueError) as err:
