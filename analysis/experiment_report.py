@@ -153,8 +153,9 @@ def plot_losses(ctx: Context, path: Path, cell: str = "") -> Optional[Path]:
         else:
             ax.axvline(h, color="0.5", ls="--", lw=1, label="unigram entropy (no learning)")
     ax.set_yticks(range(len(groups)), list(reversed(labels)))
-    n = max(len(g.runs) for g in groups)
-    style_axes(ax, f"Final validation loss ({n} seed{'s' if n > 1 else ''} per arm{title_note})",
+    counts = sorted({len(g.runs) for g in groups})  # sequential seeds: arms may stop at different looks
+    n = "-".join(str(c) for c in (counts[0], counts[-1]) if c) if len(counts) > 1 else str(counts[0])
+    style_axes(ax, f"Final validation loss ({n} seed{'s' if n != '1' else ''} per arm{title_note})",
                "nats/token (lower is better)", "", legend=False, grid="x")
     handles, names = ax.get_legend_handles_labels()
     if diffs:
