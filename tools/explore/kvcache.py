@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from archlab.nn.attention import attention_class, layer_type
+from archlab.nn.attention.mha import MHAConfig
+from archlab.nn.attention.mla import MLAConfig
+from archlab.nn.attention.sliding import SlidingWindowConfig
 
 DTYPE_BYTES = 4  # the explorer runs the model in fp32
 SLIDING_WINDOW = 64  # window of the sliding-window row when the run has none
@@ -21,17 +24,18 @@ def _variants(cfg) -> list[tuple[str, str, object]]:
     """(name, what it keeps per position, config) of each variant at the run's width."""
     H, Dh, a = cfg.n_heads, cfg.d_head, cfg.attention
     gqa = cfg.kv_heads if 1 < cfg.kv_heads < H else max(1, H // 4 if H % 4 == 0 else H // 2)
-    mla = a if a.type == "mla" else replace(a, type="mla", kv_lora_rank=4 * Dh, qk_rope_head_dim=max(2, Dh // 2),
-                                                           qk_nope_head_dim=Dh, v_head_dim=Dh)
+    # each variant its own config (type chooses the dataclass), with the run's bias
+    mla = a if a.type == "mla" else MLAConfig(bias=a.bias, kv_lora_rank=4 * Dh, qk_rope_head_dim=max(2, Dh // 2),
+                                              qk_nope_head_dim=Dh, v_head_dim=Dh)
     window = a.window if a.type == "sliding_window" and a.window else SLIDING_WINDOW
-    out = [("MHA", f"K and V of {H} heads x {Dh}", replace(cfg, n_kv_heads=None, attention=replace(a, type="mha"))),
-           ("GQA", f"K and V of {gqa} shared heads x {Dh}",
-            replace(cfg, n_kv_heads=gqa, attention=replace(a, type="mha"))),
-           ("MQA", f"K and V of 1 shared head x {Dh}", replace(cfg, n_kv_heads=1, attention=replace(a, type="mha"))),
+    mha = MHAConfig(bias=a.bias)
+    out = [("MHA", f"K and V of {H} heads x {Dh}", replace(cfg, n_kv_heads=None, attention=mha)),
+           ("GQA", f"K and V of {gqa} shared heads x {Dh}", replace(cfg, n_kv_heads=gqa, attention=mha)),
+           ("MQA", f"K and V of 1 shared head x {Dh}", replace(cfg, n_kv_heads=1, attention=mha)),
            ("MLA", f"latent c ({mla.kv_lora_rank}) + shared RoPE key ({mla.qk_rope_head_dim})",
             replace(cfg, n_kv_heads=None, attention=mla)),
            ("sliding window", f"K and V of {cfg.kv_heads} heads x {Dh}, last {window - 1} positions",
-            replace(cfg, attention=replace(a, type="sliding_window", window=window, global_every=0)))]
+            replace(cfg, attention=SlidingWindowConfig(bias=a.bias, window=window, global_every=0)))]
     return out
 
 
