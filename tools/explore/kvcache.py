@@ -23,19 +23,21 @@ SLIDING_WINDOW = 64  # window of the sliding-window row when the run has none
 def _variants(cfg) -> list[tuple[str, str, object]]:
     """(name, what it keeps per position, config) of each variant at the run's width."""
     H, Dh, a = cfg.n_heads, cfg.d_head, cfg.attention
+    # a hybrid's rows: each variant in every layer (no pattern), set with the variant's own config
+    plain = replace(cfg.layers, pattern=None) if getattr(cfg.layers, "pattern", None) else cfg.layers
     gqa = cfg.kv_heads if 1 < cfg.kv_heads < H else max(1, H // 4 if H % 4 == 0 else H // 2)
     # each variant its own config (type chooses the dataclass), with the run's bias
     mla = a if a.type == "mla" else MLAConfig(bias=a.bias, kv_lora_rank=4 * Dh, qk_rope_head_dim=max(2, Dh // 2),
                                               qk_nope_head_dim=Dh, v_head_dim=Dh)
     window = a.window if a.type == "sliding_window" and a.window else SLIDING_WINDOW
     mha = MHAConfig(bias=a.bias)
-    out = [("MHA", f"K and V of {H} heads x {Dh}", replace(cfg, n_kv_heads=None, attention=mha)),
-           ("GQA", f"K and V of {gqa} shared heads x {Dh}", replace(cfg, n_kv_heads=gqa, attention=mha)),
-           ("MQA", f"K and V of 1 shared head x {Dh}", replace(cfg, n_kv_heads=1, attention=mha)),
+    out = [("MHA", f"K and V of {H} heads x {Dh}", replace(cfg, n_kv_heads=None, attention=mha, layers=plain)),
+           ("GQA", f"K and V of {gqa} shared heads x {Dh}", replace(cfg, n_kv_heads=gqa, attention=mha, layers=plain)),
+           ("MQA", f"K and V of 1 shared head x {Dh}", replace(cfg, n_kv_heads=1, attention=mha, layers=plain)),
            ("MLA", f"latent c ({mla.kv_lora_rank}) + shared RoPE key ({mla.qk_rope_head_dim})",
-            replace(cfg, n_kv_heads=None, attention=mla)),
+            replace(cfg, n_kv_heads=None, attention=mla, layers=plain)),
            ("sliding window", f"K and V of {cfg.kv_heads} heads x {Dh}, last {window - 1} positions",
-            replace(cfg, attention=SlidingWindowConfig(bias=a.bias, window=window, global_every=0)))]
+            replace(cfg, attention=SlidingWindowConfig(bias=a.bias, window=window, global_every=0), layers=plain))]
     return out
 
 
