@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import difflib
 import typing
-from dataclasses import fields, is_dataclass
+from dataclasses import fields
 from typing import Iterator
 
 from archlab.config.options import CHOICES
 from archlab.config.schema import ModelConfig, Recipe
-from archlab.config.variants import variant_nodes
+from archlab.config.variants import dataclass_of, variant_nodes
 from archlab.nn.component import kind_base
 
 __all__ = ["GROUPS", "choices", "key_groups", "nearest_keys", "schema_keys"]
@@ -36,16 +36,6 @@ GROUPS: dict[str, str] = {
 }
 
 
-def _dataclass_of(tp) -> type | None:
-    """The dataclass a field holds (``Optional[MoEConfig]`` -> ``MoEConfig``), else None."""
-    if is_dataclass(tp):
-        return tp
-    for arg in typing.get_args(tp):
-        if is_dataclass(arg):
-            return arg
-    return None
-
-
 def _fields(cls) -> list:
     """The fields of ``cls``; of a component node whose ``type`` chooses the dataclass, those of every variant."""
     base = kind_base(cls)
@@ -62,7 +52,7 @@ def _walk(cls, prefix: str) -> Iterator[tuple[str, str]]:
     hints = typing.get_type_hints(cls)
     for f in _fields(cls):
         key = f"{prefix}.{f.name}" if prefix else f.name
-        sub = _dataclass_of(hints.get(f.name) or f.type)
+        sub = dataclass_of(hints.get(f.name) or f.type)
         if sub is not None:
             yield from _walk(sub, key)
         else:

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from archlab.nn.component import field_default, foreign_key, kind_base, readers, variant_class
 
 
-def _dataclass_of(tp) -> type | None:
+def dataclass_of(tp) -> type | None:
     """The dataclass a field holds (``Optional[MoEConfig]`` -> ``MoEConfig``), else None."""
     if is_dataclass(tp):
         return tp
@@ -33,7 +33,7 @@ def variant_nodes(cls: type, path: str = "") -> Iterator[tuple[str, type]]:
     """(dotted path under ``cls``, kind base) of every node whose dataclass a ``type:`` key chooses."""
     hints = typing.get_type_hints(cls)
     for f in fields(cls):
-        sub = _dataclass_of(hints[f.name])
+        sub = dataclass_of(hints[f.name])
         if sub is None:
             continue
         key = f"{path}.{f.name}" if path else f.name
