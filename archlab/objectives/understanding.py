@@ -14,6 +14,8 @@ resample documents).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, ClassVar, Iterator, Optional
 
 import numpy as np
@@ -93,7 +95,7 @@ class UnderstandingObjective(Objective):
         texts = read_split_documents(corpus, int(d.seed), float(d.val_fraction), d.max_bytes)
         tokenizer, path = task_tokenizer(cfg, texts["train"])
         data = task_data(self.task_facts(), texts, tokenizer, int(t.seq_len), int(d.seed), corpus.description,
-                         tokenizer_path=path)
+                         tokenizer_path=path, cache_dir=Path(os.path.expanduser(str(d.cache_dir))) / "tasks")
         for split, items in data.examples.items():
             if len(items) == 0:
                 fail("data.source", d.source, f"the {self.task} task found no item in the {split} split: the corpus "

@@ -83,3 +83,27 @@ def test_the_registry_names_its_tasks_and_refuses_others():
     assert TASKS.names() == ["bound", "span_qa", "tag"]
     with pytest.raises(KeyError, match="valid: bound, span_qa, tag"):
         TASKS.get("ner")
+
+
+@pytest.mark.parametrize("name", ["tag", "span_qa", "bound"])
+def test_cached_items_equal_freshly_made_ones(corpus, tokenizer, name, tmp_path, monkeypatch):
+    """The second call reads the cache (the parser is not called) and returns the same items and meta; another
+    seed is another entry."""
+    from archlab.data import tasks as tasks_mod
+
+    texts = read_split_documents(corpus, 0, 0.2, None)
+    fresh = task_data(TASKS.get(name), texts, tokenizer, 32, 0, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.npz"))) == 1
+
+    def no_parse(*a, **k):
+        raise AssertionError("parsed again: the cache was not read")
+
+    monkeypatch.setattr(tasks_mod, "parse_documents", no_parse)
+    cached = task_data(TASKS.get(name), texts, tokenizer, 32, 0, cache_dir=tmp_path)
+    for s in SPLITS:
+        for f in ("x", "y", "doc", "chance", "guess"):
+            a, b = getattr(fresh.examples[s], f), getattr(cached.examples[s], f)
+            assert (a is None and b is None) or (np.array_equal(a, b) and a.dtype == b.dtype)
+    assert np.array_equal(fresh.train, cached.train) and fresh.meta == cached.meta
+    with pytest.raises(AssertionError, match="parsed again"):
+        task_data(TASKS.get(name), texts, tokenizer, 32, 1, cache_dir=tmp_path)

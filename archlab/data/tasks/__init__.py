@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from archlab.data.splice import SPLITS
-from archlab.data.tasks import bound, span_qa, tag
+from archlab.data.tasks import bound, cache, span_qa, tag
 from archlab.data.tasks.documents import parse_documents
 from archlab.data.tasks.items import Items
 from archlab.registry import Registry
@@ -69,9 +69,20 @@ def score_rate(correct: np.ndarray, counted: np.ndarray) -> float:
     return float(correct.sum() / max(1, counted.sum()))
 
 
+def _sha256(path: Optional[Path]) -> Optional[str]:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+
+
 def task_data(task: Task, texts: dict[str, list[str]], tokenizer, seq_len: int, seed: int, description: str = "",
-              tokenizer_path: Optional[Path] = None) -> TaskData:
-    """The items of ``task`` in each split of ``texts`` (the split documents' texts), under ``tokenizer``."""
+              tokenizer_path: Optional[Path] = None, cache_dir: Optional[Path] = None) -> TaskData:
+    """The items of ``task`` in each split of ``texts`` (the split documents' texts), under ``tokenizer``; read from
+    and written to ``cache_dir`` when given (:mod:`.cache`)."""
+    key = cache.task_key(task.name, texts, tokenizer, seq_len, seed) if cache_dir is not None else None
+    hit = cache.load(Path(cache_dir), key) if key is not None else None
+    if hit is not None:
+        items, train_ids, meta = hit
+        meta["tokenizer_sha256"] = _sha256(tokenizer_path)
+        return TaskData(tokenizer, train_ids, items, tokenizer_path, meta)
     docs, skipped = {}, {}
     for s in SPLITS:
         docs[s], skipped[s] = parse_documents(texts[s], tokenizer)
@@ -85,7 +96,9 @@ def task_data(task: Task, texts: dict[str, list[str]], tokenizer, seq_len: int, 
         "examples": {s: len(it) for s, it in items.items()},
         "baselines": {s: {"chance": float(it.chance.mean()) if len(it) else None, "baseline": base[s],
                           "baseline_rule": task.baseline_name} for s, it in items.items()},
-        "tokenizer_sha256": hashlib.sha256(Path(tokenizer_path).read_bytes()).hexdigest() if tokenizer_path else None,
+        "tokenizer_sha256": _sha256(tokenizer_path),
     }
     train_ids = np.concatenate([d.ids for d in docs["train"]]) if docs["train"] else np.zeros(0, dtype=np.int64)
+    if key is not None:
+        cache.store(Path(cache_dir), key, items, train_ids, meta)
     return TaskData(tokenizer, train_ids, items, tokenizer_path, meta)
