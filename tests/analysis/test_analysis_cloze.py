@@ -54,10 +54,10 @@ def test_each_model_type_reads_its_own_context(recipe, vocab, kind, sees_right):
 
 
 def test_each_arm_is_compared_with_the_reference_of_its_own_budget(root, tmp_path):
-    """With ``budgets:`` the 2M-token BERT is paired with the 2M-token GPT, not with the spec's reference (the
-    1M-token GPT): a comparison across budgets would measure the budget, not the model type."""
+    """With ``budgets:`` the 1M-token BERT is paired with the 1M-token GPT, not with the spec's reference (the
+    0.5M-token GPT): a comparison across budgets would measure the budget, not the model type."""
     spec = load_spec(str(root / "experiments/model-types.yaml"))
-    acc = {"gpt-tok1e6": (0.40, 0.50), "gpt-tok2e6": (0.60, 0.70), "bert-tok2e6": (0.50, 0.62)}
+    acc = {"gpt-tok500000": (0.40, 0.50), "gpt-tok1e6": (0.60, 0.70), "bert-tok1e6": (0.50, 0.62)}
     results = [{"arm": arm, "seed": s, "result": {"accuracy": a, "nll": 3.0 - a, "model_type": "x", "items": 8}}
                for arm, values in acc.items() for s, a in enumerate(values)]
     group = lambda arm: SimpleNamespace(  # noqa: E731
@@ -66,9 +66,9 @@ def test_each_arm_is_compared_with_the_reference_of_its_own_budget(root, tmp_pat
     ctx = SimpleNamespace(spec=spec, reference=spec.reference, measures={"cloze": results}, out=tmp_path,
                           arm_groups=lambda: [group(a) for a in acc])
     data = {d["arm"]: d for d in Cloze().section(ctx).data["arms"]}
-    assert data["gpt-tok2e6"]["vs_reference_accuracy"] is None  # the 2M budget's reference itself
-    assert data["bert-tok2e6"]["reference"] == "gpt-tok2e6"
-    assert data["bert-tok2e6"]["vs_reference_accuracy"]["mean"] == pytest.approx(-0.09)
+    assert data["gpt-tok1e6"]["vs_reference_accuracy"] is None  # the 1M budget's reference itself
+    assert data["bert-tok1e6"]["reference"] == "gpt-tok1e6"
+    assert data["bert-tok1e6"]["vs_reference_accuracy"]["mean"] == pytest.approx(-0.09)
 
 
 def test_t5_cloze_is_the_span_corruption_format_of_a_one_id_span():
