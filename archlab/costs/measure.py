@@ -138,7 +138,7 @@ def flops_by_component(per_module: dict[str, float]) -> dict[str, float]:
     :class:`archlab.costs.flops.FlopsBreakdown` (``attention`` = scores + weighted sum).
 
     Only leaf modules are summed (the counter also reports every parent); the attention core is
-    what ``attn`` counts beyond its two projections. Module attribution is reliable for the
+    what ``attn`` counts beyond its projections. Module attribution is reliable for the
     forward only: the counter attributes backward ops to the modules still on its stack.
     """
     out = dict.fromkeys(["qkv_proj", "out_proj", "attention", "mlp", "experts", "router", "lm_head",
@@ -149,12 +149,12 @@ def flops_by_component(per_module: dict[str, float]) -> dict[str, float]:
             continue  # counted whole by the cross-attention module itself
         if parts[-1] == "cross":
             out["cross_attention"] += flops
-        elif parts[-1] == "wqkv":
+        elif parts[-1] in ("wqkv", "wgate"):  # the input projections (wgate: mha's output gate)
             out["qkv_proj"] += flops
         elif parts[-1] == "wo":
             out["out_proj"] += flops
         elif parts[-1] == "attn":
-            out["attention"] += flops - per_module.get(name + ".wqkv", 0.0) - per_module.get(name + ".wo", 0.0)
+            out["attention"] += flops - sum(per_module.get(f"{name}.{p}", 0.0) for p in ("wqkv", "wgate", "wo"))
         elif parts[-1] == "router":
             out["router"] += flops
         elif parts[-1] in ("experts", "shared") and parts[-2] == "ffn":

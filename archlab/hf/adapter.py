@@ -111,6 +111,11 @@ class HFAdapter:
         table); by default unchanged."""
         return hf_sd
 
+    def finish_hf(self, sd: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``to_hf``'s tensors as the HF class stores them where that is not an index map (Qwen3-Next's
+        zero-centred norms hold w - 1), undone by ``prepare_hf`` on import; by default unchanged."""
+        return sd
+
     def from_hf(self, model, hf_sd: dict[str, Tensor]) -> None:
         """Fill ``model``'s tensors from the HF state dict ``hf_sd`` through the inverse of ``to_hf``."""
         tensors = unique_tensors(model)
@@ -179,6 +184,11 @@ def component_reasons(cfg: ModelConfig, expresses: dict[str, tuple[str, ...]]) -
     pattern = getattr(getattr(cfg, "layers", None), "pattern", None)
     if pattern:  # a hybrid stack: per-layer attention variants
         return f"layers.pattern={list(pattern)}: this class has the same attention in every layer"
+    if getattr(cfg.attention, "output_gate", False):  # mha's gate: only Qwen3-Next's full attention has it
+        return "attention.output_gate=true: this class does not gate the attention output (Qwen3-Next does)"
+    fraction = getattr(cfg.attention, "rotary_fraction", 1.0)
+    if fraction != 1.0 and position_class(cfg).rotates_qk:
+        return f"attention.rotary_fraction={fraction}: this class rotates the whole head (Qwen3-Next rotates a part)"
     keys = ["type", "attention.type", "norm.type", "position.type", "ffn.type", "block.type"]
     if position_class(cfg).rotates_qk:
         keys.append("position.rope_scaling.type")

@@ -21,7 +21,7 @@ def to_hf_model(model, eos_id: Optional[int] = None):
     config.bos_token_id = config.eos_token_id = eos_id
     config.pad_token_id = None
     hf = adapter.hf_class()(config).float()
-    sd = {k: v.detach().float().contiguous() for k, v in adapter.to_hf(model).items()}
+    sd = adapter.finish_hf({k: v.detach().float().contiguous() for k, v in adapter.to_hf(model).items()})
     missing, unexpected = hf.load_state_dict(sd, strict=False)
     missing = [k for k in missing if not (k == adapter.tied_head_key and config.tie_word_embeddings)]
     if missing or unexpected:

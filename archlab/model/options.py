@@ -18,7 +18,7 @@ from archlab.nn.ffn import SwiGLUConfig
 from archlab.nn.moe.router import ROUTERS
 from archlab.nn.mup import PARAMETRIZATION_OPTIONS
 from archlab.nn.norms import NORMS
-from archlab.nn.positions import POSITIONS, ROPE_SCALINGS
+from archlab.nn.positions import POSITIONS, ROPE_SCALINGS, position_class
 from archlab.options import Choice, Condition, check, registry_options
 
 MODEL_CHOICES: list[Choice] = [
@@ -40,6 +40,9 @@ MODEL_CHOICES: list[Choice] = [
 MODEL_CONDITIONS: list[Condition] = [
     Condition("attention.qk_norm_over", MHAConfig, "qk_norm_over", "attention.qk_norm is true",
               lambda m, _: getattr(m.attention, "qk_norm", True), lambda m, _: "attention.qk_norm=false"),
+    Condition("attention.rotary_fraction", MHAConfig, "rotary_fraction", "the position rotates q and k (rope)",
+              lambda m, _: not hasattr(m.attention, "rotary_fraction") or position_class(m).rotates_qk,
+              lambda m, _: f"position.type={m.position.type}"),
     Condition("ffn.multiple_of", SwiGLUConfig, "multiple_of", "ffn.hidden is null (it rounds the default width)",
               lambda m, _: m.ffn.hidden is None or not hasattr(m.ffn, "multiple_of"),
               lambda m, _: f"ffn.hidden={m.ffn.hidden}"),

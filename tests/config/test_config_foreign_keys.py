@@ -244,6 +244,7 @@ CONDITION_CASES = [  # (overrides making the condition false, key under model, v
     ([*SETUP["model", "moe.router.type", "*"]], "moe.shared_hidden", 8),
     ([*SETUP["model", "moe.router.type", "*"]], "moe.min_capacity", 1),
     (["model.attention.qk_norm=false"], "attention.qk_norm_over", "projection"),
+    (["model.position.type=none"], "attention.rotary_fraction", 0.5),
 ]
 
 

@@ -93,5 +93,6 @@ def random_overrides(seed: int, moe: bool) -> list[str]:
             f"model.moe.balance.z_loss_coeff={rng.choice([0.0, 0.001])}",
             f"model.moe.balance.bias_update_rate={rng.choice([0.0, 0.001])}",
         ]
+    o.append(f"model.attention.output_gate={rng.choice(['true', 'false'])}")  # drawn last: the draws above stay
     return o
 

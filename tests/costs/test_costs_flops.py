@@ -48,6 +48,24 @@ def test_random_configs_match_flop_counter(seed):
     assert est.attention == pytest.approx(parts["attention"] / (B * S), rel=0.01)
 
 
+@pytest.mark.parametrize("overrides", [["model.attention.output_gate=true"],
+                                       ["model.attention.output_gate=true", "model.attention.rotary_fraction=0.25"]])
+def test_output_gate_flops_match_flop_counter(overrides):
+    """The gate's projection is one more (D, H*Dh) matmul; its sigmoid and product, and partial RoPE, are
+    elementwise."""
+    cfg = archlab.load_recipe("recipes/llama/tiny.yaml", ["model.n_layers=2", *overrides])
+    model = archlab.build_model(cfg).train()
+    ids = torch.randint(0, cfg.model.vocab_size, (B, S + 1))
+    assert training_flops_per_token(cfg, S) == pytest.approx(measured_flops(model, ids)["total"] / (B * S), rel=0.01)
+    parts = flops_by_component(measured_flops(model, ids, backward=False, loss="logits"))
+    est = forward_flops(cfg, S)
+    for name in ("attention", "qkv_proj", "out_proj"):
+        assert getattr(est, name) == pytest.approx(parts[name] / (B * S), rel=0.01), name
+    m = archlab.model_config(cfg)
+    plain = forward_flops(archlab.load_recipe("recipes/llama/tiny.yaml", ["model.n_layers=2"]), S).qkv_proj
+    assert est.qkv_proj - plain == pytest.approx(m.n_layers * 2 * m.d_model * m.n_heads * m.d_head)
+
+
 def test_capacity_dropping_removes_exactly_the_dropped_slots():
     """With a capacity, the measured count is the dropless estimate minus the dropped slots'
     expert FLOPs (read from the layers' routing statistics)."""

@@ -62,6 +62,20 @@ def test_qk_norm_over_the_projection_matches_saved_tensors(name, overrides, dtyp
     _check_modes(archlab.load_recipe(path, [*shrink(path), *over]), dtype)
 
 
+@pytest.mark.parametrize("name, overrides, dtype", [
+    ("llama/tiny", ["model.attention.output_gate=true"], "fp32"),
+    ("llama/tiny", ["model.attention.output_gate=true", "model.attention.rotary_fraction=0.25"], "bf16"),
+    ("llama/tiny", ["model.attention.rotary_fraction=0.5"], "fp32"),  # a concatenation: wo's input is a copy
+    ("llama/tiny", ["model.attention.rotary_fraction=0.5", "model.attention.qk_norm=true"], "fp32"),
+    ("llama/tiny", ["model.attention.output_gate=true", "model.attention.dropout=0.1"], "fp32"),  # math SDPA
+    ("dense/tiny-alibi", ["model.attention.output_gate=true"], "fp32"),
+])
+def test_output_gate_and_partial_rope_match_saved_tensors(name, overrides, dtype):
+    """The gate keeps sigmoid(x W_g) and its product; RoPE on part of each head changes q's layout."""
+    path = f"recipes/{name}.yaml"
+    _check_modes(archlab.load_recipe(path, [*shrink(path), *overrides]), dtype)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_activations_match_saved_tensors_for_random_configs(seed):
     """Dropout masks, q/k norms, ALiBi (math attention), GQA, routers, groups, jitter, z-loss..."""

@@ -56,6 +56,19 @@ def test_qk_norm_gains_match_the_built_model(over):
     assert counts.total - plain == m.n_layers * widths
 
 
+@pytest.mark.parametrize("bias", ["true", "false"])
+def test_output_gate_projection_matches_the_built_model(bias):
+    """The output gate adds W_g (D, H*Dh) and, with attention.bias, its H*Dh bias per layer."""
+    base = [f"model.attention.bias={bias}", "model.attention.rotary_fraction=0.5"]
+    cfg = archlab.load_recipe("recipes/llama/tiny.yaml", [*base, "model.attention.output_gate=true"])
+    built = _built_counts(cfg)
+    counts = param_counts(cfg)
+    assert {k: getattr(counts, k) for k in built} == built
+    m = archlab.model_config(cfg)
+    gate = m.d_model * m.n_heads * m.d_head + (m.n_heads * m.d_head if bias == "true" else 0)
+    assert counts.total - param_counts(archlab.load_recipe("recipes/llama/tiny.yaml", base)).total == m.n_layers * gate
+
+
 def test_moe_recipes_match_their_dense_peer_in_active_parameters():
     """The Mixtral/DeepSeek recipes are sized to the LLaMA peer they name (plus the router)."""
     dense = param_counts(archlab.load_recipe("recipes/llama/tiny.yaml"))

@@ -11,19 +11,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 FAMILIES = ("gpt2", "gptj", "gpt_neox", "llama", "mistral", "mixtral", "qwen3_moe", "deepseek_v3", "bert", "t5",
-            "olmoe")
+            "olmoe", "qwen3_next")
 PARAMETERS = ("c_attn", "c_fc", "c_proj", "wte", "wpe", "ln_f", "ln_1", "ln_2", "k_proj", "v_proj", "o_proj",
               "gate_proj", "down_proj", "gate_up_proj", "embed_in", "embeddings.LayerNorm",
               "input_layernorm", "post_attention_layernorm", "final_layer_norm", "query_key_value", "dense_h_to_4h",
               "dense_4h_to_h", "fc_in", "fc_out", "word_embeddings", "position_embeddings", "token_type_embeddings",
               "cls.predictions", "relative_attention_bias", "EncDecAttention", "SelfAttention", "DenseReluDense",
               "e_score_correction_bias", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "q_a_layernorm",
-              "kv_a_layernorm", "q_norm.weight", "k_norm.weight")
+              "kv_a_layernorm", "q_norm.weight", "k_norm.weight", "in_proj_qkvz", "in_proj_ba", "linear_attn",
+              "shared_expert_gate")
 CONFIG_KEYS = ("hidden_act", "activation_function", "gelu_new", "rope_parameters", "rope_type", "rope_theta",
                "rotary_pct", "rms_norm_eps", "layer_norm_epsilon", "num_key_value_heads", "num_attention_heads",
                "tie_word_embeddings", "intermediate_size", "num_local_experts", "num_experts_per_tok",
                "n_routed_experts", "first_k_dense_replace", "norm_topk_prob", "routed_scaling_factor",
-               "mlp_only_layers", "use_parallel_residual", "decoder_start_token_id")
+               "mlp_only_layers", "use_parallel_residual", "decoder_start_token_id", "layer_types",
+               "partial_rotary_factor")
 EXPORT_ATTRIBUTES = ("hf_export", "hf_unsupported", "hf_parameters", "Exportable", "export_reason", "archlab.export",
                      "archlab.hf")
 CLASSES = r"\w+(ForCausalLM|ForMaskedLM|ForConditionalGeneration|LMHeadModel)"

@@ -109,8 +109,8 @@ def test_cache_bytes_are_the_cache_tensors_and_only_the_attention_layers_grow():
 def test_logits_match_qwen3_next_with_linear_attention_layers_and_dense_mlps():
     """A Qwen3-Next whose layers are all linear attention with dense MLPs (``mlp_only_layers``) against the pure
     Gated DeltaNet decoder: its (1 + w) RMSNorms hold w + 1 in archlab's, its MLP's gate and up rows are
-    archlab's [gate; up]. (Its full-attention layers gate the attention output by sigmoid(q W_g) and rotate
-    a quarter of each head: archlab's mha has neither, so the hybrid's logits are not compared.)"""
+    archlab's [gate; up]. (The hybrid, with Qwen3-Next's gated, partly rotated full attention, is compared through
+    the adapter: tests/hf/test_hf_qwen3_next.py.)"""
     transformers = pytest.importorskip("transformers")
     L, D, F = 3, 32, 48
     hf_cfg = transformers.Qwen3NextConfig(
@@ -148,7 +148,7 @@ def data_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("hybrid-cache")  # one tokenizer for the four runs
 
 
-@pytest.mark.parametrize("recipe", ["hybrid/tiny", "hybrid/s", "gdn/tiny", "gdn/s"])
+@pytest.mark.parametrize("recipe", ["hybrid/tiny", "hybrid/s", "hybrid/qwen3-next-tiny", "gdn/tiny", "gdn/s"])
 def test_recipe_trains(recipe, tmp_path, data_cache):
     """A few steps of each recipe at a CPU-test width (its depth cut to one pattern period)."""
     from archlab.train import train

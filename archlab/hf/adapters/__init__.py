@@ -11,5 +11,6 @@ from archlab.hf.adapters import (  # noqa: F401  (register the adapters)
     mixtral,
     olmoe,
     qwen3_moe,
+    qwen3_next,
     t5,
 )

@@ -44,6 +44,12 @@ class MHAConfig(AttentionConfig):
     # head: each head, Dh-wide gains (Qwen3) | projection: all of q (H*Dh) and all of k (G*Dh) before the heads
     # are split (OLMo-2, OLMoE)
     qk_norm_over: str = "head"
+    # multiply the attention output by sigmoid(x W_g), one gate per channel of each head, before the output
+    # projection (gated attention: Qwen3-Next's full-attention layers); W_g is its own (D, H*Dh) projection
+    output_gate: bool = False
+    # the share of each head's channels RoPE rotates, the first ones (GPT-NeoX's 0.25, Qwen3-Next's 0.25); the rest
+    # pass unrotated. Only read when the position rotates q and k
+    rotary_fraction: float = 1.0
 
 
 def qk_norm_dims(cfg: "ModelConfig") -> tuple[int, int]:
@@ -64,6 +70,20 @@ def qk_norm_saved(s: ActShape) -> tuple[bool, float]:
     if cfg.attention.qk_norm_over == "projection":
         return keeps_input, q_extra + k_extra
     return keeps_input, cfg.n_heads * q_extra + cfg.kv_heads * k_extra
+
+
+def rotate(x_BHSD: Tensor, ctx: PosContext) -> Tensor:
+    """RoPE on the first R channels of each head (R: the angles' width, ``rotary_dim``), the rest unrotated."""
+    R = ctx.cos.shape[-1]
+    if R == x_BHSD.shape[-1]:
+        return apply_rotary(x_BHSD, ctx.cos, ctx.sin)
+    return torch.cat([apply_rotary(x_BHSD[..., :R], ctx.cos, ctx.sin), x_BHSD[..., R:]], dim=-1)
+
+
+def gate_saved_bytes(s: ActShape) -> float:
+    """The output gate keeps sigmoid(x W_g) and its product with the heads (the output projection's input)."""
+    cfg = s.cfg
+    return 2.0 * s.n * cfg.n_heads * cfg.d_head * s.act if cfg.attention.output_gate else 0.0
 
 
 @ATTENTIONS.register("mha")
@@ -90,6 +110,7 @@ class CausalSelfAttention(Attention):
         q_dim, k_dim = qk_norm_dims(cfg)
         self.q_norm = build_norm(cfg, dim=q_dim) if a.qk_norm else None
         self.k_norm = build_norm(cfg, dim=k_dim) if a.qk_norm else None
+        self.wgate = nn.Linear(cfg.d_model, self.n_heads * self.d_head, bias=a.bias) if a.output_gate else None
         self.dropout = a.dropout
         self.scale = a.scale if a.scale is not None else attention_scale(cfg)  # 1/sqrt(Dh); muP: archlab.nn.mup
 
@@ -97,7 +118,8 @@ class CausalSelfAttention(Attention):
 
     @staticmethod
     def rotary_dim(cfg) -> int:
-        return cfg.d_model // cfg.n_heads
+        """The first ``rotary_fraction`` of the head dim (all of it by default)."""
+        return round(cfg.d_model // cfg.n_heads * getattr(cfg.attention, "rotary_fraction", 1.0))
 
     @classmethod
     def validate(cls, m, prefix: str = "model") -> None:
@@ -112,7 +134,14 @@ class CausalSelfAttention(Attention):
         if m.attention.qk_norm_over not in QK_NORM_OVER:
             fail(f"{prefix}.attention.qk_norm_over", m.attention.qk_norm_over,
                  f"must be one of {', '.join(QK_NORM_OVER)}")
+        fraction, d_head = m.attention.rotary_fraction, m.d_model // m.n_heads
+        if not 0.0 < fraction <= 1.0 or d_head * fraction != round(d_head * fraction):
+            fail(f"{prefix}.attention.rotary_fraction", fraction,
+                 f"must lie in (0, 1] and rotate whole channels of the head dim ({d_head}): a multiple of 1/{d_head}")
         rot = cls.rotary_dim(m)
+        if position_class(m).rotates_qk and rot % 2 and fraction != 1.0:
+            fail(f"{prefix}.attention.rotary_fraction", fraction,
+                 f"rope rotates pairs of channels: the rotated part of the head dim ({d_head}) = {rot} must be even")
         if position_class(m).rotates_qk and rot % 2:  # RoPE's rule on this attention's head dim
             fail(f"{prefix}.n_heads", m.n_heads,
                  f"rope rotates pairs of channels: the rotated head dim = {rot} must be even")
@@ -125,6 +154,8 @@ class CausalSelfAttention(Attention):
             n += (h + 2 * g) * dh + d
         if cfg.attention.qk_norm:
             n += sum(norm_params(cfg, dim=dim) for dim in qk_norm_dims(cfg))
+        if cfg.attention.output_gate:  # W_g (D, H*Dh) and its bias
+            n += d * h * dh + (h * dh if cfg.attention.bias else 0)
         return n
 
     @classmethod
@@ -134,11 +165,13 @@ class CausalSelfAttention(Attention):
 
     @classmethod
     def forward_flops(cls, cfg: "ModelConfig", seq_len: int, *, layer: int) -> dict[str, float]:
-        """2*D*(H+2G)*Dh and 2*H*Dh*D for the projections; Q K^T and P V each 2 * keys * H * Dh
-        (K/V heads shared by GQA are read by every query head, so H, not G, counts)."""
+        """2*D*(H+2G)*Dh (and 2*D*H*Dh for the output gate's projection) and 2*H*Dh*D for the projections;
+        Q K^T and P V each 2 * keys * H * Dh (K/V heads shared by GQA are read by every query head, so H, not G,
+        counts). The gate's sigmoid and product are elementwise (not counted)."""
         d, h, g, dh = cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.d_head
         core = 2.0 * cls.core_keys(cfg, seq_len, layer=layer) * h * dh
-        return {"qkv_proj": 2.0 * d * (h + 2 * g) * dh, "out_proj": 2.0 * h * dh * d,
+        gate = 2.0 * d * h * dh if cfg.attention.output_gate else 0.0
+        return {"qkv_proj": 2.0 * d * (h + 2 * g) * dh + gate, "out_proj": 2.0 * h * dh * d,
                 "attn_scores": core, "attn_values": core}
 
     @classmethod
@@ -174,18 +207,19 @@ class CausalSelfAttention(Attention):
             total += n * H * S * f  # softmax probabilities
             if cfg.attention.dropout > 0:
                 total += 2 * n * H * S * f  # mask and dropped probabilities
-            return total + n * H * Dh * a  # output, copied to (B, S, H*Dh) for wo
+            return total + n * H * Dh * a + gate_saved_bytes(s)  # output, copied to (B, S, H*Dh) for wo
         # q and k handed to SDPA are new tensors after RoPE or the q/k norms
         if rope or qk_norm:
             total += n * (H + G) * Dh * a
         total += n * H * Dh * a + n * H * STATS_BYTES  # output + log-sum-exp
-        if qk_norm and cfg.attention.qk_norm_over == "head" and s.device == "cpu":
-            # normed q per head is (B, H, S, Dh)-contiguous: wo's input is a copy (normed over the projection
-            # it stays (B, S, H, Dh) underneath)
+        partial = rope and cls.rotary_dim(cfg) < Dh
+        if (partial or qk_norm and cfg.attention.qk_norm_over == "head") and s.device == "cpu":
+            # normed q per head, or q rotated in part (a concatenation), is (B, H, S, Dh)-contiguous: wo's input
+            # is a copy (normed over the projection, or rotated whole, it stays (B, S, H, Dh) underneath)
             total += n * H * Dh * a
         if s.device == "cuda" and position_class(cfg).score_bias:
             total += H * S * S * a  # the additive bias, one per layer
-        return total
+        return total + gate_saved_bytes(s)
 
     @classmethod
     def selective_saved_bytes(cls, s: ActShape, *, layer: int) -> float:
@@ -195,6 +229,8 @@ class CausalSelfAttention(Attention):
         cfg, n, a, f = s.cfg, s.n, s.act, STATS_BYTES
         H, G, Dh, D = cfg.n_heads, cfg.kv_heads, cfg.d_head, cfg.d_model
         total = n * (H + 2 * G) * Dh * a + n * D * a
+        if cfg.attention.output_gate:
+            total += n * H * Dh * a  # the gate projection's output
         if uses_math_sdpa(s):
             return total + n * H * s.seq_len * f + n * H * Dh * f
         return total + n * H * Dh * a + n * H * f
@@ -215,12 +251,17 @@ class CausalSelfAttention(Attention):
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
         if ctx.cos is not None:
-            q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
+            q, k = rotate(q, ctx), rotate(k, ctx)
         return q, k, v
 
-    def out(self, y_BHSD: Tensor) -> Tensor:
+    def out(self, y_BHSD: Tensor, x_BSD: Optional[Tensor] = None) -> Tensor:
+        """The output projection of the heads (B, H, S, Dh), gated by sigmoid(x W_g) with ``output_gate`` (the
+        layer's input ``x_BSD`` is then needed)."""
         B, H, S, Dh = y_BHSD.shape
-        return self.wo(y_BHSD.transpose(1, 2).reshape(B, S, H * Dh))
+        y = y_BHSD.transpose(1, 2).reshape(B, S, H * Dh)
+        if self.wgate is not None:
+            y = y * torch.sigmoid(self.wgate(x_BSD))
+        return self.wo(y)
 
     def forward(self, x_BSD: Tensor, ctx: PosContext, cache: Optional[LayerKVCache] = None) -> Tensor:
         S = x_BSD.shape[1]
@@ -241,7 +282,7 @@ class CausalSelfAttention(Attention):
             T = k.shape[2]
             allowed = causal_allowed(S, T, x_BSD.device) if self.causal else x_BSD.new_ones(S, T, dtype=torch.bool)
             self.capture.record(q, k, v, scale=self.scale, allowed=allowed, bias=ctx.bias)
-        return self.out(y)
+        return self.out(y, x_BSD)
 
     @staticmethod
     def _mask(S: int, past: int, ctx: PosContext, x: Tensor, causal: bool = True) -> Optional[Tensor]:

@@ -90,6 +90,12 @@ class SlidingWindowAttention(CausalSelfAttention):
         if position_class(m).score_bias:
             fail(f"{prefix}.position.type", m.position.type,
                  "sliding_window attention takes no additive score bias (ALiBi, relative); use rope or none")
+        if a.output_gate:  # mha's option: the banded path's memory model has no gate
+            fail(f"{prefix}.attention.output_gate", a.output_gate, "the output gate is mha's only: use attention.type "
+                 "mha (with or without the gate) or output_gate: false")
+        if a.rotary_fraction != 1.0:
+            fail(f"{prefix}.attention.rotary_fraction", a.rotary_fraction, "partial RoPE is mha's only: use "
+                 "attention.type mha or rotary_fraction: 1.0")
 
     @classmethod
     def core_keys(cls, cfg: "ModelConfig", seq_len: int, *, layer: int) -> float:
@@ -231,7 +237,7 @@ class SlidingWindowAttention(CausalSelfAttention):
                 y = self._banded(q, k, v, drop)
             if self.capture is not None and cache is None:
                 self.capture.record(q, k, v, scale=self.scale, allowed=causal_allowed(S, S, q.device, W))
-            return self.out(y)
+            return self.out(y, x_BSD)
         past = cache.length
         k, v = cache.update(k, v)  # (B, G, T, Dh): the kept past, then the new positions
         T = k.shape[2]
@@ -241,7 +247,7 @@ class SlidingWindowAttention(CausalSelfAttention):
         mask = (offset >= 0) & (offset < W)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=self.scale,
                                            enable_gqa=gqa)
-        return self.out(y)
+        return self.out(y, x_BSD)
 
     def _banded(self, q: Tensor, k: Tensor, v: Tensor, drop: float) -> Tensor:
         """Block b of C = W queries against the 2W keys of blocks b-1 and b."""
