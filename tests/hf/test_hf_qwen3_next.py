@@ -1,6 +1,7 @@
 """Qwen3-Next both ways (``archlab/hf/adapters/qwen3_next.py``): a random tiny ``Qwen3NextForCausalLM`` (pure
 Gated DeltaNet, the hybrid, pure gated attention; dense MLPs) imports with its logits, exports back tensor for
-tensor; an archlab hybrid exports with its logits; MoE layers and what the class lacks are refused by name.
+tensor; an archlab hybrid exports with its logits and greedy cached generation; MoE layers and what the class
+lacks are refused by name.
 
 On the CPU without the hub kernels (no network) transformers runs its torch reference of the conv and the
 chunked gated delta rule, as archlab's ``gdn_kernels: torch`` does. Logits agree to ~1e-5 in fp32 (the two
@@ -112,6 +113,17 @@ def test_an_archlab_hybrid_exports_with_its_logits(extra):
     assert hf.config.mlp_only_layers == list(range(8))
     ids = torch.randint(0, 300, (2, 21))
     torch.testing.assert_close(logits(hf, ids, hf=True), logits(model, ids), **TOL)
+
+
+def test_hf_cached_generation_matches_archlab():
+    """Greedy decoding with each side's cache: Gated DeltaNet states and conv inputs, gated attention's K/V."""
+    model = randomised(hybrid_recipe())
+    hf = to_hf_model(model)
+    prompt = torch.randint(0, 300, (2, 9))
+    ours = archlab.generate(model, prompt, 12, temperature=0)
+    theirs = hf.generate(prompt, max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(prompt),
+                         pad_token_id=0)
+    assert torch.equal(ours, theirs)
 
 
 def test_the_state_dict_round_trips_exactly():
