@@ -338,8 +338,8 @@ def test_the_issues_example():
     with pytest.raises(RecipeError) as err:
         archlab.load_recipe(LLAMA, ["model.attention.window=16"])
     assert str(err.value) == ("model.attention.window=16: not a key of attention.type mha (its keys: type, bias, "
-                              "scale, dropout, qk_norm, qk_norm_over); window is read by attention.type "
-                              "sliding_window")
+                              "scale, dropout, qk_norm, qk_norm_over, output_gate, rotary_fraction); window is read "
+                              "by attention.type sliding_window")
     archlab.load_recipe(LLAMA, ["model.attention.type=sliding_window", "model.attention.window=16"])
 
 
