@@ -66,8 +66,8 @@ def test_attention_type_beside_a_pattern_and_a_pattern_outside_a_decoder_are_ref
 def test_options_of_every_patterned_type_are_read_and_others_refused():
     validate_model(hybrid())  # gdn_* and qk_norm: read by a type of the pattern
     with pytest.raises(RecipeError, match=r"gdn_k_heads=2: not a key of attention.type mha \(its keys: type, bias, "
-                                          r"scale, dropout, qk_norm, qk_norm_over\); gdn_k_heads is read by "
-                                          "attention.type gated_deltanet"):
+                                          r"scale, dropout, qk_norm, qk_norm_over, output_gate, rotary_fraction\); "
+                                          "gdn_k_heads is read by attention.type gated_deltanet"):
         archlab.load_recipe(ROOT / "recipes/llama/tiny.yaml", ["model.attention.gdn_k_heads=2"])
     with pytest.raises(RecipeError, match=r"window=8: not a key of attention.type gated_deltanet, mha \(its keys: "
                                           r".*\); window is read by attention.type sliding_window"):
@@ -153,8 +153,10 @@ def test_recipe_trains(recipe, tmp_path, data_cache):
     """A few steps of each recipe at a CPU-test width (its depth cut to one pattern period)."""
     from archlab.train import train
 
+    # a quarter of a 12-wide head is 3 channels, no RoPE pair: Qwen3-Next's partial RoPE keeps 24-wide heads
+    heads = ["model.n_heads=2"] if recipe == "hybrid/qwen3-next-tiny" else []
     cfg = archlab.load_recipe(ROOT / "recipes" / f"{recipe}.yaml", [
-        "model.vocab_size=384", "model.d_model=48", "model.n_layers=4", "model.attention.gdn_chunk_size=16",
+        *heads, "model.vocab_size=384", "model.d_model=48", "model.n_layers=4", "model.attention.gdn_chunk_size=16",
         "train.seq_len=32", "train.micro_batch_size=4", "train.max_steps=3", "train.warmup_steps=1",
         "train.log_every=1", "train.eval_every=3", "train.eval_batches=1", "train.ckpt_every=100",
         "train.eval_context_multipliers=[1]", "data.max_bytes=60000", f"data.cache_dir={data_cache}",
