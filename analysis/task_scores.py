@@ -66,7 +66,7 @@ def run_scores(run_dir: str | Path) -> dict:
     cfg = load_recipe_of(Path(run_dir))
     objective = objective_for(cfg)
     if not isinstance(objective, UnderstandingObjective):
-        raise RecipeError(f"{run_dir}: train.objective={cfg.train.objective} is not an understanding task")
+        raise RecipeError(f"{run_dir}: train.objective={cfg.train.objective.type} is not an understanding task")
     ckpt, step, falling = chosen_checkpoint(Path(run_dir), objective.eval_loss_key)
     data = objective.prepare_data(cfg)
     model = objective.build_model(cfg)

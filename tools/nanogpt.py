@@ -155,8 +155,8 @@ def from_archlab(model: nn.Module) -> GPT:
         "kv_heads": (cfg.kv_heads, cfg.n_heads),
         "tie_embeddings": (cfg.tie_embeddings, True),
         "attention.qk_norm": (cfg.attention.qk_norm, False),
-        "attention.bias == ffn.bias == norm.bias": ((cfg.attention.bias, cfg.ffn.bias, cfg.norm.bias),
-                                                    (cfg.attention.bias,) * 3),
+        "attention.bias == ffn.bias == norm.bias": (
+            (cfg.attention.bias, cfg.ffn.bias, getattr(cfg.norm, "bias", False)), (cfg.attention.bias,) * 3),
         "attention scale (1/sqrt(d_head); no muP)": (model.blocks[0].attn.scale, 1 / math.sqrt(cfg.d_head)),
         "readout multiplier (no muP)": (model.readout_mult, 1.0),
         "dropout, attention.dropout, ffn.dropout": ((cfg.dropout, cfg.attention.dropout, cfg.ffn.dropout),

@@ -30,7 +30,7 @@ def score_run(run: Path, limit: int | None = None) -> list[dict]:
     cfg = load_recipe_of(run)
     objective = objective_for(cfg)
     if not isinstance(objective, UnderstandingObjective):
-        raise RecipeError(f"{run}: train.objective={cfg.train.objective} is not an understanding task")
+        raise RecipeError(f"{run}: train.objective={cfg.train.objective.type} is not an understanding task")
     ckpt, step, falling = chosen_checkpoint(run, objective.eval_loss_key)
     data = objective.prepare_data(cfg)
     if data.tokenizer.backend.get_vocab() != Tokenizer.load(run / TOKENIZER).backend.get_vocab():

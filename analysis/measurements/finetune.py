@@ -53,7 +53,7 @@ def test_scores(run_dir: str | Path) -> dict:
     load_weights_into(model, ckpt)
     e = data.examples["test"]
     return {**score(model, e.x, e.y), "baselines": data.meta["baselines"]["test"],
-            "pooling": pooling_for(cfg.model, cfg.train.classify_pooling), "model_type": str(cfg.model.type)}
+            "pooling": pooling_for(cfg.model, cfg.train.objective.get("pooling")), "model_type": str(cfg.model.type)}
 
 
 def _comparison(name: str, other: str, tag: str, base: str, by_arm: dict[str, dict[int, dict]],

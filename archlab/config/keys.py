@@ -31,6 +31,7 @@ GROUPS: dict[str, str] = {
     "model.moe.balance": "MoE load balancing: auxiliary losses, the aux-loss-free bias update",
     "data": "the corpus, its split and the tokenizer; the cache folder",
     "train": "the run: steps, batch, lr schedule, optimizer, objective, logs, checkpoints",
+    "train.objective": "what the run trains on (objective.type) and that objective's own options",
     "train.muon": "the Muon optimizer's settings (train.optimizer=muon)",
     "train.upcycle": "sparse upcycling: a dense run (train.init_from) turned into this MoE (copy | drop)",
 }

@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import difflib
 import os
+import warnings
 from pathlib import Path
-from typing import Iterable, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from archlab.config.keys import key_groups, nearest_keys, schema_keys
 from archlab.config.options import check_moe_switch
-from archlab.config.schema import ModelConfig, Recipe, model_config  # noqa: F401  (model_config: re-exported)
+from archlab.config.schema import (
+    OBJECTIVES,
+    ModelConfig,
+    Recipe,
+    TrainConfig,
+    model_config,  # noqa: F401  (re-exported)
+)
 from archlab.config.validate import RecipeError, validate
 from archlab.config.variants import select
+from archlab.nn.component import field_default
 
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"  # a source checkout's recipes
 
@@ -51,6 +59,60 @@ def missing_recipe_message(path: Path) -> str:
     return f"{message}; did you mean {', '.join(shown(files[n]) for n in near)}?"
 
 
+def moved_keys() -> dict[str, tuple[str, list[str]]]:
+    """Each flat train key of the schema before objective options nested under ``train.objective``
+    (``mtp_weight``) -> (its name there, ``weight``; the objectives whose Config has it), from each objective
+    Config's ``renamed``."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    for name in OBJECTIVES.names():
+        for old, new in getattr(OBJECTIVES.get(name).Config, "renamed", {}).items():
+            out.setdefault(old, (new, []))[1].append(name)
+    return out
+
+
+def nest_objective(node: Any, where: str) -> None:
+    """A written recipe layer's ``train.objective`` as a node, in place: a bare name is ``{type: NAME}``, and a
+    flat key of the schema before (``train.mtp_weight``: saved run folders' recipes write every one) is read
+    as its place under the objective (``train.objective.weight``), unless the layer writes that too. A value
+    other than the default is read with a warning naming the new key; the loader then refuses it, as any
+    key, where the chosen objective does not read it."""
+    train = node.get("train") if isinstance(node, DictConfig) else None
+    if not isinstance(train, DictConfig):
+        return
+    if train.get("objective") is not None and not isinstance(train.objective, DictConfig):
+        train.objective = {"type": train.objective}
+    moved = moved_keys()
+    for old in [k for k in train if k in moved]:
+        new, users = moved[old]
+        value = train.pop(old)
+        if train.get("objective") is None:
+            train.objective = {}
+        if new in train.objective:
+            continue
+        train.objective[new] = value
+        if any(value != field_default(OBJECTIVES.get(u).Config, new) for u in users):
+            warnings.warn(f"{where}: train.{old}={value!r} is read as train.objective.{new} (objective options "
+                          f"nest under train.objective); write train.objective.{new}", stacklevel=2)
+
+
+def respell(override: str) -> str:
+    """``train.objective=mtp`` as ``train.objective.type=mtp`` (what the bare name is short for), so that
+    ``train.objective.weight=0.1`` beside it adds to the same node; a flat key of the schema before
+    (``train.mtp_weight=0.1``, as experiment records write it) as its place under the objective, with a warning
+    naming it."""
+    key, _, value = override.partition("=")
+    key = key.strip()
+    if key == "train.objective" and not value.strip().startswith("{"):
+        return f"train.objective.type={value}"
+    moved = moved_keys()
+    if key.startswith("train.") and key.removeprefix("train.") in moved:
+        new = f"train.objective.{moved[key.removeprefix('train.')][0]}"
+        warnings.warn(f"{key}={value}: read as {new}={value} (objective options nest under train.objective); "
+                      f"write {new}", stacklevel=3)
+        return f"{new}={value}"
+    return override
+
+
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
     """Read one YAML file, merging the chain of ``base:`` files under it."""
     given, path = path, path.resolve()
@@ -64,6 +126,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
         raise RecipeError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(node, DictConfig):
         raise RecipeError(f"{path}: a recipe is a YAML mapping, got {type(node).__name__}")
+    nest_objective(node, str(given))
     base = node.get("base")
     if base:
         parent = _read_yaml(path.parent / str(base), seen + (path,))
@@ -157,6 +220,7 @@ def load_recipe(path: Union[str, Path, None] = None, overrides: Iterable[str] = 
     for o in overrides:
         if "=" not in o:
             raise RecipeError(f"override {o!r} is not of the form key=value (e.g. model.n_layers=4)")
+    overrides = [respell(o) for o in overrides]
     _check_override_keys(overrides)
     try:
         written = OmegaConf.merge(OmegaConf.create(), *layers[1:])  # what the file and overrides set, no defaults
@@ -165,6 +229,7 @@ def load_recipe(path: Union[str, Path, None] = None, overrides: Iterable[str] = 
             dotlist = OmegaConf.from_dotlist(overrides)
             written = OmegaConf.merge(written, dotlist)
         select(schema.model, written.get("model"), ModelConfig)  # each component node: its type's dataclass
+        select(schema.train, written.get("train"), TrainConfig, prefix="train")  # the objective's own Config
         cfg = OmegaConf.merge(schema, written)
         # resolve interpolations now, so a bad one fails here and not mid-run
         OmegaConf.resolve(cfg)

@@ -59,7 +59,7 @@ CHOICES: dict[str, list[Choice]] = {
     "train": [Choice("", "schedule", "train.schedule", "schedule", TrainConfig, lambda: registry_options(SCHEDULES)),
               Choice("", "optimizer", "train.optimizer", "optimizer", TrainConfig,
                      lambda: registry_options(OPTIMIZERS)),
-              Choice("", "objective", "train.objective", "objective", TrainConfig,
+              Choice("", "objective.type", "train.objective", "objective", TrainConfig,
                      lambda: registry_options(OBJECTIVES))],
 }
 

@@ -13,7 +13,7 @@ fields name an entry of a component registry; each component states its own rule
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, ClassVar, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -24,13 +24,14 @@ from archlab.nn.ffn import FFNConfig, GeluConfig, ffn_class
 from archlab.nn.moe.balance import BalanceConfig
 from archlab.nn.moe.layer import MoEConfig
 from archlab.nn.moe.router import RouterConfig
-from archlab.nn.norms import NormConfig
+from archlab.nn.norms import LayerNormConfig, NormConfig
 from archlab.nn.positions import PositionConfig, RopeScalingConfig
 from archlab.optim.muon import MuonConfig
+from archlab.registry import Registry
 
-__all__ = ["AttentionConfig", "BalanceConfig", "BlockConfig", "DataConfig", "FFNConfig", "LayersConfig", "ModelConfig",
-           "MoEConfig", "MuonConfig", "NormConfig", "PositionConfig", "Recipe", "RopeScalingConfig", "RouterConfig",
-           "TrainConfig", "UpcycleConfig"]
+__all__ = ["AttentionConfig", "BalanceConfig", "BlockConfig", "DataConfig", "FFNConfig", "LayersConfig",
+           "ModelConfig", "MoEConfig", "MuonConfig", "NormConfig", "OBJECTIVES", "ObjectiveConfig", "PositionConfig",
+           "Recipe", "RopeScalingConfig", "RouterConfig", "TrainConfig", "UpcycleConfig"]
 
 
 @dataclass
@@ -61,7 +62,7 @@ class ModelConfig:
     n_layers: int = 4
     n_heads: int = 4
     n_kv_heads: Optional[int] = None  # None = n_heads (MHA); 1 = MQA; in between = GQA
-    norm: NormConfig = field(default_factory=NormConfig)
+    norm: NormConfig = field(default_factory=LayerNormConfig)  # norm.type chooses its dataclass (archlab/nn/norms.py)
     position: PositionConfig = field(default_factory=PositionConfig)
     attention: AttentionConfig = field(default_factory=MHAConfig)  # attention.type (a pattern) chooses its dataclass.
     ffn: FFNConfig = field(default_factory=GeluConfig)  # ffn.type chooses its dataclass (archlab/nn/ffn.py).
@@ -171,6 +172,17 @@ class UpcycleConfig:
     drop_ratio: float = 0.5  # method drop: share r of each expert's hidden units re-initialised (paper: 0.5)
 
 
+OBJECTIVES: Registry = Registry("objective")  # train.objective.type: filled by archlab.objectives' modules
+
+
+@dataclass
+class ObjectiveConfig:
+    # the objective's name (an entry of archlab/objectives/); each objective's Config subclasses this node with
+    # the options only it reads
+    type: str = "causal_lm"
+    variants: ClassVar[Registry] = OBJECTIVES  # objective.type chooses the dataclass: the objective's ``Config``
+
+
 @dataclass
 class TrainConfig:
     seq_len: int = 256
@@ -195,30 +207,23 @@ class TrainConfig:
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW (under muon: its AdamW groups)
     eps: float = 1e-8  # AdamW (under muon: its AdamW groups)
     muon: MuonConfig = field(default_factory=MuonConfig)  # optimizer muon: momentum, nesterov, ns_steps, adjust_lr_fn
-    # causal_lm (next-token prediction) | mtp (DeepSeek-V3's multi-token prediction: model.mtp_depth modules)
-    # | mlm (BERT's masked-token prediction: model.type encoder) | span_corruption (T5's: model.type
-    # encoder_decoder) | classify (fine-tuning with a classification head on a labelled task); archlab/objectives/
-    # | tag | span_qa | bound (understanding tasks, Python's ast as ground truth: docs/understanding-tasks.md)
-    objective: str = "causal_lm"
-    mtp_weight: float = 0.3  # objective mtp: lambda, the MTP loss's weight (DeepSeek-V3: 0.3, later 0.1)
-    # objective mlm: share of positions selected for prediction (BERT: 0.15; of them 80% masked, 10% a random
-    # id, 10% kept)
-    mlm_probability: float = 0.15
-    # objective span_corruption (T5): share of a window's ids dropped as noise, and their mean span length
-    span_noise_density: float = 0.15
-    span_mean_length: float = 3.0
-    # objective classify (fine-tuning, archlab/objectives/classify.py): a pre-trained run folder (its newest complete
-    # checkpoint) or checkpoint folder whose weights the model loads by name, and whose tokenizer the task uses;
-    # null = a fresh init (the no-pre-training control). causal_lm: the run's weights start this one (fresh
-    # optimizer, step 0): loaded by name, or with train.upcycle a dense run's weights upcycled into this MoE
+    # what the run trains on: objective.type chooses the node's dataclass, the objective's own Config
+    # (archlab/objectives/: mtp's MTPConfig adds weight, mlm's probability...); a bare name is short for
+    # {type: NAME}. causal_lm (next-token prediction) | mtp (DeepSeek-V3's multi-token prediction:
+    # model.mtp_depth modules) | mlm (BERT's masked-token prediction: model.type encoder) | span_corruption
+    # (T5's: model.type encoder_decoder) | classify (fine-tuning with a classification head on a labelled
+    # task) | tag | span_qa | bound (understanding tasks, Python's ast as ground truth:
+    # docs/understanding-tasks.md). The flat keys before it (train.mtp_weight...) are read as their place here,
+    # with a warning (archlab/config/load.py: nest_objective, respell)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    # a pre-trained run folder (its newest complete checkpoint) or checkpoint folder whose weights the model loads
+    # by name (objective classify and the understanding tasks: the trunk, whose tokenizer the task uses; null = a
+    # fresh init, the no-pre-training control). causal_lm: the run's weights start this one (fresh optimizer, step
+    # 0): loaded by name, or with train.upcycle a dense run's weights upcycled into this MoE. A train key, not an
+    # objective option: it says where the weights come from, and the trainer and the experiment stages read it
     init_from: Optional[str] = None
     # objective causal_lm with init_from a dense run and an MoE model: sparse upcycling (archlab/train/upcycle.py)
     upcycle: Optional[UpcycleConfig] = None
-    # objective classify and bound: the state the head reads, first | last | mean; null = the model type's convention
-    # (decoder: last; encoder: first, BERT's [CLS] position; encoder_decoder: the encoder's mean)
-    classify_pooling: Optional[str] = None
-    classify_train_examples: int = 8192  # objective classify: labelled training examples (archlab/data/splice.py)
-    classify_eval_examples: int = 1024  # objective classify: labelled examples in val, and again in test
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     precision: str = "auto"  # auto (bf16 where supported, else fp32) | fp32 | bf16
     compile: bool = False  # torch.compile the model
@@ -264,6 +269,12 @@ class TrainConfig:
     # MoE: every n steps, the router's choices, gate weights and logits for 64 sampled tokens of every MoE layer,
     # to router_trace/ (archlab/train/router_trace.py; read with analysis.routing.read_trace). 0 = off
     router_trace_every: int = 0
+
+    def __post_init__(self):
+        """``objective`` as the dataclass its ``type`` chooses (``ObjectiveConfig(type="mtp")`` becomes an
+        ``MTPConfig``, once archlab.objectives is imported); a key that dataclass lacks is refused unless at its
+        default."""
+        self.objective = variant_config(self.objective, prefix="train.objective")
 
 
 @dataclass

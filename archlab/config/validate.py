@@ -68,13 +68,13 @@ def validate_train(t, model) -> None:
               "raise model.max_seq_len or lower train.seq_len")
     _one_of("train.schedule", t.schedule, SCHEDULES.names())
     _one_of("train.optimizer", t.optimizer, OPTIMIZERS.names())
-    _one_of("train.objective", t.objective, OBJECTIVES.names())
+    _one_of("train.objective", t.objective.type, OBJECTIVES.names())
     check_train_options(t, model)  # a key of another schedule, optimizer or objective, or of an MoE model
     if not 0 <= t.warmup_steps <= t.max_steps:
         fail("train.warmup_steps", t.warmup_steps, f"must lie in [0, max_steps={t.max_steps}]")
     SCHEDULES.get(t.schedule).validate(t)  # the schedule's own keys (min_lr_ratio, decay_*)
     OPTIMIZERS.get(t.optimizer).validate(t)  # weight_decay, betas, eps; the optimizer's own node
-    OBJECTIVES.get(t.objective).validate(SimpleNamespace(model=model, train=t))  # e.g. mtp needs model.mtp_depth
+    OBJECTIVES.get(t.objective.type).validate(SimpleNamespace(model=model, train=t))  # e.g. mtp needs model.mtp_depth
     if any(not 1 <= s <= t.max_steps for s in t.ckpt_steps):
         fail("train.ckpt_steps", list(t.ckpt_steps), f"steps must lie in [1, max_steps={t.max_steps}]")
     if t.branch_from is not None and t.resume not in ("none", "auto"):
@@ -136,4 +136,4 @@ def validate(cfg) -> None:
     """Check a whole recipe; raise :class:`RecipeError` on the first broken rule."""
     validate_model(cfg.model)
     validate_train(cfg.train, cfg.model)  # first: the objective's reserved ids read its train keys
-    validate_data(cfg.data, cfg.model, OBJECTIVES.get(cfg.train.objective).reserved_ids(cfg))
+    validate_data(cfg.data, cfg.model, OBJECTIVES.get(cfg.train.objective.type).reserved_ids(cfg))

@@ -32,14 +32,14 @@ from dataclasses import asdict, dataclass, replace
 
 from omegaconf import DictConfig
 
-from archlab.config.schema import ModelConfig, TrainConfig, model_config
+from archlab.config.schema import ModelConfig, model_config
 from archlab.model import model_class
 from archlab.nn.attention import attention_class
 from archlab.nn.attention.cross import CrossAttention
 from archlab.nn.ffn import ffn_class
 from archlab.nn.moe.layer import MoELayer
 from archlab.objectives import objective_class, objective_name
-from archlab.objectives.span_corruption import span_counts
+from archlab.objectives.span_corruption import SpanCorruptionConfig, span_counts
 
 BACKWARD_TO_FORWARD = 2.0  # backward = grad wrt input + grad wrt weight, each one forward matmul
 
@@ -162,10 +162,11 @@ COMPOSE = {1: stack_flops, 2: encoder_decoder_flops}
 
 def sequence_lengths(model_cfg, seq_len: int) -> tuple[int, int]:
     """An encoder-decoder's (encoder input M, decoder targets T) for a text window of ``seq_len`` ids: span
-    corruption's (a recipe's ``train.span_*`` settings, else T5's defaults)."""
+    corruption's (a recipe's ``train.objective`` settings where it is span_corruption, else T5's defaults)."""
     train = model_cfg.train if isinstance(model_cfg, DictConfig) and "train" in model_cfg else None
-    density = float(train.span_noise_density) if train is not None else TrainConfig.span_noise_density
-    mean = float(train.span_mean_length) if train is not None else TrainConfig.span_mean_length
+    o = train.objective if train is not None and isinstance(train.objective, DictConfig) else {}
+    density = float(o.get("noise_density", SpanCorruptionConfig.noise_density))
+    mean = float(o.get("mean_length", SpanCorruptionConfig.mean_length))
     n, k = span_counts(seq_len, density, mean)
     return seq_len - n + k, n + k
 

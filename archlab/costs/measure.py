@@ -80,18 +80,21 @@ def training_loss(model: nn.Module, x_BW: Tensor, loss: str = "fused") -> Tensor
     same masks)."""
     if loss not in LOSSES:
         raise ValueError(f"loss={loss!r}: must be one of {', '.join(LOSSES)}")
-    objective = objective_class(objective_name(model.cfg))(_MeasureRecipe(model.cfg))
+    name = objective_name(model.cfg)
+    objective = objective_class(name)(_MeasureRecipe(model.cfg, name))
     return objective.loss(model, x_BW).total if loss == "fused" else objective.logits_loss(model, x_BW)
 
 
 class _MeasureRecipe:
     """The recipe an objective is built from when only a model is at hand: its config, default training
-    settings (the loss weights scale gradients, not what is computed or kept)."""
+    settings and the objective's default options (the loss weights scale gradients, not what is computed or
+    kept)."""
 
-    def __init__(self, model_cfg):
+    def __init__(self, model_cfg, objective: str):
         from omegaconf import OmegaConf
 
-        self.model, self.train = model_cfg, OmegaConf.structured(TrainConfig)
+        options = objective_class(objective).Config(type=objective)
+        self.model, self.train = model_cfg, OmegaConf.structured(TrainConfig(objective=options))
 
 
 @contextmanager

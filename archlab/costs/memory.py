@@ -184,8 +184,8 @@ def _moe_bytes(s: _Shape) -> float:
     m = cfg.moe
     D, E = cfg.d_model, m.num_experts
     router = router_class(cfg)
-    slots = router.kept_slots(cfg, n)
-    gathered = router.gathered_slots(cfg, n)  # the slot-indexed tensors the gate-weighted sum reads
+    slots = router.kept_slots(m, n)
+    gathered = router.gathered_slots(m, n)  # the slot-indexed tensors the gate-weighted sum reads
     shared = m.n_shared_experts * (m.shared_hidden if m.shared_hidden is not None else m.expert_hidden)
     # the layer input: the router reads an fp32 copy, the shared experts the input itself
     total = n * D * STATS_BYTES + (n * D * a if shared and a != STATS_BYTES else 0)
@@ -233,7 +233,7 @@ def _selective_layer_bytes(s: _Shape, layer: int) -> dict[str, float]:
     ffn = ffn_class(cfg)
     if cfg.is_moe_layer(layer):
         m = cfg.moe
-        slots = router_class(cfg).kept_slots(cfg, n)
+        slots = router_class(cfg).kept_slots(cfg.moe, n)
         shared = m.n_shared_experts * (m.shared_hidden if m.shared_hidden is not None else m.expert_hidden)
         moe = n * m.num_experts * f + ffn.selective_saved_bytes(s, hidden=m.expert_hidden, n_tokens=slots)
         if shared:  # gate logits (fp32), the experts' and shared experts' projections

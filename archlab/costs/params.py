@@ -29,7 +29,7 @@ from archlab.model.build import model_class
 from archlab.model.decoder import Decoder
 from archlab.nn.moe.experts import expert_params
 from archlab.nn.moe.layer import MoELayer
-from archlab.nn.positions import position_class
+from archlab.nn.positions import position_params
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def param_counts(model_cfg) -> ParamCounts:
     """Parameter counts of the model a recipe (or ``ModelConfig``) describes."""
     cfg = model_config(model_cfg)
     total = model_class(cfg).num_params(cfg)
-    embedding = cfg.vocab_size * cfg.d_model + model_class(cfg).stacks * position_class(cfg).num_params(cfg)
+    embedding = cfg.vocab_size * cfg.d_model + model_class(cfg).stacks * position_params(cfg)
     lm_head = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.d_model
     routed = inactive = 0
     n_moe = n_moe_layers(cfg)

@@ -44,6 +44,7 @@ from archlab.costs.params import param_counts
 from archlab.model import build_model
 from archlab.nn.ffn import ffn_class
 from archlab.nn.moe.router import router_class
+from archlab.objectives import objective_type
 from archlab.optim.adamw import adamw_param_groups
 
 
@@ -308,7 +309,7 @@ def _working_set(cfg, n: int, precision: str, autocast: bool) -> float:
     if any(not cfg.is_moe_layer(i) for i in range(cfg.n_layers)):
         rows = float(n * cfg.ffn_hidden)
     if cfg.moe is not None:
-        rows = max(rows, float(router_class(cfg).kept_slots(cfg, n) * cfg.moe.expert_hidden))
+        rows = max(rows, float(router_class(cfg).kept_slots(cfg.moe, n) * cfg.moe.expert_hidden))
     return rows * ffn_class(cfg).up_width * act + n * cfg.d_model * (4 if autocast else act)
 
 
@@ -381,7 +382,8 @@ def training_plan(recipe, launch: Launch = Launch(), gpu: str = "h100", mfu: flo
         tokens = float(t.max_steps) * t.micro_batch_size * t.grad_accum * launch.world * seq_len
     elif not tokens > 0:
         raise ValueError(f"tokens={tokens!r}: must be positive")
-    fpt = float(training_flops_per_token(model_config(recipe), seq_len, str(t.get("objective", "causal_lm"))))
+    objective = objective_type(t.get("objective", "causal_lm"))
+    fpt = float(training_flops_per_token(model_config(recipe), seq_len, objective))
     return TrainingPlan(recipe=str(recipe.get("name", "recipe")), launch=launch, gpu=GPUS[gpu], memory=memory,
                         headroom=headroom, mfu=float(mfu), flops_per_token=fpt, tokens=float(tokens))
 

@@ -71,9 +71,10 @@ def check_reserved_ids(cfg, tokenizer: Tokenizer, reserved: int) -> None:
     """The tokenizer's ids stay below the ``reserved`` ids the objective keeps at the top of the vocabulary."""
     free = int(cfg.model.vocab_size) - reserved
     if reserved and tokenizer.vocab_size > free:
-        raise DataError(f"model.vocab_size={int(cfg.model.vocab_size)}: train.objective={cfg.train.objective} "
-                        f"uses the last {reserved} id(s) of the vocabulary itself, and the tokenizer has "
-                        f"{tokenizer.vocab_size} ids; set model.vocab_size >= {tokenizer.vocab_size + reserved}")
+        raise DataError(f"model.vocab_size={int(cfg.model.vocab_size)}: "
+                        f"train.objective={cfg.train.objective.type} uses the last {reserved} id(s) of the "
+                        f"vocabulary itself, and the tokenizer has {tokenizer.vocab_size} ids; set model.vocab_size >= "
+                        f"{tokenizer.vocab_size + reserved}")
 
 
 def cache_key(corpus: Corpus, data_cfg, vocab_size: int, tokenizer: Optional[Tokenizer] = None) -> str:

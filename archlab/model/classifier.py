@@ -32,7 +32,7 @@ class ClassifierOutput:
     aux_loss: Tensor  # the trunk's summed MoE balancing losses (0 for dense)
 
 
-def pooling_for(m, pooling: Optional[str], key: str = "train.classify_pooling") -> str:
+def pooling_for(m, pooling: Optional[str], key: str = "train.objective.pooling") -> str:
     """The pooling a classifier on the model ``m`` uses: ``pooling``, or the model type's convention when None;
     a pooling the model type has no use for is refused by name."""
     cls = model_class(m)

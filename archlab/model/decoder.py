@@ -33,7 +33,7 @@ from archlab.nn.moe.layer import MoELayer
 from archlab.nn.mtp import MTPModule
 from archlab.nn.mup import readout_mult, rescale_init
 from archlab.nn.norms import build_norm, norm_class, norm_params
-from archlab.nn.positions import PosContext, build_positions, position_class
+from archlab.nn.positions import PosContext, build_positions, position_params
 from archlab.registry import Registry
 
 MODELS: Registry = Registry("model")
@@ -191,7 +191,7 @@ class Decoder(nn.Module):
     @classmethod
     def num_params(cls, cfg: ModelConfig) -> int:
         """Parameter count from the config alone (tied weights counted once)."""
-        n = cfg.vocab_size * cfg.d_model + position_class(cfg).num_params(cfg)
+        n = cfg.vocab_size * cfg.d_model + position_params(cfg)
         n += sum(cls.layer_class(cfg).num_params(cfg, i) for i in range(cfg.n_layers))
         if cfg.norm.placement == "pre":
             n += norm_params(cfg, dim=cfg.d_model)

@@ -38,7 +38,7 @@ from archlab.model.decoder import MODELS, Block, Decoder, ModelOutput
 from archlab.nn.attention import KVCache, LayerKVCache, attention_class
 from archlab.nn.attention.cross import CrossAttention
 from archlab.nn.norms import build_norm, norm_params
-from archlab.nn.positions import PosContext, build_positions, position_class
+from archlab.nn.positions import PosContext, build_positions, position_class, position_params
 
 
 class CrossBlock(Block):
@@ -118,7 +118,7 @@ class EncoderDecoder(Decoder):
     @staticmethod
     def num_params(cfg: ModelConfig) -> int:
         d = cfg.d_model
-        n = cfg.vocab_size * d + 2 * position_class(cfg).num_params(cfg)  # shared table; a table per stack
+        n = cfg.vocab_size * d + 2 * position_params(cfg)  # shared table; a table per stack
         n += sum(Block.num_params(cfg, i) + CrossBlock.num_params(cfg, i) for i in range(cfg.n_layers))
         if cfg.norm.placement == "pre":
             n += 2 * norm_params(cfg, dim=d)

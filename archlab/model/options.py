@@ -7,7 +7,6 @@ from archlab.config.schema import (
     BlockConfig,
     ModelConfig,
     MoEConfig,
-    NormConfig,
     PositionConfig,
     RopeScalingConfig,
     RouterConfig,
@@ -17,14 +16,12 @@ from archlab.nn.attention import MHAConfig
 from archlab.nn.ffn import SwiGLUConfig
 from archlab.nn.moe.router import ROUTERS
 from archlab.nn.mup import PARAMETRIZATION_OPTIONS
-from archlab.nn.norms import NORMS
 from archlab.nn.positions import POSITIONS, ROPE_SCALINGS, position_class
 from archlab.options import Choice, Condition, check, registry_options
 
 MODEL_CHOICES: list[Choice] = [
     # the model type first: a key of another type is refused before its components are asked
     Choice("", "type", "model.type", "model type", ModelConfig, lambda: registry_options(MODELS)),
-    Choice("norm", "norm.type", "norm.type", "norm", NormConfig, lambda: registry_options(NORMS)),
     # position first: on a position without RoPE every rope_scaling key is foreign
     Choice("position", "position.type", "position.type", "position", PositionConfig,
            lambda: registry_options(POSITIONS)),

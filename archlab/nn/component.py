@@ -18,10 +18,11 @@ carries, next to its forward:
   conventions of ``archlab.costs`` (FLOPs: the ones ``FlopCounterMode`` counts; bytes: what
   autograd keeps, for a :class:`ActShape`);
 
-Constructor convention: ``Variant(config, **site)`` with ``config`` its own ``Config`` and
-keyword-only facts of its site (``d_model=`` and ``hidden=`` for an FFN); kinds not yet on their own
-config take the ``ModelConfig`` (``dim=`` for a norm, ``layer=`` for attention). The static facts take
-the same arguments.
+Constructor convention: ``Variant(config, **site)`` with ``config`` its own node and keyword-only
+facts of its site: ``d_model=`` and ``hidden=`` for an FFN, ``dim=`` for a norm, the width, heads,
+``max_seq_len`` and rotary width for a position encoding, ``d_model=`` and the MoE layer's config for a
+router; kinds not yet on their own config take the ``ModelConfig`` (``layer=`` for attention, a
+balancing term). The static facts take the same arguments.
 """
 
 from __future__ import annotations

@@ -1,42 +1,60 @@
 """Normalisation layers, by ``norm.type``: ``layernorm`` (GPT, 2017) and ``rmsnorm`` (LLaMA).
 
-Both are torch's own modules; the subclasses adapt the constructor to the recipe and state their
-facts (``archlab.nn.component``): parameter count, what they keep for backward.
-Site argument: ``dim``, the channels normalised (d_model, or the head dim for q/k norms).
+Both are torch's own modules; the subclasses adapt the constructor to their config and state their facts
+(``archlab.nn.component``): parameter count, what they keep for backward. A norm receives its own config
+(``model.norm``: ``LayerNormConfig`` or ``RMSNormConfig``, chosen by ``norm.type``) and its site: ``dim``, the
+channels normalised (d_model, or the head dim for q/k norms).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import Any, ClassVar
 
 from torch import nn
 
 from archlab.errors import fail
-from archlab.nn.component import STATS_BYTES, ActShape
+from archlab.nn.component import STATS_BYTES, ActShape, option_names
 from archlab.registry import Registry
-
-if TYPE_CHECKING:
-    from archlab.config.schema import ModelConfig
 
 NORMS: Registry = Registry("norm")
 
 
 @dataclass
 class NormConfig:
+    """``model.norm``: the keys every norm reads; a norm's own keys are in its subclass."""
+
+    variants: ClassVar[Registry] = NORMS  # norm.type chooses the dataclass: the norm's ``Config``
     type: str = "layernorm"  # layernorm | rmsnorm
     placement: str = "pre"  # pre (GPT-2, LLaMA: stable at depth) | post (2017 Transformer)
     eps: float = 1e-5
-    bias: bool = True  # LayerNorm bias; rmsnorm has none
+
+
+@dataclass
+class LayerNormConfig(NormConfig):
+    bias: bool = True  # LayerNorm's beta (BERT, GPT-2: yes)
+
+
+@dataclass
+class RMSNormConfig(NormConfig):
+    type: str = "rmsnorm"
 
 
 PLACEMENTS = ("pre", "post")
 
 
+def _node(cfg: Any) -> NormConfig:
+    """The norm node of ``cfg``: ``cfg`` itself, or a model config's ``norm`` (the call form of the components
+    that still pass the model config)."""
+    norm = getattr(cfg, "norm", None)
+    return norm if norm is not None else cfg
+
+
 class Norm:
     """The facts every norm states (mixed into a torch norm module)."""
 
-    options: ClassVar[frozenset[str]] = frozenset({"placement", "eps"})  # the keys of model.norm it reads
+    Config: ClassVar[type] = NormConfig
+    options: ClassVar[frozenset[str]] = option_names(NormConfig)  # the keys of model.norm it reads
 
     @classmethod
     def validate(cls, m, prefix: str = "model") -> None:
@@ -46,7 +64,7 @@ class Norm:
             fail(f"{prefix}.norm.eps", m.norm.eps, "must be a positive number")
 
     @staticmethod
-    def num_params(cfg: "ModelConfig", *, dim: int) -> int:
+    def num_params(config: NormConfig, *, dim: int) -> int:
         raise NotImplementedError
 
     @staticmethod
@@ -65,14 +83,15 @@ class Norm:
 class LayerNorm(Norm, nn.LayerNorm):
     """(x - mean) / std * gamma + beta over the last dim."""
 
-    options = Norm.options | {"bias"}
+    Config = LayerNormConfig
+    options = option_names(LayerNormConfig)
 
-    def __init__(self, cfg: "ModelConfig", *, dim: int):
-        nn.LayerNorm.__init__(self, dim, eps=cfg.norm.eps, bias=cfg.norm.bias)
+    def __init__(self, config: LayerNormConfig, *, dim: int):
+        nn.LayerNorm.__init__(self, dim, eps=config.eps, bias=config.bias)
 
     @staticmethod
-    def num_params(cfg: "ModelConfig", *, dim: int) -> int:
-        return dim * (2 if cfg.norm.bias else 1)
+    def num_params(config: LayerNormConfig, *, dim: int) -> int:
+        return dim * (2 if config.bias else 1)
 
     @staticmethod
     def saved(s: ActShape, *, dim: int) -> tuple[bool, float]:
@@ -84,12 +103,13 @@ class LayerNorm(Norm, nn.LayerNorm):
 class RMSNorm(Norm, nn.RMSNorm):
     """x / rms(x) * gamma: no centring, no bias (Zhang & Sennrich 2019; LLaMA)."""
 
+    Config = RMSNormConfig
 
-    def __init__(self, cfg: "ModelConfig", *, dim: int):
-        nn.RMSNorm.__init__(self, dim, eps=cfg.norm.eps)
+    def __init__(self, config: RMSNormConfig, *, dim: int):
+        nn.RMSNorm.__init__(self, dim, eps=config.eps)
 
     @staticmethod
-    def num_params(cfg: "ModelConfig", *, dim: int) -> int:
+    def num_params(config: RMSNormConfig, *, dim: int) -> int:
         return dim
 
     @staticmethod
@@ -102,13 +122,17 @@ class RMSNorm(Norm, nn.RMSNorm):
         return s.act == STATS_BYTES, upcast_copy + STATS_BYTES + dim * STATS_BYTES
 
 
-def norm_class(cfg: "ModelConfig") -> type[Norm]:
-    return NORMS.get(cfg.norm.type)
+def norm_class(cfg: Any) -> type[Norm]:
+    """The norm class of a norm node (or of a model config's)."""
+    return NORMS.get(_node(cfg).type)
 
 
-def build_norm(cfg: "ModelConfig", *, dim: int) -> nn.Module:
-    return norm_class(cfg)(cfg, dim=dim)
+def build_norm(cfg: Any, *, dim: int) -> nn.Module:
+    """The norm of a norm node (or of a model config's) over ``dim`` channels."""
+    config = _node(cfg)
+    return NORMS.get(config.type)(config, dim=dim)
 
 
-def norm_params(cfg: "ModelConfig", *, dim: int) -> int:
-    return norm_class(cfg).num_params(cfg, dim=dim)
+def norm_params(cfg: Any, *, dim: int) -> int:
+    config = _node(cfg)
+    return NORMS.get(config.type).num_params(config, dim=dim)

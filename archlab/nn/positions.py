@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 import torch
 from torch import Tensor, nn
@@ -72,7 +72,10 @@ class PositionEncoding(nn.Module):
     supports_bidirectional: ClassVar[bool] = True  # valid without the causal mask (an encoder)
     bidirectional_unsupported: ClassVar[str] = ""  # why not, when it is not
 
-    def __init__(self, cfg: "ModelConfig", *, causal: bool = True):
+    def __init__(self, config: PositionConfig, *, d_model: int, n_heads: int, max_seq_len: int, rotary_dim: int,
+                 causal: bool = True):
+        """``config``: its own node (``model.position``); the site: the model width, the heads, the positions the
+        model is built for, the channels per head RoPE rotates, and whether the stack's attention is causal."""
         super().__init__()
         self.causal = causal  # the stack's attention is causal (a decoder) or sees both sides (an encoder)
 
@@ -91,7 +94,7 @@ class PositionEncoding(nn.Module):
         return PosContext()
 
     @staticmethod
-    def num_params(cfg: "ModelConfig") -> int:
+    def num_params(config: PositionConfig, *, d_model: int, n_heads: int, max_seq_len: int) -> int:
         return 0
 
     @staticmethod
@@ -115,10 +118,12 @@ class LearnedPositions(PositionEncoding):
     """A trained table of max_seq_len vectors added to the embeddings (GPT-2/3)."""
 
 
-    def __init__(self, cfg: "ModelConfig", *, causal: bool = True):
-        super().__init__(cfg, causal=causal)
-        self.max_seq_len = cfg.max_seq_len
-        self.table = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+    def __init__(self, config: PositionConfig, *, d_model: int, n_heads: int, max_seq_len: int, rotary_dim: int,
+                 causal: bool = True):
+        super().__init__(config, d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, rotary_dim=rotary_dim,
+                         causal=causal)
+        self.max_seq_len = max_seq_len
+        self.table = nn.Embedding(max_seq_len, d_model)
 
     @staticmethod
     def max_length(cfg: "ModelConfig") -> Optional[int]:
@@ -134,8 +139,8 @@ class LearnedPositions(PositionEncoding):
         return x_BSD + self.table(pos_S)  # positions checked by check_length
 
     @staticmethod
-    def num_params(cfg: "ModelConfig") -> int:
-        return cfg.max_seq_len * cfg.d_model
+    def num_params(config: PositionConfig, *, d_model: int, n_heads: int, max_seq_len: int) -> int:
+        return max_seq_len * d_model
 
     @staticmethod
     def saved_bytes(s: ActShape, checkpointing: str) -> float:
@@ -151,9 +156,11 @@ class SinusoidalPositions(PositionEncoding):
     """
 
 
-    def __init__(self, cfg: "ModelConfig", *, causal: bool = True):
-        super().__init__(cfg, causal=causal)
-        d = cfg.d_model
+    def __init__(self, config: PositionConfig, *, d_model: int, n_heads: int, max_seq_len: int, rotary_dim: int,
+                 causal: bool = True):
+        super().__init__(config, d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, rotary_dim=rotary_dim,
+                         causal=causal)
+        d = d_model
         inv = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
         self.register_buffer("inv_freq", inv, persistent=False)
         self.d = d
@@ -262,10 +269,11 @@ class RotaryPositions(PositionEncoding):
     options = frozenset({"rope_base", "rope_scaling"})
     rotates_qk = True
 
-    def __init__(self, cfg: "ModelConfig", *, causal: bool = True):
-        super().__init__(cfg, causal=causal)
-        inv_freq, temp = rope_inv_freq(cfg.rotary_dim, cfg.position.rope_base, cfg.position.rope_scaling,
-                                       cfg.max_seq_len)
+    def __init__(self, config: PositionConfig, *, d_model: int, n_heads: int, max_seq_len: int, rotary_dim: int,
+                 causal: bool = True):
+        super().__init__(config, d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, rotary_dim=rotary_dim,
+                         causal=causal)
+        inv_freq, temp = rope_inv_freq(rotary_dim, config.rope_base, config.rope_scaling, max_seq_len)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.temperature = temp
 
@@ -318,9 +326,11 @@ class ALiBi(PositionEncoding):
     bidirectional_unsupported = ("ALiBi's bias here is the causal form -m (i - j); its symmetric form -m |i - j| "
                                  "is not implemented")
 
-    def __init__(self, cfg: "ModelConfig", *, causal: bool = True):
-        super().__init__(cfg, causal=causal)
-        self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
+    def __init__(self, config: PositionConfig, *, d_model: int, n_heads: int, max_seq_len: int, rotary_dim: int,
+                 causal: bool = True):
+        super().__init__(config, d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, rotary_dim=rotary_dim,
+                         causal=causal)
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
     def context(self, q_pos_S: Tensor, k_pos_T: Tensor) -> PosContext:
         dist = (q_pos_S[:, None] - k_pos_T[None, :]).float()  # (S, T) = i - j
@@ -355,11 +365,12 @@ class RelativeBias(PositionEncoding):
     options = frozenset({"relative_buckets", "relative_max_distance"})
     score_bias = True
 
-    def __init__(self, cfg: "ModelConfig", *, causal: bool = True):
-        super().__init__(cfg, causal=causal)
-        p = cfg.position
-        self.num_buckets, self.max_distance = p.relative_buckets, p.relative_max_distance
-        self.table = nn.Embedding(p.relative_buckets, cfg.n_heads)  # (buckets, H)
+    def __init__(self, config: PositionConfig, *, d_model: int, n_heads: int, max_seq_len: int, rotary_dim: int,
+                 causal: bool = True):
+        super().__init__(config, d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, rotary_dim=rotary_dim,
+                         causal=causal)
+        self.num_buckets, self.max_distance = config.relative_buckets, config.relative_max_distance
+        self.table = nn.Embedding(config.relative_buckets, n_heads)  # (buckets, H)
 
     def context(self, q_pos_S: Tensor, k_pos_T: Tensor) -> PosContext:
         offset = k_pos_T[None, :] - q_pos_S[:, None]  # (S, T): key position - query position
@@ -367,8 +378,8 @@ class RelativeBias(PositionEncoding):
         return PosContext(bias=self.table(bucket).permute(2, 0, 1))  # (H, S, T)
 
     @staticmethod
-    def num_params(cfg: "ModelConfig") -> int:
-        return cfg.position.relative_buckets * cfg.n_heads
+    def num_params(config: PositionConfig, *, d_model: int, n_heads: int, max_seq_len: int) -> int:
+        return config.relative_buckets * n_heads
 
     @staticmethod
     def saved_bytes(s: ActShape, checkpointing: str) -> float:
@@ -385,10 +396,20 @@ class RelativeBias(PositionEncoding):
                  f"must exceed relative_buckets / 2 = {p.relative_buckets // 2} (the exact offsets; T5: 128)")
 
 
-def position_class(cfg: "ModelConfig") -> type[PositionEncoding]:
-    return POSITIONS.get(cfg.position.type)
+def position_class(cfg: Any) -> type[PositionEncoding]:
+    """The position class of a position node (or of a model config's)."""
+    node = getattr(cfg, "position", None)
+    return POSITIONS.get((node if node is not None else cfg).type)
 
 
 def build_positions(cfg: "ModelConfig", *, causal: bool = True) -> PositionEncoding:
-    """The position encoding of one stack; ``causal``: its attention sees only earlier keys (a decoder's)."""
-    return position_class(cfg)(cfg, causal=causal)
+    """The position encoding of one stack of the model ``cfg``: its own node and the site's facts; ``causal``:
+    its attention sees only earlier keys (a decoder's)."""
+    return position_class(cfg)(cfg.position, d_model=cfg.d_model, n_heads=cfg.n_heads, max_seq_len=cfg.max_seq_len,
+                               rotary_dim=cfg.rotary_dim, causal=causal)
+
+
+def position_params(cfg: "ModelConfig") -> int:
+    """Parameters of one stack's position encoding in the model ``cfg``."""
+    return position_class(cfg).num_params(cfg.position, d_model=cfg.d_model, n_heads=cfg.n_heads,
+                                          max_seq_len=cfg.max_seq_len)

@@ -19,7 +19,7 @@ from typing import Any
 
 from archlab.data import prepare_data
 from archlab.objectives import bound, causal_lm, classify, mlm, mtp, span_corruption, span_qa, tag  # noqa: F401
-from archlab.objectives.base import OBJECTIVES, Loss, Objective, objective_class, objective_name
+from archlab.objectives.base import OBJECTIVES, Loss, Objective, objective_class, objective_name, objective_type
 
 
 def objective_for(cfg: Any) -> Objective:
@@ -34,4 +34,5 @@ def token_data(cfg: Any, progress=None):
     return prepare_data(cfg, progress=progress, reserved=reserved)
 
 
-__all__ = ["OBJECTIVES", "Loss", "Objective", "objective_class", "objective_for", "objective_name", "token_data"]
+__all__ = ["OBJECTIVES", "Loss", "Objective", "objective_class", "objective_for", "objective_name", "objective_type",
+           "token_data"]

@@ -6,8 +6,11 @@ Shape legend: B batch, S sequence (the model's input length), W = S + ``ahead`` 
 An objective is one class registered in :data:`OBJECTIVES` under the name a recipe gives as
 ``train.objective``. Each carries:
 
-- ``options``: the ``train`` keys it reads (``archlab.config.options`` refuses a recipe that sets a key
-  only other objectives read); ``validate(cfg)``: its rules on the recipe (``archlab.errors.fail``);
+- ``Config``: its options, the dataclass ``train.objective.type`` chooses (a subclass of
+  ``archlab.config.schema.ObjectiveConfig``: mtp's ``weight``), so a key of another objective is unknown;
+  ``options``: the other ``train`` keys it reads (``init_from``, ``upcycle``: ``archlab.config.options`` refuses
+  a recipe that sets one only other objectives read); ``validate(cfg)``: its rules on the recipe
+  (``archlab.errors.fail``);
 - ``ahead(m)``: how many ids past the S inputs one training window holds (causal LM: 1, the next
   token; masked LM: 0); the batches are windows of S + ahead ids (``archlab.data.TokenBatches``);
 - ``reserved_ids(cfg)``: ids at the top of the vocabulary the objective uses itself and the tokenizer
@@ -44,12 +47,10 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from archlab.config.schema import OBJECTIVES, ObjectiveConfig
 from archlab.data import TokenBatches, eval_windows, prepare_data
 from archlab.model.build import build_model
 from archlab.nn.loss import IGNORE_INDEX, lm_loss
-from archlab.registry import Registry
-
-OBJECTIVES: Registry = Registry("objective")
 
 
 @dataclass
@@ -72,7 +73,8 @@ class Objective:
     """One training objective a recipe can name (``train.objective``). Class facts need no instance."""
 
     name: ClassVar[str]
-    options: ClassVar[frozenset[str]] = frozenset()
+    Config: ClassVar[type] = ObjectiveConfig  # its options under train.objective (a subclass adds its own keys)
+    options: ClassVar[frozenset[str]] = frozenset()  # the train keys besides train.objective it reads
     eval_metric: ClassVar[str] = "next-token cross-entropy (nats)"
     eval_keys: ClassVar[tuple[str, ...]] = ("loss", "count")  # what eval_sums returns, in order
     eval_loss_key: ClassVar[str] = "loss"  # the validation row's loss (the run summary's final_val_<key>)
@@ -173,6 +175,14 @@ def accuracy_row(metric: str, prefix: str, sums: dict[str, float]) -> dict[str, 
             "eval_tokens": int(n)}
 
 
+def objective_type(node: Any) -> str:
+    """The objective's name of a ``train.objective`` node (its ``type``; a bare name, as older run folders'
+    saved recipes write it, is itself)."""
+    if isinstance(node, str):
+        return node
+    return str(node["type"] if isinstance(node, dict) else node.type)
+
+
 def objective_class(name: str) -> type[Objective]:
     return OBJECTIVES.get(name)
 
@@ -184,7 +194,7 @@ def objective_name(cfg: Any, objective: str | None = None) -> str:
         return objective
     train = getattr(cfg, "train", None) if not hasattr(cfg, "d_model") else None
     if train is not None and train.get("objective"):
-        return str(train.objective)
+        return objective_type(train.objective)
     model = cfg.model if train is not None else cfg
     kind = getattr(model, "type", "decoder")
     if kind in ("encoder", "encoder_decoder"):

@@ -1,21 +1,30 @@
 """Is every name the window reads bound within it? (``train.objective: bound``; :mod:`archlab.data.tasks.bound`):
 a sequence classification whose label needs the whole window, with the ``classify`` objective's head
-(:class:`archlab.model.classifier.Classifier`: ``train.classify_pooling``, null = the model type's convention,
+(:class:`archlab.model.classifier.Classifier`: ``train.objective.pooling``, null = the model type's convention,
 GPT the last state, BERT the first, T5 the encoder's mean). Validation rows: ``metric: bound``, ``bound_loss``,
 ``bound_accuracy``."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from archlab.config.schema import model_config
+from archlab.config.schema import ObjectiveConfig, model_config
 from archlab.data.tasks.bound import N_CLASSES
 from archlab.model.classifier import Classifier, pooling_for
 from archlab.objectives.base import OBJECTIVES
 from archlab.objectives.understanding import UnderstandingObjective
+
+
+@dataclass
+class BoundConfig(ObjectiveConfig):
+    type: str = "bound"
+    # the state the head reads, first | last | mean; null = the model type's convention (as classify's)
+    pooling: Optional[str] = None
+    renamed: ClassVar[dict[str, str]] = {"classify_pooling": "pooling"}  # the flat train key before this node
 
 
 @OBJECTIVES.register("bound")
@@ -24,17 +33,18 @@ class Bound(UnderstandingObjective):
 
     name = "bound"
     task = "bound"
-    options = frozenset({"init_from", "classify_pooling"})
+    Config = BoundConfig
+    options = frozenset({"init_from"})
     eval_metric = "bound: cross-entropy (nats) and accuracy on the validation items"
     eval_loss_key = "bound_loss"
 
     @classmethod
     def validate(cls, cfg: Any) -> None:
         super().validate(cfg)
-        pooling_for(cfg.model, cfg.train.classify_pooling)
+        pooling_for(cfg.model, cfg.train.objective.pooling)
 
     def build_head(self, cfg: Any) -> nn.Module:
-        return Classifier(model_config(cfg), N_CLASSES, cfg.train.classify_pooling)
+        return Classifier(model_config(cfg), N_CLASSES, cfg.train.objective.pooling)
 
     def item_loss(self, logits_BC: Tensor, y_B1: Tensor, reduction: str) -> Tensor:
         return F.cross_entropy(logits_BC, y_B1[:, 0], reduction=reduction)

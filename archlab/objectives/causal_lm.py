@@ -40,10 +40,10 @@ class CausalLM(Objective):
     @classmethod
     def validate(cls, cfg: Any) -> None:
         if cfg.model.type == "encoder_decoder":
-            fail("train.objective", cfg.train.objective, "model.type=encoder_decoder writes targets behind an "
+            fail("train.objective", cls.name, "model.type=encoder_decoder writes targets behind an "
                  "encoded input: train it with train.objective=span_corruption")
         if cfg.model.type == "encoder":
-            fail("train.objective", cfg.train.objective, "model.type=encoder sees both sides of every position, "
+            fail("train.objective", cls.name, "model.type=encoder sees both sides of every position, "
                  "the next token included: train it with train.objective=mlm")
         if cfg.model.mtp_depth:
             fail("model.mtp_depth", cfg.model.mtp_depth, "multi-token-prediction modules are trained only by "

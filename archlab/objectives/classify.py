@@ -6,13 +6,13 @@ fresh classification head, trained by cross-entropy on labelled windows (``train
   that does not fit is refused naming the tensors. The tokenizer is the pre-trained run's (``tokenizer.json``
   in its run folder). null: the trunk starts from a fresh init (the no-pre-training control), the tokenizer
   is trained on the task's training documents.
-- ``train.classify_pooling``: which state of the trunk the head reads (``archlab.nn.heads.POOLINGS``); null is
+- ``train.objective.pooling``: which state of the trunk the head reads (``archlab.nn.heads.POOLINGS``); null is
   the model type's convention (GPT: last, BERT: first, T5: the encoder's mean); one the model type has no use
   for is refused by name (a causal decoder's first position).
 - The task (:mod:`archlab.data.splice`): was the window spliced right after its middle id? Made from
   ``data.source``'s corpus, split by document (``data.seed``, ``data.val_fraction`` for val and for test,
-  ``data.max_bytes``), ``train.classify_train_examples`` training examples and
-  ``train.classify_eval_examples`` each for val and test, balanced.
+  ``data.max_bytes``), ``train.objective.train_examples`` training examples and
+  ``train.objective.eval_examples`` each for val and test, balanced.
 
 A window is the S input ids and the label behind them, (B, S + 1) (``ahead`` 1): the trainer's micro batches
 are drawn from the training examples by (``train.seed``, step), as token windows are. Validation rows say
@@ -23,8 +23,9 @@ split (test) after training.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, ClassVar, Iterator, Optional
 
 import numpy as np
 import torch
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from archlab.checkpoints import TOKENIZER, WEIGHTS, CheckpointError, resolve_checkpoint
-from archlab.config.schema import model_config
+from archlab.config.schema import ObjectiveConfig, model_config
 from archlab.data import build_corpus, build_tokenizer
 from archlab.data.splice import N_CLASSES, read_split_documents, splice_task
 from archlab.data.tokenizer import Tokenizer
@@ -95,12 +96,26 @@ def example_windows(x_NS: np.ndarray, y_N: np.ndarray, batch_size: int, n_batche
     return (windows[s:s + batch_size] for s in starts[rank::world_size])
 
 
+@dataclass
+class ClassifyConfig(ObjectiveConfig):
+    type: str = "classify"
+    # the state the head reads, first | last | mean; null = the model type's convention (decoder: last; encoder:
+    # first, BERT's [CLS] position; encoder_decoder: the encoder's mean)
+    pooling: Optional[str] = None
+    train_examples: int = 8192  # labelled training examples (archlab/data/splice.py)
+    eval_examples: int = 1024  # labelled examples in val, and again in test
+    renamed: ClassVar[dict[str, str]] = {  # the flat train keys before this node
+        "classify_pooling": "pooling", "classify_train_examples": "train_examples",
+        "classify_eval_examples": "eval_examples"}
+
+
 @OBJECTIVES.register("classify")
 class Classify(Objective):
     """Cross-entropy of a classification head on the pooled states of a pre-trained trunk."""
 
     name = "classify"
-    options = frozenset({"init_from", "classify_pooling", "classify_train_examples", "classify_eval_examples"})
+    Config = ClassifyConfig
+    options = frozenset({"init_from"})
     eval_metric = "classify: the labelled task's cross-entropy (nats) and accuracy on the validation examples"
     eval_keys = ("loss", "correct", "count")
     eval_loss_key = "classify_loss"
@@ -108,13 +123,14 @@ class Classify(Objective):
     @classmethod
     def validate(cls, cfg: Any) -> None:
         t, m = cfg.train, cfg.model
-        pooling_for(m, t.classify_pooling)
+        pooling_for(m, t.objective.pooling)
         if getattr(m, "mtp_depth", 0):
             fail("model.mtp_depth", m.mtp_depth, "multi-token-prediction modules are trained only by "
                  "train.objective=mtp; a classifier reads the trunk's hidden states: set model.mtp_depth=0")
-        for key in ("classify_train_examples", "classify_eval_examples"):
-            if getattr(t, key) < 2:
-                fail(f"train.{key}", getattr(t, key), "must be >= 2 (a balanced set holds both labels)")
+        for key in ("train_examples", "eval_examples"):
+            if getattr(t.objective, key) < 2:
+                fail(f"train.objective.{key}", getattr(t.objective, key),
+                     "must be >= 2 (a balanced set holds both labels)")
         if t.seq_len < 3:
             fail("train.seq_len", t.seq_len, "the task's windows need ids on both sides of the middle: >= 3")
         if list(t.eval_context_multipliers) != [1]:
@@ -138,8 +154,8 @@ class Classify(Objective):
         corpus = build_corpus(d)
         texts = read_split_documents(corpus, int(d.seed), float(d.val_fraction), d.max_bytes)
         tokenizer, path = task_tokenizer(cfg, texts["train"])
-        data = splice_task(corpus, tokenizer, int(t.seq_len), int(t.classify_train_examples),
-                           int(t.classify_eval_examples), int(d.seed), float(d.val_fraction), d.max_bytes,
+        data = splice_task(corpus, tokenizer, int(t.seq_len), int(t.objective.train_examples),
+                           int(t.objective.eval_examples), int(d.seed), float(d.val_fraction), d.max_bytes,
                            texts=texts, tokenizer_path=path)
         ckpt = pretrained_checkpoint(t)
         data.meta["init_from"] = str(ckpt) if ckpt is not None else None
@@ -147,7 +163,7 @@ class Classify(Objective):
 
     def build_model(self, cfg: Any) -> nn.Module:
         """The classifier, its trunk loaded by name from ``train.init_from`` (a fresh head either way)."""
-        model = Classifier(model_config(cfg), N_CLASSES, cfg.train.classify_pooling)
+        model = Classifier(model_config(cfg), N_CLASSES, cfg.train.objective.pooling)
         ckpt = pretrained_checkpoint(cfg.train)
         if ckpt is not None:
             load_pretrained(model.trunk, ckpt / WEIGHTS)

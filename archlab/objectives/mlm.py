@@ -1,7 +1,7 @@
 """Masked-language modelling (BERT, Devlin et al. 2019, sec. 3.1): an encoder (``model.type: encoder``)
 predicts a random share of its input tokens from both sides. Windows of S ids (``ahead`` 0: no shift).
 
-Of the S positions of a window each is selected with probability p = ``train.mlm_probability`` (BERT:
+Of the S positions of a window each is selected with probability p = ``train.objective.probability`` (BERT:
 0.15); a selected position's input is replaced by the mask id with probability 0.8, by a random id with
 0.1, and kept with 0.1, and its target is the original id; every other target is -100 (ignored), so the
 loss is the mean cross-entropy over the selected positions. A window with no selected position (tiny
@@ -24,12 +24,14 @@ fused loss: its FLOPs and saved bytes are per token, whatever the draw.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from archlab.config.schema import ObjectiveConfig
 from archlab.errors import fail
 from archlab.nn.heads import HeadTransform
 from archlab.nn.loss import IGNORE_INDEX, lm_loss
@@ -70,12 +72,20 @@ def mask_tokens(x_BS: Tensor, probability: float, mask: int, generator: torch.Ge
     return inputs, targets
 
 
+@dataclass
+class MLMConfig(ObjectiveConfig):
+    type: str = "mlm"
+    # share of positions selected for prediction (BERT: 0.15; of them 80% masked, 10% a random id, 10% kept)
+    probability: float = 0.15
+    renamed: ClassVar[dict[str, str]] = {"mlm_probability": "probability"}  # the flat train key before this node
+
+
 @OBJECTIVES.register("mlm")
 class MaskedLM(Objective):
     """Cross-entropy on the selected positions of an encoder's input (BERT's masked LM)."""
 
     name = "mlm"
-    options = frozenset({"mlm_probability"})
+    Config = MLMConfig
     eval_metric = "mlm: masked-token cross-entropy (nats) and accuracy on the selected positions"
     eval_keys = ("loss", "correct", "count")
     eval_loss_key = "mlm_loss"
@@ -83,11 +93,11 @@ class MaskedLM(Objective):
     @classmethod
     def validate(cls, cfg: Any) -> None:
         if cfg.model.type != "encoder":
-            fail("train.objective", cfg.train.objective, f"masked-token prediction needs model.type=encoder "
+            fail("train.objective", cls.name, f"masked-token prediction needs model.type=encoder "
                  f"(bidirectional attention); this recipe's model type is {cfg.model.type}")
-        p = cfg.train.mlm_probability
+        p = cfg.train.objective.probability
         if not 0.0 < p < 1.0:
-            fail("train.mlm_probability", p, "must lie in (0, 1) (BERT: 0.15)")
+            fail("train.objective.probability", p, "must lie in (0, 1) (BERT: 0.15)")
 
     @classmethod
     def ahead(cls, m: Any) -> int:
@@ -100,7 +110,7 @@ class MaskedLM(Objective):
     def select(self, x_BS: Tensor, stream: int, step: int, micro: int) -> tuple[Tensor, Tensor]:
         """(inputs, targets) of the ids ``x_BS`` with the draws of (stream, step, micro)."""
         generator = draw_generator(int(self.t.seed), stream, step, micro)
-        return mask_tokens(x_BS, float(self.t.mlm_probability), mask_id(self.m), generator)
+        return mask_tokens(x_BS, float(self.t.objective.probability), mask_id(self.m), generator)
 
     def loss(self, model: nn.Module, x_BW: Tensor, *, step: int = 0, micro: int = 0) -> Loss:
         inputs, targets = self.select(x_BW, TRAIN_STREAM, step, micro)

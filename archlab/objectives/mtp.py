@@ -1,7 +1,7 @@
 """Multi-token prediction (DeepSeek-V3, sec. 2.2): next-token prediction plus ``model.mtp_depth`` = K
 modules that each predict one token further ahead (archlab/nn/mtp.py). Windows of S + 1 + K ids.
 
-    L = L_main + lambda / K * sum_k L_MTP^k          lambda = train.mtp_weight
+    L = L_main + lambda / K * sum_k L_MTP^k          lambda = train.objective.weight
 
 DeepSeek-V3 trains with K = 1 and lambda = 0.3 for the first 10T tokens, then 0.1. The reported ``loss``
 (metrics, validation) is L_main alone, the main model's next-token loss, comparable with a causal-LM
@@ -10,22 +10,31 @@ run's; ``mtp_loss`` (the modules' mean) is logged beside it. Validation and expo
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
+from archlab.config.schema import ObjectiveConfig
 from archlab.errors import fail
 from archlab.nn.mtp import MTPModule, mtp_layer
 from archlab.objectives.base import OBJECTIVES, Loss, Objective
 from archlab.objectives.causal_lm import head_loss_bytes
 
 
+@dataclass
+class MTPConfig(ObjectiveConfig):
+    type: str = "mtp"
+    weight: float = 0.3  # lambda, the MTP loss's weight (DeepSeek-V3: 0.3, later 0.1)
+    renamed: ClassVar[dict[str, str]] = {"mtp_weight": "weight"}  # the flat train keys before this node
+
+
 @OBJECTIVES.register("mtp")
 class MultiTokenPrediction(Objective):
-    """The main next-token loss plus the MTP modules' losses at weight ``train.mtp_weight``."""
+    """The main next-token loss plus the MTP modules' losses at weight ``train.objective.weight``."""
 
     name = "mtp"
-    options = frozenset({"mtp_weight"})
+    Config = MTPConfig
 
     @classmethod
     def validate(cls, cfg: Any) -> None:
@@ -35,9 +44,9 @@ class MultiTokenPrediction(Objective):
         if cfg.model.moe is not None and cfg.model.moe.ep_size > 1:
             fail("model.moe.ep_size", cfg.model.moe.ep_size, "multi-token prediction is not verified under expert "
                  "parallelism (its MoE block's experts would be sharded like the main layers'); use ep_size=1")
-        if not cfg.train.mtp_weight > 0:
-            fail("train.mtp_weight", cfg.train.mtp_weight, "must be positive (DeepSeek-V3: 0.3, later 0.1); "
-                 "without the MTP loss use train.objective=causal_lm and model.mtp_depth=0")
+        if not cfg.train.objective.weight > 0:
+            fail("train.objective.weight", cfg.train.objective.weight, "must be positive (DeepSeek-V3: 0.3, later "
+                 "0.1); without the MTP loss use train.objective=causal_lm and model.mtp_depth=0")
 
     @classmethod
     def ahead(cls, m: Any) -> int:
@@ -48,7 +57,7 @@ class MultiTokenPrediction(Objective):
         out = model(inputs, targets=targets)  # targets (B, S + K): the main loss and the K modules' losses
         mtp = out.mtp_losses.float().mean()
         main, aux = out.loss.float(), out.aux_loss.float()
-        return Loss(main=main, aux=aux, parts={"mtp_loss": mtp}, total=main + self.t.mtp_weight * mtp + aux)
+        return Loss(main=main, aux=aux, parts={"mtp_loss": mtp}, total=main + self.t.objective.weight * mtp + aux)
 
     @classmethod
     def forward_flops(cls, cfg: Any, seq_len: int) -> dict[str, float]:

@@ -2,8 +2,8 @@
 reads a text window with random spans replaced by sentinel ids and writes out the dropped spans, each behind
 its sentinel. Windows of S ids (``ahead`` 0).
 
-Of the S ids of a window, n = round(S * ``train.span_noise_density``) (T5: 0.15) are noise, in
-k = round(n / ``train.span_mean_length``) spans (T5: 3); the window alternates non-noise and noise spans,
+Of the S ids of a window, n = round(S * ``train.objective.noise_density``) (T5: 0.15) are noise, in
+k = round(n / ``train.objective.mean_length``) spans (T5: 3); the window alternates non-noise and noise spans,
 starting with non-noise, their lengths a uniformly random composition of S - n and of n into k positive
 parts (T5's ``random_spans_noise_mask``). With N_i the non-noise and X_i the noise spans and s_i the i-th
 sentinel:
@@ -30,11 +30,13 @@ targets): never a causal-LM ``loss``.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from archlab.config.schema import ObjectiveConfig
 from archlab.errors import fail
 from archlab.nn.loss import lm_loss
 from archlab.objectives.base import OBJECTIVES, Loss, Objective, accuracy_row, scored_targets
@@ -93,26 +95,35 @@ def corrupt(x_BS: Tensor, noise_BS: Tensor, vocab_size: int, spans: int) -> tupl
     return encoder, decoder, targets
 
 
+@dataclass
+class SpanCorruptionConfig(ObjectiveConfig):
+    type: str = "span_corruption"
+    noise_density: float = 0.15  # share of a window's ids dropped as noise (T5: 0.15)
+    mean_length: float = 3.0  # mean noise span length (T5: 3)
+    # the flat train keys before this node
+    renamed: ClassVar[dict[str, str]] = {"span_noise_density": "noise_density", "span_mean_length": "mean_length"}
+
+
 @OBJECTIVES.register("span_corruption")
 class SpanCorruption(Objective):
     """Cross-entropy of the dropped spans, written out by the decoder behind their sentinels (T5)."""
 
     name = "span_corruption"
-    options = frozenset({"span_noise_density", "span_mean_length"})
+    Config = SpanCorruptionConfig
     eval_metric = "span_corruption: cross-entropy (nats) and accuracy on the decoder's targets (spans and sentinels)"
     eval_keys = ("loss", "correct", "count")
     eval_loss_key = "span_loss"
 
     @classmethod
     def validate(cls, cfg: Any) -> None:
-        t = cfg.train
+        t, o = cfg.train, cfg.train.objective
         if cfg.model.type != "encoder_decoder":
-            fail("train.objective", t.objective, "span corruption needs model.type=encoder_decoder (an encoder "
+            fail("train.objective", cls.name, "span corruption needs model.type=encoder_decoder (an encoder "
                  f"reads the corrupted text, a decoder writes the spans); this recipe's is {cfg.model.type}")
-        if not 0.0 < t.span_noise_density < 0.5:
-            fail("train.span_noise_density", t.span_noise_density, "must lie in (0, 0.5) (T5: 0.15)")
-        if t.span_mean_length < 1.0:
-            fail("train.span_mean_length", t.span_mean_length, "must be >= 1 (T5: 3)")
+        if not 0.0 < o.noise_density < 0.5:
+            fail("train.objective.noise_density", o.noise_density, "must lie in (0, 0.5) (T5: 0.15)")
+        if o.mean_length < 1.0:
+            fail("train.objective.mean_length", o.mean_length, "must be >= 1 (T5: 3)")
         if list(t.eval_context_multipliers) != [1]:
             fail("train.eval_context_multipliers", list(t.eval_context_multipliers), "span corruption evaluates "
                  "windows of train.seq_len ids only (its sentinel ids are counted for that length): set [1]")
@@ -123,18 +134,18 @@ class SpanCorruption(Objective):
 
     @classmethod
     def reserved_ids(cls, cfg: Any) -> int:
-        t = cfg.train
-        return 1 + span_counts(int(t.seq_len), float(t.span_noise_density), float(t.span_mean_length))[1]
+        t, o = cfg.train, cfg.train.objective
+        return 1 + span_counts(int(t.seq_len), float(o.noise_density), float(o.mean_length))[1]
 
     def lengths(self, seq_len: int) -> tuple[int, int]:
         """(encoder input M, targets T) of a window of ``seq_len`` ids."""
-        n, k = span_counts(seq_len, float(self.t.span_noise_density), float(self.t.span_mean_length))
+        n, k = span_counts(seq_len, float(self.t.objective.noise_density), float(self.t.objective.mean_length))
         return seq_len - n + k, n + k
 
     def corrupt(self, x_BS: Tensor, stream: int, step: int, micro: int) -> tuple[Tensor, Tensor, Tensor]:
         """(encoder input, decoder input, targets) of the windows ``x_BS`` with the draws of (stream, step, micro)."""
         B, S = x_BS.shape
-        n, k = span_counts(S, float(self.t.span_noise_density), float(self.t.span_mean_length))
+        n, k = span_counts(S, float(self.t.objective.noise_density), float(self.t.objective.mean_length))
         generator = draw_generator(int(self.t.seed), stream, step, micro)
         return corrupt(x_BS, noise_mask(B, S, n, k, generator), int(self.m.vocab_size), k)
 

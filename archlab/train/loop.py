@@ -36,7 +36,7 @@ from archlab.data.corpus import DataError
 from archlab.data.shards import open_shard, shard_files
 from archlab.data.tokens import shard_counts
 from archlab.model.checkpointing import allow_compiled_recomputation
-from archlab.objectives import Loss, Objective, objective_for
+from archlab.objectives import Loss, Objective, objective_for, objective_type
 from archlab.train import checkpoint as ckpt
 from archlab.train import console, record
 from archlab.train.backends import Backend, select_backend
@@ -75,7 +75,7 @@ def count_shard_share(cfg: DictConfig, info: DistInfo) -> int:
 
 def flops_per_token(cfg: DictConfig) -> tuple[float, str]:
     """Training matmul FLOPs per token, and where the figure comes from."""
-    flops = training_flops_per_token(model_config(cfg), cfg.train.seq_len, str(cfg.train.objective))
+    flops = training_flops_per_token(model_config(cfg), cfg.train.seq_len, objective_type(cfg.train.objective))
     return float(flops), "archlab.costs.training_flops_per_token"
 
 

@@ -30,6 +30,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from archlab.checkpoints import TOKENIZER  # noqa: F401  (a run folder file, named with the checkpoints)
+from archlab.config.load import nest_objective
 from archlab.config.schema import TrainConfig
 from archlab.config.validate import RecipeError
 from archlab.io import read_jsonl, write_json_atomic, write_text_atomic  # noqa: F401  (read_jsonl re-exported)
@@ -356,7 +357,9 @@ def resume_changes(cfg: DictConfig, ckpt_dir: Path, world_size: int = 1) -> list
     :data:`RESUME_FREE`, compared with the checkpoint's recipe.yaml (a key that recipe lacks, written by an
     older archlab, counts at its schema default), and the global batch compared with state.json's."""
     defaults = _train_leaves(OmegaConf.to_container(OmegaConf.structured(TrainConfig)))
-    saved_node = OmegaConf.load(ckpt_dir / ckpt.RECIPE).get("train")
+    saved_recipe = OmegaConf.load(ckpt_dir / ckpt.RECIPE)
+    nest_objective(saved_recipe, str(ckpt_dir / ckpt.RECIPE))  # one saved before train.objective was a node
+    saved_node = saved_recipe.get("train")
     saved = _train_leaves(OmegaConf.to_container(saved_node, resolve=True) if saved_node is not None else {})
     now = _train_leaves(OmegaConf.to_container(cfg.train, resolve=True))
     changes = []

@@ -47,7 +47,7 @@ MODEL_LEVEL_MOE = ("moe",)  # the only model key an upcycled MoE may differ in f
 def start_from(model: nn.Module, cfg: Any, log: Callable[[str], None] = print) -> None:
     """Load ``train.init_from`` into ``model`` (a causal LM): by name, or upcycled (``train.upcycle``)."""
     t = cfg.train
-    if t.init_from is None or t.objective != "causal_lm":  # classify loads its own trunk
+    if t.init_from is None or t.objective.type != "causal_lm":  # classify loads its own trunk
         return
     ckpt = checkpoint_of(t.init_from)
     if t.upcycle is None:

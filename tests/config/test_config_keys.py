@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 import archlab
 from archlab.config import RecipeError
 from archlab.config.keys import GROUPS, choices, key_groups, nearest_keys, schema_keys
-from archlab.config.schema import ModelConfig
+from archlab.config.schema import ModelConfig, TrainConfig
 from archlab.config.variants import variant_nodes
 
 
@@ -29,7 +29,8 @@ def test_schema_keys_are_the_keys_of_a_loaded_moe_recipe(root):
     """Every key of a loaded recipe, and besides them only the keys of the variants it did not choose."""
     cfg = archlab.load_recipe(root / "recipes/mixtral/tiny.yaml")
     loaded, keys = set(_leaves(cfg)), set(schema_keys())
-    others = {f"model.{path}.{f.name}" for path, base in variant_nodes(ModelConfig)
+    others = {f"{section}.{path}.{f.name}" for section, schema in (("model", ModelConfig), ("train", TrainConfig))
+              for path, base in variant_nodes(schema)
               for name in base.variants.names() for f in fields(base.variants.get(name).Config)}
     assert loaded <= keys and keys - loaded <= others
     assert "model.ffn.multiple_of" in loaded and "model.ffn.approximate" in keys - loaded  # swiglu, not gelu

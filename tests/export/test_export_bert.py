@@ -14,6 +14,7 @@ import archlab
 from archlab.config.schema import FFNConfig, ModelConfig, NormConfig, PositionConfig
 from archlab.hf import export_hf, find_adapter, to_hf_model
 from archlab.nn.attention import MHAConfig
+from archlab.nn.norms import LayerNormConfig
 
 V = 101
 
@@ -26,7 +27,7 @@ def encoder(seed: int) -> ModelConfig:
     return ModelConfig(
         type="encoder", vocab_size=V, max_seq_len=48, d_model=rng.choice([32, 48]), n_layers=rng.choice([1, 2, 3]),
         n_heads=n_heads, n_kv_heads=rng.choice([None, *[g for g in (1, 2) if n_heads % g == 0]]),
-        norm=NormConfig(type="layernorm", placement="post", eps=rng.choice([1e-12, 1e-5]), bias=rng.random() < 0.7),
+        norm=LayerNormConfig(placement="post", eps=rng.choice([1e-12, 1e-5]), bias=rng.random() < 0.7),
         position=PositionConfig(type="learned"),
         attention=MHAConfig(bias=rng.random() < 0.7),
         ffn=FFNConfig(type=rng.choice(["gelu", "relu"]), bias=rng.random() < 0.7, hidden=rng.choice([None, 40])),

@@ -18,6 +18,7 @@ from archlab.config.schema import (
 )
 from archlab.hf import ADAPTERS, export_hf, find_adapter, to_hf_model
 from archlab.nn.attention import MHAConfig
+from archlab.nn.norms import LayerNormConfig
 
 V = 97
 
@@ -45,7 +46,7 @@ PARITY = {
     "gpt2-gqa": gpt(n_kv_heads=2),
     "gpt2-mqa-untied": gpt(n_kv_heads=1, tie_embeddings=False),
     "gpt2-no-bias": gpt(attention=AttentionConfig(bias=False), ffn=FFNConfig(type="gelu", bias=False),
-                        norm=NormConfig(type="layernorm", bias=False)),
+                        norm=LayerNormConfig(bias=False)),
     "gpt2-relu": gpt(ffn=FFNConfig(type="relu", hidden=64), norm=NormConfig(type="layernorm", eps=1e-6)),
     "llama-gqa": llama(),
     "llama-mqa": llama(n_kv_heads=1),

@@ -13,6 +13,7 @@ from test_export_hf import randomised
 import archlab
 from archlab.config.schema import AttentionConfig, BlockConfig, FFNConfig, ModelConfig, NormConfig, PositionConfig
 from archlab.hf import export_hf, find_adapter, to_hf_model
+from archlab.nn.norms import LayerNormConfig
 
 V = 97
 
@@ -30,7 +31,7 @@ PARITY = {  # name -> (config, HF class)
     "gptj": (parallel(True), "GPTJForCausalLM"),
     "gptj-gqa-tied": (parallel(True, n_kv_heads=2, tie_embeddings=True), "GPTJForCausalLM"),
     "gptj-relu-no-bias": (parallel(True, ffn=FFNConfig(type="relu", bias=False, hidden=64),
-                                   norm=NormConfig(type="layernorm", bias=False, eps=1e-6)), "GPTJForCausalLM"),
+                                   norm=LayerNormConfig(bias=False, eps=1e-6)), "GPTJForCausalLM"),
     "neox": (parallel(False), "GPTNeoXForCausalLM"),
     "neox-mqa": (parallel(False, n_kv_heads=1), "GPTNeoXForCausalLM"),
     "neox-no-bias-base": (parallel(False, attention=AttentionConfig(bias=False),

@@ -66,8 +66,8 @@ def test_init_from_fine_tunes_it(imported, tmp_path):
     for i in range(8):
         (corpus / f"doc{i}.txt").write_text(("a " if i % 2 else "b ") * 200)
     cfg = archlab.load_recipe(imported / "recipe.yaml", [
-        "train.objective=classify", f"train.init_from={imported}", "train.classify_pooling=last",
-        "train.classify_train_examples=64", "train.classify_eval_examples=16", "data.source=text",
+        "train.objective=classify", f"train.init_from={imported}", "train.objective.pooling=last",
+        "train.objective.train_examples=64", "train.objective.eval_examples=16", "data.source=text",
         f"data.paths=[{corpus}]", "data.tokenizer=byte", "data.val_fraction=0.25", f"data.cache_dir={tmp_path}/cache",
         "train.seq_len=16", "train.micro_batch_size=4", "train.max_steps=2", "train.warmup_steps=0",
         "train.eval_every=2", "train.eval_batches=1", "train.eval_context_multipliers=[1]", f"train.out_dir={tmp_path}",

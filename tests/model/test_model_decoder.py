@@ -21,6 +21,7 @@ from archlab.config.schema import (
 )
 from archlab.nn.attention import GatedDeltaNetConfig, MHAConfig, MLAConfig, SlidingWindowConfig
 from archlab.nn.ffn import SwiGLUConfig
+from archlab.nn.norms import LayerNormConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if "launch" not in p.relative_to(ROOT / "recipes").parts)
@@ -61,7 +62,7 @@ def random_model_config(rng: random.Random) -> ModelConfig:
     return ModelConfig(
         vocab_size=vocab_size, max_seq_len=max_seq_len, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=n_kv_heads,
-        norm=NormConfig(type=norm_type, placement=placement, bias=norm_bias if norm_type == "layernorm" else True),
+        norm=LayerNormConfig(type=norm_type, placement=placement, bias=norm_bias if norm_type == "layernorm" else True),
         position=PositionConfig(type=position, rope_scaling=RopeScalingConfig(
             type=scaling, factor=1.0 if scaling == "none" else 2.0)),
         attention=attention,

@@ -97,7 +97,7 @@ def test_the_decoder_inputs_are_required():
     (["model.mtp_depth=1"], "model.mtp_depth"),
     (["train.objective=causal_lm"], "train.objective"),
     (["train.objective=mlm"], "train.objective"),
-    (["train.span_noise_density=0.6"], "train.span_noise_density"),
+    (["train.objective.noise_density=0.6"], "train.objective.noise_density"),
     (["train.eval_context_multipliers=[1,2]"], "train.eval_context_multipliers"),
 ])
 def test_what_an_encoder_decoder_cannot_run_is_refused_by_name(overrides, key):

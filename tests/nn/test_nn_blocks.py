@@ -6,11 +6,11 @@ import torch.nn.functional as F
 
 from archlab.config.schema import FFNConfig, ModelConfig, NormConfig
 from archlab.nn.ffn import FFNS, build_ffn, ffn_class
-from archlab.nn.norms import NORMS, build_norm, norm_params
+from archlab.nn.norms import NORMS, LayerNorm, LayerNormConfig, RMSNormConfig, build_norm, norm_params
 
 
 def _norm_cfg(**norm) -> ModelConfig:
-    return ModelConfig(norm=NormConfig(**norm))
+    return ModelConfig(norm=LayerNormConfig(**norm))  # the type chooses the dataclass
 
 
 def _ffn_cfg(kind: str, d_model: int, bias: bool) -> ModelConfig:
@@ -36,11 +36,24 @@ def test_rmsnorm_formula():
     torch.testing.assert_close(norm(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight)
 
 
-@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
-@pytest.mark.parametrize("bias", [True, False])
-def test_norm_param_count(kind, bias):
-    c = _norm_cfg(type=kind, bias=bias)
-    assert norm_params(c, dim=24) == sum(p.numel() for p in build_norm(c, dim=24).parameters())
+@pytest.mark.parametrize("config", [LayerNormConfig(bias=True), LayerNormConfig(bias=False), RMSNormConfig()],
+                         ids=["layernorm-bias", "layernorm", "rmsnorm"])
+def test_norm_param_count(config):
+    """A norm receives its own config and its width; the model config's call form builds the same."""
+    assert norm_params(config, dim=24) == sum(p.numel() for p in build_norm(config, dim=24).parameters())
+    via_model = build_norm(ModelConfig(norm=config), dim=24)
+    assert type(via_model) is type(build_norm(config, dim=24)) and norm_params(ModelConfig(norm=config), dim=24) \
+        == norm_params(config, dim=24)
+
+
+def test_the_norm_type_chooses_its_dataclass():
+    """norm.type chooses the node's dataclass: bias exists only for layernorm."""
+    assert isinstance(ModelConfig(norm=NormConfig(type="rmsnorm")).norm, RMSNormConfig)
+    assert isinstance(ModelConfig().norm, LayerNormConfig)
+    assert isinstance(LayerNorm(LayerNormConfig(), dim=4), LayerNorm)
+    with pytest.raises(Exception, match=r"model.norm.bias=False: not a key of norm.type rmsnorm .*bias is read by "
+                                        r"norm.type layernorm"):
+        ModelConfig(norm=LayerNormConfig(type="rmsnorm", bias=False))
 
 
 def test_gelu_mlp_is_tanh_gelu():

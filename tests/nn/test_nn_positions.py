@@ -7,11 +7,10 @@ import torch
 
 from archlab.config.schema import ModelConfig, PositionConfig, RopeScalingConfig
 from archlab.nn.positions import (
-    ALiBi,
     RotaryPositions,
-    SinusoidalPositions,
     alibi_slopes,
     apply_rotary,
+    build_positions,
     rope_inv_freq,
 )
 
@@ -29,7 +28,7 @@ def rotated(rope: RotaryPositions, x_D: torch.Tensor, pos: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("scaling,factor", [("none", 1.0), ("linear", 4.0), ("ntk", 4.0), ("yarn", 4.0)])
 def test_rope_dot_product_depends_only_on_offset(scaling, factor):
-    rope = RotaryPositions(rope_cfg(scaling, factor))
+    rope = build_positions(rope_cfg(scaling, factor))
     q, k = torch.randn(16), torch.randn(16)
     for offset in (0, 3, 17):
         dots = [rotated(rope, q, n + offset) @ rotated(rope, k, n) for n in (0, 5, 40, 200)]
@@ -39,7 +38,7 @@ def test_rope_dot_product_depends_only_on_offset(scaling, factor):
 
 
 def test_rope_rotation_preserves_norm_and_is_identity_at_zero():
-    rope = RotaryPositions(rope_cfg())
+    rope = build_positions(rope_cfg())
     x = torch.randn(16)
     torch.testing.assert_close(rotated(rope, x, 0), x)
     torch.testing.assert_close(rotated(rope, x, 123).norm(), x.norm())
@@ -47,7 +46,7 @@ def test_rope_rotation_preserves_norm_and_is_identity_at_zero():
 
 def test_rope_linear_scaling_is_position_interpolation():
     """Linear scaling by s at position s*p rotates exactly like unscaled RoPE at position p."""
-    plain, scaled = RotaryPositions(rope_cfg()), RotaryPositions(rope_cfg("linear", 4.0))
+    plain, scaled = build_positions(rope_cfg()), build_positions(rope_cfg("linear", 4.0))
     x = torch.randn(16)
     torch.testing.assert_close(rotated(scaled, x, 4 * 25), rotated(plain, x, 25))
 
@@ -90,7 +89,7 @@ def test_alibi_slopes_match_the_paper():
 
 
 def test_alibi_bias_is_minus_slope_times_distance():
-    alibi = ALiBi(ModelConfig(d_model=32, n_heads=4, position=PositionConfig(type="alibi")))
+    alibi = build_positions(ModelConfig(d_model=32, n_heads=4, position=PositionConfig(type="alibi")))
     bias = alibi.context(torch.arange(2, 5), torch.arange(5)).bias  # (H, S=3, T=5)
     assert bias.shape == (4, 3, 5)
     slopes = alibi_slopes(4)
@@ -102,7 +101,7 @@ def test_alibi_bias_is_minus_slope_times_distance():
 
 def test_sinusoidal_matches_formula():
     d = 16
-    pe_mod = SinusoidalPositions(ModelConfig(d_model=d, n_heads=4, position=PositionConfig(type="sinusoidal")))
+    pe_mod = build_positions(ModelConfig(d_model=d, n_heads=4, position=PositionConfig(type="sinusoidal")))
     pos = torch.arange(50)
     pe = pe_mod.embed(torch.zeros(1, 50, d), pos)[0]
     for p in (0, 1, 7, 49):
@@ -125,3 +124,11 @@ def test_relative_buckets_equal_t5s(bidirectional, buckets, reach):
     theirs = T5Attention._relative_position_bucket(offset, bidirectional, buckets, reach)
     assert torch.equal(ours, theirs)
     assert int(ours.max()) == buckets - 1 and int(ours.min()) == 0
+
+
+def test_a_position_encoding_receives_its_node_and_its_site():
+    """Built from its own config and the site's facts, not the model config: the same module as the model's."""
+    cfg = rope_cfg("linear", 2.0)
+    own = RotaryPositions(cfg.position, d_model=64, n_heads=4, max_seq_len=256, rotary_dim=16)
+    torch.testing.assert_close(own.inv_freq, build_positions(cfg).inv_freq)
+    assert own.inv_freq.shape == (8,)

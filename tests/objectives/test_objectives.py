@@ -147,9 +147,10 @@ def test_mtp_modules_are_dropped_at_export_with_equal_logits():
     (["model.mtp_depth=1"], r"model.mtp_depth=1: multi-token-prediction modules are trained only by "
                             r"train.objective=mtp"),
     (["train.objective=mtp"], r"train.objective='mtp': needs multi-token-prediction modules"),
-    (["train.mtp_weight=0.1"], r"train.mtp_weight=0.1: only used by train.objective mtp; this recipe's "
-                               r"objective is causal_lm"),
-    (["model.mtp_depth=1", "train.objective=mtp", "train.mtp_weight=0"], r"train.mtp_weight=0.0: must be positive"),
+    (["train.objective.weight=0.1"], r"train.objective.weight=0.1: not a key of objective.type causal_lm \(its keys: "
+                                     r"type\); weight is read by objective.type mtp"),
+    (["model.mtp_depth=1", "train.objective=mtp", "train.objective.weight=0"],
+     r"train.objective.weight=0.0: must be positive"),
     (["model.mtp_depth=-1"], r"model.mtp_depth=-1: must be >= 0"),
     (["train.objective=mlm"], r"train.objective='mlm': masked-token prediction needs model.type=encoder"),
     (["train.objective=ctc"], r"train.objective='ctc': must be one of: bound, causal_lm, classify, mlm, mtp"),

@@ -48,8 +48,8 @@ def pretrained(corpus, tmp_path_factory):
 
 def classify(corpus, tmp, run, *more):
     return recipe(corpus, tmp, "train.objective=classify", f"train.init_from={run if run is not None else 'null'}",
-                  "train.classify_pooling=last",
-                  "train.classify_train_examples=2048", "train.classify_eval_examples=512", *more)
+                  "train.objective.pooling=last",
+                  "train.objective.train_examples=2048", "train.objective.eval_examples=512", *more)
 
 
 def test_the_trunk_loads_the_checkpoint_by_name(corpus, pretrained):
@@ -103,8 +103,8 @@ def test_fine_tuning_rises_above_chance(corpus, pretrained):
     ("recipes/bert/tiny.yaml", "cls", "must be one of: first, last, mean"),
 ])
 def test_a_pooling_without_sense_is_refused_by_name(recipe_path, pooling, rule):
-    with pytest.raises(RecipeError, match=f"train.classify_pooling='{pooling}': {rule}"):
-        archlab.load_recipe(recipe_path, ["train.objective=classify", f"train.classify_pooling={pooling}"])
+    with pytest.raises(RecipeError, match=f"train.objective.pooling='{pooling}': {rule}"):
+        archlab.load_recipe(recipe_path, ["train.objective=classify", f"train.objective.pooling={pooling}"])
 
 
 def test_each_model_type_pools_its_convention():

@@ -152,8 +152,8 @@ def test_the_head_transform_is_its_own_flops_component():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["train.mlm_probability=0"], r"^train.mlm_probability=0.0: must lie in \(0, 1\)"),
-    (["train.mlm_probability=1.0"], r"^train.mlm_probability=1.0: must lie in \(0, 1\)"),
+    (["train.objective.probability=0"], r"^train.objective.probability=0.0: must lie in \(0, 1\)"),
+    (["train.objective.probability=1.0"], r"^train.objective.probability=1.0: must lie in \(0, 1\)"),
     (["data.tokenizer=byte", "model.vocab_size=257"],
      r"^model.vocab_size=257: the byte tokenizer needs 256 byte ids \+ 1 end-of-text id, \+ 1 id\(s\) the objective "
      r"reserves \(>= 258\)"),
@@ -165,9 +165,9 @@ def test_bad_mlm_settings_are_refused_by_name(overrides, message):
 
 
 def test_mlm_probability_is_refused_where_nothing_reads_it():
-    with pytest.raises(RecipeError, match=r"^train.mlm_probability=0.2: only used by train.objective mlm; this "
-                                          r"recipe's objective is causal_lm$"):
-        archlab.load_recipe("recipes/dense/tiny.yaml", ["train.mlm_probability=0.2"])
+    with pytest.raises(RecipeError, match=r"^train.objective.probability=0.2: not a key of objective.type causal_lm "
+                                          r"\(its keys: type\); probability is read by objective.type mlm$"):
+        archlab.load_recipe("recipes/dense/tiny.yaml", ["train.objective.probability=0.2"])
     archlab.load_recipe("recipes/dense/tiny.yaml", ["data.tokenizer=byte", "model.vocab_size=257"])  # no mask id
 
 

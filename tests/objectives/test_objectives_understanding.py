@@ -78,9 +78,10 @@ def test_gpt_reads_the_last_state_bert_the_first_t5_the_encoder_mean_for_bound()
     (["train.objective=tag", "train.seq_len=8"], r"train.seq_len=8: train.objective=tag needs windows of >= 16"),
     (["train.objective=span_qa", "train.eval_context_multipliers=[1,2]"],
      r"train.eval_context_multipliers=\[1, 2\]: the task's items are windows"),
-    (["train.objective=tag", "train.classify_pooling=last"],
-     r"train.classify_pooling='last': only used by train.objective bound, classify"),
-    (["train.objective=bound", "train.classify_pooling=first"], r"model.type=decoder pools last or mean"),
+    (["train.objective=tag", "train.objective.pooling=last"],
+     r"train.objective.pooling='last': not a key of objective.type tag .*pooling is read by objective.type bound, "
+     r"classify"),
+    (["train.objective=bound", "train.objective.pooling=first"], r"model.type=decoder pools last or mean"),
     (["train.objective=tag", "model.mtp_depth=1"], r"model.mtp_depth=1: train.objective=tag reads the trunk"),
 ])
 def test_refusals_name_the_key(more, rule):

@@ -11,7 +11,7 @@ import pytest
 from tools.experiment import archive, load_spec, main
 from tools.experiment.archive import archive_experiment, restore_experiment
 
-FT = {"set": ["train.objective=classify", "train.classify_train_examples=64", "train.classify_eval_examples=32",
+FT = {"set": ["train.objective=classify", "train.objective.train_examples=64", "train.objective.eval_examples=32",
               "train.eval_batches=2"],
       "budget": {"tokens": 2048}, "tune": {"lr": [1.0e-3, 3.0e-3], "max_extend": 0}}
 

@@ -14,7 +14,7 @@ from archlab.config import RecipeError
 from tools.experiment import load_spec, main, plan, planned_points, resolve_arms, sweep_spec
 from tools.experiment.stages import finetune
 
-FT = {"set": ["train.objective=classify", "train.classify_train_examples=64", "train.classify_eval_examples=32"],
+FT = {"set": ["train.objective=classify", "train.objective.train_examples=64", "train.objective.eval_examples=32"],
       "budget": {"tokens": 2048}, "tune": {"lr": [1.0e-3, 3.0e-3]}}
 
 
@@ -56,7 +56,7 @@ def test_budgets_give_every_arm_once_per_budget_with_its_relations_renamed(tmp_p
 
 @pytest.mark.parametrize("over,message", [
     ({"budget": {"tokens": 4096}}, "not both"),
-    ({"finetune": {**FT, "set": ["train.classify_pooling=mean"]}}, "name the fine-tuning objective"),
+    ({"finetune": {**FT, "set": ["train.objective.pooling=mean"]}}, "name the fine-tuning objective"),
     ({"finetune": {**FT, "set": ["train.objective=classify", "train.init_from=x"]}}, "set per run by the stage"),
     ({"finetune": {**FT, "steps": 3}}, "unknown keys ['steps']"),
     ({"measurements": {"finetune": {"pairs": [["wide", "bert"]]}}}, "finetune.pairs names 'bert', not an arm"),

@@ -36,10 +36,9 @@ from torch import Tensor
 from archlab.errors import fail
 from archlab.nn.moe.experts import Dispatch
 from archlab.nn.moe.layer import MoEConfig
-from archlab.nn.moe.router import FP32_BYTES, Router, Routing, _register
+from archlab.nn.moe.router import FP32_BYTES, Router, RouterConfig, Routing, _register
 
 if TYPE_CHECKING:
-    from archlab.config.schema import ModelConfig
     from archlab.nn.component import ActShape
 
 # balancing keys that do nothing under expert choice (module docstring): the key -> why
@@ -64,31 +63,31 @@ class ExpertChoiceRouter(Router):
 
     options = frozenset({"route_scale", "jitter"})  # no top-k: no groups, no renormalisation
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg)
-        self.capacity_factor = cfg.moe.capacity_factor
-        if cfg.type == "decoder":
+    def __init__(self, config: RouterConfig, *, d_model: int, moe: MoEConfig, causal: bool = True):
+        super().__init__(config, d_model=d_model, moe=moe, causal=causal)
+        self.capacity_factor = moe.capacity_factor
+        if causal:
             warnings.warn(NON_CAUSAL, stacklevel=2)
 
     @staticmethod
-    def slots_per_token(cfg: ModelConfig) -> int:
-        return cfg.moe.num_experts
+    def slots_per_token(moe: MoEConfig) -> int:
+        return moe.num_experts
 
     @staticmethod
-    def experts_per_token(cfg: ModelConfig) -> float:
+    def experts_per_token(moe: MoEConfig) -> float:
         """Mean expert passes per token: E*C / N = capacity_factor (exact when E divides N * capacity_factor)."""
-        return float(cfg.moe.capacity_factor)
+        return float(moe.capacity_factor)
 
     @staticmethod
-    def kept_slots(cfg: ModelConfig, n_tokens: int) -> int:
+    def kept_slots(moe: MoEConfig, n_tokens: int) -> int:
         """Exactly E*C: every expert takes C tokens."""
-        E = cfg.moe.num_experts
-        return E * capacity(n_tokens, cfg.moe.capacity_factor, E)
+        E = moe.num_experts
+        return E * capacity(n_tokens, moe.capacity_factor, E)
 
     @classmethod
-    def gathered_slots(cls, cfg: ModelConfig, n_tokens: int) -> int:
+    def gathered_slots(cls, moe: MoEConfig, n_tokens: int) -> int:
         """N*E: every (token, expert) slot, taken or not (a slot not taken reads a zero row)."""
-        return n_tokens * cfg.moe.num_experts
+        return n_tokens * moe.num_experts
 
     @classmethod
     def validate(cls, m, prefix: str = "model") -> None:

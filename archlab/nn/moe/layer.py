@@ -58,13 +58,14 @@ class MoELayer(nn.Module):
         super().__init__()
         m = cfg.moe
         self.moe = m
-        self.router: Router = build_router(cfg)
+        # the router's own config and its site; an expert-choice router warns in a decoder-only model
+        self.router: Router = build_router(m, d_model=cfg.d_model, causal=cfg.type == "decoder")
         self.experts = GroupedExperts(cfg.ffn.type, m.num_experts, cfg.d_model, m.expert_hidden,
                                       act=ffn_class(cfg).activation(cfg.ffn))
         shared = _shared_hidden(cfg)
         self.shared = build_ffn(cfg, hidden=shared, expert=True) if shared else None
         self.balance_terms: list[BalanceTerm] = build_terms(cfg)
-        self.slots = router_class(cfg).slots_per_token(cfg)  # columns of the routing: K (expert choice: E)
+        self.slots = router_class(m).slots_per_token(m)  # columns of the routing: K (expert choice: E)
         self.stats = RoutingStats(m.num_experts, self.slots)
         # off while activation checkpointing runs a block's forward again in backward
         # (archlab.model.checkpointing): each training forward is recorded once
@@ -81,15 +82,15 @@ class MoELayer(nn.Module):
         """All routed experts + shared experts + router (the selection bias is a buffer)."""
         m = cfg.moe
         return (m.num_experts * expert_params(cfg.ffn.type, cfg.d_model, m.expert_hidden)
-                + _shared_params(cfg) + router_class(cfg).num_params(cfg))
+                + _shared_params(cfg) + router_class(m).num_params(m, d_model=cfg.d_model))
 
     @staticmethod
     def active_params(cfg: ModelConfig) -> int:
         """Parameters one token uses: K routed experts + shared experts + router."""
         m = cfg.moe
-        passes = router_class(cfg).experts_per_token(cfg)  # K (expert choice: capacity_factor on average)
+        passes = router_class(m).experts_per_token(m)  # K (expert choice: capacity_factor on average)
         return (round(passes * expert_params(cfg.ffn.type, cfg.d_model, m.expert_hidden))
-                + _shared_params(cfg) + router_class(cfg).num_params(cfg))
+                + _shared_params(cfg) + router_class(m).num_params(m, d_model=cfg.d_model))
 
     @staticmethod
     def forward_flops(cfg: ModelConfig) -> tuple[float, float]:
@@ -98,8 +99,7 @@ class MoELayer(nn.Module):
         m = cfg.moe
         ffn = ffn_class(cfg)
         shared_hidden = m.shared_hidden if m.shared_hidden is not None else m.expert_hidden
-        experts = router_class(cfg).experts_per_token(cfg) * ffn.forward_flops(d_model=cfg.d_model,
-                                                                                hidden=m.expert_hidden)
+        experts = router_class(m).experts_per_token(m) * ffn.forward_flops(d_model=cfg.d_model, hidden=m.expert_hidden)
         experts += m.n_shared_experts * ffn.forward_flops(d_model=cfg.d_model, hidden=shared_hidden)
         return experts, 2.0 * cfg.d_model * m.num_experts
 

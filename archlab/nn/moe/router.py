@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Iterator, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -48,8 +48,8 @@ from archlab.nn.moe.experts import Dispatch, capacity_for, dispatch
 from archlab.registry import Registry
 
 if TYPE_CHECKING:
-    from archlab.config.schema import ModelConfig
     from archlab.nn.component import ActShape
+    from archlab.nn.moe.layer import MoEConfig
 
 @dataclass
 class RouterConfig:
@@ -92,7 +92,9 @@ class Routing:
 class Router(nn.Module):
     """Shared part of the routers: the gate projection, the selection bias, jitter and groups.
 
-    Built as ``Router(cfg)`` (cfg the ``ModelConfig`` of an MoE model). Subclasses define
+    Built as ``Router(config, d_model=, moe=, causal=)``: its own config (``model.moe.router``) and its site, the
+    model width, the MoE layer's config (experts, top-k, capacity, balancing) and whether the stack is causal.
+    The static facts take the layer's config (``moe``). Subclasses define
     ``scores(logits_NE)`` (the values the top-k runs over and the gate weights come from),
     ``probs(scores_NE)`` (a distribution over experts for the balancing losses),
     ``group_score(scores_NGX)`` (how a group of experts is ranked in group-limited routing) and
@@ -103,14 +105,13 @@ class Router(nn.Module):
     # the keys of model.moe.router it reads: every router reads them all (groups, jitter, route scale)
     options: ClassVar[frozenset[str]] = option_names(RouterConfig)
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, config: RouterConfig, *, d_model: int, moe: "MoEConfig", causal: bool = True):
         super().__init__()
-        moe = cfg.moe
-        r = moe.router
+        r = config
         self.num_experts, self.top_k = moe.num_experts, moe.top_k
         self.renormalize, self.route_scale = r.renormalize, r.route_scale
         self.n_groups, self.topk_groups, self.jitter = r.n_groups, r.topk_groups, r.jitter
-        self.gate = nn.Linear(cfg.d_model, moe.num_experts, bias=False)
+        self.gate = nn.Linear(d_model, moe.num_experts, bias=False)
         self.moe_cfg = moe
         # aux-loss-free balancing: selection bias, updated by archlab.nn.moe.balance_step
         if moe.balance.bias_update_rate > 0:
@@ -128,30 +129,30 @@ class Router(nn.Module):
         return self
 
     @staticmethod
-    def num_params(cfg: ModelConfig) -> int:
-        return cfg.d_model * cfg.moe.num_experts  # the bias is a buffer, not a parameter
+    def num_params(moe: "MoEConfig", *, d_model: int) -> int:
+        return d_model * moe.num_experts  # the bias is a buffer, not a parameter
 
     @staticmethod
-    def slots_per_token(cfg: ModelConfig) -> int:
+    def slots_per_token(moe: "MoEConfig") -> int:
         """Columns of ``Routing.experts_NK``: K (expert choice: E, one per expert that may take the token)."""
-        return cfg.moe.top_k
+        return moe.top_k
 
     @staticmethod
-    def experts_per_token(cfg: ModelConfig) -> float:
+    def experts_per_token(moe: "MoEConfig") -> float:
         """Expert passes per token (the FLOPs and active parameters): K."""
-        return cfg.moe.top_k
+        return moe.top_k
 
     @staticmethod
-    def kept_slots(cfg: ModelConfig, n_tokens: int) -> int:
+    def kept_slots(moe: "MoEConfig", n_tokens: int) -> int:
         """Token-expert slots the experts compute for N tokens: N*K dropless, at most E*C with a capacity C
         (the memory model's upper bound: fewer when the routing is unbalanced)."""
-        m, cap = cfg.moe, capacity_for(n_tokens, cfg.moe)
-        return n_tokens * m.top_k if cap is None else min(n_tokens * m.top_k, m.num_experts * cap)
+        cap = capacity_for(n_tokens, moe)
+        return n_tokens * moe.top_k if cap is None else min(n_tokens * moe.top_k, moe.num_experts * cap)
 
     @classmethod
-    def gathered_slots(cls, cfg: ModelConfig, n_tokens: int) -> int:
+    def gathered_slots(cls, moe: "MoEConfig", n_tokens: int) -> int:
         """Rows of the slot-indexed tensors the gate-weighted sum reads (its gates, indices, expert outputs)."""
-        return cls.kept_slots(cfg, n_tokens)
+        return cls.kept_slots(moe, n_tokens)
 
     def dispatch(self, r: Routing, n_tokens: int) -> Dispatch:
         """The slots sorted by expert, each expert's first C kept (capacity) or all (dropless)."""
@@ -299,10 +300,12 @@ def uniform_routing(model: nn.Module) -> Iterator[None]:
         yield
 
 
-def router_class(cfg: ModelConfig) -> type[Router]:
-    """The router class ``cfg.moe.router.type`` names."""
-    return ROUTERS.get(cfg.moe.router.type)
+def router_class(cfg: Any) -> type[Router]:
+    """The router class ``moe.router.type`` names, of an MoE layer's config or a model config's."""
+    moe = getattr(cfg, "moe", None) or cfg
+    return ROUTERS.get(moe.router.type)
 
 
-def build_router(cfg: ModelConfig) -> Router:
-    return router_class(cfg)(cfg)
+def build_router(moe: "MoEConfig", *, d_model: int, causal: bool = True) -> Router:
+    """The router of an MoE layer's config: its own config and its site."""
+    return router_class(moe)(moe.router, d_model=d_model, moe=moe, causal=causal)

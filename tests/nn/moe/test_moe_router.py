@@ -16,7 +16,7 @@ def router(d=16, **kw):
     balance = BalanceConfig(**kw.pop("balance", {}))
     moe = MoEConfig(**{"num_experts": 8, "top_k": 2, **{k: kw.pop(k) for k in ("num_experts", "top_k") if k in kw}},
                     router=RouterConfig(**kw), balance=balance)
-    return build_router(ModelConfig(d_model=d, moe=moe))
+    return build_router(ModelConfig(d_model=d, moe=moe).moe, d_model=d)  # its own node and its site
 
 
 def test_moe_router_registry_names():
@@ -231,3 +231,12 @@ def test_moe_uniform_routing_output_equals_reference_with_the_forced_assignment(
 def _swiglu(h):
     gate, up = h.chunk(2)
     return F.silu(gate) * up
+
+
+def test_a_router_receives_its_node_and_its_site():
+    """Built from model.moe.router and its site (the width, the MoE layer's config), not the model config."""
+    moe = MoEConfig(num_experts=6, top_k=2, router=RouterConfig(type="sigmoid_topk", route_scale=2.5))
+    r = ROUTERS.get("sigmoid_topk")(moe.router, d_model=12, moe=moe)
+    assert r.gate.weight.shape == (6, 12) and r.route_scale == 2.5
+    assert Router.num_params(moe, d_model=12) == r.gate.weight.numel()
+    assert Router.kept_slots(moe, 10) == 20 and Router.slots_per_token(moe) == 2

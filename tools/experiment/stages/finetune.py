@@ -4,7 +4,7 @@ each arm at its own lr, so that pre-trained models of different objectives are c
 Spec key (``tools.experiment``)::
 
     finetune:
-      set: [train.objective=classify, train.classify_train_examples=8192]  # overrides after the arm's own
+      set: [train.objective=classify, train.objective.train_examples=8192]  # overrides after the arm's own
       budget: {tokens: 6.0e5}                   # what each fine-tuning run trains
       tune: {lr: [3.0e-4, 1.0e-3, 3.0e-3]}      # as tune: (stages.tuning); seed: the spec's tune seed
       tasks: [tag, span_qa, bound]              # optional: each arm once per objective (set then names none)
@@ -63,7 +63,7 @@ def check(value, tune: Optional[Tune], seeds: Sequence[int], check_budget: Calla
         raise RecipeError(f"{where}.tasks={tasks!r}: a list of distinct objectives, e.g. [tag, span_qa, bound]")
     if not isinstance(value.get("controls", False), bool) or (value.get("controls") and not tasks):
         raise RecipeError(f"{where}.controls={value.get('controls')!r}: true or false, and only with tasks:")
-    if ("train.objective" in keys) == bool(tasks):
+    if any(k in ("train.objective", "train.objective.type") for k in keys) == bool(tasks):
         raise RecipeError(f"{where}.set: name the fine-tuning objective (e.g. train.objective=classify), or give "
                           "tasks: [..] and no train.objective in set")
     taken = sorted(set(keys) & set(RESERVED))
