@@ -37,7 +37,7 @@ from archlab.hf.adapter import (
     rope_parameters,
     split_qkv,
 )
-from archlab.hf.adapters.llama import swiglu_mlp_sd
+from archlab.hf.adapters.llama import llama_layout_sd, swiglu_mlp_sd
 from archlab.nn.attention import layer_type
 from archlab.nn.attention.gated_deltanet import gdn_dims
 from archlab.nn.positions import position_class
@@ -204,18 +204,14 @@ class Qwen3NextAdapter(HFAdapter):
 
     def to_hf(self, model) -> dict[str, Tensor]:
         cfg = model.cfg
-        sd = {"model.embed_tokens.weight": model.embed.weight, "model.norm.weight": model.final_norm.weight,
-              "lm_head.weight": model.lm_head.weight}
-        for i, blk in enumerate(model.blocks):
-            p = f"model.layers.{i}"
-            sd[f"{p}.input_layernorm.weight"] = blk.attn_norm.weight
-            sd[f"{p}.post_attention_layernorm.weight"] = blk.ffn_norm.weight
-            if layer_type(cfg, i) == "gated_deltanet":
-                sd.update(gdn_sd(f"{p}.linear_attn", blk.attn))
-            else:
-                sd.update(gated_attention_sd(f"{p}.self_attn", blk.attn, cfg))
-            sd.update(swiglu_mlp_sd(f"{p}.mlp", blk.ffn))
-        return sd
+
+        def block_sd(p: str, blk) -> dict[str, Tensor]:
+            i = int(p.rsplit(".", 1)[1])
+            mixer = (gdn_sd(f"{p}.linear_attn", blk.attn) if layer_type(cfg, i) == "gated_deltanet"
+                     else gated_attention_sd(f"{p}.self_attn", blk.attn, cfg))
+            return {**mixer, **swiglu_mlp_sd(f"{p}.mlp", blk.ffn)}
+
+        return llama_layout_sd(model, block_sd)
 
     def finish_hf(self, sd: dict[str, Tensor]) -> dict[str, Tensor]:
         """The zero-centred norms hold w, archlab's gain minus one."""
